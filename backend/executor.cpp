@@ -1,0 +1,135 @@
+#include "executor.h"
+
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/index_select.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <set>
+#include <sstream>
+
+#include "../dsl/op.h"
+
+namespace sheaf {
+
+at::Tensor Executor::part(const ArgPart& p) {
+  const at::Tensor& src = s_.batch_out[p.batch];
+  if (p.start == kWholeRow) return src.unsqueeze(0);  // a shared value inside a shared computation
+  if (p.index >= 0) {
+    ++stats_.gather_launches;
+    return src.index_select(0, index_.narrow(0, p.index, p.len));
+  }
+  if (p.start == 0 && p.len == src.size(0)) return src;
+  return src.narrow(0, p.start, p.len);
+}
+
+at::Tensor Executor::input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg) {
+  const ArgPart& first = plan.parts[arg.parts_begin];
+  switch (arg.kind) {
+    case BatchArg::kShared: {
+      const at::Tensor& t = s_.batch_out[first.batch];
+      shared_.push_back(!b.shared);
+      return b.shared ? t.unsqueeze(0) : t;
+    }
+    case BatchArg::kView:
+      shared_.push_back(0);
+      ++stats_.zero_copy_inputs;
+      return part(first);
+    case BatchArg::kGather: {
+      shared_.push_back(0);
+      std::vector<at::Tensor> pieces;
+      pieces.reserve(arg.parts_end - arg.parts_begin);
+      for (uint32_t q = arg.parts_begin; q < arg.parts_end; ++q) pieces.push_back(part(plan.parts[q]));
+      at::Tensor x = pieces.size() == 1 ? pieces[0] : at::cat(pieces);
+      if (pieces.size() > 1) ++stats_.gather_launches;
+      if (arg.perm >= 0) {
+        x = x.index_select(0, index_.narrow(0, arg.perm, x.size(0)));
+        ++stats_.gather_launches;
+      }
+      ++stats_.gathered_inputs;
+      stats_.gathered_bytes += static_cast<uint64_t>(x.numel()) * x.element_size();
+      return x;
+    }
+  }
+  throw_internal("bad input kind");
+}
+
+size_t Executor::run(const Plan& plan) {
+  // Every index of the round (gathers, payloads, segment ids) in one host buffer
+  // and, off the CPU, one upload.
+  {
+    auto n = static_cast<int64_t>(plan.indices.size());
+    bool cuda = options_.device.is_cuda();
+    at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(cuda));
+    if (n) std::memcpy(host.data_ptr<int64_t>(), plan.indices.data(), static_cast<size_t>(n) * sizeof(int64_t));
+    index_ = options_.device.is_cpu() ? host : host.to(options_.device, /*non_blocking=*/true);
+  }
+  const at::TensorOptions float_opts = at::TensorOptions().dtype(at::kFloat).device(options_.device);
+
+  size_t done = 0;
+  for (const PlannedBatch& b : plan.batches) {
+    const OpInfo& info = op_info(b.op);
+    const NodeId first = plan.nodes[b.nodes_begin];
+    try {
+      inputs_.clear();
+      shared_.clear();
+      for (uint32_t k = 0; k < b.arity; ++k) inputs_.push_back(input(plan, b, plan.args[b.args_begin + k]));
+
+      RunCtx ctx;
+      ctx.n_ = b.n;
+      ctx.inputs_ = inputs_;
+      ctx.shared_ = shared_;
+      ctx.attrs_ = s_.attrs_of(first);
+      ctx.out_shape_ = &s_.shape_of(first);
+      ctx.payload_host_ = std::span(plan.indices.data() + b.payload, b.n);
+      ctx.payload_ = index_.narrow(0, b.payload, b.n);
+      if (b.segments >= 0) {
+        ctx.segments_ = index_.narrow(0, b.segments, b.total);
+        ctx.segment_counts_ = std::span(plan.indices.data() + b.counts, b.n);
+      }
+      ctx.user_tensors_ = &s_.user_tensors;
+      ctx.options_ = float_opts;
+      ctx.seed_ = options_.seed;
+      ctx.train_ = options_.train;
+
+      at::Tensor out = info.run(ctx);
+
+      // A descriptor that returns the wrong shape is our bug, not the user's.
+      const Shape& shape = *ctx.out_shape_;
+      bool ok = out.dim() == shape.rank() + 1 && out.size(0) == b.n;
+      for (int d = 0; ok && d < shape.rank(); ++d) ok = out.size(d + 1) == shape[d];
+      SHEAF_ASSERT(ok, "op ", info.name, " returned ", out.sizes(), " for ", b.n, " x ", shape.str());
+      if (b.shared) out = out.select(0, 0);
+      SHEAF_ASSERT(s_.batch_out.size() == b.out, "batch output slot mismatch");
+      s_.batch_out.push_back(std::move(out));
+    } catch (const UserError&) {
+      throw;
+    } catch (const InternalError&) {
+      throw;
+    } catch (const std::exception& e) {
+      rethrow(plan, b, e);
+    }
+    for (uint32_t i = 0; i < b.n; ++i) s_.flags[plan.nodes[b.nodes_begin + i]] |= NodeStore::kComputed;
+    ++stats_.batches;
+    stats_.nodes += b.n;
+    ++done;
+  }
+  return done;
+}
+
+void Executor::rethrow(const Plan& plan, const PlannedBatch& b, const std::exception& e) const {
+  const NodeId first = plan.nodes[b.nodes_begin];
+  std::set<int> examples;
+  for (uint32_t i = 0; i < b.n && examples.size() < 8; ++i) examples.insert(s_.example[plan.nodes[b.nodes_begin + i]]);
+  std::ostringstream os;
+  os << "the batched launch of " << b.n << " node(s) failed (examples";
+  for (int ex : examples) os << " " << ex;
+  os << (b.n > examples.size() ? " ..." : "") << "): ";
+  std::string what = e.what();
+  if (auto* ce = dynamic_cast<const c10::Error*>(&e)) what = ce->what_without_backtrace();
+  os << what;
+  throw_user(Site{op_info(b.op).name, s_.example[first], s_.loc[first]}, os.str());
+}
+
+}  // namespace sheaf

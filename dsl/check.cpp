@@ -1,0 +1,206 @@
+#include "check.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/abs.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/full_like.h>
+#include <ATen/ops/max.h>
+#include <ATen/ops/isnan.h>
+#include <ATen/ops/logical_and.h>
+#include <ATen/ops/sin.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros_like.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <memory>
+#include <sstream>
+
+#include "dsl.h"
+#include "op.h"
+
+namespace sheaf {
+
+namespace {
+
+// Restores the parameters' .grad on every exit path: the checker must not
+// disturb a user's training state.
+class GradGuard {
+ public:
+  explicit GradGuard(const std::vector<at::Tensor>& params) : params_(params) {
+    for (const at::Tensor& p : params_) saved_.push_back(p.grad());
+  }
+  ~GradGuard() {
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = saved_[i];
+  }
+  void clear() {
+    for (const at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
+  }
+  std::vector<at::Tensor> take() {
+    std::vector<at::Tensor> g;
+    for (const at::Tensor& p : params_) {
+      at::Tensor x = p.grad();
+      g.push_back(x.defined() ? (x.is_sparse() ? x.to_dense() : x.clone()) : at::zeros_like(p));
+    }
+    clear();
+    return g;
+  }
+
+ private:
+  const std::vector<at::Tensor>& params_;
+  std::vector<at::Tensor> saved_;
+};
+
+// One run: a graph, each example's output, and its per-example nodes in order.
+struct Run {
+  std::unique_ptr<Graph> graph;
+  std::vector<Expr> outputs;
+  std::vector<at::Tensor> grads;
+  NodeId total = kNoNode;  // the sum over examples: not any one example's node
+};
+
+// A fixed, example-dependent weighting of the output, so that the gradient of
+// sum_i <w_i, y_i> checks every example's contribution separately.
+at::Tensor output_weights(const Shape& s, int example, const at::TensorOptions& opts) {
+  std::vector<int64_t> dims(s.dims().begin(), s.dims().end());
+  at::Tensor k = at::arange(s.numel(), opts).view(dims);
+  return at::sin(k * 0.7 + (example * 1.3 + 0.25));
+}
+
+// Records `examples` into a fresh graph, forwards, then backpropagates the weighted outputs.
+Run run_examples(const std::vector<int>& examples, const Program& program, const CheckOptions& o,
+                 const Strategy& strategy, GradGuard& grads) {
+  Run run;
+  run.graph = std::make_unique<Graph>(o.graph);
+  Graph& g = *run.graph;
+  for (int i : examples) {
+    auto scope = g.example(i);
+    run.outputs.push_back(program(g, i));
+  }
+  ForwardOptions fo{.strategy = &strategy};
+  g.forward(run.outputs, fo);
+  // Shapes downstream of a dsl::cond are known only now: weight the outputs after forward.
+  std::vector<Expr> losses;
+  const at::TensorOptions opts = at::TensorOptions().dtype(at::kFloat).device(o.graph.device);
+  for (size_t k = 0; k < examples.size(); ++k) {
+    auto scope = g.example(examples[k]);
+    const Expr& y = run.outputs[k];
+    losses.push_back(dsl::sum(y * g.input(output_weights(y.shape(), examples[k], opts))));
+  }
+  Expr total = dsl::sum(losses);
+  run.total = total.id();
+  g.forward(total, fo);
+  at::Tensor t = total.value();
+  if (!o.params.empty() && t.requires_grad()) torch::autograd::backward({t});
+  run.grads = grads.take();
+  return run;
+}
+
+std::vector<NodeId> nodes_of_example(const Run& run, int example) {
+  const NodeStore& s = run.graph->store();
+  std::vector<NodeId> nodes;
+  for (NodeId n = 0; n < s.size(); ++n)
+    if (n != run.total && s.example[n] == example && s.has(s.resolve(n), NodeStore::kComputed)) nodes.push_back(n);
+  return nodes;
+}
+
+// Max |a - b| where the tolerance is exceeded (NaN in both places counts as equal),
+// and the overall max |a - b|.
+struct Diff {
+  double worst_excess, max_abs;
+};
+Diff compare(const at::Tensor& batched, const at::Tensor& alone, double atol, double rtol) {
+  at::Tensor a = batched.detach(), b = alone.detach();
+  at::Tensor d = at::abs(a - b);
+  d = at::where(at::logical_and(at::isnan(a), at::isnan(b)), at::zeros_like(d), d);
+  d = at::where(at::isnan(d), at::full_like(d, INFINITY), d);
+  at::Tensor excess = d - (atol + rtol * at::abs(b));
+  return {excess.numel() ? excess.max().item<double>() : 0.0, d.numel() ? d.max().item<double>() : 0.0};
+}
+
+std::string where(const NodeStore& s, NodeId n) {
+  std::ostringstream os;
+  os << "op '" << op_info(s.op[n]).name << "' recorded at " << s.loc[n].file_name() << ":" << s.loc[n].line();
+  return os.str();
+}
+
+}  // namespace
+
+CheckReport check_batched(int num_examples, const Program& program, const CheckOptions& o) {
+  CheckReport report;
+  GradGuard grads(o.params);
+  grads.clear();
+  std::vector<const Strategy*> strategies = o.strategies;
+  if (strategies.empty()) strategies.assign(all_strategies().begin(), all_strategies().end());
+
+  // Each example alone, in a graph of its own.
+  std::vector<Run> alone;
+  std::vector<at::Tensor> alone_grads;
+  for (int i = 0; i < num_examples; ++i) {
+    alone.push_back(run_examples({i}, program, o, default_strategy(), grads));
+    report.alone_launches += alone.back().graph->stats().batches;
+    if (alone_grads.empty()) {
+      alone_grads = alone.back().grads;
+    } else {
+      for (size_t p = 0; p < alone_grads.size(); ++p) alone_grads[p] = alone_grads[p] + alone.back().grads[p];
+    }
+  }
+
+  auto fail = [&](int example, const std::string& strategy, const std::string& what) {
+    if (!report.ok) return;
+    report.ok = false;
+    report.example = example;
+    report.strategy = strategy;
+    std::ostringstream os;
+    os << "batched != alone (strategy '" << strategy << "'";
+    if (example >= 0) os << ", example " << example;
+    os << "): " << what << " [atol " << o.atol << ", rtol " << o.rtol << "]";
+    report.message = os.str();
+  };
+
+  std::vector<int> all(static_cast<size_t>(num_examples));
+  for (int i = 0; i < num_examples; ++i) all[static_cast<size_t>(i)] = i;
+  for (const Strategy* strategy : strategies) {
+    const std::string name(strategy->name());
+    Run batched = run_examples(all, program, o, *strategy, grads);
+    report.batched_launches = std::max<size_t>(report.batched_launches, batched.graph->stats().batches);
+    const NodeStore& bs = batched.graph->store();
+
+    for (int i = 0; i < num_examples; ++i) {
+      const NodeStore& as = alone[static_cast<size_t>(i)].graph->store();
+      std::vector<NodeId> bn = nodes_of_example(batched, i), an = nodes_of_example(alone[static_cast<size_t>(i)], i);
+      if (bn.size() != an.size()) {
+        fail(i, name, detail::cat("the example recorded ", bn.size(), " nodes batched but ", an.size(),
+                                  " alone; is the program deterministic?"));
+        continue;
+      }
+      if (!o.compare_nodes) {  // only the weighted output (the last node of the example)
+        bn.erase(bn.begin(), bn.end() - 1);
+        an.erase(an.begin(), an.end() - 1);
+      }
+      for (size_t k = 0; k < bn.size(); ++k) {
+        if (bs.op[bn[k]] != as.op[an[k]]) {
+          fail(i, name, detail::cat("node ", k, " of the example is ", where(bs, bn[k]), " batched but ",
+                                    where(as, an[k]), " alone"));
+          break;
+        }
+        Diff d = compare(batched.graph->value(bn[k]), alone[static_cast<size_t>(i)].graph->value(an[k]), o.atol, o.rtol);
+        ++report.values_compared;
+        report.max_abs_diff = std::max(report.max_abs_diff, d.max_abs);
+        if (d.worst_excess > 0)
+          fail(i, name, detail::cat("node ", k, " of the example (", where(bs, bn[k]), ") differs by up to ",
+                                    d.max_abs));
+      }
+    }
+    for (size_t p = 0; p < o.params.size(); ++p) {
+      Diff d = compare(batched.grads[p], alone_grads[p], o.atol, o.rtol);
+      ++report.values_compared;
+      report.max_abs_diff = std::max(report.max_abs_diff, d.max_abs);
+      if (d.worst_excess > 0)
+        fail(-1, name, detail::cat("the gradient of params[", p, "] (shape ", o.params[p].sizes(), ") differs by up to ",
+                                   d.max_abs));
+    }
+  }
+  return report;
+}
+
+}  // namespace sheaf

@@ -1,0 +1,50 @@
+// The core guarantee, as a tool: running examples batched gives the same values
+// and the same parameter gradients as running each example alone.
+//
+//   auto report = sheaf::check_batched(n, [&](sheaf::Graph& g, int i) {
+//     return model(g, data[i]);           // the per-example program
+//   }, {.params = model.parameters()});
+//   if (!report) std::cerr << report.message;
+//
+// Every node an example records is compared (not only its output), so a report
+// names the first node that differs and the line that recorded it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "../scheduler/strategy.h"
+#include "../tracer/graph.h"
+
+namespace sheaf {
+
+struct CheckOptions {
+  std::vector<at::Tensor> params;          // gradients of these are compared
+  std::vector<const Strategy*> strategies; // empty: every strategy
+  GraphOptions graph;                      // device, seed, train mode
+  double atol = 1e-5;                      // |batched - alone| <= atol + rtol * |alone|
+  double rtol = 1e-4;
+  bool compare_nodes = true;               // every node of every example, else outputs only
+};
+
+struct CheckReport {
+  bool ok = true;
+  std::string message;       // the first difference, when not ok
+  int example = -1;          // where it was
+  std::string strategy;
+  double max_abs_diff = 0;   // largest difference seen over all comparisons
+  size_t values_compared = 0;
+  size_t batched_launches = 0;   // launches of the batched run (the most over strategies)
+  size_t alone_launches = 0;     // launches of the one-at-a-time runs, summed
+  explicit operator bool() const { return ok; }
+};
+
+// Records example i's program and returns its output (any shape).
+using Program = std::function<Expr(Graph& g, int example)>;
+
+CheckReport check_batched(int num_examples, const Program& program, const CheckOptions& options = {});
+
+}  // namespace sheaf

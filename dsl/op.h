@@ -1,0 +1,132 @@
+// What an op descriptor is made of, and the contexts its two functions see.
+//
+//   struct Tanh {
+//     static constexpr std::string_view name = "tanh";
+//     static constexpr OpTraits traits{.arity = 1};
+//     static Shape infer(const InferCtx& c);   // per-example shape; c.fail(...) on misuse
+//     static at::Tensor run(RunCtx& c);        // ONE LibTorch call for the whole batch
+//   };
+//
+// infer() runs at trace time, for every node, so a user's mistake is reported at
+// the user's line. run() sees batched inputs: a per-example argument of shape S
+// arrives as [n, S...]; a shared argument (a parameter) arrives as itself.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "../tracer/error.h"
+#include "../tracer/shape.h"
+#include "op_list.h"
+
+namespace sheaf {
+
+struct OpTraits {
+  static constexpr int kVariadic = -1;
+  int arity = 1;           // number of Expr arguments, or kVariadic
+  // Variadic args are a list reduced per node (sum of a list): lists of different
+  // lengths batch together, so the arity is not part of the signature.
+  bool segmented = false;
+  // Makes a per-example value from its payload (input, constant, lookup), even
+  // though its only arguments, if any, are shared.
+  bool source = false;
+  // Gets a payload that is unique per (example, node ordinal within the example),
+  // the same whether the example runs alone or batched (dropout masks).
+  bool keyed = false;
+};
+
+class InferCtx {
+ public:
+  InferCtx(std::span<const Shape* const> shapes, std::span<const uint8_t> shared,
+           std::span<const int64_t> attrs, int64_t payload, const Site& site)
+      : shapes_(shapes), shared_(shared), attrs_(attrs), payload_(payload), site_(site) {}
+
+  size_t arity() const { return shapes_.size(); }
+  const Shape& shape(size_t i) const { return *shapes_[i]; }
+  bool shared(size_t i) const { return shared_[i] != 0; }
+  int64_t attr(size_t k) const { return attrs_[k]; }
+  double attr_f(size_t k) const;
+  std::span<const int64_t> attrs() const { return attrs_; }
+  int64_t payload() const { return payload_; }
+  const Site& site() const { return site_; }
+
+  template <class... A>
+  [[noreturn]] void fail(const A&... what) const {
+    throw_user(site_, what...);
+  }
+  // Common checks, with messages that name the offending argument.
+  void expect_rank(size_t i, int rank, std::string_view what) const;
+  void expect_batched(size_t i, std::string_view what) const;
+  void expect_shared(size_t i, std::string_view what) const;
+
+ private:
+  std::span<const Shape* const> shapes_;
+  std::span<const uint8_t> shared_;
+  std::span<const int64_t> attrs_;
+  int64_t payload_;
+  const Site& site_;
+};
+
+class RunCtx {
+ public:
+  int64_t n() const { return n_; }
+  size_t arity() const { return inputs_.size(); }
+  // Batched [n, S...] or, for a shared argument, the shared tensor itself.
+  const at::Tensor& in(size_t i) const { return inputs_[i]; }
+  bool shared(size_t i) const { return shared_[i] != 0; }
+  // Argument i as [n, S...] even when shared (an expand view, no copy).
+  at::Tensor batched(size_t i) const;
+  // For elementwise ops: argument i with shape [n, 1, ..., S] so that it broadcasts
+  // against a per-example result of rank `rank` (scalars and shared values included).
+  at::Tensor aligned(size_t i, int rank) const;
+  int64_t attr(size_t k) const { return attrs_[k]; }
+  double attr_f(size_t k) const;
+  const Shape& out_shape() const { return *out_shape_; }
+  // Per-node payloads (ids, labels, keys): host copy and device tensor [n] (int64).
+  std::span<const int64_t> payload_host() const { return payload_host_; }
+  const at::Tensor& payload() const { return payload_; }
+  // For segmented ops: in(0) holds every list element, [total, S...]; segment ids
+  // [total] say which node each belongs to, counts [n] how many each node has.
+  const at::Tensor& segment_ids() const { return segments_; }
+  std::span<const int64_t> segment_counts() const { return segment_counts_; }
+  // User tensors referenced by payloads (op::Input).
+  const at::Tensor& user_tensor(int64_t i) const { return (*user_tensors_)[static_cast<size_t>(i)]; }
+  const at::TensorOptions& options() const { return options_; }  // float on the graph's device
+  uint64_t seed() const { return seed_; }
+  bool train() const { return train_; }
+
+ private:
+  friend class Executor;
+  int64_t n_ = 0;
+  std::span<const at::Tensor> inputs_;
+  std::span<const uint8_t> shared_;
+  std::span<const int64_t> attrs_;
+  const Shape* out_shape_ = nullptr;
+  std::span<const int64_t> payload_host_;
+  at::Tensor payload_;
+  at::Tensor segments_;
+  std::span<const int64_t> segment_counts_;
+  const std::vector<at::Tensor>* user_tensors_ = nullptr;
+  at::TensorOptions options_;
+  uint64_t seed_ = 0;
+  bool train_ = true;
+};
+
+// The runtime view of one descriptor, built from kOpList in dsl/ops.cpp.
+struct OpInfo {
+  std::string_view name;
+  OpTraits traits;
+  Shape (*infer)(const InferCtx&);
+  at::Tensor (*run)(RunCtx&);
+};
+
+const OpInfo& op_info(OpCode code);
+
+// Attributes are int64 slots; doubles are stored bit for bit.
+int64_t attr_of(double v);
+double attr_to_double(int64_t a);
+
+}  // namespace sheaf

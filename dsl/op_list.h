@@ -1,0 +1,84 @@
+// THE list of ops. An op is one descriptor struct (in dsl/ops/*.h: name, traits,
+// shape inference, batched LibTorch call) plus one entry here. dsl/ops.cpp builds
+// the runtime table from this list and refuses to compile if any descriptor is
+// missing a part, so no op can silently run one example at a time.
+#pragma once
+
+#include <boost/hana/equal.hpp>
+#include <boost/hana/optional.hpp>
+#include <boost/hana/length.hpp>
+#include <boost/hana/index_if.hpp>
+#include <boost/hana/tuple.hpp>
+#include <boost/hana/type.hpp>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+namespace sheaf {
+
+namespace op {
+// Leaves.
+struct Input;        // a per-example tensor given by the user
+struct Constant;     // a per-example constant (zeros, a scalar)
+struct Param;        // a shared tensor (a parameter); never batched
+struct Lookup;       // row `id` of a shared embedding table
+// Elementwise.
+struct Add;
+struct Sub;
+struct Mul;
+struct Div;
+struct AddScalar;
+struct MulScalar;
+struct RDivScalar;   // c / x
+struct Greater;      // 1.0 where x > y, else 0.0 (no gradient)
+struct GreaterScalar;
+struct LessScalar;
+struct Neg;
+struct Tanh;
+struct Sigmoid;
+struct Relu;
+struct Exp;
+struct Log;
+struct Dropout;
+// Linear algebra.
+struct Affine;       // W x + b
+struct Matmul;       // A x or A B
+// Structure.
+struct Concat;
+struct Slice;
+// Reductions and losses.
+struct Sum;          // all elements of one value
+struct Mean;
+struct SumList;      // elementwise sum of a list of values (lists may differ in length)
+struct MeanList;
+struct Softmax;
+struct LogSoftmax;
+struct Pick;         // x[id]
+struct PickNegLogSoftmax;  // -log softmax(x)[label]
+// Control flow: the result of a dsl::cond or dsl::loop before its branch is known.
+struct Placeholder;
+}  // namespace op
+
+inline constexpr auto kOpList = boost::hana::tuple_t<
+    op::Input, op::Constant, op::Param, op::Lookup,
+    op::Add, op::Sub, op::Mul, op::Div, op::AddScalar, op::MulScalar, op::RDivScalar,
+    op::Greater, op::GreaterScalar, op::LessScalar,
+    op::Neg, op::Tanh, op::Sigmoid, op::Relu, op::Exp, op::Log, op::Dropout,
+    op::Affine, op::Matmul,
+    op::Concat, op::Slice,
+    op::Sum, op::Mean, op::SumList, op::MeanList, op::Softmax, op::LogSoftmax, op::Pick,
+    op::PickNegLogSoftmax,
+    op::Placeholder>;
+
+using OpCode = uint16_t;
+inline constexpr size_t kNumOps = decltype(boost::hana::length(kOpList))::value;
+
+// The code of an op is its position in kOpList.
+template <class Op>
+inline constexpr OpCode code_of = [] {
+  using Found = decltype(boost::hana::index_if(kOpList, boost::hana::equal.to(boost::hana::type_c<Op>)));
+  static_assert(decltype(boost::hana::is_just(std::declval<Found>()))::value, "op is not in sheaf::kOpList");
+  return static_cast<OpCode>(std::remove_cvref_t<decltype(std::declval<Found>().value())>::value);
+}();
+
+}  // namespace sheaf

@@ -1,0 +1,46 @@
+// Shared pieces of op descriptors. Included only by dsl/ops.cpp.
+#pragma once
+
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+
+#include <string_view>
+
+#include "../op.h"
+
+namespace sheaf::op {
+
+// Equal shapes, or one side a scalar (rank 0) that broadcasts.
+inline Shape infer_elementwise(const InferCtx& c) {
+  const Shape& a = c.shape(0);
+  const Shape& b = c.shape(1);
+  if (a == b || b.rank() == 0) return a;
+  if (a.rank() == 0) return b;
+  c.fail("shapes ", a.str(), " and ", b.str(), " differ; elementwise ops need equal shapes or a scalar");
+}
+
+// attrs[first] is a rank, followed by that many dims (leaves carry their shape).
+inline Shape shape_from_attrs(const InferCtx& c, size_t first) {
+  Shape s;
+  for (int64_t i = 0; i < c.attr(first); ++i) {
+    int64_t d = c.attr(first + 1 + static_cast<size_t>(i));
+    if (d < 0) c.fail("negative dimension ", d, " in shape");
+    s.push(d);
+  }
+  return s;
+}
+
+inline Shape infer_same(const InferCtx& c) { return c.shape(0); }
+
+// The descriptor of an elementwise unary op is its name and one LibTorch function.
+template <at::Tensor (*F)(const at::Tensor&)>
+struct Unary {
+  static constexpr OpTraits traits{.arity = 1};
+  static Shape infer(const InferCtx& c) { return infer_same(c); }
+  static at::Tensor run(RunCtx& c) { return F(c.in(0)); }
+};
+
+// x (op) c for a scalar attribute c.
+inline at::Scalar scalar_attr(const RunCtx& c) { return at::Scalar(c.attr_f(0)); }
+
+}  // namespace sheaf::op

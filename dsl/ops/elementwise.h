@@ -1,0 +1,122 @@
+// Elementwise ops. Arguments of equal shape, or a scalar that broadcasts; a shared
+// argument (a parameter) broadcasts over the batch axis.
+#pragma once
+
+#include <ATen/ops/add.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/bitwise_and.h>
+#include <ATen/ops/bitwise_right_shift.h>
+#include <ATen/ops/bitwise_xor.h>
+#include <ATen/ops/div.h>
+#include <ATen/ops/exp.h>
+#include <ATen/ops/ge.h>
+#include <ATen/ops/gt.h>
+#include <ATen/ops/log.h>
+#include <ATen/ops/lt.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/neg.h>
+#include <ATen/ops/reciprocal.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/sigmoid.h>
+#include <ATen/ops/sub.h>
+#include <ATen/ops/tanh.h>
+
+#include "common.h"
+
+namespace sheaf::op {
+
+template <at::Tensor (*F)(const at::Tensor&, const at::Tensor&)>
+struct Binary {
+  static constexpr OpTraits traits{.arity = 2};
+  static Shape infer(const InferCtx& c) { return infer_elementwise(c); }
+  static at::Tensor run(RunCtx& c) {
+    int rank = c.out_shape().rank();
+    return F(c.aligned(0, rank), c.aligned(1, rank));
+  }
+};
+
+inline at::Tensor add2(const at::Tensor& a, const at::Tensor& b) { return at::add(a, b); }
+inline at::Tensor sub2(const at::Tensor& a, const at::Tensor& b) { return at::sub(a, b); }
+inline at::Tensor mul2(const at::Tensor& a, const at::Tensor& b) { return at::mul(a, b); }
+inline at::Tensor div2(const at::Tensor& a, const at::Tensor& b) { return at::div(a, b); }
+// Comparisons give 0/1 floats; they have no gradient.
+inline at::Tensor gt2(const at::Tensor& a, const at::Tensor& b) { return at::gt(a, b).to(a.scalar_type()); }
+
+struct Add : Binary<add2> { static constexpr std::string_view name = "add"; };
+struct Sub : Binary<sub2> { static constexpr std::string_view name = "sub"; };
+struct Mul : Binary<mul2> { static constexpr std::string_view name = "mul"; };
+struct Div : Binary<div2> { static constexpr std::string_view name = "div"; };
+struct Greater : Binary<gt2> { static constexpr std::string_view name = "greater"; };
+
+// x (op) c, with c a double attribute (part of the signature: x + 1 and x + 2 do
+// not share a launch).
+template <at::Tensor (*F)(const at::Tensor&, const at::Scalar&)>
+struct WithScalar {
+  static constexpr OpTraits traits{.arity = 1};
+  static Shape infer(const InferCtx& c) { return infer_same(c); }
+  static at::Tensor run(RunCtx& c) { return F(c.in(0), scalar_attr(c)); }
+};
+
+inline at::Tensor add_s(const at::Tensor& x, const at::Scalar& s) { return at::add(x, s); }
+inline at::Tensor mul_s(const at::Tensor& x, const at::Scalar& s) { return at::mul(x, s); }
+inline at::Tensor rdiv_s(const at::Tensor& x, const at::Scalar& s) { return at::mul(at::reciprocal(x), s); }
+inline at::Tensor gt_s(const at::Tensor& x, const at::Scalar& s) { return at::gt(x, s).to(x.scalar_type()); }
+inline at::Tensor lt_s(const at::Tensor& x, const at::Scalar& s) { return at::lt(x, s).to(x.scalar_type()); }
+
+struct AddScalar : WithScalar<add_s> { static constexpr std::string_view name = "add_scalar"; };
+struct MulScalar : WithScalar<mul_s> { static constexpr std::string_view name = "mul_scalar"; };
+struct RDivScalar : WithScalar<rdiv_s> { static constexpr std::string_view name = "rdiv_scalar"; };
+struct GreaterScalar : WithScalar<gt_s> { static constexpr std::string_view name = "greater_scalar"; };
+struct LessScalar : WithScalar<lt_s> { static constexpr std::string_view name = "less_scalar"; };
+
+inline at::Tensor neg1(const at::Tensor& x) { return at::neg(x); }
+inline at::Tensor tanh1(const at::Tensor& x) { return at::tanh(x); }
+inline at::Tensor sigmoid1(const at::Tensor& x) { return at::sigmoid(x); }
+inline at::Tensor relu1(const at::Tensor& x) { return at::relu(x); }
+inline at::Tensor exp1(const at::Tensor& x) { return at::exp(x); }
+inline at::Tensor log1(const at::Tensor& x) { return at::log(x); }
+
+struct Neg : Unary<neg1> { static constexpr std::string_view name = "neg"; };
+struct Tanh : Unary<tanh1> { static constexpr std::string_view name = "tanh"; };
+struct Sigmoid : Unary<sigmoid1> { static constexpr std::string_view name = "sigmoid"; };
+struct Relu : Unary<relu1> { static constexpr std::string_view name = "relu"; };
+struct Exp : Unary<exp1> { static constexpr std::string_view name = "exp"; };
+struct Log : Unary<log1> { static constexpr std::string_view name = "log"; };
+
+// Uniform [0, 1) numbers that depend only on (seed, key, element index): the same
+// example gets the same dropout mask alone or in any batch, on any device. A
+// splitmix64-style hash in int64 tensor ops (wrapping multiply, shifts, xor).
+inline at::Tensor keyed_uniform(const at::Tensor& keys, int64_t per_row, uint64_t seed) {
+  auto opts = keys.options();
+  at::Tensor x = keys.unsqueeze(1) * static_cast<int64_t>(0x9E3779B97F4A7C15ull) +
+                 (at::arange(1, per_row + 1, opts) * static_cast<int64_t>(0xD1B54A32D192ED03ull) +
+                  static_cast<int64_t>(seed));
+  for (int64_t m : {static_cast<int64_t>(0xBF58476D1CE4E5B9ull), static_cast<int64_t>(0x94D049BB133111EBull)}) {
+    x = at::bitwise_xor(x, at::bitwise_right_shift(x, 31));
+    x = x * m;
+  }
+  x = at::bitwise_xor(x, at::bitwise_right_shift(x, 29));
+  // 24 low bits -> [0, 1): exact in float.
+  return at::bitwise_and(x, (1 << 24) - 1).to(at::kFloat) * (1.0f / static_cast<float>(1 << 24));
+}
+
+// attr: p (double); payload: the per-example key (see OpTraits::keyed).
+struct Dropout {
+  static constexpr std::string_view name = "dropout";
+  static constexpr OpTraits traits{.arity = 1, .keyed = true};
+  static Shape infer(const InferCtx& c) {
+    double p = c.attr_f(0);
+    if (!(p >= 0.0 && p < 1.0)) c.fail("p must be in [0, 1), got ", p);
+    return infer_same(c);
+  }
+  static at::Tensor run(RunCtx& c) {
+    const at::Tensor& x = c.in(0);
+    double p = c.attr_f(0);
+    if (!c.train() || p == 0.0) return x;
+    int64_t per_row = c.out_shape().numel();
+    at::Tensor keep = at::ge(keyed_uniform(c.payload(), per_row, c.seed()), p).to(x.scalar_type());
+    return x * (keep.view(x.sizes()) * (1.0 / (1.0 - p)));
+  }
+};
+
+}  // namespace sheaf::op

@@ -1,0 +1,74 @@
+// Leaves: values that enter the graph from the user.
+#pragma once
+
+#include <ATen/ops/embedding.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/stack.h>
+
+#include <vector>
+
+#include "common.h"
+
+namespace sheaf::op {
+
+// attrs: rank, dims...; payload: index of the user's tensor. Batched by stacking (one copy, as a user would).
+struct Input {
+  static constexpr std::string_view name = "input";
+  static constexpr OpTraits traits{.arity = 0, .source = true};
+  static Shape infer(const InferCtx& c) { return shape_from_attrs(c, 0); }
+  static at::Tensor run(RunCtx& c) {
+    std::vector<at::Tensor> xs;
+    xs.reserve(static_cast<size_t>(c.n()));
+    for (int64_t slot : c.payload_host()) xs.push_back(c.user_tensor(slot));
+    return at::stack(xs).to(c.options());
+  }
+};
+
+// attrs: value, rank, dims...
+struct Constant {
+  static constexpr std::string_view name = "constant";
+  static constexpr OpTraits traits{.arity = 0, .source = true};
+  static Shape infer(const InferCtx& c) { return shape_from_attrs(c, 1); }
+  static at::Tensor run(RunCtx& c) {
+    std::vector<int64_t> sizes{c.n()};
+    for (int64_t d : c.out_shape().dims()) sizes.push_back(d);
+    return at::full(sizes, c.attr_f(0), c.options());
+  }
+};
+
+// payload: index of the user's tensor. Computed when recorded; never launched.
+struct Param {
+  static constexpr std::string_view name = "param";
+  static constexpr OpTraits traits{.arity = 0};
+  static Shape infer(const InferCtx& c) { return shape_from_attrs(c, 0); }
+  static at::Tensor run(RunCtx&);
+};
+
+// args: the shared table; payload: the row id; attr: sparse gradient.
+struct Lookup {
+  static constexpr std::string_view name = "lookup";
+  static constexpr OpTraits traits{.arity = 1, .source = true};
+  static Shape infer(const InferCtx& c) {
+    c.expect_shared(0, "the table");
+    const Shape& t = c.shape(0);
+    if (t.rank() < 1) c.fail("the table must have rank >= 1, got ", t.str());
+    if (c.payload() < 0 || c.payload() >= t[0])
+      c.fail("id ", c.payload(), " is out of range for a table of ", t[0], " rows");
+    Shape s;
+    for (int i = 1; i < t.rank(); ++i) s.push(t[i]);
+    return s;
+  }
+  static at::Tensor run(RunCtx& c) {
+    return at::embedding(c.in(0), c.payload(), /*padding_idx=*/-1, /*scale_grad_by_freq=*/false,
+                         /*sparse=*/c.attr(0) != 0);
+  }
+};
+
+struct Placeholder {
+  static constexpr std::string_view name = "placeholder";
+  static constexpr OpTraits traits{.arity = 0, .source = true};
+  static Shape infer(const InferCtx&) { return Shape{}; }  // replaced by the loop state's / branch's shape
+  static at::Tensor run(RunCtx&);
+};
+
+}  // namespace sheaf::op

@@ -1,0 +1,78 @@
+// Matrix products. A shared matrix (the usual parameter) becomes one GEMM over the
+// batch; per-example matrices become one batched GEMM.
+#pragma once
+
+#include <ATen/ops/addmv.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/mv.h>
+
+#include "common.h"
+
+namespace sheaf::op {
+
+// A shared [m, k] weight applied to rows [n, ..., k]. One row goes through GEMV:
+// OpenBLAS's GEMM is several times slower than its GEMV for a single row.
+inline at::Tensor shared_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  if (x.dim() == 2 && x.size(0) == 1) {
+    at::Tensor y = b.defined() ? at::addmv(b, w, x[0]) : at::mv(w, x[0]);
+    return y.unsqueeze(0);
+  }
+  return at::linear(x, w, b);
+}
+
+// W x + b. W: [m, k] (shared or per example); x: [k] or [t, k]; b: [m].
+struct Affine {
+  static constexpr std::string_view name = "affine";
+  static constexpr OpTraits traits{.arity = 3};
+  static Shape infer(const InferCtx& c) {
+    const Shape& w = c.shape(0);
+    const Shape& x = c.shape(1);
+    const Shape& b = c.shape(2);
+    if (w.rank() != 2) c.fail("W must be a matrix [out, in], got ", w.str());
+    if (x.rank() < 1 || x[x.rank() - 1] != w[1])
+      c.fail("x has shape ", x.str(), " but W ", w.str(), " expects a last dimension of ", w[1]);
+    if (!c.shared(0) && x.rank() > 2) c.fail("a per-example W needs x of rank 1 or 2, got ", x.str());
+    if (b.rank() != 1 || b[0] != w[0]) c.fail("b has shape ", b.str(), " but W ", w.str(), " needs [", w[0], "]");
+    Shape out = x;
+    out[x.rank() - 1] = w[0];
+    return out;
+  }
+  static at::Tensor run(RunCtx& c) {
+    int rank = c.out_shape().rank();
+    at::Tensor y;
+    if (c.shared(0)) {
+      if (c.shared(2)) return shared_linear(c.batched(1), c.in(0), c.in(2));
+      y = shared_linear(c.batched(1), c.in(0), at::Tensor());
+    } else {
+      at::Tensor x = c.batched(1);
+      y = x.dim() == 2 ? at::bmm(c.in(0), x.unsqueeze(2)).squeeze(2) : at::bmm(x, c.in(0).transpose(1, 2));
+    }
+    return y + c.aligned(2, rank);
+  }
+};
+
+// A x or A B. A: [m, k]; B: [k] or [k, p].
+struct Matmul {
+  static constexpr std::string_view name = "matmul";
+  static constexpr OpTraits traits{.arity = 2};
+  static Shape infer(const InferCtx& c) {
+    const Shape& a = c.shape(0);
+    const Shape& b = c.shape(1);
+    if (a.rank() != 2) c.fail("the left operand must be a matrix, got ", a.str());
+    if (b.rank() < 1 || b.rank() > 2 || b[0] != a[1])
+      c.fail("shapes ", a.str(), " and ", b.str(), " do not multiply");
+    return b.rank() == 1 ? Shape{a[0]} : Shape{a[0], b[1]};
+  }
+  static at::Tensor run(RunCtx& c) {
+    const at::Tensor& a = c.in(0);
+    const at::Tensor& b = c.in(1);
+    const bool vec = c.out_shape().rank() == 1;
+    if (c.shared(0)) return vec ? shared_linear(b, a, at::Tensor()) : at::matmul(a, b);
+    if (c.shared(1)) return at::matmul(a, b);
+    return vec ? at::bmm(a, b.unsqueeze(2)).squeeze(2) : at::bmm(a, b);
+  }
+};
+
+}  // namespace sheaf::op

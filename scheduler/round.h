@@ -1,0 +1,34 @@
+// One round of scheduling: the recorded nodes that can run now (every argument is
+// computed or runs in this round), as a small DAG over local ids.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "../tracer/node_store.h"
+
+namespace sheaf {
+
+// The signature id of node n (see SigTable), computed when it is recorded.
+uint32_t signature(NodeStore& store, NodeId n);
+
+struct RoundDag {
+  std::vector<NodeId> node;         // local id -> graph node, in a topological order
+  std::vector<uint32_t> sig;        // kNoSig: runs alone (a shared value)
+  std::vector<uint32_t> arg_begin;  // CSR: in-round arguments (local ids)
+  std::vector<uint32_t> args;
+  std::vector<uint32_t> use_begin;  // CSR: in-round consumers (local ids)
+  std::vector<uint32_t> uses;
+  std::vector<uint32_t> depth;      // longest path from the round's inputs, 0-based
+  uint32_t max_depth = 0;
+  size_t size() const { return node.size(); }
+  std::span<const uint32_t> args_of(uint32_t i) const { return {args.data() + arg_begin[i], args.data() + arg_begin[i + 1]}; }
+  std::span<const uint32_t> uses_of(uint32_t i) const { return {uses.data() + use_begin[i], uses.data() + use_begin[i + 1]}; }
+};
+
+// Splits `pending` into the nodes that can run now (returned as a DAG) and those
+// that wait on an unresolved dsl::cond/loop (left in `pending`). Resolved
+// placeholders whose value is ready are moved to `aliases`: they need no launch.
+RoundDag build_round(const NodeStore& store, std::vector<NodeId>& pending, std::vector<NodeId>& aliases);
+
+}  // namespace sheaf

@@ -1,0 +1,162 @@
+#include "strategy.h"
+
+#include <algorithm>
+#include <set>
+#include <string>
+
+#include "../tracer/error.h"
+
+namespace sheaf {
+
+namespace {
+
+uint32_t num_sigs(const RoundDag& dag) {
+  uint32_t m = 0;
+  for (uint32_t s : dag.sig)
+    if (s != kNoSig) m = std::max(m, s + 1);
+  return m;
+}
+
+class DepthStrategy final : public Strategy {
+ public:
+  std::string_view name() const override { return "depth"; }
+  void schedule(const RoundDag& dag, Batches& out) const override {
+    const size_t m = dag.size();
+    // Counting sort by depth, keeping the local (topological) order inside a depth.
+    std::vector<uint32_t> start(dag.max_depth + 2, 0);
+    for (uint32_t d : dag.depth) ++start[d + 1];
+    for (size_t d = 1; d < start.size(); ++d) start[d] += start[d - 1];
+    std::vector<uint32_t> by_depth(m);
+    {
+      std::vector<uint32_t> fill(start.begin(), start.end() - 1);
+      for (uint32_t i = 0; i < m; ++i) by_depth[fill[dag.depth[i]]++] = i;
+    }
+    // Within a depth, one batch per signature, in order of first appearance.
+    std::vector<uint32_t> group_of_sig(num_sigs(dag), 0xFFFFFFFFu);
+    std::vector<uint32_t> group(m), count;
+    for (uint32_t d = 0; d <= dag.max_depth; ++d) {
+      count.clear();
+      std::vector<uint32_t> sigs_here;
+      for (uint32_t k = start[d]; k < start[d + 1]; ++k) {
+        uint32_t i = by_depth[k], s = dag.sig[i];
+        if (s == kNoSig) {
+          group[i] = static_cast<uint32_t>(count.size());
+          count.push_back(1);
+          continue;
+        }
+        if (group_of_sig[s] == 0xFFFFFFFFu) {
+          group_of_sig[s] = static_cast<uint32_t>(count.size());
+          count.push_back(0);
+          sigs_here.push_back(s);
+        }
+        group[i] = group_of_sig[s];
+        ++count[group[i]];
+      }
+      const auto base = static_cast<uint32_t>(out.nodes.size());
+      std::vector<uint32_t> at(count.size() + 1, base);
+      for (size_t g = 0; g < count.size(); ++g) at[g + 1] = at[g] + count[g];
+      out.nodes.resize(base + (start[d + 1] - start[d]));
+      for (uint32_t k = start[d]; k < start[d + 1]; ++k) {
+        uint32_t i = by_depth[k];
+        out.nodes[at[group[i]]++] = i;
+      }
+      for (size_t g = 0; g < count.size(); ++g) out.begin.push_back(at[g]);
+      for (uint32_t s : sigs_here) group_of_sig[s] = 0xFFFFFFFFu;
+    }
+  }
+};
+
+class AgendaStrategy final : public Strategy {
+ public:
+  std::string_view name() const override { return "agenda"; }
+  void schedule(const RoundDag& dag, Batches& out) const override {
+    const size_t m = dag.size();
+    const uint32_t sigs = num_sigs(dag);
+    std::vector<double> avg(sigs, 0.0);
+    std::vector<uint32_t> cnt(sigs, 0);
+    for (size_t i = 0; i < m; ++i)
+      if (dag.sig[i] != kNoSig) {
+        avg[dag.sig[i]] += dag.depth[i];
+        ++cnt[dag.sig[i]];
+      }
+    for (uint32_t s = 0; s < sigs; ++s)
+      if (cnt[s]) avg[s] /= cnt[s];
+
+    std::vector<uint32_t> indeg(m);
+    for (uint32_t i = 0; i < m; ++i) indeg[i] = dag.arg_begin[i + 1] - dag.arg_begin[i];
+    std::vector<std::vector<uint32_t>> ready(sigs);
+    std::set<std::pair<double, uint32_t>> agenda;  // (average depth, sig) with ready nodes
+    std::vector<uint32_t> alone;                   // ready shared nodes: run at once, one by one
+    auto make_ready = [&](uint32_t i) {
+      uint32_t s = dag.sig[i];
+      if (s == kNoSig) {
+        alone.push_back(i);
+        return;
+      }
+      if (ready[s].empty()) agenda.emplace(avg[s], s);
+      ready[s].push_back(i);
+    };
+    auto emit = [&](std::span<const uint32_t> batch) {
+      out.nodes.insert(out.nodes.end(), batch.begin(), batch.end());
+      out.close();
+      for (uint32_t i : batch)
+        for (uint32_t u : dag.uses_of(i))
+          if (--indeg[u] == 0) make_ready(u);
+    };
+    for (uint32_t i = 0; i < m; ++i)
+      if (indeg[i] == 0) make_ready(i);
+    std::vector<uint32_t> batch;
+    while (!agenda.empty() || !alone.empty()) {
+      if (!alone.empty()) {
+        uint32_t i = alone.back();
+        alone.pop_back();
+        emit(std::span(&i, 1));
+        continue;
+      }
+      uint32_t s = agenda.begin()->second;
+      agenda.erase(agenda.begin());
+      batch.swap(ready[s]);
+      ready[s].clear();
+      emit(batch);
+    }
+  }
+};
+
+const DepthStrategy g_depth;
+const AgendaStrategy g_agenda;
+const Strategy* const g_all[] = {&g_agenda, &g_depth};
+
+}  // namespace
+
+const Strategy& depth_strategy() { return g_depth; }
+const Strategy& agenda_strategy() { return g_agenda; }
+const Strategy& default_strategy() { return g_agenda; }
+std::span<const Strategy* const> all_strategies() { return g_all; }
+
+const Strategy& strategy_named(std::string_view name) {
+  std::string known;
+  for (const Strategy* s : g_all) {
+    if (s->name() == name) return *s;
+    known += (known.empty() ? "" : ", ") + std::string(s->name());
+  }
+  throw UserError(detail::cat("sheaf: unknown scheduling strategy '", name, "'; known: ", known));
+}
+
+void validate_batches(const RoundDag& dag, const Batches& b, std::string_view strategy) {
+  std::vector<uint32_t> batch_of(dag.size(), 0xFFFFFFFFu);
+  for (uint32_t k = 0; k < b.size(); ++k) {
+    auto nodes = b[k];
+    SHEAF_ASSERT(!nodes.empty(), "strategy ", strategy, " emitted an empty batch");
+    for (uint32_t i : nodes) {
+      SHEAF_ASSERT(batch_of[i] == 0xFFFFFFFFu, "strategy ", strategy, " scheduled a node twice");
+      SHEAF_ASSERT(dag.sig[i] == dag.sig[nodes[0]], "strategy ", strategy, " mixed signatures in a batch");
+      SHEAF_ASSERT(dag.sig[i] != kNoSig || nodes.size() == 1, "strategy ", strategy, " batched shared nodes");
+      for (uint32_t a : dag.args_of(i))
+        SHEAF_ASSERT(batch_of[a] < k, "strategy ", strategy, " ran a node before its argument");
+      batch_of[i] = k;
+    }
+  }
+  for (uint32_t bo : batch_of) SHEAF_ASSERT(bo != 0xFFFFFFFFu, "strategy ", strategy, " left a node unscheduled");
+}
+
+}  // namespace sheaf

@@ -1,0 +1,8 @@
+// Sheaf: write the model for ONE example; run it for MANY in batched launches.
+#pragma once
+
+#include "dsl/check.h"            // IWYU pragma: export
+#include "dsl/dsl.h"              // IWYU pragma: export
+#include "scheduler/plan.h"       // IWYU pragma: export
+#include "scheduler/strategy.h"   // IWYU pragma: export
+#include "tracer/graph.h"         // IWYU pragma: export

@@ -1,0 +1,99 @@
+// The graph store: one flat struct-of-arrays per graph. Recording a node is a
+// handful of vector pushes; no per-node heap object. The scheduler and backend
+// read these arrays directly.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <source_location>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "../dsl/op_list.h"
+#include "shape.h"
+
+namespace sheaf {
+
+using NodeId = uint32_t;
+inline constexpr NodeId kNoNode = 0xFFFFFFFFu;
+inline constexpr uint32_t kNoSig = 0xFFFFFFFFu;   // shared nodes: computed once, never batched
+inline constexpr uint32_t kWholeRow = 0xFFFFFFFFu; // value is a whole tensor, not a batch row
+
+inline constexpr int kSharedExample = -1;  // example tag of a shared node
+inline constexpr int kMixedExample = -2;   // example tag of a node that combines examples
+
+// Interned shapes: nodes store a ShapeId; equal shapes have equal ids.
+class ShapeTable {
+ public:
+  ShapeId intern(const Shape& s);
+  const Shape& operator[](ShapeId id) const { return shapes_[id]; }
+  size_t size() const { return shapes_.size(); }
+
+ private:
+  std::vector<Shape> shapes_;
+  std::unordered_map<uint64_t, std::vector<ShapeId>> index_;
+};
+
+// Signatures: two nodes may share a batched launch iff their signature ids are
+// equal. Key = op, output shape, attributes, arity (unless segmented), and per
+// argument either the identity of a shared input or the per-example input shape.
+class SigTable {
+ public:
+  uint32_t intern(std::span<const int64_t> key);
+  size_t size() const { return begin_.size(); }
+
+ private:
+  std::vector<int64_t> keys_;
+  std::vector<uint32_t> begin_, len_;
+  std::unordered_map<uint64_t, uint32_t> index_;
+};
+
+struct NodeStore {
+  enum Flag : uint8_t {
+    kShared = 1,       // one value for all examples (a parameter, or an op on parameters only)
+    kComputed = 2,
+    kPlaceholder = 4,  // result of dsl::cond/loop; alias[] says what it became, once known
+  };
+
+  // Per node.
+  std::vector<OpCode> op;
+  std::vector<ShapeId> shape;
+  std::vector<uint32_t> arg_begin{0};   // CSR into args
+  std::vector<NodeId> args;
+  std::vector<uint32_t> attr_begin{0};  // CSR into attrs (part of the signature)
+  std::vector<int64_t> attrs;
+  std::vector<int64_t> payload;         // per-example data: an id, a label, a key (not in the signature)
+  std::vector<int32_t> example;
+  std::vector<std::source_location> loc;
+  std::vector<uint32_t> sig;
+  std::vector<uint8_t> flags;
+  std::vector<NodeId> alias;            // placeholders: the node they resolved to, else kNoNode
+  std::vector<uint32_t> value_batch;    // where the value lives once computed
+  std::vector<uint32_t> value_row;
+
+  // Values: one tensor per executed batch; node values are rows of these.
+  std::vector<at::Tensor> batch_out;
+  std::vector<at::Tensor> user_tensors;  // inputs and parameters the user handed in
+  ShapeTable shapes;
+  SigTable sigs;
+
+  size_t size() const { return op.size(); }
+  std::span<const NodeId> args_of(NodeId n) const {
+    return {args.data() + arg_begin[n], args.data() + arg_begin[n + 1]};
+  }
+  std::span<const int64_t> attrs_of(NodeId n) const {
+    return {attrs.data() + attr_begin[n], attrs.data() + attr_begin[n + 1]};
+  }
+  bool has(NodeId n, Flag f) const { return (flags[n] & f) != 0; }
+  // Follows resolved placeholders to the node that holds the value.
+  NodeId resolve(NodeId n) const {
+    while (has(n, kPlaceholder) && alias[n] != kNoNode) n = alias[n];
+    return n;
+  }
+  const Shape& shape_of(NodeId n) const { return shapes[shape[n]]; }
+  void clear();  // keeps capacity: a graph cleared per batch does not reallocate
+};
+
+}  // namespace sheaf

@@ -1,0 +1,56 @@
+// Per-example shapes. A node's shape never includes the batch axis: a batch of
+// n nodes of shape [a, b] is one tensor [n, a, b].
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+
+namespace sheaf {
+
+inline constexpr int kMaxRank = 4;
+
+class Shape {
+ public:
+  constexpr Shape() = default;
+  constexpr Shape(std::initializer_list<int64_t> dims) {
+    for (int64_t d : dims) push(d);
+  }
+  static Shape of(std::span<const int64_t> dims);  // throws UserError if rank > kMaxRank
+
+  constexpr int rank() const { return rank_; }
+  constexpr int64_t operator[](int i) const { return dims_[static_cast<size_t>(i)]; }
+  constexpr int64_t& operator[](int i) { return dims_[static_cast<size_t>(i)]; }
+  std::span<const int64_t> dims() const { return {dims_.data(), static_cast<size_t>(rank_)}; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < rank_; ++i) n *= dims_[static_cast<size_t>(i)];
+    return n;
+  }
+  constexpr void push(int64_t d) { dims_[static_cast<size_t>(rank_++)] = d; }
+  // Normalises a possibly negative axis; returns -1 when out of range.
+  constexpr int axis(int a) const {
+    if (a < 0) a += rank_;
+    return (a >= 0 && a < rank_) ? a : -1;
+  }
+  friend constexpr bool operator==(const Shape& a, const Shape& b) {
+    if (a.rank_ != b.rank_) return false;
+    for (int i = 0; i < a.rank_; ++i)
+      if (a.dims_[static_cast<size_t>(i)] != b.dims_[static_cast<size_t>(i)]) return false;
+    return true;
+  }
+  std::string str() const;  // "[3, 4]"
+
+ private:
+  std::array<int64_t, kMaxRank> dims_{};
+  int rank_ = 0;
+};
+
+// Index into a graph's shape table. Shapes are interned so that signatures and
+// equality checks compare one integer.
+using ShapeId = uint32_t;
+inline constexpr ShapeId kUnknownShape = 0xFFFFFFFFu;  // result of an unresolved dsl::cond
+
+}  // namespace sheaf
