@@ -49,7 +49,7 @@ void Graph::forward(std::span<const Expr> targets, const ForwardOptions& options
       throw UserError(detail::cat("sheaf: forward stopped after ", options.max_rounds,
                                   " rounds of control flow (ForwardOptions::max_rounds); a dsl::loop or "
                                   "coroutine may never finish"));
-    run_round(strategy);
+    run_round(strategy, options.validate || debug_enabled());
     if (!deliver_waiters()) break;
   }
 
@@ -61,7 +61,7 @@ void Graph::forward(std::span<const Expr> targets, const ForwardOptions& options
   trace_start_ = Clock::now();
 }
 
-void Graph::run_round(const Strategy& strategy) {
+void Graph::run_round(const Strategy& strategy, bool validate) {
   auto t0 = Clock::now();
   std::vector<NodeId> aliases;
   RoundDag dag = build_round(store_, pending_, aliases);
@@ -72,7 +72,7 @@ void Graph::run_round(const Strategy& strategy) {
   }
   Batches batches;
   strategy.schedule(dag, batches);
-  if (debug_enabled()) validate_batches(dag, batches, strategy.name());
+  if (validate) validate_batches(dag, batches, strategy.name());
   auto plan = std::make_unique<Plan>(make_plan(store_, dag, batches, strategy.name()));
   stats_.schedule_ms += ms_since(t0);
   if (debug_enabled()) std::cerr << "[sheaf] " << plan->str();

@@ -76,7 +76,7 @@ Run run_examples(const std::vector<int>& examples, const Program& program, const
     auto scope = g.example(i);
     run.outputs.push_back(program(g, i));
   }
-  ForwardOptions fo{.strategy = &strategy};
+  ForwardOptions fo{.strategy = &strategy, .validate = true};
   g.forward(run.outputs, fo);
   // Shapes downstream of a dsl::cond are known only now: weight the outputs after forward.
   std::vector<Expr> losses;

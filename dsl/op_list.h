@@ -11,6 +11,7 @@
 #include <boost/hana/tuple.hpp>
 #include <boost/hana/type.hpp>
 #include <cstdint>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -80,5 +81,8 @@ inline constexpr OpCode code_of = [] {
   static_assert(decltype(boost::hana::is_just(std::declval<Found>()))::value, "op is not in sheaf::kOpList");
   return static_cast<OpCode>(std::remove_cvref_t<decltype(std::declval<Found>().value())>::value);
 }();
+
+// The op's name, as in error messages and plans.
+std::string_view op_name(OpCode code);
 
 }  // namespace sheaf

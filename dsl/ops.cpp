@@ -42,6 +42,8 @@ const OpInfo& op_info(OpCode code) {
   return kTable[code];
 }
 
+std::string_view op_name(OpCode code) { return op_info(code).name; }
+
 int64_t attr_of(double v) { return std::bit_cast<int64_t>(v); }
 double attr_to_double(int64_t a) { return std::bit_cast<double>(a); }
 

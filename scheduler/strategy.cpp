@@ -122,15 +122,74 @@ class AgendaStrategy final : public Strategy {
   }
 };
 
+// The depth schedule, then merges: walking down from the top level, a batch
+// moves up into a later batch of the same signature when all its nodes'
+// consumers run after that one. Merging only removes launches, so this is never
+// worse than depth; it batches what depth cannot (losses of trees of different
+// heights), and each move gives the batch's arguments room to move in turn.
+class LazyStrategy final : public Strategy {
+ public:
+  std::string_view name() const override { return "lazy"; }
+  void schedule(const RoundDag& dag, Batches& out) const override {
+    Batches by_depth;
+    g_depth_impl.schedule(dag, by_depth);
+    const size_t groups = by_depth.size();
+    std::vector<uint32_t> level(dag.size());
+    std::vector<uint32_t> group_level(groups);
+    std::vector<std::vector<uint32_t>> members(groups);
+    for (size_t k = 0; k < groups; ++k) {
+      auto nodes = by_depth[k];
+      members[k].assign(nodes.begin(), nodes.end());
+      group_level[k] = dag.depth[nodes[0]];
+      for (uint32_t i : nodes) level[i] = group_level[k];
+    }
+    // Per signature, its groups by ascending level (the depth schedule emits levels in order).
+    std::vector<std::vector<uint32_t>> of_sig(num_sigs(dag));
+    for (uint32_t k = 0; k < groups; ++k)
+      if (dag.sig[members[k][0]] != kNoSig) of_sig[dag.sig[members[k][0]]].push_back(k);
+
+    std::vector<uint8_t> alive(groups, 1);
+    for (size_t k = groups; k-- > 0;) {
+      const uint32_t s = dag.sig[members[k][0]];
+      if (s == kNoSig) continue;
+      uint32_t limit = dag.max_depth;
+      for (uint32_t i : members[k])
+        for (uint32_t u : dag.uses_of(i)) limit = std::min(limit, level[u] - 1);
+      // The latest group of this signature above this one that the consumers allow.
+      const auto& cand = of_sig[s];
+      uint32_t target = 0xFFFFFFFFu;
+      for (auto it = cand.rbegin(); it != cand.rend(); ++it) {
+        if (!alive[*it] || group_level[*it] > limit) continue;
+        if (group_level[*it] > group_level[k]) target = *it;
+        break;
+      }
+      if (target == 0xFFFFFFFFu) continue;
+      for (uint32_t i : members[k]) level[i] = group_level[target];
+      members[target].insert(members[target].end(), members[k].begin(), members[k].end());
+      alive[k] = 0;
+    }
+    for (size_t k = 0; k < groups; ++k) {
+      if (!alive[k]) continue;
+      out.nodes.insert(out.nodes.end(), members[k].begin(), members[k].end());
+      out.close();
+    }
+  }
+
+ private:
+  DepthStrategy g_depth_impl;
+};
+
 const DepthStrategy g_depth;
 const AgendaStrategy g_agenda;
-const Strategy* const g_all[] = {&g_agenda, &g_depth};
+const LazyStrategy g_lazy;
+const Strategy* const g_all[] = {&g_lazy, &g_agenda, &g_depth};
 
 }  // namespace
 
 const Strategy& depth_strategy() { return g_depth; }
 const Strategy& agenda_strategy() { return g_agenda; }
-const Strategy& default_strategy() { return g_agenda; }
+const Strategy& lazy_strategy() { return g_lazy; }
+const Strategy& default_strategy() { return g_lazy; }
 std::span<const Strategy* const> all_strategies() { return g_all; }
 
 const Strategy& strategy_named(std::string_view name) {

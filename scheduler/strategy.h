@@ -36,6 +36,10 @@ const Strategy& depth_strategy();
 // are, on average, shallowest. Lets nodes of one signature at different depths
 // wait for each other (e.g. losses of trees of different heights).
 const Strategy& agenda_strategy();
+// Ours: the depth schedule, then every batch that can move later into a batch
+// of the same signature (its consumers permitting) does. Never more launches
+// than depth; batches what depth cannot. The default.
+const Strategy& lazy_strategy();
 const Strategy& default_strategy();
 
 std::span<const Strategy* const> all_strategies();

@@ -308,6 +308,8 @@ Expr Graph::param(const at::Tensor& w, std::source_location loc) {
   Site site{"param", kSharedExample, loc};
   if (!w.defined()) throw_user(site, "the tensor is undefined");
   if (w.dim() > kMaxRank) throw_user(site, "shared values have rank at most ", kMaxRank, ", got ", w.dim());
+  if (w.scalar_type() != at::kFloat)
+    throw_user(site, "the tensor has dtype ", w.scalar_type(), "; sheaf computes in float32 (convert with .to(at::kFloat))");
   if (w.device() != options_.device)
     throw_user(site, "the tensor is on ", w.device(), " but the graph runs on ", options_.device,
                "; move the parameters with .to(device) first");

@@ -41,6 +41,7 @@ struct GraphOptions {
 struct ForwardOptions {
   const Strategy* strategy = nullptr;  // nullptr: the graph's default (see set_strategy)
   int max_rounds = 1000000;            // guards runaway control flow
+  bool validate = false;               // check the strategy's schedule (always on with SHEAF_DEBUG=1)
 };
 
 // Counters since the last clear(). Times are wall-clock milliseconds.
@@ -147,7 +148,7 @@ class Graph {
   void check_shape_now(NodeId n, std::string_view what) const;
   void infer_deferred();
   bool deliver_waiters();
-  void run_round(const Strategy& strategy);
+  void run_round(const Strategy& strategy, bool validate);
   void finish_aliases(std::vector<NodeId>& aliases);
 
   struct Waiter {

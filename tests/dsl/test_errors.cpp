@@ -1,0 +1,118 @@
+// User mistakes give a UserError naming the op, the example and the user's line;
+// the graph and the process stay usable afterwards.
+#include "../support.h"
+
+using namespace sheaf;
+using Catch::Contains;
+using sheaf::test::param;
+
+namespace {
+
+at::Tensor W() {
+  static at::Tensor w = param({4, 3}, 1);
+  return w;
+}
+at::Tensor B() {
+  static at::Tensor b = param({4}, 2);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("shape mismatch names op, example and line", "[dsl][errors]") {
+  Graph g;
+  auto scope = g.example(3);
+  Expr x = g.input(at::randn({5}));
+  REQUIRE_THROWS_AS(dsl::affine(W(), x, B()), UserError);
+  REQUIRE_THROWS_WITH(dsl::affine(W(), x, B()), Contains("test_errors.cpp:") && Contains("op 'affine'") &&
+                                                    Contains("example 3") && Contains("[5]"));
+  Expr y = g.input(at::randn({4}));
+  REQUIRE_THROWS_WITH(x + y, Contains("op 'add'") && Contains("example 3") && Contains("[5] and [4]"));
+  REQUIRE_THROWS_WITH(dsl::concat({x, g.input(at::randn({2, 2}))}), Contains("op 'concat'") && Contains("example 3"));
+  REQUIRE_THROWS_WITH(dsl::slice(x, 3, 9), Contains("op 'slice'") && Contains("outside"));
+  REQUIRE_THROWS_WITH(dsl::chunk(x, 2), Contains("op 'chunk'") && Contains("equal chunks"));
+  REQUIRE_THROWS_WITH(dsl::pick(x, 5), Contains("op 'pick'") && Contains("out of range"));
+  REQUIRE_THROWS_WITH(dsl::pick_neg_log_softmax(x, -1), Contains("label -1"));
+  REQUIRE_THROWS_WITH(dsl::softmax(dsl::sum(x)), Contains("op 'softmax'") && Contains("scalar"));
+  REQUIRE_THROWS_WITH(dsl::dropout(x, 1.5), Contains("op 'dropout'") && Contains("p must be"));
+}
+
+TEST_CASE("the source line is the user's line, also through operators", "[dsl][errors]") {
+  Graph g;
+  Expr x = g.input(at::randn({5}));
+  Expr y = g.input(at::randn({4}));
+  int line = __LINE__ + 2;
+  try {
+    Expr z = x * y;
+    FAIL("no error");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), Contains("test_errors.cpp:" + std::to_string(line) + ":"));
+  }
+}
+
+TEST_CASE("id out of range in a lookup", "[dsl][errors]") {
+  Graph g;
+  at::Tensor E = param({10, 4}, 3);
+  auto scope = g.example(7);
+  REQUIRE_THROWS_WITH(g.lookup(E, 10), Contains("op 'lookup'") && Contains("example 7") && Contains("id 10") &&
+                                           Contains("10 rows"));
+  REQUIRE_THROWS_WITH(g.lookup(E, -2), Contains("id -2"));
+}
+
+TEST_CASE("Exprs from a cleared or destroyed graph, or from another graph", "[dsl][errors]") {
+  Graph g;
+  Expr x = g.input(at::randn({4}));
+  g.clear();
+  REQUIRE_THROWS_WITH(dsl::tanh(x), Contains("op 'tanh'") && Contains("cleared or destroyed"));
+  REQUIRE_THROWS_WITH(x.value(), Contains("cleared or destroyed"));
+
+  Expr dead;
+  {
+    Graph tmp;
+    dead = tmp.input(at::randn({4}));
+  }
+  REQUIRE_THROWS_WITH(dsl::sigmoid(dead), Contains("cleared or destroyed"));
+  REQUIRE_THROWS_WITH(dsl::sigmoid(Expr()), Contains("empty Expr"));
+
+  Graph other;
+  Expr a = g.input(at::randn({4}));
+  Expr b = other.input(at::randn({4}));
+  REQUIRE_THROWS_WITH(a + b, Contains("op 'add'") && Contains("different sheaf::Graph"));
+  REQUIRE_THROWS_WITH(dsl::sum(std::vector<Expr>{a, b}), Contains("different sheaf::Graph"));
+}
+
+TEST_CASE("values before forward, bad tensors, ops on tensors only", "[dsl][errors]") {
+  Graph g;
+  Expr x = g.input(at::randn({4}));
+  REQUIRE_THROWS_WITH(x.value(), Contains("op 'input'") && Contains("forward"));
+  REQUIRE_THROWS_WITH(g.param(at::randn({4}, at::kDouble)), Contains("op 'param'") && Contains("float32"));
+  REQUIRE_THROWS_WITH(g.input(at::ones({4}, at::kLong)), Contains("floating-point"));
+  REQUIRE_THROWS_WITH(g.input(at::randn({1, 1, 1, 1, 1})), Contains("rank at most 4"));
+  REQUIRE_THROWS_WITH(dsl::affine(W(), W(), B()), Contains("op 'affine'") && Contains("no graph"));
+  REQUIRE_THROWS_WITH(strategy_named("fastest"), Contains("'fastest'") && Contains("agenda") && Contains("depth"));
+}
+
+TEST_CASE("a failed launch names op and examples, and the graph stays usable", "[dsl][errors][backend]") {
+  Graph g;
+  at::Tensor w = at::randn({4, 3});
+  Expr y;
+  {
+    auto scope = g.example(2);
+    y = dsl::affine(w, g.input(at::randn({3})), B());
+  }
+  w.resize_({4, 5});  // the user changed the parameter after recording: the launch fails
+  REQUIRE_THROWS_WITH(g.forward(y), Contains("op 'affine'") && Contains("batched launch") && Contains("examples 2"));
+  w.resize_({4, 3});
+  g.forward(y);  // the node was kept pending and now runs
+  CHECK(y.value().sizes() == at::IntArrayRef({4}));
+}
+
+TEST_CASE("after an error the graph records and runs normally", "[dsl][errors]") {
+  Graph g;
+  Expr x = g.input(at::ones({3}));
+  REQUIRE_THROWS_AS(dsl::affine(W(), g.input(at::ones({2})), B()), UserError);
+  CHECK_THAT(g.dump(), !Contains("affine"));  // the failed op recorded nothing
+  Expr y = dsl::affine(W(), x, B());
+  g.forward(y);
+  CHECK(at::allclose(y.value(), at::mv(W(), at::ones({3})) + B()));
+}

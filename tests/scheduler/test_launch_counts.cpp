@@ -1,0 +1,133 @@
+// Launch counts are the scheduler's contract: stable where times are not.
+#include <map>
+#include <random>
+#include <set>
+
+#include "../support.h"
+
+using namespace sheaf;
+using Catch::Contains;
+
+namespace {
+
+uint64_t launches_of(const Graph& g, std::string_view op) {
+  // Counted over the last round's plan (all tests here run one round).
+  uint64_t n = 0;
+  for (const PlannedBatch& b : g.last_plan()->batches)
+    if (op_name(b.op) == op) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("64 chains of depth 10 of two ops take exactly 20 launches", "[scheduler][launches]") {
+  for (const Strategy* strategy : all_strategies()) {
+    DYNAMIC_SECTION(strategy->name()) {
+      Graph g;
+      std::vector<Expr> outs;
+      for (int i = 0; i < 64; ++i) {
+        auto s = g.example(i);
+        Expr h = g.input(at::randn({16}));
+        for (int d = 0; d < 10; ++d) h = dsl::tanh(h * 0.9);
+        outs.push_back(h);
+      }
+      g.forward(outs, {.strategy = strategy});
+      CHECK(launches_of(g, "mul_scalar") == 10);
+      CHECK(launches_of(g, "tanh") == 10);
+      CHECK(g.stats().batches == 21);  // + the one launch that stacks the 64 inputs
+      CHECK(g.stats().gathered_inputs == 0);  // every step reads the previous one in place
+      CHECK(g.stats().nodes == 64 * 21);
+    }
+  }
+}
+
+TEST_CASE("examples of different structure: launches within the depth bound", "[scheduler][launches]") {
+  // Each example is a random chain of ops; at depth k the depth-based schedule
+  // needs one launch per distinct op found at position k: that is the bound.
+  std::mt19937 rng(7);
+  const int n = 48;
+  std::vector<std::vector<int>> chains(n);
+  std::set<std::pair<int, int>> depth_op;
+  for (auto& c : chains) {
+    c.resize(1 + rng() % 12);
+    for (size_t k = 0; k < c.size(); ++k) {
+      c[k] = static_cast<int>(rng() % 3);
+      depth_op.emplace(static_cast<int>(k), c[k]);
+    }
+  }
+  const uint64_t bound = depth_op.size() + 1;  // + the input stack
+  std::map<std::string, uint64_t> launches;
+  for (const Strategy* strategy : all_strategies()) {
+    Graph g;
+    std::vector<Expr> outs;
+    for (int i = 0; i < n; ++i) {
+      auto s = g.example(i);
+      Expr h = g.input(at::randn({8}));
+      for (int op : chains[static_cast<size_t>(i)])
+        h = op == 0 ? dsl::tanh(h) : op == 1 ? dsl::sigmoid(h) : dsl::relu(h);
+      outs.push_back(h);
+    }
+    g.forward(outs, {.strategy = strategy});
+    launches[std::string(strategy->name())] = g.stats().batches;
+  }
+  CHECK(launches["depth"] == bound);
+  CHECK(launches["lazy"] <= bound);
+  // DyNet's agenda heuristic (shallowest signature first) is not bounded by
+  // depth here: it runs one op kind at a time while chains wait for each other.
+  // Recorded, not asserted: it is the baseline we beat, as DyNet implements it.
+  INFO("agenda took " << launches["agenda"] << " launches; depth bound " << bound);
+  CHECK(launches["agenda"] > 0);
+}
+
+TEST_CASE("agenda and lazy batch losses at different depths in one launch; depth cannot", "[scheduler][launches]") {
+  // A loss at the end of chains of different lengths sits at different depths.
+  std::map<std::string, uint64_t> loss_launches;
+  for (const Strategy* strategy : all_strategies()) {
+    Graph g;
+    std::vector<Expr> losses;
+    for (int i = 0; i < 16; ++i) {
+      auto s = g.example(i);
+      Expr h = g.input(at::randn({5}));
+      for (int d = 0; d < 1 + i % 4; ++d) h = dsl::tanh(h);
+      losses.push_back(dsl::pick_neg_log_softmax(h, i % 5));
+    }
+    g.forward(dsl::sum(losses), {.strategy = strategy});
+    loss_launches[std::string(strategy->name())] = launches_of(g, "pick_neg_log_softmax");
+  }
+  CHECK(loss_launches["depth"] == 4);
+  CHECK(loss_launches["agenda"] == 1);
+  CHECK(loss_launches["lazy"] == 1);
+}
+
+TEST_CASE("strategies are found by name and every one is valid on a mixed graph", "[scheduler]") {
+  CHECK(strategy_named("depth").name() == "depth");
+  CHECK(strategy_named("agenda").name() == "agenda");
+  CHECK(strategy_named("lazy").name() == "lazy");
+  CHECK(&default_strategy() == &strategy_named("lazy"));
+  at::Tensor W = at::randn({6, 6});
+  for (const Strategy* strategy : all_strategies()) {
+    Graph g;
+    std::vector<Expr> outs;
+    for (int i = 0; i < 10; ++i) {
+      auto s = g.example(i);
+      Expr a = g.input(at::randn({6}));
+      Expr b = dsl::tanh(dsl::matmul(W, a));
+      Expr c = i % 2 ? b * a : dsl::sigmoid(b) + a;
+      outs.push_back(dsl::sum(std::vector<Expr>{a, b, c}));
+    }
+    g.forward(outs, {.strategy = strategy, .validate = true});  // throws InternalError if invalid
+    CHECK_THAT(g.last_plan()->str(), Contains(std::string("plan (") + std::string(strategy->name())));
+  }
+}
+
+TEST_CASE("the plan prints its batches and how each input is obtained", "[scheduler]") {
+  Graph g;
+  std::vector<Expr> outs;
+  for (int i = 0; i < 3; ++i) {
+    auto s = g.example(i);
+    outs.push_back(dsl::tanh(g.input(at::randn({2}))));
+  }
+  g.forward(outs);
+  std::string p = g.last_plan()->str();
+  CHECK_THAT(p, Contains("input x3") && Contains("tanh x3") && Contains("view b"));
+}

@@ -1,0 +1,112 @@
+// The graph store: handles, incremental forward, clear, dump.
+#include <type_traits>
+
+#include "../support.h"
+
+using namespace sheaf;
+using Catch::Contains;
+
+static_assert(std::is_trivially_copyable_v<Expr>, "Expr must stay a cheap handle");
+static_assert(sizeof(Expr) == 12, "Expr must stay a cheap handle");
+
+TEST_CASE("recording computes nothing; forward computes everything recorded", "[tracer]") {
+  Graph g;
+  Expr x = g.input(at::full({3}, 2.0));
+  Expr y = dsl::tanh(x * 0.5);
+  CHECK(g.stats().batches == 0);
+  CHECK(y.shape() == Shape{3});
+  g.forward();
+  CHECK(at::allclose(y.value(), at::tanh(at::ones({3}))));
+}
+
+TEST_CASE("forward again after recording more runs only the new part", "[tracer]") {
+  Graph g;
+  std::vector<Expr> h;
+  for (int i = 0; i < 4; ++i) {
+    auto s = g.example(i);
+    h.push_back(dsl::sigmoid(g.input(at::full({2}, static_cast<double>(i)))));
+  }
+  g.forward(h);
+  const uint64_t launches = g.stats().batches;
+  CHECK(launches == 2);  // input stack + sigmoid
+  const at::Tensor first = h[2].value();
+
+  std::vector<Expr> z;
+  for (int i = 0; i < 4; ++i) {
+    auto s = g.example(i);
+    z.push_back(h[i] * 2.0);
+  }
+  g.forward(z);
+  CHECK(g.stats().batches == launches + 1);
+  CHECK(g.stats().nodes == 12);
+  CHECK(at::equal(h[2].value(), first));
+  CHECK(at::allclose(z[3].value(), 2.0 * at::sigmoid(at::full({2}, 3.0))));
+}
+
+TEST_CASE("clear forgets nodes and invalidates old handles; the graph is reusable", "[tracer]") {
+  Graph g;
+  for (int round = 0; round < 3; ++round) {
+    Expr x = g.input(at::full({2}, static_cast<double>(round)));
+    Expr y = x + 1.0;
+    g.forward(y);
+    CHECK(y.value()[0].item<double>() == Approx(round + 1.0));
+    g.clear();
+    CHECK(g.size() == 0);
+    CHECK(g.stats().batches == 0);
+    REQUIRE_THROWS_AS(y.value(), UserError);
+  }
+}
+
+TEST_CASE("the same tensor is one shared node", "[tracer]") {
+  Graph g;
+  at::Tensor w = at::randn({2, 2});
+  Expr a = g.param(w), b = g.param(w);
+  CHECK(a == b);
+  CHECK(a.example() == kSharedExample);
+  Expr x = g.input(at::randn({2}));
+  CHECK(x.example() == 0);
+  auto s = g.example(5);
+  CHECK(g.input(at::randn({2})).example() == 5);
+}
+
+TEST_CASE("an op on shared values only is shared and computed once", "[tracer]") {
+  Graph g;
+  at::Tensor w = at::randn({3});
+  std::vector<Expr> ys;
+  for (int i = 0; i < 5; ++i) {
+    auto s = g.example(i);
+    Expr t = dsl::tanh(g.param(w));  // same value for everyone
+    CHECK(t.example() == kSharedExample);
+    ys.push_back(g.input(at::ones({3})) * t);
+  }
+  g.forward(ys);
+  for (const Expr& y : ys) CHECK(at::allclose(y.value(), at::tanh(w)));
+}
+
+TEST_CASE("dump lists every node with its op, shape and example", "[tracer]") {
+  Graph g;
+  auto s = g.example(1);
+  Expr y = dsl::relu(g.input(at::randn({4})));
+  std::string d = g.dump();
+  CHECK_THAT(d, Contains("input") && Contains("relu(%0)") && Contains("[4]") && Contains("ex 1") &&
+                    Contains("test_graph.cpp"));
+  (void)y;
+}
+
+TEST_CASE("stats report nodes, batches, zero-copy inputs and times", "[tracer][backend]") {
+  Graph g;
+  std::vector<Expr> ys;
+  for (int i = 0; i < 8; ++i) {
+    auto s = g.example(i);
+    ys.push_back(dsl::exp(dsl::tanh(g.input(at::randn({4})))));
+  }
+  g.forward(ys);
+  const Stats& st = g.stats();
+  CHECK(st.nodes == 24);
+  CHECK(st.batches == 3);
+  CHECK(st.rounds == 1);
+  CHECK(st.zero_copy_inputs == 2);  // tanh reads the input batch, exp reads tanh's: both whole views
+  CHECK(st.gathered_inputs == 0);
+  CHECK(st.execute_ms > 0);
+  CHECK_THAT(st.str(), Contains("batches 3"));
+}
