@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dsl/check.h"            // IWYU pragma: export
+#include "backend/runtime.h"      // IWYU pragma: export
 #include "dsl/dsl.h"              // IWYU pragma: export
 #include "scheduler/plan.h"       // IWYU pragma: export
 #include "scheduler/strategy.h"   // IWYU pragma: export

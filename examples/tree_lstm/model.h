@@ -1,0 +1,85 @@
+// Binary Tree-LSTM (Tai et al. 2015 style) for sentiment trees, written three
+// ways over the SAME parameters, so the benchmark compares like with like:
+//
+//   sheaf_loss      : the per-tree code a researcher writes, recursive, with Sheaf
+//   per_example_loss: eager LibTorch, one tree at a time (careful: GEMV for single
+//                     rows, sparse embedding gradients, one lookup per sentence)
+//   HandBatched     : the best hand-batched LibTorch we could write: all trees of
+//                     a batch level by level (by height), children gathered with
+//                     one index_select per source level
+//
+// Cell at an internal node with children (hl, cl), (hr, cr):
+//   [a, i, fl, fr, o] = U [hl; hr] + b          (5 blocks of size h)
+//   c = tanh(a) * sigmoid(i) + sigmoid(fl) * cl + sigmoid(fr) * cr
+//   h = sigmoid(o) * tanh(c)
+// Leaves: h = E[word], c = 0. Classifier: softmax(V h + v) over 5 labels at every
+// node (or at the root only), cross-entropy summed over the batch / #trees.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include <sheaf/sheaf.h>
+
+#include "../data/trees.h"
+
+namespace sheaf::models {
+
+struct TreeLSTMOptions {
+  int64_t vocab = 0;
+  int64_t hidden = 150;
+  bool all_nodes = true;    // a loss at every node (as DyNet's benchmark), else at the root
+  bool sparse_embedding_grad = true;
+};
+
+class TreeLSTM {
+ public:
+  static constexpr int64_t kClasses = 5;
+
+  TreeLSTM(const TreeLSTMOptions& options, uint64_t seed);
+  const TreeLSTMOptions& options() const { return options_; }
+  std::vector<at::Tensor> parameters() const { return {E, U, b, V, v}; }
+  void to(const c10::Device& device);
+  void save(const std::string& path) const;  // torch::save of the parameter list
+  void load(const std::string& path);        // throws UserError on a mismatched file
+
+  // ---- Sheaf: the per-tree program. Records the tree's loss (summed over its
+  // labelled nodes) and, if root_logits is given, stores the root's logits there.
+  Expr sheaf_loss(Graph& g, const data::Tree& tree, Expr* root_logits = nullptr) const;
+
+  // ---- Eager LibTorch, one tree.
+  at::Tensor per_example_loss(const data::Tree& tree) const;
+  at::Tensor per_example_root_logits(const data::Tree& tree) const;
+
+  at::Tensor E, U, b, V, v;  // [vocab, h], [5h, 2h], [5h], [5, h], [5]
+
+ private:
+  struct State {
+    Expr h, c;
+  };
+  State sheaf_node(Graph& g, const data::Tree& t, int n, std::vector<Expr>& losses) const;
+  std::vector<at::Tensor> per_example_states(const data::Tree& t) const;
+
+  TreeLSTMOptions options_;
+};
+
+// The hand-batched version: a host-side plan per batch (levels, gather indices),
+// then one launch per cell op per level.
+class HandBatched {
+ public:
+  explicit HandBatched(const TreeLSTM& model) : m_(model) {}
+  // Summed loss over the batch's labelled nodes.
+  at::Tensor loss(std::span<const data::Tree* const> trees) const;
+  // Root logits [trees, 5].
+  at::Tensor root_logits(std::span<const data::Tree* const> trees) const;
+
+ private:
+  struct Run;
+  Run run(std::span<const data::Tree* const> trees) const;
+  const TreeLSTM& m_;
+};
+
+}  // namespace sheaf::models

@@ -1,0 +1,123 @@
+// The TreeLSTM three ways (Sheaf, per example, hand-batched) computes the same
+// losses and gradients, and Sheaf's batched run equals its one-at-a-time run.
+#include <tree_lstm/model.h>
+
+#include "../support.h"
+
+using namespace sheaf;
+using models::HandBatched;
+using models::TreeLSTM;
+
+namespace {
+
+std::vector<data::Tree> trees(int n, uint64_t seed) {
+  return data::synthetic_trees({.count = n, .min_words = 1, .max_words = 14, .vocab_size = 40, .seed = seed});
+}
+
+std::vector<at::Tensor> grads_of(const TreeLSTM& m, const std::function<at::Tensor()>& loss) {
+  for (const at::Tensor& p : m.parameters()) p.mutable_grad() = at::Tensor();
+  at::Tensor l = loss();
+  l.backward();
+  std::vector<at::Tensor> g;
+  for (const at::Tensor& p : m.parameters()) g.push_back(p.grad().is_sparse() ? p.grad().to_dense() : p.grad().clone());
+  g.push_back(l.detach());
+  return g;
+}
+
+void require_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("tensor " << i << " max diff " << (a[i] - b[i]).abs().max().item<double>());
+    CHECK(at::allclose(a[i], b[i], 1e-4, 1e-5));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("TreeLSTM: Sheaf, per-example and hand-batched agree on loss and gradients", "[examples][tree_lstm]") {
+  const bool all_nodes = GENERATE(true, false);
+  const std::vector<data::Tree> batch = trees(9, 3);
+  std::vector<const data::Tree*> ptrs;
+  for (const auto& t : batch) ptrs.push_back(&t);
+  TreeLSTM m({.vocab = 40, .hidden = 12, .all_nodes = all_nodes}, 1);
+
+  auto per_example = grads_of(m, [&] {
+    at::Tensor l = at::zeros({});
+    for (const auto& t : batch) l = l + m.per_example_loss(t);
+    return l;
+  });
+  auto hand = grads_of(m, [&] { return HandBatched(m).loss(ptrs); });
+  auto sheafed = grads_of(m, [&] {
+    Graph g;
+    std::vector<Expr> losses;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      auto s = g.example(static_cast<int>(i));
+      losses.push_back(m.sheaf_loss(g, batch[i]));
+    }
+    Expr total = dsl::sum(losses);
+    g.forward(total);
+    return total.value();
+  });
+  require_close(per_example, hand);
+  require_close(per_example, sheafed);
+}
+
+TEST_CASE("TreeLSTM: root logits agree three ways", "[examples][tree_lstm]") {
+  const std::vector<data::Tree> batch = trees(6, 5);
+  std::vector<const data::Tree*> ptrs;
+  for (const auto& t : batch) ptrs.push_back(&t);
+  TreeLSTM m({.vocab = 40, .hidden = 10}, 2);
+  at::NoGradGuard no_grad;
+  at::Tensor hand = HandBatched(m).root_logits(ptrs);
+  Graph g;
+  std::vector<Expr> logits(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto s = g.example(static_cast<int>(i));
+    m.sheaf_loss(g, batch[i], &logits[i]);
+  }
+  g.forward(logits);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    CHECK(at::allclose(m.per_example_root_logits(batch[i]), hand[static_cast<int64_t>(i)], 1e-4, 1e-5));
+    CHECK(at::allclose(logits[i].value(), hand[static_cast<int64_t>(i)], 1e-4, 1e-5));
+  }
+}
+
+TEST_CASE("TreeLSTM: batched equals alone through the checker", "[examples][tree_lstm][checker]") {
+  const int n = GENERATE(1, 2, 7, 24);
+  const std::vector<data::Tree> batch = trees(n, 11);
+  TreeLSTM m({.vocab = 40, .hidden = 8}, 3);
+  CheckReport r = check_batched(n, [&](Graph& g, int i) { return m.sheaf_loss(g, batch[static_cast<size_t>(i)]); },
+                                {.params = m.parameters()});
+  REQUIRE_BATCHED_EQUALS_ALONE(r);
+}
+
+TEST_CASE("TreeLSTM: launches grow with tree height, not with the number of trees", "[examples][tree_lstm][launches]") {
+  TreeLSTM m({.vocab = 40, .hidden = 8}, 4);
+  auto launches = [&](const std::vector<data::Tree>& ts) {
+    Graph g;
+    std::vector<Expr> losses;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      auto s = g.example(static_cast<int>(i));
+      losses.push_back(m.sheaf_loss(g, ts[i]));
+    }
+    g.forward(dsl::sum(losses));
+    return g.stats().batches;
+  };
+  // 64 copies of one tree take exactly the launches of one tree.
+  const std::vector<data::Tree> one = trees(1, 21);
+  const std::vector<data::Tree> many(64, one[0]);
+  CHECK(launches(many) == launches(one));
+  // A batch of different trees: per level of height one launch per cell op
+  // (affine, concat, 5 slices, tanh x2, sigmoid x4, mul x4, add x2 = 19), plus
+  // the leaves and the classifier, far below one launch per node.
+  const std::vector<data::Tree> mixed = trees(64, 22);
+  int max_height = 0;
+  size_t nodes = 0;
+  for (const auto& t : mixed) {
+    max_height = std::max(max_height, t.height());
+    nodes += static_cast<size_t>(t.size());
+  }
+  const uint64_t n = launches(mixed);
+  CHECK(n <= static_cast<uint64_t>(19 * max_height + 8));
+  CHECK(n < nodes / 4);
+}
