@@ -3,6 +3,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/index_select.h>
+#include <ATen/ops/split_with_sizes.h>
 #include <c10/util/Exception.h>
 
 #include <cstring>
@@ -10,37 +11,51 @@
 #include <sstream>
 
 #include "../dsl/op.h"
+#include "gather.h"
 
 namespace sheaf {
 
-at::Tensor Executor::part(const ArgPart& p) {
-  const at::Tensor& src = s_.batch_out[p.batch];
-  if (p.start == kWholeRow) return src.unsqueeze(0);  // a shared value inside a shared computation
-  if (p.index >= 0) {
-    ++stats_.gather_launches;
-    return src.index_select(0, index_.narrow(0, p.index, p.len));
+at::Tensor Executor::read(const Plan& plan, uint32_t r) {
+  const Read& rd = plan.reads[r];
+  const at::Tensor& src = s_.batch_out[rd.batch];
+  if (rd.start == kWholeRow) return src.unsqueeze(0);  // a shared value inside a shared computation
+  if (rd.group >= 0) {
+    auto& outs = groups_[static_cast<size_t>(rd.group)];
+    if (outs.empty()) {
+      std::vector<RowRead> reads;
+      for (uint32_t q : plan.groups[static_cast<size_t>(rd.group)]) {
+        const Read& x = plan.reads[q];
+        reads.push_back(x.index >= 0 ? RowRead{0, x.len, index_.narrow(0, x.index, x.len)} : RowRead{x.start, x.len, {}});
+      }
+      outs = gather_rows(src, reads);
+      ++stats_.gather_launches;
+    }
+    return outs[rd.slot];
   }
-  if (p.start == 0 && p.len == src.size(0)) return src;
-  return src.narrow(0, p.start, p.len);
+  if (rd.index >= 0) {
+    ++stats_.gather_launches;
+    return src.index_select(0, index_.narrow(0, rd.index, rd.len));
+  }
+  if (rd.start == 0 && rd.len == src.size(0)) return src;
+  return src.narrow(0, rd.start, rd.len);
 }
 
 at::Tensor Executor::input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg) {
-  const ArgPart& first = plan.parts[arg.parts_begin];
   switch (arg.kind) {
     case BatchArg::kShared: {
-      const at::Tensor& t = s_.batch_out[first.batch];
+      const at::Tensor& t = s_.batch_out[plan.reads[arg.reads_begin].batch];
       shared_.push_back(!b.shared);
       return b.shared ? t.unsqueeze(0) : t;
     }
     case BatchArg::kView:
       shared_.push_back(0);
       ++stats_.zero_copy_inputs;
-      return part(first);
+      return read(plan, arg.reads_begin);
     case BatchArg::kGather: {
       shared_.push_back(0);
       std::vector<at::Tensor> pieces;
-      pieces.reserve(arg.parts_end - arg.parts_begin);
-      for (uint32_t q = arg.parts_begin; q < arg.parts_end; ++q) pieces.push_back(part(plan.parts[q]));
+      pieces.reserve(arg.reads_end - arg.reads_begin);
+      for (uint32_t q = arg.reads_begin; q < arg.reads_end; ++q) pieces.push_back(read(plan, q));
       at::Tensor x = pieces.size() == 1 ? pieces[0] : at::cat(pieces);
       if (pieces.size() > 1) ++stats_.gather_launches;
       if (arg.perm >= 0) {
@@ -55,6 +70,15 @@ at::Tensor Executor::input(const Plan& plan, const PlannedBatch& b, const BatchA
   throw_internal("bad input kind");
 }
 
+at::Tensor Executor::split_piece(const Plan& plan, const PlannedBatch& b) {
+  auto& pieces = splits_[static_cast<size_t>(b.split)];
+  if (pieces.empty()) {
+    const SplitGroup& g = plan.splits[static_cast<size_t>(b.split)];
+    pieces = s_.batch_out[g.batch].split_with_sizes(g.sizes, g.axis);
+  }
+  return pieces[b.piece];
+}
+
 size_t Executor::run(const Plan& plan) {
   // Every index of the round (gathers, payloads, segment ids) in one host buffer
   // and, off the CPU, one upload.
@@ -65,6 +89,8 @@ size_t Executor::run(const Plan& plan) {
     if (n) std::memcpy(host.data_ptr<int64_t>(), plan.indices.data(), static_cast<size_t>(n) * sizeof(int64_t));
     index_ = options_.device.is_cpu() ? host : host.to(options_.device, /*non_blocking=*/true);
   }
+  groups_.assign(plan.groups.size(), {});
+  splits_.assign(plan.splits.size(), {});
   const at::TensorOptions float_opts = at::TensorOptions().dtype(at::kFloat).device(options_.device);
 
   size_t done = 0;
@@ -78,14 +104,18 @@ size_t Executor::run(const Plan& plan) {
 
       RunCtx ctx;
       ctx.n_ = b.n;
+      ctx.arity_ = s_.args_of(first).size();
+      ctx.stacked_ = b.stacked;
       ctx.inputs_ = inputs_;
       ctx.shared_ = shared_;
       ctx.attrs_ = s_.attrs_of(first);
       ctx.out_shape_ = &s_.shape_of(first);
       ctx.payload_host_ = std::span(plan.indices.data() + b.payload, b.n);
-      ctx.payload_ = index_.narrow(0, b.payload, b.n);
+      ctx.index_ = &index_;
+      ctx.payload_off_ = b.payload;
       if (b.segments >= 0) {
-        ctx.segments_ = index_.narrow(0, b.segments, b.total);
+        ctx.segments_off_ = b.segments;
+        ctx.segments_len_ = b.total;
         ctx.segment_counts_ = std::span(plan.indices.data() + b.counts, b.n);
       }
       ctx.user_tensors_ = &s_.user_tensors;
@@ -93,7 +123,7 @@ size_t Executor::run(const Plan& plan) {
       ctx.seed_ = options_.seed;
       ctx.train_ = options_.train;
 
-      at::Tensor out = info.run(ctx);
+      at::Tensor out = b.split >= 0 ? split_piece(plan, b) : info.run(ctx);
 
       // A descriptor that returns the wrong shape is our bug, not the user's.
       const Shape& shape = *ctx.out_shape_;

@@ -22,13 +22,16 @@ class Executor {
 
  private:
   at::Tensor input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg);
-  at::Tensor part(const ArgPart& p);
+  at::Tensor read(const Plan& plan, uint32_t r);
+  at::Tensor split_piece(const Plan& plan, const PlannedBatch& b);
   [[noreturn]] void rethrow(const Plan& plan, const PlannedBatch& b, const std::exception& e) const;
 
   NodeStore& s_;
   const GraphOptions& options_;
   Stats& stats_;
   at::Tensor index_;  // plan.indices on the device
+  std::vector<std::vector<at::Tensor>> groups_;  // outputs of each read group, made at first use
+  std::vector<std::vector<at::Tensor>> splits_;  // pieces of each split group, made at first use
   std::vector<at::Tensor> inputs_;
   std::vector<uint8_t> shared_;
 };

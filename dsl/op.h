@@ -36,6 +36,10 @@ struct OpTraits {
   // Gets a payload that is unique per (example, node ordinal within the example),
   // the same whether the example runs alone or batched (dropout masks).
   bool keyed = false;
+  // When all arguments are per-example values of one shape, the planner may hand
+  // them over stacked: in(0) = [n * arity, S...], node-major (RunCtx::stacked()).
+  // One gather then replaces one per argument (concat of children in a tree).
+  bool stackable = false;
 };
 
 class InferCtx {
@@ -73,7 +77,9 @@ class InferCtx {
 class RunCtx {
  public:
   int64_t n() const { return n_; }
-  size_t arity() const { return inputs_.size(); }
+  size_t arity() const { return arity_; }
+  // The arguments arrive stacked in in(0) (see OpTraits::stackable).
+  bool stacked() const { return stacked_; }
   // Batched [n, S...] or, for a shared argument, the shared tensor itself.
   const at::Tensor& in(size_t i) const { return inputs_[i]; }
   bool shared(size_t i) const { return shared_[i] != 0; }
@@ -87,10 +93,10 @@ class RunCtx {
   const Shape& out_shape() const { return *out_shape_; }
   // Per-node payloads (ids, labels, keys): host copy and device tensor [n] (int64).
   std::span<const int64_t> payload_host() const { return payload_host_; }
-  const at::Tensor& payload() const { return payload_; }
+  at::Tensor payload() const { return index_->narrow(0, payload_off_, n_); }
   // For segmented ops: in(0) holds every list element, [total, S...]; segment ids
   // [total] say which node each belongs to, counts [n] how many each node has.
-  const at::Tensor& segment_ids() const { return segments_; }
+  at::Tensor segment_ids() const { return index_->narrow(0, segments_off_, segments_len_); }
   std::span<const int64_t> segment_counts() const { return segment_counts_; }
   // User tensors referenced by payloads (op::Input).
   const at::Tensor& user_tensor(int64_t i) const { return (*user_tensors_)[static_cast<size_t>(i)]; }
@@ -101,13 +107,15 @@ class RunCtx {
  private:
   friend class Executor;
   int64_t n_ = 0;
+  size_t arity_ = 0;
+  bool stacked_ = false;
   std::span<const at::Tensor> inputs_;
   std::span<const uint8_t> shared_;
   std::span<const int64_t> attrs_;
   const Shape* out_shape_ = nullptr;
   std::span<const int64_t> payload_host_;
-  at::Tensor payload_;
-  at::Tensor segments_;
+  const at::Tensor* index_ = nullptr;  // the round's indices on the device (made on demand: most ops need none)
+  int64_t payload_off_ = 0, segments_off_ = 0, segments_len_ = 0;
   std::span<const int64_t> segment_counts_;
   const std::vector<at::Tensor>* user_tensors_ = nullptr;
   at::TensorOptions options_;

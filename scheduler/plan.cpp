@@ -1,6 +1,7 @@
 #include "plan.h"
 
 #include <algorithm>
+#include <map>
 #include <sstream>
 
 #include "../dsl/op.h"
@@ -12,10 +13,6 @@ namespace {
 struct Loc {
   uint32_t batch, row;
 };
-
-// Beyond this many contiguous runs, a concatenation of views costs more than
-// gathering each source with one index_select.
-constexpr size_t kMaxRuns = 4;
 
 class Planner {
  public:
@@ -29,21 +26,21 @@ class Planner {
     const auto out = base_ + static_cast<uint32_t>(p_.batches.size());
     const auto n = static_cast<uint32_t>(locals.size());
 
-    // Row order: by where the first argument lives, so that a batch fed by one
-    // earlier batch in the same order reads it as a view (chains stay zero-copy).
+    // Row order: by where the first per-example argument lives, so that a batch fed
+    // by one earlier batch in the same order reads it as a view (chains stay zero-copy).
     order_.clear();
     for (uint32_t l : locals) {
       NodeId node = dag.node[l];
       uint64_t key = node;
-      auto args = s_.args_of(node);
-      if (!args.empty()) {
-        NodeId a = s_.resolve(args[0]);
-        if (!s_.has(a, NodeStore::kShared))
-          key = (uint64_t{s_.value_batch[a]} << 32) | s_.value_row[a];
+      for (NodeId arg : s_.args_of(node)) {
+        NodeId a = s_.resolve(arg);
+        if (s_.has(a, NodeStore::kShared)) continue;
+        key = (uint64_t{s_.value_batch[a]} << 32) | s_.value_row[a];
+        break;
       }
       order_.push_back({key, node});
     }
-    std::sort(order_.begin(), order_.end());
+    if (!std::is_sorted(order_.begin(), order_.end())) std::sort(order_.begin(), order_.end());
 
     PlannedBatch b{};
     b.op = op;
@@ -76,13 +73,21 @@ class Planner {
       for (NodeId node : nodes) p_.indices.push_back(static_cast<int64_t>(s_.args_of(node).size()));
       b.arity = 1;
       add_input();
+    } else if (stackable(first, traits)) {
+      sources_.clear();
+      for (NodeId node : nodes)
+        for (NodeId a : s_.args_of(node)) sources_.push_back(loc_of(a));
+      b.arity = 1;
+      b.stacked = true;
+      add_input();
     } else {
       b.arity = static_cast<uint32_t>(s_.args_of(first).size());
       for (uint32_t k = 0; k < b.arity; ++k) {
         NodeId a0 = s_.resolve(s_.args_of(first)[k]);
         if (s_.has(a0, NodeStore::kShared)) {  // the signature makes it the same node for all rows
-          uint32_t q = part(ArgPart{s_.value_batch[a0], kWholeRow, 1});
-          p_.args.push_back(BatchArg{BatchArg::kShared, q, q + 1});
+          auto r = static_cast<uint32_t>(p_.reads.size());
+          p_.reads.push_back(Read{s_.value_batch[a0], kWholeRow, 1});
+          p_.args.push_back(BatchArg{BatchArg::kShared, r, r + 1});
           continue;
         }
         sources_.clear();
@@ -95,7 +100,74 @@ class Planner {
     p_.batches.push_back(b);
   }
 
+  // After every batch is planned: slice batches that read the same batch whole,
+  // in order, along one axis, with disjoint ranges, become one split.
+  void group_slices() {
+    struct Member {
+      int64_t begin, end;
+      uint32_t batch;
+    };
+    std::map<std::pair<uint32_t, int64_t>, std::vector<Member>> by_source;  // (source, axis) -> slices
+    for (uint32_t k = 0; k < p_.batches.size(); ++k) {
+      const PlannedBatch& b = p_.batches[k];
+      if (b.op != code_of<op::Slice> || b.shared) continue;
+      const BatchArg& arg = p_.args[b.args_begin];
+      const Read& r = p_.reads[arg.reads_begin];
+      if (arg.kind != BatchArg::kView || r.index >= 0 || r.start != 0 || r.len != rows(r.batch)) continue;
+      auto attrs = s_.attrs_of(p_.nodes[b.nodes_begin]);
+      by_source[{r.batch, attrs[0] + 1}].push_back(Member{attrs[1], attrs[2], k});
+    }
+    for (auto& [key, members] : by_source) {
+      if (members.size() < 2) continue;
+      std::sort(members.begin(), members.end(), [](const Member& a, const Member& b) { return a.begin < b.begin; });
+      bool disjoint = true;
+      for (size_t i = 1; i < members.size(); ++i) disjoint = disjoint && members[i].begin >= members[i - 1].end;
+      if (!disjoint) continue;
+      const NodeId some_slice = p_.nodes[p_.batches[members[0].batch].nodes_begin];
+      const int64_t extent = s_.shape_of(s_.resolve(s_.args_of(some_slice)[0]))[static_cast<int>(key.second - 1)];
+      SplitGroup g{key.first, key.second, {}};
+      int64_t at = 0;
+      for (const Member& m : members) {
+        if (m.begin > at) g.sizes.push_back(m.begin - at);  // a gap: a piece nobody reads
+        p_.batches[m.batch].split = static_cast<int32_t>(p_.splits.size());
+        p_.batches[m.batch].piece = static_cast<uint32_t>(g.sizes.size());
+        g.sizes.push_back(m.end - m.begin);
+        at = m.end;
+      }
+      if (at < extent) g.sizes.push_back(extent - at);
+      p_.splits.push_back(std::move(g));
+    }
+  }
+
+ // After every batch is planned: a batch read partially by two or more inputs
+  // gets one gather node for all those reads (see Read::group).
+  void group_reads() {
+    std::vector<std::vector<uint32_t>> partial(base_ + rows_.size());
+    for (uint32_t r = 0; r < p_.reads.size(); ++r) {
+      const Read& rd = p_.reads[r];
+      if (rd.start == kWholeRow) continue;
+      if (rd.index < 0 && rd.start == 0 && rd.len == rows(rd.batch)) continue;  // the whole batch, in order
+      partial[rd.batch].push_back(r);
+    }
+    for (auto& reads : partial) {
+      if (reads.size() < 2) continue;
+      for (uint32_t k = 0; k < reads.size(); ++k) {
+        p_.reads[reads[k]].group = static_cast<int32_t>(p_.groups.size());
+        p_.reads[reads[k]].slot = k;
+      }
+      p_.groups.push_back(std::move(reads));
+    }
+  }
+
  private:
+  // Every argument per-example with one shape (the signature makes it so for all rows).
+  bool stackable(NodeId first, const OpTraits& traits) const {
+    auto args = s_.args_of(first);
+    if (!traits.stackable || args.size() < 2) return false;
+    for (NodeId a : args)
+      if (s_.has(s_.resolve(a), NodeStore::kShared) || s_.shape[a] != s_.shape[args[0]]) return false;
+    return true;
+  }
   Loc loc_of(NodeId a) const {
     NodeId r = s_.resolve(a);
     return {s_.value_batch[r], s_.value_row[r]};
@@ -103,40 +175,37 @@ class Planner {
   uint32_t rows(uint32_t batch) const {
     return batch >= base_ ? rows_[batch - base_] : static_cast<uint32_t>(s_.batch_out[batch].size(0));
   }
-  uint32_t part(ArgPart p) {
-    p_.parts.push_back(p);
-    return static_cast<uint32_t>(p_.parts.size() - 1);
+  uint32_t read(Read r) {
+    p_.reads.push_back(r);
+    return static_cast<uint32_t>(p_.reads.size() - 1);
   }
 
-  // Plans one batched input from the (batch, row) of each of its rows. A row
-  // kWholeRow is a shared value (only in the list of a shared sum): its own part.
+  // Plans one batched input from the (batch, row) of each of its rows: one read
+  // when they are contiguous, else one read per source batch (a range or an index
+  // list), concatenated, then permuted into row order if the sources interleave.
+  // A row kWholeRow is a shared value (only in the list of a shared sum).
   void add_input() {
-    BatchArg arg{BatchArg::kGather, static_cast<uint32_t>(p_.parts.size()), 0};
-    runs_.clear();
-    bool whole = false;
-    for (const Loc& l : sources_) {
-      whole = whole || l.row == kWholeRow;
-      if (!runs_.empty() && l.row != kWholeRow && runs_.back().batch == l.batch &&
-          runs_.back().start + runs_.back().len == l.row)
-        ++runs_.back().len;
-      else
-        runs_.push_back(ArgPart{l.batch, l.row, 1});
+    BatchArg arg{BatchArg::kGather, static_cast<uint32_t>(p_.reads.size()), 0};
+    bool contiguous = true, whole = false;
+    for (size_t j = 0; j < sources_.size(); ++j) {
+      whole = whole || sources_[j].row == kWholeRow;
+      if (j > 0)
+        contiguous = contiguous && sources_[j].batch == sources_[0].batch &&
+                     sources_[j].row == sources_[0].row + j && sources_[0].row != kWholeRow;
     }
-    if (runs_.size() == 1) {
+    if (contiguous) {
       arg.kind = BatchArg::kView;
-      part(runs_[0]);
-    } else if (runs_.size() <= kMaxRuns || whole) {
-      for (const ArgPart& r : runs_) part(r);
+      read(Read{sources_[0].batch, sources_[0].row, static_cast<uint32_t>(sources_.size())});
+    } else if (whole) {
+      for (const Loc& l : sources_) read(Read{l.batch, l.row, 1});
     } else {
-      gather_by_source(arg);
+      read_by_source(arg);
     }
-    arg.parts_end = static_cast<uint32_t>(p_.parts.size());
+    arg.reads_end = static_cast<uint32_t>(p_.reads.size());
     p_.args.push_back(arg);
   }
 
-  // One index_select per source batch; then, if the sources interleave, one more
-  // to put rows back in order.
-  void gather_by_source(BatchArg& arg) {
+  void read_by_source(BatchArg& arg) {
     srcs_.clear();
     for (const Loc& l : sources_)
       if (std::find(srcs_.begin(), srcs_.end(), l.batch) == srcs_.end()) srcs_.push_back(l.batch);
@@ -144,15 +213,22 @@ class Planner {
     int64_t offset = 0;
     bool in_order = true;
     for (uint32_t src : srcs_) {
-      auto index = static_cast<int64_t>(p_.indices.size());
-      uint32_t len = 0;
+      rows_of_src_.clear();
       for (size_t j = 0; j < sources_.size(); ++j)
         if (sources_[j].batch == src) {
-          p_.indices.push_back(sources_[j].row);
-          in_order = in_order && static_cast<int64_t>(j) == offset + len;
-          pos[j] = offset + len++;
+          in_order = in_order && static_cast<int64_t>(j) == offset + static_cast<int64_t>(rows_of_src_.size());
+          pos[j] = offset + static_cast<int64_t>(rows_of_src_.size());
+          rows_of_src_.push_back(sources_[j].row);
         }
-      part(ArgPart{src, 0, len, index});
+      const auto len = static_cast<uint32_t>(rows_of_src_.size());
+      bool consecutive = true;
+      for (uint32_t q = 1; q < len; ++q) consecutive = consecutive && rows_of_src_[q] == rows_of_src_[0] + q;
+      if (consecutive) {
+        read(Read{src, rows_of_src_[0], len});
+      } else {
+        read(Read{src, 0, len, static_cast<int64_t>(p_.indices.size())});
+        p_.indices.insert(p_.indices.end(), rows_of_src_.begin(), rows_of_src_.end());
+      }
       offset += len;
     }
     if (!in_order) {
@@ -167,8 +243,8 @@ class Planner {
   std::vector<uint32_t> rows_;
   std::vector<std::pair<uint64_t, NodeId>> order_;
   std::vector<Loc> sources_;
-  std::vector<ArgPart> runs_;
   std::vector<uint32_t> srcs_;
+  std::vector<uint32_t> rows_of_src_;
 };
 
 }  // namespace
@@ -178,37 +254,38 @@ Plan make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, st
   plan.strategy = strategy;
   Planner planner(store, plan);
   for (size_t k = 0; k < batches.size(); ++k) planner.add_batch(dag, batches[k]);
+  planner.group_slices();
+  planner.group_reads();
   return plan;
 }
 
 std::string Plan::str() const {
   std::ostringstream os;
-  os << "plan (" << strategy << "): " << batches.size() << " batches, " << nodes.size() << " nodes\n";
+  os << "plan (" << strategy << "): " << batches.size() << " batches, " << nodes.size() << " nodes, " << groups.size()
+     << " gather groups, " << splits.size() << " splits\n";
   for (const PlannedBatch& b : batches) {
     os << "  b" << b.out << " = " << op_info(b.op).name << " x" << b.n;
     if (b.shared) os << " (shared)";
     if (b.segments >= 0) os << " (" << b.total << " list elements)";
+    if (b.stacked) os << " (stacked)";
+    if (b.split >= 0) os << " (split #" << b.split << ")";
     os << " [nodes %" << nodes[b.nodes_begin] << (b.n > 1 ? ".." : "") << "] <-";
     for (uint32_t k = 0; k < b.arity; ++k) {
       const BatchArg& a = args[b.args_begin + k];
       os << (k ? ", " : " ");
       if (a.kind == BatchArg::kShared) {
-        os << "shared b" << parts[a.parts_begin].batch;
+        os << "shared b" << reads[a.reads_begin].batch;
         continue;
       }
-      if (a.kind == BatchArg::kView) {
-        const ArgPart& p = parts[a.parts_begin];
-        os << "view b" << p.batch << "[" << p.start << ":" << p.start + p.len << "]";
-        continue;
+      os << (a.kind == BatchArg::kView ? "view " : "gather(");
+      for (uint32_t q = a.reads_begin; q < a.reads_end; ++q) {
+        const Read& r = reads[q];
+        os << (q > a.reads_begin ? " + " : "") << "b" << r.batch;
+        if (r.index >= 0) os << "{" << r.len << " rows}";
+        else if (r.start != kWholeRow) os << "[" << r.start << ":" << r.start + r.len << "]";
+        if (r.group >= 0) os << "#" << r.group;
       }
-      os << "gather(";
-      for (uint32_t q = a.parts_begin; q < a.parts_end; ++q) {
-        const ArgPart& p = parts[q];
-        os << (q > a.parts_begin ? " + " : "") << "b" << p.batch;
-        if (p.index >= 0) os << "{" << p.len << " rows}";
-        else os << "[" << p.start << ":" << p.start + p.len << "]";
-      }
-      os << (a.perm >= 0 ? ", permuted)" : ")");
+      if (a.kind == BatchArg::kGather) os << (a.perm >= 0 ? ", permuted)" : ")");
     }
     os << "\n";
   }

@@ -1,6 +1,6 @@
 // A plan: the batches of one round, in order, with the row order of each batch
 // and how each batched input is obtained (a view when the rows are already in
-// place, else one gather). Everything the executor needs is decided here, on the
+// place, else gathered). Everything the executor needs is decided here, on the
 // host, before the first launch; all indices live in one buffer that goes to
 // the device in one copy.
 #pragma once
@@ -17,23 +17,29 @@
 
 namespace sheaf {
 
-// Rows [start, start + len) of an earlier batch's output, or, when index >= 0,
-// the rows listed at plan.indices[index .. index + len) of it.
-struct ArgPart {
+// Rows of an earlier batch's output: [start, start + len), or, when index >= 0,
+// the rows listed at plan.indices[index .. index + len).
+struct Read {
   uint32_t batch;
   uint32_t start;
   uint32_t len;
   int64_t index = -1;
+  // >= 0: one of several partial reads of the same batch, all served by ONE gather
+  // node whose backward accumulates into a single gradient of that batch. Separate
+  // index_select/narrow calls would each zero-fill a gradient the size of the whole
+  // batch: a batch read by many later levels would cost levels x size.
+  int32_t group = -1;
+  uint32_t slot = 0;  // this read's output within its group
 };
 
 struct BatchArg {
   enum Kind : uint8_t {
-    kShared,  // the shared tensor itself (parts: one, the whole batch_out entry)
-    kView,    // one part that is a range: a view, no copy
-    kGather,  // parts concatenated in order, then permuted by `perm` if perm >= 0
+    kShared,  // the shared tensor itself (one read: the whole batch_out entry)
+    kView,    // one contiguous read: the batch itself or a narrow view of it
+    kGather,  // reads concatenated in order, then permuted by `perm` if perm >= 0
   };
   Kind kind;
-  uint32_t parts_begin, parts_end;
+  uint32_t reads_begin, reads_end;
   int64_t perm = -1;  // offset in plan.indices of n entries
 };
 
@@ -45,11 +51,23 @@ struct PlannedBatch {
   uint32_t nodes_begin; // plan.nodes[nodes_begin .. + n): row i is node i
   uint32_t n;
   uint32_t args_begin;  // plan.args[args_begin .. + arity)
-  uint32_t arity;       // for segmented ops: 1 (the flattened list)
+  uint32_t arity;       // inputs; 1 for segmented ops (the flattened list) and stacked ones
+  bool stacked = false; // all arguments in one input, node-major (OpTraits::stackable)
+  int32_t split = -1;   // >= 0: a slice of plan.splits[split]: one split for all its slices
+  uint32_t piece = 0;
   int64_t payload;      // offset in plan.indices of n payloads
   int64_t segments = -1;  // segmented ops: offset of `total` segment ids,
   int64_t counts = -1;    // then of n list lengths
   uint32_t total = 0;
+};
+
+// Slice batches that cut one batch's rows in place, along one axis, into
+// disjoint ranges: run as ONE split_with_sizes (one autograd node) instead of a
+// narrow each, whose backward would each zero-fill the whole source.
+struct SplitGroup {
+  uint32_t batch;              // the source
+  int64_t axis;                // batched axis
+  std::vector<int64_t> sizes;  // pieces covering the axis (gaps included)
 };
 
 struct Plan {
@@ -57,7 +75,9 @@ struct Plan {
   std::vector<PlannedBatch> batches;
   std::vector<NodeId> nodes;
   std::vector<BatchArg> args;
-  std::vector<ArgPart> parts;
+  std::vector<Read> reads;
+  std::vector<std::vector<uint32_t>> groups;  // reads served together, all of one batch
+  std::vector<SplitGroup> splits;
   std::vector<int64_t> indices;  // gathers, payloads and segment ids for the whole round
 
   std::string str() const;

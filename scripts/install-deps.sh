@@ -10,6 +10,6 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake \
   libtorch-dev libopenblas0-pthread \
-  libboost-dev librange-v3-dev catch2 \
+  libboost-dev librange-v3-dev catch2 libcli11-dev \
   gnuplot-nox > /dev/null
 echo "dependencies installed"

@@ -1,7 +1,6 @@
 #include "graph.h"
 
 #include <ATen/ops/ones_like.h>
-#include <c10/util/hash.h>
 
 #include <atomic>
 #include <bit>
@@ -85,35 +84,40 @@ std::string Shape::str() const {
 namespace {
 uint64_t hash_words(std::span<const int64_t> w) {
   uint64_t h = 0x9E3779B97F4A7C15ull ^ w.size();
-  for (int64_t x : w) h = c10::hash_combine(h, static_cast<uint64_t>(x) * 0xFF51AFD7ED558CCDull);
+  for (int64_t x : w) {
+    h ^= static_cast<uint64_t>(x);
+    h *= 0xFF51AFD7ED558CCDull;
+    h ^= h >> 32;
+  }
   return h;
 }
 }  // namespace
 
 ShapeId ShapeTable::intern(const Shape& s) {
-  uint64_t h = hash_words(s.dims());
-  auto& bucket = index_[h];
-  for (ShapeId id : bucket)
-    if (shapes_[id] == s) return id;
-  auto id = static_cast<ShapeId>(shapes_.size());
+  const auto fresh = static_cast<ShapeId>(shapes_.size());
+  uint32_t id = index_.find_or_insert(hash_words(s.dims()), fresh, [&](uint32_t k) { return shapes_[k] == s; });
+  if (id != FlatIndex::kEmpty) return id;
   shapes_.push_back(s);
-  bucket.push_back(id);
-  return id;
+  return fresh;
 }
 
 uint32_t SigTable::intern(std::span<const int64_t> key) {
-  for (uint64_t h = hash_words(key);; ++h) {  // linear probing on the rare collision
-    auto [it, inserted] = index_.try_emplace(h, static_cast<uint32_t>(begin_.size()));
-    if (inserted) {
-      begin_.push_back(static_cast<uint32_t>(keys_.size()));
-      len_.push_back(static_cast<uint32_t>(key.size()));
-      keys_.insert(keys_.end(), key.begin(), key.end());
-      return it->second;
-    }
-    uint32_t id = it->second;
-    std::span<const int64_t> have(keys_.data() + begin_[id], len_[id]);
-    if (std::ranges::equal(have, key)) return id;
-  }
+  const auto fresh = static_cast<uint32_t>(begin_.size());
+  uint32_t id = index_.find_or_insert(hash_words(key), fresh, [&](uint32_t k) {
+    return std::ranges::equal(std::span<const int64_t>(keys_.data() + begin_[k], len_[k]), key);
+  });
+  if (id != FlatIndex::kEmpty) return id;
+  begin_.push_back(static_cast<uint32_t>(keys_.size()));
+  len_.push_back(static_cast<uint32_t>(key.size()));
+  keys_.insert(keys_.end(), key.begin(), key.end());
+  return fresh;
+}
+
+void SigTable::clear() {
+  keys_.clear();
+  begin_.clear();
+  len_.clear();
+  index_.clear();
 }
 
 void NodeStore::clear() {
@@ -133,7 +137,7 @@ void NodeStore::clear() {
   value_row.clear();
   batch_out.clear();
   user_tensors.clear();
-  sigs = SigTable();
+  sigs.clear();
   // Shapes stay interned: the same model uses the same few shapes batch after batch.
 }
 

@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <source_location>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 #include "../dsl/op_list.h"
+#include "flat_index.h"
 #include "shape.h"
 
 namespace sheaf {
@@ -33,7 +33,7 @@ class ShapeTable {
 
  private:
   std::vector<Shape> shapes_;
-  std::unordered_map<uint64_t, std::vector<ShapeId>> index_;
+  FlatIndex index_;
 };
 
 // Signatures: two nodes may share a batched launch iff their signature ids are
@@ -43,11 +43,12 @@ class SigTable {
  public:
   uint32_t intern(std::span<const int64_t> key);
   size_t size() const { return begin_.size(); }
+  void clear();
 
  private:
   std::vector<int64_t> keys_;
   std::vector<uint32_t> begin_, len_;
-  std::unordered_map<uint64_t, uint32_t> index_;
+  FlatIndex index_;
 };
 
 struct NodeStore {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ops/cat.h>
+#include <ATen/ops/movedim.h>
 
 #include <vector>
 
@@ -13,7 +14,7 @@ namespace sheaf::op {
 // attr: axis (already normalised to >= 0).
 struct Concat {
   static constexpr std::string_view name = "concat";
-  static constexpr OpTraits traits{.arity = OpTraits::kVariadic};
+  static constexpr OpTraits traits{.arity = OpTraits::kVariadic, .stackable = true};
   static Shape infer(const InferCtx& c) {
     if (c.arity() == 0) c.fail("needs at least one argument");
     Shape out = c.shape(0);
@@ -29,10 +30,22 @@ struct Concat {
     return out;
   }
   static at::Tensor run(RunCtx& c) {
+    const int64_t axis = c.attr(0);
+    if (c.stacked()) {
+      // in(0) = [n * k, S...]: as [n, k, S...], move k next to the axis and merge them.
+      const at::Tensor& x = c.in(0);
+      std::vector<int64_t> sizes{c.n(), static_cast<int64_t>(c.arity())};
+      for (int64_t d = 1; d < x.dim(); ++d) sizes.push_back(x.size(d));
+      at::Tensor y = x.reshape(sizes);
+      if (axis > 0) y = y.movedim(1, axis + 1);
+      std::vector<int64_t> out{c.n()};
+      for (int64_t d : c.out_shape().dims()) out.push_back(d);
+      return y.reshape(out);
+    }
     std::vector<at::Tensor> xs;
     xs.reserve(c.arity());
     for (size_t i = 0; i < c.arity(); ++i) xs.push_back(c.batched(i));
-    return at::cat(xs, c.attr(0) + 1);
+    return at::cat(xs, axis + 1);
   }
 };
 

@@ -1,0 +1,81 @@
+#include "harness.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include <sheaf/sheaf.h>
+
+namespace sheaf::bench {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+std::vector<std::vector<double>> measure(std::vector<System>& systems, size_t n_batches, double items_per_pass,
+                                         int repeat, bool progress) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<std::vector<double>> runs(systems.size());
+  // Warm-up: allocator caches, lazy initialisation, first-touch of parameters.
+  for (System& s : systems) s.step(0);
+  for (System& s : systems) s.counters = {};
+  for (int r = 0; r < repeat; ++r) {
+    for (size_t k = 0; k < systems.size(); ++k) {
+      auto t0 = Clock::now();
+      for (size_t b = 0; b < n_batches; ++b) systems[k].step(b);
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      runs[k].push_back(items_per_pass / s);
+      if (progress) std::fprintf(stderr, "\r  repeat %d/%d  %-22s %10.1f /s   ", r + 1, repeat,
+                                 (systems[k].name + (systems[k].strategy.empty() ? "" : ":" + systems[k].strategy)).c_str(),
+                                 runs[k].back());
+    }
+  }
+  if (progress) std::fprintf(stderr, "\r%80s\r", "");
+  return runs;
+}
+
+void report(const Options& o, const std::string& mode, int64_t hidden, int64_t items, const std::vector<System>& systems,
+            const std::vector<std::vector<double>>& runs, const std::map<std::string, double>& extra) {
+  double per_example = 0, hand = 0;
+  for (size_t k = 0; k < systems.size(); ++k) {
+    if (systems[k].name == "per-example") per_example = median(runs[k]);
+    if (systems[k].name == "hand") hand = median(runs[k]);
+  }
+  if (!o.json) {
+    std::printf("\n%s, %s, hidden %lld, batch %lld, %lld items, %d thread(s), %s; median of %d\n", o.workload.c_str(),
+                mode.c_str(), static_cast<long long>(hidden), static_cast<long long>(o.batch),
+                static_cast<long long>(items), o.threads, o.device.c_str(), o.repeat);
+    std::printf("  %-20s %12s %10s %10s %10s %10s %10s\n", "system", "items/s", "vs per-ex", "vs hand", "launches",
+                "sched ms", "max|diff|");
+  }
+  for (size_t k = 0; k < systems.size(); ++k) {
+    const System& s = systems[k];
+    const double tps = median(runs[k]);
+    const double steps = std::max(1.0, s.counters.steps);
+    if (o.json) {
+      Json j;
+      j.add("workload", o.workload).add("system", s.name).add("strategy", s.strategy).add("mode", mode)
+          .add("device", o.device).add("hidden", hidden).add("batch", o.batch).add("trees", items)
+          .add("threads", o.threads).add("repeat", o.repeat).add("trees_per_sec", tps).add("runs", runs[k])
+          .add("speedup_vs_per_example", per_example > 0 ? tps / per_example : 0.0)
+          .add("ratio_vs_hand", hand > 0 ? tps / hand : 0.0)
+          .add("launches_per_batch", s.counters.launches / steps)
+          .add("trace_ms_per_batch", s.counters.trace_ms / steps)
+          .add("sched_ms_per_batch", s.counters.sched_ms / steps)
+          .add("exec_ms_per_batch", s.counters.exec_ms / steps)
+          .add("max_abs_diff_vs_per_example", s.max_abs_diff);
+      for (const auto& [key, value] : extra) j.add(key, value);
+      std::printf("%s\n", j.str().c_str());
+    } else {
+      std::string name = s.name + (s.strategy.empty() ? "" : ":" + s.strategy);
+      std::printf("  %-20s %12.1f %9.2fx %9.2fx %10.1f %10.2f %10.2g\n", name.c_str(), tps,
+                  per_example > 0 ? tps / per_example : 0.0, hand > 0 ? tps / hand : 0.0, s.counters.launches / steps,
+                  s.counters.sched_ms / steps, s.max_abs_diff);
+    }
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace sheaf::bench

@@ -1,0 +1,89 @@
+// The benchmark harness: systems that run the same batches, interleaved
+// repeats, medians, and one JSON object per measurement.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace sheaf::bench {
+
+struct Options {
+  std::string workload = "treelstm";
+  std::string data;  // empty: synthetic
+  std::vector<int64_t> hidden{128};
+  int64_t batch = 64;
+  int64_t trees = 512;
+  int repeat = 5;
+  std::vector<std::string> systems{"per-example", "sheaf", "hand"};
+  std::vector<std::string> modes{"train", "infer"};
+  int threads = 1;
+  bool json = false;
+  bool root_only = false;
+  std::string device = "cpu";
+};
+
+// One system's way of running one batch (index into the workload's batches).
+struct System {
+  std::string name;      // per-example, sheaf, hand
+  std::string strategy;  // sheaf only
+  std::function<void(size_t batch)> step;
+  // Filled by sheaf systems after each step: launches, ms in trace / schedule / execute.
+  struct Counters {
+    double launches = 0, trace_ms = 0, sched_ms = 0, exec_ms = 0, steps = 0;
+  } counters;
+  double max_abs_diff = 0;  // vs per-example, measured before timing
+};
+
+// One result line.
+class Json {
+ public:
+  Json& add(const std::string& k, const std::string& v) { return raw(k, "\"" + v + "\""); }
+  Json& add(const std::string& k, const char* v) { return add(k, std::string(v)); }
+  Json& add(const std::string& k, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.6g", v);
+    return raw(k, buf);
+  }
+  Json& add(const std::string& k, int64_t v) { return raw(k, std::to_string(v)); }
+  Json& add(const std::string& k, int v) { return raw(k, std::to_string(v)); }
+  Json& add(const std::string& k, const std::vector<double>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%s%.6g", i ? ", " : "", v[i]);
+      s += buf;
+    }
+    return raw(k, s + "]");
+  }
+  std::string str() const { return "{" + body_ + "}"; }
+
+ private:
+  Json& raw(const std::string& k, const std::string& v) {
+    body_ += (body_.empty() ? "\"" : ", \"") + k + "\": " + v;
+    return *this;
+  }
+  std::string body_;
+};
+
+double median(std::vector<double> v);
+
+// Runs every system over batches [0, n_batches) `repeat` times, interleaved
+// (system A, B, C, then A, B, C again...) after one warm-up pass; returns the
+// per-repeat throughputs in items/s for each system.
+std::vector<std::vector<double>> measure(std::vector<System>& systems, size_t n_batches, double items_per_pass,
+                                         int repeat, bool progress);
+
+// Prints the results: JSON lines, or a table with ratios vs per-example and hand.
+void report(const Options& o, const std::string& mode, int64_t hidden, int64_t items, const std::vector<System>& systems,
+            const std::vector<std::vector<double>>& runs, const std::map<std::string, double>& extra = {});
+
+int run_treelstm(const Options& o);
+
+}  // namespace sheaf::bench

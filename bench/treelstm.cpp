@@ -1,0 +1,207 @@
+// TreeLSTM workload: the SAME model on the SAME trees, per example, with Sheaf
+// (each strategy) and hand-batched, interleaved in one process run.
+#include <ATen/ATen.h>
+#include <torch/optim/adagrad.h>
+
+#include <cstdio>
+#include <memory>
+
+#include <data/trees.h>
+#include <tree_lstm/model.h>
+
+#include "harness.h"
+
+namespace sheaf::bench {
+
+namespace {
+
+using data::Tree;
+using models::HandBatched;
+using models::TreeLSTM;
+
+struct Workload {
+  std::vector<Tree> trees;
+  int64_t vocab;
+  std::vector<std::vector<const Tree*>> batches;
+};
+
+Workload load(const Options& o) {
+  Workload w;
+  if (!o.data.empty()) {
+    data::Vocab vocab;
+    data::Treebank bank = data::load_treebank(o.data, 1, vocab);
+    w.trees = std::move(bank.train);
+    w.vocab = static_cast<int64_t>(vocab.size());
+  } else {
+    w.trees = data::synthetic_trees({.count = static_cast<int>(o.trees), .seed = 1});
+    w.vocab = 5000;
+  }
+  if (static_cast<int64_t>(w.trees.size()) > o.trees) w.trees.resize(static_cast<size_t>(o.trees));
+  for (size_t start = 0; start + static_cast<size_t>(o.batch) <= w.trees.size(); start += static_cast<size_t>(o.batch)) {
+    w.batches.emplace_back();
+    for (size_t i = start; i < start + static_cast<size_t>(o.batch); ++i) w.batches.back().push_back(&w.trees[i]);
+  }
+  if (w.batches.empty()) throw UserError("sheaf-bench: fewer trees than one batch");
+  return w;
+}
+
+// Sheaf's per-batch work: record every tree, forward, read counters.
+struct SheafRunner {
+  SheafRunner(const TreeLSTM& m, const Strategy& s, c10::Device d) : model(m), strategy(s), graph({.device = d}) {}
+  const TreeLSTM& model;
+  const Strategy& strategy;
+  Graph graph;
+
+  Expr loss(std::span<const Tree* const> batch, std::vector<Expr>* roots = nullptr) {
+    graph.clear();
+    std::vector<Expr> losses;
+    if (roots) roots->resize(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      auto scope = graph.example(static_cast<int>(i));
+      losses.push_back(model.sheaf_loss(graph, *batch[i], roots ? &(*roots)[i] : nullptr));
+    }
+    return dsl::sum(losses);
+  }
+  void count(System::Counters& c) const {
+    const Stats& s = graph.stats();
+    c.launches += static_cast<double>(s.batches);
+    c.trace_ms += s.trace_ms;
+    c.sched_ms += s.schedule_ms;
+    c.exec_ms += s.execute_ms;
+    c.steps += 1;
+  }
+};
+
+// Root logits [trees, 5] and mean loss per labelled node, for the agreement check.
+struct Outputs {
+  at::Tensor logits;
+  double loss_per_node;
+};
+
+double labelled_nodes(const TreeLSTM& m, std::span<const Tree* const> batch) {
+  double n = 0;
+  for (const Tree* t : batch) n += m.options().all_nodes ? t->size() : 1;
+  return n;
+}
+
+Outputs per_example_outputs(const TreeLSTM& m, std::span<const Tree* const> batch) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> logits;
+  double loss = 0;
+  for (const Tree* t : batch) {
+    logits.push_back(m.per_example_root_logits(*t));
+    loss += m.per_example_loss(*t).item<double>();
+  }
+  return {at::stack(logits).cpu(), loss / labelled_nodes(m, batch)};
+}
+
+double diff(const Outputs& a, const Outputs& b) {
+  return std::max((a.logits - b.logits).abs().max().item<double>(), std::abs(a.loss_per_node - b.loss_per_node));
+}
+
+void run_mode(const Options& o, const std::string& mode, int64_t hidden, const Workload& w) {
+  const bool train = mode == "train";
+  const c10::Device device(o.device);
+  TreeLSTM model({.vocab = w.vocab, .hidden = hidden, .all_nodes = !o.root_only}, 7);
+  model.to(device);
+  const double scale = 1.0 / static_cast<double>(o.batch);
+  const Outputs reference = per_example_outputs(model, w.batches[0]);
+
+  std::vector<std::unique_ptr<torch::optim::Adagrad>> optimizers;
+  auto make_step = [&](std::function<at::Tensor(size_t)> forward) -> std::function<void(size_t)> {
+    if (!train) return [forward](size_t b) {
+      at::NoGradGuard no_grad;
+      forward(b);
+    };
+    optimizers.push_back(std::make_unique<torch::optim::Adagrad>(model.parameters(), torch::optim::AdagradOptions(0.05)));
+    torch::optim::Adagrad* opt = optimizers.back().get();
+    return [forward, opt, scale](size_t b) {
+      opt->zero_grad();
+      (forward(b) * scale).backward();
+      opt->step();
+    };
+  };
+
+  std::vector<std::unique_ptr<SheafRunner>> runners;
+  std::vector<System> systems;
+  for (const std::string& name : o.systems) {
+    if (name == "per-example") {
+      System s{name, ""};
+      s.step = make_step([&](size_t b) {
+        if (!train) {
+          for (const Tree* t : w.batches[b]) model.per_example_root_logits(*t);
+          return at::Tensor();
+        }
+        at::Tensor total = model.per_example_loss(*w.batches[b][0]);
+        for (size_t i = 1; i < w.batches[b].size(); ++i) total = total + model.per_example_loss(*w.batches[b][i]);
+        return total;
+      });
+      systems.push_back(std::move(s));
+    } else if (name == "hand") {
+      System s{name, ""};
+      s.step = make_step([&](size_t b) {
+        HandBatched hand(model);
+        return train ? hand.loss(w.batches[b]) : hand.root_logits(w.batches[b]);
+      });
+      {
+        at::NoGradGuard no_grad;
+        HandBatched hand(model);
+        Outputs out{hand.root_logits(w.batches[0]).cpu(),
+                    hand.loss(w.batches[0]).item<double>() / labelled_nodes(model, w.batches[0])};
+        s.max_abs_diff = diff(out, reference);
+      }
+      systems.push_back(std::move(s));
+    } else if (name == "sheaf" || name.rfind("sheaf:", 0) == 0) {
+      std::vector<const Strategy*> strategies;
+      if (name == "sheaf") strategies.assign(all_strategies().begin(), all_strategies().end());
+      else strategies.push_back(&strategy_named(name.substr(6)));
+      for (const Strategy* strategy : strategies) {
+        runners.push_back(std::make_unique<SheafRunner>(model, *strategy, device));
+        SheafRunner* r = runners.back().get();
+        System s{"sheaf", std::string(strategy->name())};
+        const size_t index = systems.size();
+        s.step = make_step([&, r, index, train](size_t b) {
+          std::vector<Expr> roots;
+          Expr loss = r->loss(w.batches[b], train ? nullptr : &roots);
+          if (train) r->graph.forward(loss, {.strategy = &r->strategy});
+          else r->graph.forward(roots, {.strategy = &r->strategy});
+          r->count(systems[index].counters);
+          return train ? loss.value() : at::Tensor();
+        });
+        {
+          at::NoGradGuard no_grad;
+          std::vector<Expr> roots;
+          Expr loss = r->loss(w.batches[0], &roots);
+          r->graph.forward(loss, {.strategy = &r->strategy});
+          std::vector<at::Tensor> logits;
+          for (const Expr& e : roots) logits.push_back(e.value());
+          s.max_abs_diff = diff({at::stack(logits).cpu(), loss.item() / labelled_nodes(model, w.batches[0])}, reference);
+        }
+        systems.push_back(std::move(s));
+      }
+    } else {
+      throw UserError("sheaf-bench: unknown system '" + name + "' (per-example, sheaf, sheaf:<strategy>, hand)");
+    }
+  }
+
+  const double items = static_cast<double>(w.batches.size() * static_cast<size_t>(o.batch));
+  auto runs = measure(systems, w.batches.size(), items, o.repeat, !o.json);
+  report(o, mode, hidden, static_cast<int64_t>(items), systems, runs);
+}
+
+}  // namespace
+
+int run_treelstm(const Options& o) {
+  const Workload w = load(o);
+  if (!o.json) {
+    data::TreeStats st = data::stats_of(w.trees);
+    std::printf("trees: %zu (%s), mean %.1f words, mean height %.1f, max height %d; %zu batches of %lld\n", st.trees,
+                o.data.empty() ? "synthetic" : o.data.c_str(), st.mean_words, st.mean_height, st.max_height,
+                w.batches.size(), static_cast<long long>(o.batch));
+  }
+  for (int64_t hidden : o.hidden)
+    for (const std::string& mode : o.modes) run_mode(o, mode, hidden, w);
+  return 0;
+}
+
+}  // namespace sheaf::bench
