@@ -3,7 +3,9 @@
 
 #include "dsl/check.h"            // IWYU pragma: export
 #include "backend/runtime.h"      // IWYU pragma: export
+#include "dsl/control.h"          // IWYU pragma: export
 #include "dsl/dsl.h"              // IWYU pragma: export
+#include "dsl/task.h"             // IWYU pragma: export
 #include "scheduler/plan.h"       // IWYU pragma: export
 #include "scheduler/strategy.h"   // IWYU pragma: export
 #include "tracer/graph.h"         // IWYU pragma: export

@@ -66,18 +66,24 @@ at::Tensor output_weights(const Shape& s, int example, const at::TensorOptions& 
   return at::sin(k * 0.7 + (example * 1.3 + 0.25));
 }
 
+// Records example i and returns how to get its output once the graph has run
+// (a coroutine's output exists only after forward).
+using Recorder = std::function<std::function<Expr()>(Graph&, int)>;
+
 // Records `examples` into a fresh graph, forwards, then backpropagates the weighted outputs.
-Run run_examples(const std::vector<int>& examples, const Program& program, const CheckOptions& o,
+Run run_examples(const std::vector<int>& examples, const Recorder& record, const CheckOptions& o,
                  const Strategy& strategy, GradGuard& grads) {
   Run run;
   run.graph = std::make_unique<Graph>(o.graph);
   Graph& g = *run.graph;
+  std::vector<std::function<Expr()>> outputs;
   for (int i : examples) {
     auto scope = g.example(i);
-    run.outputs.push_back(program(g, i));
+    outputs.push_back(record(g, i));
   }
   ForwardOptions fo{.strategy = &strategy, .validate = true};
-  g.forward(run.outputs, fo);
+  g.forward({}, fo);
+  for (auto& out : outputs) run.outputs.push_back(out());
   // Shapes downstream of a dsl::cond are known only now: weight the outputs after forward.
   std::vector<Expr> losses;
   const at::TensorOptions opts = at::TensorOptions().dtype(at::kFloat).device(o.graph.device);
@@ -123,9 +129,7 @@ std::string where(const NodeStore& s, NodeId n) {
   return os.str();
 }
 
-}  // namespace
-
-CheckReport check_batched(int num_examples, const Program& program, const CheckOptions& o) {
+CheckReport check(int num_examples, const Recorder& program, const CheckOptions& o) {
   CheckReport report;
   GradGuard grads(o.params);
   grads.clear();
@@ -201,6 +205,22 @@ CheckReport check_batched(int num_examples, const Program& program, const CheckO
     }
   }
   return report;
+}
+
+}  // namespace
+
+CheckReport check_batched(int num_examples, const Program& program, const CheckOptions& o) {
+  return check(num_examples, [&](Graph& g, int i) {
+    Expr out = program(g, i);
+    return std::function<Expr()>([out] { return out; });
+  }, o);
+}
+
+CheckReport check_batched(int num_examples, const TaskProgram& program, const CheckOptions& o) {
+  return check(num_examples, [&](Graph& g, int i) {
+    auto task = std::make_shared<Task<Expr>>(program(g, i));
+    return std::function<Expr()>([task] { return task->result(); });
+  }, o);
 }
 
 }  // namespace sheaf

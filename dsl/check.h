@@ -18,6 +18,7 @@
 
 #include "../scheduler/strategy.h"
 #include "../tracer/graph.h"
+#include "task.h"
 
 namespace sheaf {
 
@@ -44,7 +45,10 @@ struct CheckReport {
 
 // Records example i's program and returns its output (any shape).
 using Program = std::function<Expr(Graph& g, int example)>;
+// The same as a coroutine (control flow that follows computed values, dsl/task.h).
+using TaskProgram = std::function<Task<Expr>(Graph& g, int example)>;
 
 CheckReport check_batched(int num_examples, const Program& program, const CheckOptions& options = {});
+CheckReport check_batched(int num_examples, const TaskProgram& program, const CheckOptions& options = {});
 
 }  // namespace sheaf

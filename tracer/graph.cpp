@@ -181,6 +181,7 @@ Graph::~Graph() { release_slot(slot_); }
 
 Graph& Graph::of(const Expr& e) {
   if (!e.defined()) throw UserError("sheaf: use of an empty Expr (default-constructed, never assigned)");
+  if (e.slot_ >= kSlots) throw UserError("sheaf: use of an invalid Expr (a dangling reference to one?)");
   Slot& s = g_slots[e.slot_];
   Graph* g = s.graph.load();
   if (g == nullptr || s.generation.load() != e.gen_)
@@ -189,7 +190,7 @@ Graph& Graph::of(const Expr& e) {
 }
 
 Graph* Graph::find(const Expr& e) {
-  if (!e.defined()) return nullptr;
+  if (!e.defined() || e.slot_ >= kSlots) return nullptr;
   Slot& s = g_slots[e.slot_];
   Graph* g = s.graph.load();
   return g != nullptr && s.generation.load() == e.gen_ ? g : nullptr;

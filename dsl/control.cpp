@@ -1,0 +1,134 @@
+#include "control.h"
+
+#include <ATen/ops/argmax.h>
+
+#include <memory>
+
+namespace sheaf::dsl {
+
+namespace {
+
+// Predicates are per-example scalars; a host value of any other size is a mistake.
+bool truth(const at::Tensor& v, const Site& site) {
+  if (v.numel() != 1) throw_user(site, "the predicate must be a scalar, got ", v.numel(), " elements");
+  return v.item<double>() != 0.0;
+}
+
+Graph& graph_for(const Expr& e, const Site& site) {
+  Graph* g = Graph::find(e);
+  if (g == nullptr)
+    throw_user(site, e.defined() ? "the predicate's graph was cleared or destroyed" : "the predicate is an empty Expr");
+  return *g;
+}
+
+void expect_scalar(Graph& g, const Expr& e, const Site& site, const char* what) {
+  const NodeStore& s = g.store();
+  NodeId n = g.node_of(e, site.op, site.loc);
+  if (s.shape[n] != kUnknownShape && s.shape_of(n).rank() != 0)
+    throw_user(site, what, " must be a per-example scalar, got shape ", s.shape_of(n).str());
+}
+
+// Records `fn` for the example the control flow belongs to.
+template <class F>
+auto in_example(Graph& g, int example, F&& fn) {
+  if (example < 0) return fn();
+  auto scope = g.example(example);
+  return fn();
+}
+
+struct LoopState {
+  Graph* g;
+  std::function<Expr(const std::vector<Expr>&)> cond_fn;
+  std::function<std::vector<Expr>(const std::vector<Expr>&)> body_fn;
+  std::vector<NodeId> results;  // the placeholders handed to the user
+  int max_iterations;
+  Site site;
+};
+
+// Records the condition for `state`; when its value is known, either records the
+// body and goes round again, or binds the results to `state`.
+void loop_step(const std::shared_ptr<LoopState>& st, std::vector<Expr> state, int iteration) {
+  Graph& g = *st->g;
+  Expr c = in_example(g, st->site.example, [&] { return st->cond_fn(state); });
+  expect_scalar(g, c, st->site, "the loop condition");
+  g.when_computed(c.id(), [st, state = std::move(state), iteration](const at::Tensor& v) {
+    Graph& g = *st->g;
+    if (!truth(v, st->site)) {
+      for (size_t i = 0; i < state.size(); ++i) g.resolve(st->results[i], g.node_of(state[i], "loop", st->site.loc));
+      return;
+    }
+    if (iteration >= st->max_iterations)
+      throw_user(st->site, "more than max_iterations = ", st->max_iterations,
+                 " iterations: the condition stayed true (raise max_iterations if that is intended)");
+    std::vector<Expr> next = in_example(g, st->site.example, [&] { return st->body_fn(state); });
+    if (next.size() != state.size())
+      throw_user(st->site, "the body returned ", next.size(), " values for a state of ", state.size());
+    for (size_t i = 0; i < next.size(); ++i) {
+      NodeId n = g.node_of(next[i], "loop", st->site.loc);
+      const NodeStore& s = g.store();
+      if (s.shape[n] != kUnknownShape && s.shape[n] != s.shape[st->results[i]])
+        throw_user(st->site, "the body returned shape ", s.shape_of(n).str(), " for state ", i, ", which has shape ",
+                   s.shape_of(st->results[i]).str());
+    }
+    loop_step(st, std::move(next), iteration + 1);
+  });
+}
+
+}  // namespace
+
+Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_fn, std::source_location loc) {
+  Site site{"cond", -1, loc};
+  Graph& g = graph_for(pred, site);
+  site.example = pred.example() >= 0 ? pred.example() : g.current_example();
+  expect_scalar(g, pred, site, "the predicate");
+  if (!then_fn || !else_fn) throw_user(site, "both branches must be callable");
+  Expr result = g.placeholder(kUnknownShape, site.example, loc);
+  g.when_computed(pred.id(), [&g, site, result, then_fn = std::move(then_fn), else_fn = std::move(else_fn)](
+                                 const at::Tensor& v) {
+    const bool taken = truth(v, site);
+    Expr r = in_example(g, site.example, [&] { return taken ? then_fn() : else_fn(); });
+    g.resolve(result.id(), g.node_of(r, "cond", site.loc));
+  });
+  return result;
+}
+
+std::vector<Expr> loop(std::vector<Expr> init, std::function<Expr(const std::vector<Expr>&)> cond_fn,
+                       std::function<std::vector<Expr>(const std::vector<Expr>&)> body_fn, int max_iterations,
+                       std::source_location loc) {
+  Site site{"loop", -1, loc};
+  if (init.empty()) throw_user(site, "needs a non-empty state");
+  Graph& g = graph_for(init[0], site);
+  site.example = init[0].example() >= 0 ? init[0].example() : g.current_example();
+  if (!cond_fn || !body_fn) throw_user(site, "the condition and the body must be callable");
+  if (max_iterations < 0) throw_user(site, "max_iterations must be >= 0");
+  auto st = std::make_shared<LoopState>(LoopState{&g, std::move(cond_fn), std::move(body_fn), {}, max_iterations, site});
+  std::vector<Expr> out;
+  for (const Expr& e : init) {
+    NodeId n = g.node_of(e, "loop", loc);
+    if (g.store().shape[n] == kUnknownShape)
+      throw_user(site, "the initial state must have a known shape (it depends on an unresolved dsl::cond)");
+    out.push_back(g.placeholder(g.store().shape[n], site.example, loc));
+    st->results.push_back(out.back().id());
+  }
+  loop_step(st, std::move(init), 0);
+  return out;
+}
+
+Expr loop(Expr init, std::function<Expr(Expr)> cond_fn, std::function<Expr(Expr)> body_fn, int max_iterations,
+          std::source_location loc) {
+  return loop(
+      std::vector<Expr>{init}, [c = std::move(cond_fn)](const std::vector<Expr>& s) { return c(s[0]); },
+      [b = std::move(body_fn)](const std::vector<Expr>& s) { return std::vector<Expr>{b(s[0])}; }, max_iterations,
+      loc)[0];
+}
+
+}  // namespace sheaf::dsl
+
+namespace sheaf {
+
+int64_t host_argmax(const at::Tensor& v) {
+  if (v.numel() == 0) throw UserError("sheaf::argmax of an empty value");
+  return v.reshape({-1}).argmax().item<int64_t>();
+}
+
+}  // namespace sheaf

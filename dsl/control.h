@@ -1,0 +1,43 @@
+// Control flow on computed values, batched across examples.
+//
+//   Expr y = dsl::cond(x > 0.0, [&] { return f(x); }, [&] { return g(x); });
+//   Expr z = dsl::loop(x, [](Expr s) { return s > 0.0; }, [](Expr s) { return s - 1.0; });
+//
+// Nothing runs when these are called. During Graph::forward, once the predicates
+// of a round are computed they are fetched to the host together (one copy for
+// all examples); each example's branch (or loop body) is then recorded, and the
+// examples that took the same branch run it together in the next round. A loop
+// example that has finished costs nothing more.
+//
+// Branches and loop bodies run LATER, inside forward(): capture Exprs (and other
+// locals) by value, not by reference: [=] or [&, x], never a bare [&] over
+// locals that are gone by then.
+//
+// For host code that must follow a computed value (a parser's stack), see
+// dsl/task.h: co_await the value inside a per-example coroutine.
+#pragma once
+
+#include <functional>
+#include <source_location>
+#include <vector>
+
+#include "dsl.h"
+
+namespace sheaf::dsl {
+
+// pred: a per-example scalar; nonzero selects then_fn. Both branches must return
+// values of one shape (checked when a branch is recorded). The result's shape is
+// known after forward (Expr::shape() before then is a UserError).
+Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_fn,
+          std::source_location loc = std::source_location::current());
+
+// while (cond_fn(state) != 0) state = body_fn(state); returns the final state.
+// The body must keep the state's shapes. More than max_iterations iterations is a
+// UserError (instead of a hang).
+Expr loop(Expr init, std::function<Expr(Expr)> cond_fn, std::function<Expr(Expr)> body_fn,
+          int max_iterations = 10000, std::source_location loc = std::source_location::current());
+std::vector<Expr> loop(std::vector<Expr> init, std::function<Expr(const std::vector<Expr>&)> cond_fn,
+                       std::function<std::vector<Expr>(const std::vector<Expr>&)> body_fn, int max_iterations = 10000,
+                       std::source_location loc = std::source_location::current());
+
+}  // namespace sheaf::dsl

@@ -1,0 +1,194 @@
+// Control flow on computed values: dsl::cond, dsl::loop and coroutines, batched
+// across examples, equal to running each example alone (values and gradients).
+#include "../support.h"
+
+using namespace sheaf;
+using Catch::Contains;
+using sheaf::test::data;
+using sheaf::test::param;
+
+namespace {
+
+struct P {
+  at::Tensor W = param({6, 6}, 1), b = param({6}, 2), V = param({6, 6}, 3);
+  std::vector<at::Tensor> all() const { return {W, b, V}; }
+};
+
+uint64_t launches_of(const Graph& g) { return g.stats().batches; }
+
+}  // namespace
+
+TEST_CASE("cond: each example takes its branch; batched equals alone", "[dsl][control][checker]") {
+  const int n = GENERATE(1, 2, 7, 64);
+  P p;
+  CheckReport r = check_batched(n, [&](Graph& g, int i) {
+    Expr x = dsl::tanh(dsl::affine(p.W, g.input(data({6}, i)), p.b));
+    Expr y = dsl::cond(dsl::sum(x) > 0.0, [&, x] { return dsl::tanh(dsl::matmul(p.V, x)); },
+                       [x] { return dsl::sigmoid(x) * 2.0; });
+    return dsl::affine(p.W, y, p.b);  // used downstream: its shape is inferred once the branch is known
+  }, {.params = p.all()});
+  REQUIRE_BATCHED_EQUALS_ALONE(r);
+}
+
+TEST_CASE("cond: examples that take the same branch share launches", "[dsl][control][launches]") {
+  P p;
+  Graph g;
+  std::vector<Expr> ys;
+  for (int i = 0; i < 64; ++i) {
+    auto s = g.example(i);
+    Expr x = g.input(at::full({6}, i % 2 ? 1.0 : -1.0));
+    ys.push_back(dsl::cond(dsl::sum(x) > 0.0, [&, x] { return dsl::tanh(dsl::matmul(p.V, x)); },
+                           [&, x] { return dsl::relu(x) + 1.0; }));
+  }
+  g.forward(ys);
+  // Round 1: input, sum, greater (3). Round 2: matmul + tanh for 32, relu + add_scalar for 32 (4).
+  CHECK(launches_of(g) == 7);
+  CHECK(g.stats().rounds == 2);
+  CHECK(g.stats().fetches == 1);
+  CHECK(at::allclose(ys[0].value(), at::ones({6})));
+  CHECK(ys[1].shape() == Shape{6});
+}
+
+TEST_CASE("cond: recursion through cond (countdown by recursion)", "[dsl][control]") {
+  std::function<Expr(Expr)> down = [&](Expr x) -> Expr {
+    return dsl::cond(x > 0.0, [&, x] { return down(x - 1.0); }, [x] { return x * 10.0; });
+  };
+  CheckReport r = check_batched(9, [&](Graph& g, int i) { return down(g.input(at::full({}, i * 1.0))); });
+  REQUIRE_BATCHED_EQUALS_ALONE(r);
+  Graph g;
+  Expr y = down(g.input(at::full({}, 3.0)));
+  g.forward(y);
+  CHECK(y.item() == 0.0);
+  CHECK(g.stats().rounds == 5);  // four predicates (3, 2, 1, 0), then the else branch
+}
+
+TEST_CASE("loop: 64 countdowns take as many steps as the longest, not the sum", "[dsl][control][launches]") {
+  Graph g;
+  std::vector<Expr> out;
+  for (int i = 1; i <= 64; ++i) {
+    auto s = g.example(i - 1);
+    out.push_back(dsl::loop(g.input(at::full({}, static_cast<double>(i))), [](Expr x) { return x > 0.0; },
+                            [](Expr x) { return x - 1.0; }));
+  }
+  g.forward(out);
+  for (const Expr& e : out) CHECK(e.item() == 0.0);
+  // The condition runs 65 times (the last one says stop), the body 64 times:
+  // one launch each per step for all examples still running, never one per example.
+  CHECK(g.stats().rounds == 65);
+  CHECK(g.stats().fetches == 65);
+  CHECK(launches_of(g) == 1 + 65 + 64);  // inputs, conditions, bodies
+  CHECK(g.stats().nodes < 64 + 2 * (64 * 65 / 2) + 64 * 3);  // no work for finished examples
+}
+
+TEST_CASE("loop: a vector state with gradients, different trip counts", "[dsl][control][checker]") {
+  const int n = GENERATE(1, 7, 32);
+  P p;
+  CheckReport r = check_batched(n, [&](Graph& g, int i) {
+    Expr h0 = g.input(data({6}, i));
+    Expr k0 = g.input(at::full({}, static_cast<double>(i % 5)));
+    std::vector<Expr> out = dsl::loop(
+        {h0, k0}, [](const std::vector<Expr>& s) { return s[1] > 0.5; },
+        [&](const std::vector<Expr>& s) {
+          return std::vector<Expr>{dsl::tanh(dsl::affine(p.W, s[0], p.b)), s[1] - 1.0};
+        });
+    return dsl::sum(out[0] * out[0]);
+  }, {.params = p.all()});
+  REQUIRE_BATCHED_EQUALS_ALONE(r);
+}
+
+TEST_CASE("loop: halting on a computed probability", "[dsl][control][checker]") {
+  // Adaptive computation: keep transforming until a sigmoid readout passes 0.8.
+  P p;
+  CheckReport r = check_batched(12, [&](Graph& g, int i) {
+    Expr h = g.input(data({6}, i));
+    return dsl::loop(h, [&](Expr s) { return dsl::sigmoid(dsl::sum(s)) < 0.8; },
+                     [&](Expr s) { return s + dsl::sigmoid(dsl::matmul(p.V, s)) * 0.5 + 0.1; }, 200);
+  }, {.params = p.all()});
+  REQUIRE_BATCHED_EQUALS_ALONE(r);
+}
+
+TEST_CASE("control flow errors name op, example and line", "[dsl][control][errors]") {
+  Graph g;
+  auto s = g.example(4);
+  Expr x = g.input(at::ones({3}));
+  REQUIRE_THROWS_WITH(dsl::cond(x, [x] { return x; }, [x] { return x; }),
+                      Contains("op 'cond'") && Contains("example 4") && Contains("scalar") && Contains("test_control"));
+  Expr forever = dsl::loop(dsl::sum(x), [](Expr v) { return v > -1.0; }, [](Expr v) { return v + 1.0; }, 10);
+  REQUIRE_THROWS_WITH(g.forward(forever), Contains("op 'loop'") && Contains("example 4") && Contains("max_iterations = 10"));
+
+  Graph h;
+  Expr y = h.input(at::ones({3}));
+  Expr bad = dsl::loop(y, [](Expr v) { return dsl::sum(v) > 0.0; }, [](Expr v) { return dsl::sum(v) - 5.0; });
+  REQUIRE_THROWS_WITH(h.forward(bad), Contains("op 'loop'") && Contains("shape []") && Contains("[3]"));
+
+  Graph k;
+  Expr z = k.input(at::ones({3}));
+  Expr c = dsl::cond(dsl::sum(z) > 0.0, [z] { return dsl::concat({z, z}); }, [z] { return z; });
+  REQUIRE_THROWS_WITH(c.shape(), Contains("not known yet"));
+  Expr w = dsl::affine(param({2, 3}, 7), c, param({2}, 8));  // wrong once the branch gives [6]
+  REQUIRE_THROWS_WITH(k.forward(w), Contains("op 'affine'") && Contains("[6]") && Contains("test_control"));
+}
+
+namespace {
+
+// A per-example coroutine: host code branches on computed values.
+Task<Expr> collatz_like(Graph& g, Expr x, const P& p) {
+  Expr h = x;
+  for (int step = 0; step < 6; ++step) {
+    double v = co_await item(dsl::sum(h));
+    if (v > 0) h = dsl::tanh(dsl::affine(p.W, h, p.b));
+    else h = dsl::sigmoid(dsl::matmul(p.V, h)) - 0.25;
+    if (std::abs(v) > 2.5) break;  // an example-dependent trip count
+  }
+  (void)g;
+  co_return h;
+}
+
+Task<Expr> tree_sum(Graph& g, int depth, Expr x) {
+  // Recursion through co_await of sub-tasks, with a computed decision at each level.
+  if (depth == 0) co_return x;
+  int64_t which = co_await argmax(x);
+  Expr left = co_await tree_sum(g, depth - 1, x * 0.5);
+  Expr right = co_await tree_sum(g, depth - 1, dsl::tanh(x));
+  co_return which % 2 ? left + right : left - right;
+}
+
+}  // namespace
+
+TEST_CASE("tasks: host code following computed values, batched equals alone", "[dsl][control][task][checker]") {
+  const int n = GENERATE(1, 5, 33);
+  P p;
+  TaskProgram prog = [&](Graph& g, int i) { return collatz_like(g, g.input(data({6}, i) * 2.0), p); };
+  CheckReport r = check_batched(n, prog, {.params = p.all()});
+  REQUIRE_BATCHED_EQUALS_ALONE(r);
+
+  TaskProgram rec = [&](Graph& g, int i) { return tree_sum(g, 3, g.input(data({6}, i))); };
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(n, rec));
+}
+
+TEST_CASE("tasks: one fetch per step for all examples; result() before forward is an error", "[dsl][control][task]") {
+  P p;
+  Graph g;
+  std::vector<Task<Expr>> tasks;
+  for (int i = 0; i < 16; ++i) {
+    auto s = g.example(i);
+    tasks.push_back(collatz_like(g, g.input(data({6}, i) * 2.0), p));
+  }
+  REQUIRE_THROWS_WITH(tasks[0].result(), Contains("has not finished"));
+  g.forward();
+  for (auto& t : tasks) CHECK(t.done());
+  CHECK(g.stats().fetches <= 6);
+  CHECK(g.stats().rounds <= 7);
+  CHECK(tasks[3].result().example() == 3);
+}
+
+TEST_CASE("tasks: an error inside a task surfaces from forward", "[dsl][control][task][errors]") {
+  Graph g;
+  auto body = [](Graph& g) -> Task<Expr> {
+    Expr x = g.input(at::ones({3}));
+    double v = co_await item(dsl::sum(x));
+    co_return dsl::pick(x, static_cast<int64_t>(v));  // index 3 of a [3] vector
+  };
+  Task<Expr> t = body(g);
+  REQUIRE_THROWS_WITH(g.forward(), Contains("op 'pick'") && Contains("out of range"));
+}
