@@ -36,8 +36,35 @@ std::vector<std::vector<double>> measure(std::vector<System>& systems, size_t n_
   return runs;
 }
 
+Workload load_trees(const Options& o) {
+  Workload w;
+  if (!o.data.empty()) {
+    data::Vocab vocab;
+    data::Treebank bank = data::load_treebank(o.data, 1, vocab);
+    w.trees = std::move(bank.train);
+    w.vocab = static_cast<int64_t>(vocab.size());
+  } else {
+    w.trees = data::synthetic_trees({.count = static_cast<int>(o.trees), .seed = 1});
+    w.vocab = 5000;
+  }
+  if (static_cast<int64_t>(w.trees.size()) > o.trees) w.trees.resize(static_cast<size_t>(o.trees));
+  const auto batch = static_cast<size_t>(o.batch);
+  for (size_t start = 0; start + batch <= w.trees.size(); start += batch) {
+    w.batches.emplace_back();
+    for (size_t i = start; i < start + batch; ++i) w.batches.back().push_back(&w.trees[i]);
+  }
+  if (w.batches.empty()) throw UserError("sheaf-bench: fewer trees than one batch");
+  if (!o.json) {
+    data::TreeStats st = data::stats_of(w.trees);
+    std::printf("trees: %zu (%s), mean %.1f words, mean height %.1f, max height %d; %zu batches of %lld\n", st.trees,
+                o.data.empty() ? "synthetic" : o.data.c_str(), st.mean_words, st.mean_height, st.max_height,
+                w.batches.size(), static_cast<long long>(o.batch));
+  }
+  return w;
+}
+
 void report(const Options& o, const std::string& mode, int64_t hidden, int64_t items, const std::vector<System>& systems,
-            const std::vector<std::vector<double>>& runs, const std::map<std::string, double>& extra) {
+            const std::vector<std::vector<double>>& runs) {
   double per_example = 0, hand = 0;
   for (size_t k = 0; k < systems.size(); ++k) {
     if (systems[k].name == "per-example") per_example = median(runs[k]);
@@ -66,13 +93,15 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
           .add("sched_ms_per_batch", s.counters.sched_ms / steps)
           .add("exec_ms_per_batch", s.counters.exec_ms / steps)
           .add("max_abs_diff_vs_per_example", s.max_abs_diff);
-      for (const auto& [key, value] : extra) j.add(key, value);
+      for (const auto& [key, value] : s.extra) j.add(key, value);
       std::printf("%s\n", j.str().c_str());
     } else {
       std::string name = s.name + (s.strategy.empty() ? "" : ":" + s.strategy);
-      std::printf("  %-20s %12.1f %9.2fx %9.2fx %10.1f %10.2f %10.2g\n", name.c_str(), tps,
+      std::printf("  %-20s %12.1f %9.2fx %9.2fx %10.1f %10.2f %10.2g", name.c_str(), tps,
                   per_example > 0 ? tps / per_example : 0.0, hand > 0 ? tps / hand : 0.0, s.counters.launches / steps,
                   s.counters.sched_ms / steps, s.max_abs_diff);
+      for (const auto& [key, value] : s.extra) std::printf("  %s %.1f", key.c_str(), value);
+      std::printf("\n");
     }
   }
   std::fflush(stdout);

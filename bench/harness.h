@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <data/trees.h>
+
 namespace sheaf::bench {
 
 struct Options {
@@ -39,7 +41,16 @@ struct System {
     double launches = 0, trace_ms = 0, sched_ms = 0, exec_ms = 0, steps = 0;
   } counters;
   double max_abs_diff = 0;  // vs per-example, measured before timing
+  std::map<std::string, double> extra;  // workload-specific fields of the JSON line
 };
+
+// Trees for a workload: SST train (--data) or synthetic, cut into full batches.
+struct Workload {
+  std::vector<data::Tree> trees;
+  int64_t vocab = 0;
+  std::vector<std::vector<const data::Tree*>> batches;
+};
+Workload load_trees(const Options& o);
 
 // One result line.
 class Json {
@@ -82,8 +93,9 @@ std::vector<std::vector<double>> measure(std::vector<System>& systems, size_t n_
 
 // Prints the results: JSON lines, or a table with ratios vs per-example and hand.
 void report(const Options& o, const std::string& mode, int64_t hidden, int64_t items, const std::vector<System>& systems,
-            const std::vector<std::vector<double>>& runs, const std::map<std::string, double>& extra = {});
+            const std::vector<std::vector<double>>& runs);
 
 int run_treelstm(const Options& o);
+int run_shift_reduce(const Options& o);
 
 }  // namespace sheaf::bench

@@ -19,32 +19,6 @@ using data::Tree;
 using models::HandBatched;
 using models::TreeLSTM;
 
-struct Workload {
-  std::vector<Tree> trees;
-  int64_t vocab;
-  std::vector<std::vector<const Tree*>> batches;
-};
-
-Workload load(const Options& o) {
-  Workload w;
-  if (!o.data.empty()) {
-    data::Vocab vocab;
-    data::Treebank bank = data::load_treebank(o.data, 1, vocab);
-    w.trees = std::move(bank.train);
-    w.vocab = static_cast<int64_t>(vocab.size());
-  } else {
-    w.trees = data::synthetic_trees({.count = static_cast<int>(o.trees), .seed = 1});
-    w.vocab = 5000;
-  }
-  if (static_cast<int64_t>(w.trees.size()) > o.trees) w.trees.resize(static_cast<size_t>(o.trees));
-  for (size_t start = 0; start + static_cast<size_t>(o.batch) <= w.trees.size(); start += static_cast<size_t>(o.batch)) {
-    w.batches.emplace_back();
-    for (size_t i = start; i < start + static_cast<size_t>(o.batch); ++i) w.batches.back().push_back(&w.trees[i]);
-  }
-  if (w.batches.empty()) throw UserError("sheaf-bench: fewer trees than one batch");
-  return w;
-}
-
 // Sheaf's per-batch work: record every tree, forward, read counters.
 struct SheafRunner {
   SheafRunner(const TreeLSTM& m, const Strategy& s, c10::Device d) : model(m), strategy(s), graph({.device = d}) {}
@@ -192,13 +166,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
 }  // namespace
 
 int run_treelstm(const Options& o) {
-  const Workload w = load(o);
-  if (!o.json) {
-    data::TreeStats st = data::stats_of(w.trees);
-    std::printf("trees: %zu (%s), mean %.1f words, mean height %.1f, max height %d; %zu batches of %lld\n", st.trees,
-                o.data.empty() ? "synthetic" : o.data.c_str(), st.mean_words, st.mean_height, st.max_height,
-                w.batches.size(), static_cast<long long>(o.batch));
-  }
+  const Workload w = load_trees(o);
   for (int64_t hidden : o.hidden)
     for (const std::string& mode : o.modes) run_mode(o, mode, hidden, w);
   return 0;

@@ -122,74 +122,110 @@ class AgendaStrategy final : public Strategy {
   }
 };
 
-// The depth schedule, then merges: walking down from the top level, a batch
-// moves up into a later batch of the same signature when all its nodes'
-// consumers run after that one. Merging only removes launches, so this is never
-// worse than depth; it batches what depth cannot (losses of trees of different
-// heights), and each move gives the batch's arguments room to move in turn.
+// Merging only removes launches. Any valid schedule (a sequence of batches) can
+// be improved by moving a whole batch into another batch of the same signature:
+// later, if every consumer of its nodes runs after that batch; or earlier, if
+// every argument runs before it. Positions of batches never change (emptied
+// batches just vanish), so each check is a comparison of positions.
+void merge_batches(const RoundDag& dag, Batches& schedule) {
+  const size_t nb = schedule.size();
+  std::vector<std::vector<uint32_t>> members(nb);
+  std::vector<uint32_t> pos_of_node(dag.size());
+  for (uint32_t k = 0; k < nb; ++k) {
+    auto nodes = schedule[k];
+    members[k].assign(nodes.begin(), nodes.end());
+    for (uint32_t i : nodes) pos_of_node[i] = k;
+  }
+  std::vector<std::vector<uint32_t>> of_sig(num_sigs(dag));  // batch positions per signature, ascending
+  for (uint32_t k = 0; k < nb; ++k)
+    if (dag.sig[members[k][0]] != kNoSig) of_sig[dag.sig[members[k][0]]].push_back(k);
+  std::vector<uint8_t> alive(nb, 1);
+  auto move = [&](uint32_t from, uint32_t to) {
+    for (uint32_t i : members[from]) pos_of_node[i] = to;
+    members[to].insert(members[to].end(), members[from].begin(), members[from].end());
+    members[from].clear();
+    alive[from] = 0;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    // Later: from the last batch down, so that consumers have settled first.
+    for (uint32_t k = static_cast<uint32_t>(nb); k-- > 0;) {
+      if (!alive[k] || dag.sig[members[k][0]] == kNoSig) continue;
+      uint32_t limit = static_cast<uint32_t>(nb);  // exclusive
+      for (uint32_t i : members[k])
+        for (uint32_t u : dag.uses_of(i)) limit = std::min(limit, pos_of_node[u]);
+      const auto& cand = of_sig[dag.sig[members[k][0]]];
+      auto it = std::lower_bound(cand.begin(), cand.end(), limit);
+      while (it != cand.begin() && *(it - 1) > k && !alive[*(it - 1)]) --it;
+      if (it != cand.begin() && *(it - 1) > k) {
+        move(k, *(it - 1));
+        changed = true;
+      }
+    }
+    // Earlier: from the first batch up, so that arguments have settled first.
+    for (uint32_t k = 0; k < nb; ++k) {
+      if (!alive[k] || dag.sig[members[k][0]] == kNoSig) continue;
+      int64_t lower = -1;  // exclusive
+      for (uint32_t i : members[k])
+        for (uint32_t a : dag.args_of(i)) lower = std::max<int64_t>(lower, pos_of_node[a]);
+      const auto& cand = of_sig[dag.sig[members[k][0]]];
+      auto it = lower < 0 ? cand.begin() : std::upper_bound(cand.begin(), cand.end(), static_cast<uint32_t>(lower));
+      while (it != cand.end() && *it < k && !alive[*it]) ++it;
+      if (it != cand.end() && *it < k) {
+        move(k, *it);
+        changed = true;
+      }
+    }
+  }
+  Batches out;
+  for (uint32_t k = 0; k < nb; ++k) {
+    if (!alive[k]) continue;
+    out.nodes.insert(out.nodes.end(), members[k].begin(), members[k].end());
+    out.close();
+  }
+  schedule = std::move(out);
+}
+
+// Ours: the depth schedule, merged. Never more launches than depth; batches
+// what depth cannot (losses of trees of different heights).
 class LazyStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "lazy"; }
   void schedule(const RoundDag& dag, Batches& out) const override {
-    Batches by_depth;
-    g_depth_impl.schedule(dag, by_depth);
-    const size_t groups = by_depth.size();
-    std::vector<uint32_t> level(dag.size());
-    std::vector<uint32_t> group_level(groups);
-    std::vector<std::vector<uint32_t>> members(groups);
-    for (size_t k = 0; k < groups; ++k) {
-      auto nodes = by_depth[k];
-      members[k].assign(nodes.begin(), nodes.end());
-      group_level[k] = dag.depth[nodes[0]];
-      for (uint32_t i : nodes) level[i] = group_level[k];
-    }
-    // Per signature, its groups by ascending level (the depth schedule emits levels in order).
-    std::vector<std::vector<uint32_t>> of_sig(num_sigs(dag));
-    for (uint32_t k = 0; k < groups; ++k)
-      if (dag.sig[members[k][0]] != kNoSig) of_sig[dag.sig[members[k][0]]].push_back(k);
-
-    std::vector<uint8_t> alive(groups, 1);
-    for (size_t k = groups; k-- > 0;) {
-      const uint32_t s = dag.sig[members[k][0]];
-      if (s == kNoSig) continue;
-      uint32_t limit = dag.max_depth;
-      for (uint32_t i : members[k])
-        for (uint32_t u : dag.uses_of(i)) limit = std::min(limit, level[u] - 1);
-      // The latest group of this signature above this one that the consumers allow.
-      const auto& cand = of_sig[s];
-      uint32_t target = 0xFFFFFFFFu;
-      for (auto it = cand.rbegin(); it != cand.rend(); ++it) {
-        if (!alive[*it] || group_level[*it] > limit) continue;
-        if (group_level[*it] > group_level[k]) target = *it;
-        break;
-      }
-      if (target == 0xFFFFFFFFu) continue;
-      for (uint32_t i : members[k]) level[i] = group_level[target];
-      members[target].insert(members[target].end(), members[k].begin(), members[k].end());
-      alive[k] = 0;
-    }
-    for (size_t k = 0; k < groups; ++k) {
-      if (!alive[k]) continue;
-      out.nodes.insert(out.nodes.end(), members[k].begin(), members[k].end());
-      out.close();
-    }
+    DepthStrategy().schedule(dag, out);
+    merge_batches(dag, out);
   }
+};
 
- private:
-  DepthStrategy g_depth_impl;
+// Ours, the default: depth and DyNet's agenda each merged; the schedule with
+// fewer launches wins. Neither heuristic dominates: depth keeps the level
+// structure of trees, the agenda re-aligns sequences whose depths drift apart
+// (a parser's steps, where REDUCE adds latency that SHIFT does not).
+class AutoStrategy final : public Strategy {
+ public:
+  std::string_view name() const override { return "auto"; }
+  void schedule(const RoundDag& dag, Batches& out) const override {
+    Batches agenda;
+    LazyStrategy().schedule(dag, out);
+    AgendaStrategy().schedule(dag, agenda);
+    merge_batches(dag, agenda);
+    if (agenda.size() < out.size()) out = std::move(agenda);
+  }
 };
 
 const DepthStrategy g_depth;
 const AgendaStrategy g_agenda;
 const LazyStrategy g_lazy;
-const Strategy* const g_all[] = {&g_lazy, &g_agenda, &g_depth};
+const AutoStrategy g_auto;
+const Strategy* const g_all[] = {&g_auto, &g_lazy, &g_agenda, &g_depth};
 
 }  // namespace
 
 const Strategy& depth_strategy() { return g_depth; }
 const Strategy& agenda_strategy() { return g_agenda; }
 const Strategy& lazy_strategy() { return g_lazy; }
-const Strategy& default_strategy() { return g_lazy; }
+const Strategy& auto_strategy() { return g_auto; }
+const Strategy& default_strategy() { return g_auto; }
 std::span<const Strategy* const> all_strategies() { return g_all; }
 
 const Strategy& strategy_named(std::string_view name) {

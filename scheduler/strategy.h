@@ -36,10 +36,13 @@ const Strategy& depth_strategy();
 // are, on average, shallowest. Lets nodes of one signature at different depths
 // wait for each other (e.g. losses of trees of different heights).
 const Strategy& agenda_strategy();
-// Ours: the depth schedule, then every batch that can move later into a batch
-// of the same signature (its consumers permitting) does. Never more launches
-// than depth; batches what depth cannot. The default.
+// Ours: the depth schedule, then every batch that can move into another batch of
+// its signature (later, its consumers permitting, or earlier, its arguments
+// permitting) does. Never more launches than depth; batches what depth cannot.
 const Strategy& lazy_strategy();
+// Ours, the default: lazy, and the agenda with the same merging; the one with
+// fewer launches.
+const Strategy& auto_strategy();
 const Strategy& default_strategy();
 
 std::span<const Strategy* const> all_strategies();

@@ -114,12 +114,12 @@ TEST_CASE("random programs: batched equals alone under every strategy", "[dsl][p
   CHECK(compared > 10000);
 }
 
-TEST_CASE("random programs: lazy never takes more launches than depth", "[scheduler][property]") {
+TEST_CASE("random programs: lazy and auto never take more launches than depth", "[scheduler][property]") {
   const Params p;
   for (int prog = 0; prog < 100; ++prog) {
-    uint64_t launches[2];
-    const Strategy* strategies[2] = {&depth_strategy(), &lazy_strategy()};
-    for (int k = 0; k < 2; ++k) {
+    uint64_t launches[3];
+    const Strategy* strategies[3] = {&depth_strategy(), &lazy_strategy(), &auto_strategy()};
+    for (int k = 0; k < 3; ++k) {
       Graph g;
       std::vector<Expr> outs;
       for (int i = 0; i < 12; ++i) {
@@ -131,5 +131,6 @@ TEST_CASE("random programs: lazy never takes more launches than depth", "[schedu
     }
     INFO("program " << prog);
     CHECK(launches[1] <= launches[0]);
+    CHECK(launches[2] <= launches[1]);
   }
 }

@@ -72,6 +72,7 @@ TEST_CASE("examples of different structure: launches within the depth bound", "[
   }
   CHECK(launches["depth"] == bound);
   CHECK(launches["lazy"] <= bound);
+  CHECK(launches["auto"] <= bound);
   // DyNet's agenda heuristic (shallowest signature first) is not bounded by
   // depth here: it runs one op kind at a time while chains wait for each other.
   // Recorded, not asserted: it is the baseline we beat, as DyNet implements it.
@@ -97,13 +98,14 @@ TEST_CASE("agenda and lazy batch losses at different depths in one launch; depth
   CHECK(loss_launches["depth"] == 4);
   CHECK(loss_launches["agenda"] == 1);
   CHECK(loss_launches["lazy"] == 1);
+  CHECK(loss_launches["auto"] == 1);
 }
 
 TEST_CASE("strategies are found by name and every one is valid on a mixed graph", "[scheduler]") {
   CHECK(strategy_named("depth").name() == "depth");
   CHECK(strategy_named("agenda").name() == "agenda");
   CHECK(strategy_named("lazy").name() == "lazy");
-  CHECK(&default_strategy() == &strategy_named("lazy"));
+  CHECK(&default_strategy() == &strategy_named("auto"));
   at::Tensor W = at::randn({6, 6});
   for (const Strategy* strategy : all_strategies()) {
     Graph g;

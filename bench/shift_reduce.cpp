@@ -1,0 +1,143 @@
+// Shift-reduce workload: the SPINN-style parser on the same sentences per
+// example (eager LibTorch) and with Sheaf (each strategy). Modes: train (gold
+// transitions, forward + backward + step) and infer (the model's own predicted
+// transitions: per-example code syncs once per step per sentence; Sheaf once
+// per step for the whole batch).
+#include <ATen/ATen.h>
+#include <torch/optim/adagrad.h>
+
+#include <memory>
+
+#include <data/trees.h>
+#include <shift_reduce/model.h>
+
+#include "harness.h"
+
+namespace sheaf::bench {
+
+namespace {
+
+using data::Tree;
+using models::ParseResult;
+using models::ShiftReduce;
+
+void run_mode(const Options& o, const std::string& mode, int64_t hidden, const std::vector<std::vector<const Tree*>>& batches,
+              int64_t vocab) {
+  const bool train = mode == "train";
+  const c10::Device device(o.device);
+  ShiftReduce model({.vocab = vocab, .hidden = hidden, .tracking = 32}, 7);
+  model.to(device);
+  const double scale = 1.0 / static_cast<double>(o.batch);
+
+  // Reference for the agreement check: per-example logits of the first batch.
+  std::vector<at::Tensor> reference;
+  {
+    at::NoGradGuard no_grad;
+    for (const Tree* t : batches[0]) reference.push_back(model.parse_eager(*t, !train).logits.cpu());
+  }
+  auto diff_to_reference = [&](const std::vector<at::Tensor>& logits) {
+    double d = 0;
+    for (size_t i = 0; i < logits.size(); ++i) d = std::max(d, (logits[i] - reference[i]).abs().max().item<double>());
+    return d;
+  };
+
+  std::vector<std::unique_ptr<torch::optim::Adagrad>> optimizers;
+  auto make_step = [&](std::function<at::Tensor(size_t)> forward) -> std::function<void(size_t)> {
+    if (!train) return [forward](size_t b) {
+      at::NoGradGuard no_grad;
+      forward(b);
+    };
+    optimizers.push_back(std::make_unique<torch::optim::Adagrad>(model.parameters(), torch::optim::AdagradOptions(0.05)));
+    torch::optim::Adagrad* opt = optimizers.back().get();
+    return [forward, opt, scale](size_t b) {
+      opt->zero_grad();
+      (forward(b) * scale).backward();
+      opt->step();
+    };
+  };
+
+  std::vector<std::unique_ptr<Graph>> graphs;
+  std::vector<System> systems;
+  // Sequential transition steps per batch: one sentence after another, or all in lock-step.
+  double transitions = 0;
+  for (const auto& batch : batches)
+    for (const Tree* t : batch) transitions += 2.0 * t->num_words() - 1;
+  for (const std::string& name : o.systems) {
+    if (name == "per-example") {
+      System s{name, ""};
+      s.step = make_step([&](size_t b) {
+        at::Tensor total;
+        for (const Tree* t : batches[b]) {
+          at::Tensor l = model.parse_eager(*t, !train).loss;
+          total = total.defined() ? total + l : l;
+        }
+        return total;
+      });
+      s.extra["steps"] = transitions / static_cast<double>(batches.size());
+      systems.push_back(std::move(s));
+    } else if (name == "sheaf" || name.rfind("sheaf:", 0) == 0) {
+      std::vector<const Strategy*> strategies;
+      if (name == "sheaf") strategies.assign(all_strategies().begin(), all_strategies().end());
+      else strategies.push_back(&strategy_named(name.substr(6)));
+      for (const Strategy* strategy : strategies) {
+        graphs.push_back(std::make_unique<Graph>(GraphOptions{.device = device}));
+        Graph* g = graphs.back().get();
+        const size_t index = systems.size();
+        // Records the batch, runs it (every round), returns the loss and the root logits.
+        auto run = [&, g, strategy](size_t b, std::vector<at::Tensor>* logits) {
+          g->clear();
+          std::vector<Task<ParseResult>> tasks;
+          for (size_t i = 0; i < batches[b].size(); ++i) {
+            auto scope = g->example(static_cast<int>(i));
+            tasks.push_back(model.parse(*g, *batches[b][i], !train));
+          }
+          g->forward({}, {.strategy = strategy});
+          std::vector<Expr> losses;
+          for (auto& t : tasks) losses.push_back(t.result().loss);
+          Expr total = dsl::sum(losses);
+          g->forward(total, {.strategy = strategy});
+          if (logits)
+            for (auto& t : tasks) logits->push_back(t.result().logits.value().detach().cpu());
+          return total.value();
+        };
+        System s{"sheaf", std::string(strategy->name())};
+        s.step = make_step([&, run, g, index](size_t b) {
+          at::Tensor loss = run(b, nullptr);
+          const Stats& st = g->stats();
+          System::Counters& c = systems[index].counters;
+          c.launches += static_cast<double>(st.batches);
+          c.trace_ms += st.trace_ms;
+          c.sched_ms += st.schedule_ms;
+          c.exec_ms += st.execute_ms;
+          c.steps += 1;
+          systems[index].extra["steps"] = static_cast<double>(st.rounds);
+          return loss;
+        });
+        {
+          at::NoGradGuard no_grad;
+          std::vector<at::Tensor> logits;
+          run(0, &logits);
+          s.max_abs_diff = diff_to_reference(logits);
+        }
+        systems.push_back(std::move(s));
+      }
+    } else if (name != "hand") {  // no hand-batched parser (see docs/benchmarks.md)
+      throw UserError("sheaf-bench: unknown system '" + name + "' for shift_reduce (per-example, sheaf, sheaf:<strategy>)");
+    }
+  }
+
+  const double items = static_cast<double>(batches.size() * static_cast<size_t>(o.batch));
+  auto runs = measure(systems, batches.size(), items, o.repeat, !o.json);
+  report(o, mode, hidden, static_cast<int64_t>(items), systems, runs);
+}
+
+}  // namespace
+
+int run_shift_reduce(const Options& o) {
+  const Workload w = load_trees(o);
+  for (int64_t hidden : o.hidden)
+    for (const std::string& mode : o.modes) run_mode(o, mode, hidden, w.batches, w.vocab);
+  return 0;
+}
+
+}  // namespace sheaf::bench

@@ -1,0 +1,150 @@
+#include "model.h"
+
+#include <ATen/ATen.h>
+
+namespace sheaf::models {
+
+std::vector<int> gold_transitions(const data::Tree& tree) {
+  std::vector<int> out;
+  for (int n = 0; n < tree.size(); ++n) out.push_back(tree.is_leaf(n) ? kShift : kReduce);
+  return out;
+}
+
+int choose_transition(float shift_score, float reduce_score, size_t stack_size, size_t buffer_left) {
+  const bool can_shift = buffer_left > 0, can_reduce = stack_size >= 2;
+  if (!can_reduce) return kShift;
+  if (!can_shift) return kReduce;
+  return reduce_score > shift_score ? kReduce : kShift;
+}
+
+namespace {
+at::Tensor init(std::vector<int64_t> shape, double scale) { return (at::rand(shape) * 2 - 1) * scale; }
+}  // namespace
+
+ShiftReduce::ShiftReduce(const ShiftReduceOptions& o, uint64_t seed) : options_(o) {
+  if (o.vocab <= 0 || o.hidden <= 0 || o.tracking <= 0) throw UserError("ShiftReduce: sizes must be positive");
+  at::manual_seed(seed);
+  const int64_t h = o.hidden, k = o.tracking;
+  E = init({o.vocab, h}, 0.1).requires_grad_();
+  T = init({4 * k, 3 * h + k}, 1.0 / std::sqrt(3.0 * h + k)).requires_grad_();
+  t = at::zeros({4 * k}).requires_grad_();
+  A = init({2, k}, 1.0 / std::sqrt(static_cast<double>(k))).requires_grad_();
+  a = at::zeros({2}).requires_grad_();
+  U = init({5 * h, 2 * h + k}, 1.0 / std::sqrt(2.0 * h + k)).requires_grad_();
+  u = at::zeros({5 * h}).requires_grad_();
+  V = init({kClasses, h}, 1.0 / std::sqrt(static_cast<double>(h))).requires_grad_();
+  v = at::zeros({kClasses}).requires_grad_();
+}
+
+void ShiftReduce::to(const c10::Device& device) {
+  for (at::Tensor* p : {&E, &T, &t, &A, &a, &U, &u, &V, &v}) *p = p->detach().to(device).requires_grad_();
+}
+
+// ---------------------------------------------------------------------------
+// Sheaf: the per-sentence program. The stack and buffer are ordinary vectors of
+// Exprs; only the decision in predict mode waits for a computed value.
+
+Task<ParseResult> ShiftReduce::parse(Graph& g, const data::Tree& tree, bool predict) const {
+  struct Item {
+    Expr h, c;
+  };
+  const int64_t h = options_.hidden, k = options_.tracking;
+  std::vector<Item> buffer;
+  for (int n = 0; n < tree.size(); ++n)
+    if (tree.is_leaf(n))
+      buffer.push_back({g.lookup(E, tree.word[static_cast<size_t>(n)], options_.sparse_embedding_grad), g.zeros({h})});
+  const Expr none = g.zeros({h});
+  const std::vector<int> gold = gold_transitions(tree);
+  std::vector<Item> stack;
+  Item track{g.zeros({k}), g.zeros({k})};
+  std::vector<Expr> losses;
+  ParseResult result;
+  size_t next = 0;
+  for (size_t step = 0; step < gold.size(); ++step) {
+    auto top = [&](size_t i) { return stack.size() > i ? stack[stack.size() - 1 - i].h : none; };
+    Expr x = dsl::concat({next < buffer.size() ? buffer[next].h : none, top(0), top(1), track.h});
+    std::vector<Expr> gate = dsl::chunk(dsl::affine(T, x, t), 4);
+    track.c = dsl::sigmoid(gate[1]) * track.c + dsl::sigmoid(gate[0]) * dsl::tanh(gate[3]);
+    track.h = dsl::sigmoid(gate[2]) * dsl::tanh(track.c);
+    Expr scores = dsl::affine(A, track.h, a);
+
+    int action = gold[step];
+    if (predict) {
+      at::Tensor s = co_await fetch(scores);
+      action = choose_transition(s[kShift].item<float>(), s[kReduce].item<float>(), stack.size(), buffer.size() - next);
+    } else {
+      losses.push_back(dsl::pick_neg_log_softmax(scores, action));
+    }
+    result.transitions.push_back(action);
+    if (action == kShift) {
+      stack.push_back(buffer[next++]);
+      continue;
+    }
+    Item r = stack.back();
+    stack.pop_back();
+    Item l = stack.back();
+    stack.pop_back();
+    std::vector<Expr> c5 = dsl::chunk(dsl::affine(U, dsl::concat({l.h, r.h, track.h}), u), 5);
+    Expr c = dsl::tanh(c5[0]) * dsl::sigmoid(c5[1]) + dsl::sigmoid(c5[2]) * l.c + dsl::sigmoid(c5[3]) * r.c;
+    stack.push_back({dsl::sigmoid(c5[4]) * dsl::tanh(c), c});
+  }
+  result.logits = dsl::affine(V, stack.back().h, v);
+  losses.push_back(dsl::pick_neg_log_softmax(result.logits, tree.label.back()));
+  result.loss = dsl::sum(losses);
+  co_return result;
+}
+
+// ---------------------------------------------------------------------------
+// Eager, one sentence: the same computation with LibTorch calls (GEMV for single rows).
+
+ShiftReduce::EagerResult ShiftReduce::parse_eager(const data::Tree& tree, bool predict) const {
+  struct Item {
+    at::Tensor h, c;
+  };
+  const int64_t h = options_.hidden, k = options_.tracking;
+  const at::TensorOptions opts = E.options().requires_grad(false);
+  std::vector<int64_t> ids;
+  for (int n = 0; n < tree.size(); ++n)
+    if (tree.is_leaf(n)) ids.push_back(tree.word[static_cast<size_t>(n)]);
+  at::Tensor emb = at::embedding(E, at::tensor(ids, at::kLong).to(E.device()), -1, false, options_.sparse_embedding_grad);
+  const at::Tensor none = at::zeros({h}, opts);
+  const std::vector<int> gold = gold_transitions(tree);
+  std::vector<Item> stack;
+  Item track{at::zeros({k}, opts), at::zeros({k}, opts)};
+  std::vector<at::Tensor> losses;
+  EagerResult result;
+  size_t next = 0;
+  for (size_t step = 0; step < gold.size(); ++step) {
+    auto top = [&](size_t i) { return stack.size() > i ? stack[stack.size() - 1 - i].h : none; };
+    at::Tensor x = at::cat({next < ids.size() ? emb[static_cast<int64_t>(next)] : none, top(0), top(1), track.h});
+    std::vector<at::Tensor> gate = at::addmv(t, T, x).chunk(4);
+    track.c = at::sigmoid(gate[1]) * track.c + at::sigmoid(gate[0]) * at::tanh(gate[3]);
+    track.h = at::sigmoid(gate[2]) * at::tanh(track.c);
+    at::Tensor scores = at::addmv(a, A, track.h);
+    int action = gold[step];
+    if (predict) {
+      at::Tensor s = scores.detach().cpu();  // one sync per step: per-example code has no way around it
+      action = choose_transition(s[kShift].item<float>(), s[kReduce].item<float>(), stack.size(), ids.size() - next);
+    } else {
+      losses.push_back(-at::log_softmax(scores, 0)[action]);
+    }
+    result.transitions.push_back(action);
+    if (action == kShift) {
+      stack.push_back({emb[static_cast<int64_t>(next++)], at::zeros({h}, opts)});
+      continue;
+    }
+    Item r = stack.back();
+    stack.pop_back();
+    Item l = stack.back();
+    stack.pop_back();
+    std::vector<at::Tensor> c5 = at::addmv(u, U, at::cat({l.h, r.h, track.h})).chunk(5);
+    at::Tensor c = at::tanh(c5[0]) * at::sigmoid(c5[1]) + at::sigmoid(c5[2]) * l.c + at::sigmoid(c5[3]) * r.c;
+    stack.push_back({at::sigmoid(c5[4]) * at::tanh(c), c});
+  }
+  result.logits = at::addmv(v, V, stack.back().h);
+  losses.push_back(-at::log_softmax(result.logits, 0)[tree.label.back()]);
+  result.loss = at::stack(losses).sum();
+  return result;
+}
+
+}  // namespace sheaf::models
