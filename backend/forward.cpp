@@ -71,7 +71,11 @@ void Graph::run_round(const Strategy& strategy, bool validate) {
     return;
   }
   Batches batches;
-  strategy.schedule(dag, batches);
+  if (memo_owner_ != &strategy) {
+    memo_ = std::make_unique<StrategyMemo>();
+    memo_owner_ = &strategy;
+  }
+  strategy.schedule(dag, batches, *memo_);
   if (validate) validate_batches(dag, batches, strategy.name());
   auto plan = std::make_unique<Plan>(make_plan(store_, dag, batches, strategy.name()));
   stats_.schedule_ms += ms_since(t0);

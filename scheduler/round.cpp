@@ -8,7 +8,7 @@ namespace sheaf {
 
 uint32_t signature(NodeStore& s, NodeId n) {
   const OpTraits& traits = op_info(s.op[n]).traits;
-  thread_local std::vector<int64_t> key;
+  std::vector<int64_t>& key = s.key_scratch;
   key.clear();
   auto args = s.args_of(n);
   auto attrs = s.attrs_of(n);

@@ -146,8 +146,10 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
     members[from].clear();
     alive[from] = 0;
   };
-  for (bool changed = true; changed;) {
-    changed = false;
+  // Each pass catches cascades in its own direction; a third pass rarely finds
+  // anything, and this is a heuristic: stop after two.
+  for (int pass = 0, changed = 1; changed && pass < 2; ++pass) {
+    changed = 0;
     // Later: from the last batch down, so that consumers have settled first.
     for (uint32_t k = static_cast<uint32_t>(nb); k-- > 0;) {
       if (!alive[k] || dag.sig[members[k][0]] == kNoSig) continue;
@@ -159,7 +161,7 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
       while (it != cand.begin() && *(it - 1) > k && !alive[*(it - 1)]) --it;
       if (it != cand.begin() && *(it - 1) > k) {
         move(k, *(it - 1));
-        changed = true;
+        changed = 1;
       }
     }
     // Earlier: from the first batch up, so that arguments have settled first.
@@ -173,7 +175,7 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
       while (it != cand.end() && *it < k && !alive[*it]) ++it;
       if (it != cand.end() && *it < k) {
         move(k, *it);
-        changed = true;
+        changed = 1;
       }
     }
   }
@@ -205,11 +207,34 @@ class AutoStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "auto"; }
   void schedule(const RoundDag& dag, Batches& out) const override {
+    Memo fresh;
+    schedule(dag, out, fresh);
+  }
+  // With a memo, the winner of the last comparison is used alone for the next
+  // kRecheck - 1 rounds: comparing costs a second schedule and merge per round.
+  void schedule(const RoundDag& dag, Batches& out, Memo& memo) const override {
+    static constexpr int kRecheck = 16;
+    if (memo.rounds_left > 0) {
+      --memo.rounds_left;
+      run(memo.choice, dag, out);
+      return;
+    }
     Batches agenda;
-    LazyStrategy().schedule(dag, out);
-    AgendaStrategy().schedule(dag, agenda);
-    merge_batches(dag, agenda);
-    if (agenda.size() < out.size()) out = std::move(agenda);
+    run(0, dag, out);
+    run(1, dag, agenda);
+    memo.choice = agenda.size() < out.size() ? 1 : 0;
+    if (memo.choice == 1) out = std::move(agenda);
+    memo.rounds_left = kRecheck - 1;
+  }
+
+ private:
+  static void run(int choice, const RoundDag& dag, Batches& out) {
+    if (choice == 0) {
+      LazyStrategy().schedule(dag, out);
+    } else {
+      AgendaStrategy().schedule(dag, out);
+      merge_batches(dag, out);
+    }
   }
 };
 

@@ -20,13 +20,23 @@ struct Batches {
   void close() { begin.push_back(static_cast<uint32_t>(nodes.size())); }  // ends the batch being filled
 };
 
+// What a strategy may remember about a graph between rounds (a graph is usually
+// cleared and refilled with similar work batch after batch). It may change how
+// many launches a round takes, never the values.
+struct StrategyMemo {
+  int choice = -1;
+  int rounds_left = 0;
+};
+
 class Strategy {
  public:
+  using Memo = StrategyMemo;
   virtual ~Strategy() = default;
   virtual std::string_view name() const = 0;
   // Must put every node in exactly one batch, all nodes of a batch of one
   // signature (kNoSig nodes alone), and each batch after its nodes' arguments.
   virtual void schedule(const RoundDag& dag, Batches& out) const = 0;
+  virtual void schedule(const RoundDag& dag, Batches& out, Memo&) const { schedule(dag, out); }
 };
 
 // TensorFlow Fold: nodes at the same depth (longest path from the inputs) with the

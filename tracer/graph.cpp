@@ -93,7 +93,7 @@ uint64_t hash_words(std::span<const int64_t> w) {
 }
 }  // namespace
 
-ShapeId ShapeTable::intern(const Shape& s) {
+ShapeId ShapeTable::intern_slow(const Shape& s) {
   const auto fresh = static_cast<ShapeId>(shapes_.size());
   uint32_t id = index_.find_or_insert(hash_words(s.dims()), fresh, [&](uint32_t k) { return shapes_[k] == s; });
   if (id != FlatIndex::kEmpty) return id;
@@ -232,8 +232,8 @@ Expr Graph::record(OpCode op, std::span<const NodeId> args, std::span<const int6
                    std::source_location loc) {
   const OpInfo& info = op_info(op);
   // Scratch space for the inferer's view of the arguments; reused across calls.
-  thread_local std::vector<const Shape*> shapes;
-  thread_local std::vector<uint8_t> shared;
+  auto& shapes = arg_shapes_;
+  auto& shared = arg_shared_;
   shapes.clear();
   shared.clear();
   bool unknown = false;
@@ -386,8 +386,8 @@ void Graph::infer_deferred() {
         if (r == kNoNode || store_.shape[store_.resolve(r)] == kUnknownShape) continue;
         store_.shape[n] = store_.shape[store_.resolve(r)];
       } else {
-        thread_local std::vector<const Shape*> shapes;
-        thread_local std::vector<uint8_t> shared;
+        auto& shapes = arg_shapes_;
+        auto& shared = arg_shared_;
         shapes.clear();
         shared.clear();
         bool ready = true;

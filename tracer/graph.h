@@ -31,6 +31,7 @@ namespace sheaf {
 
 class Strategy;
 struct Plan;
+struct StrategyMemo;
 
 struct GraphOptions {
   c10::Device device = c10::kCPU;
@@ -167,7 +168,11 @@ class Graph {
   std::vector<NodeId> unknown_shape_;      // nodes downstream of an unresolved dsl::cond
   std::vector<Waiter> waiters_;
   std::unordered_map<const void*, NodeId> param_nodes_;
+  std::vector<const Shape*> arg_shapes_;  // record()'s scratch
+  std::vector<uint8_t> arg_shared_;
   Stats stats_;
+  const Strategy* memo_owner_ = nullptr;  // the strategy whose memo this is (kept across clear())
+  std::unique_ptr<StrategyMemo> memo_;
   std::unique_ptr<Plan> last_plan_;
   std::chrono::steady_clock::time_point trace_start_;
 };

@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <cstdint>
 #include <source_location>
 #include <span>
@@ -27,13 +28,23 @@ inline constexpr int kMixedExample = -2;   // example tag of a node that combine
 // Interned shapes: nodes store a ShapeId; equal shapes have equal ids.
 class ShapeTable {
  public:
-  ShapeId intern(const Shape& s);
+  ShapeId intern(const Shape& s) {
+    // A model uses a handful of shapes over and over: look at the recent ones first.
+    for (ShapeId id : recent_)
+      if (id != kUnknownShape && shapes_[id] == s) return id;
+    ShapeId id = intern_slow(s);
+    recent_[next_++ % recent_.size()] = id;
+    return id;
+  }
   const Shape& operator[](ShapeId id) const { return shapes_[id]; }
   size_t size() const { return shapes_.size(); }
 
  private:
+  ShapeId intern_slow(const Shape& s);
   std::vector<Shape> shapes_;
   FlatIndex index_;
+  std::array<ShapeId, 4> recent_{kUnknownShape, kUnknownShape, kUnknownShape, kUnknownShape};
+  size_t next_ = 0;
 };
 
 // Signatures: two nodes may share a batched launch iff their signature ids are
@@ -79,6 +90,7 @@ struct NodeStore {
   std::vector<at::Tensor> user_tensors;  // inputs and parameters the user handed in
   ShapeTable shapes;
   SigTable sigs;
+  std::vector<int64_t> key_scratch;  // signature keys are built here (one node at a time)
 
   size_t size() const { return op.size(); }
   std::span<const NodeId> args_of(NodeId n) const {
