@@ -1,0 +1,345 @@
+// tree_lstm: the main demo. A binary TreeLSTM (Tai et al. 2015) for sentiment
+// trees, written for ONE tree (TreeLSTM::sheaf_loss in model.cpp), trained on
+// batches of trees that Sheaf runs in batched launches. At the end the same
+// training step is timed per example, hand-batched and with Sheaf.
+//
+//   ./build/examples/tree_lstm                                  # synthetic trees, ~10 s
+//   ./build/examples/tree_lstm --data data/sst --epochs 5 --save tree_lstm.pt
+//   ./build/examples/tree_lstm --data data/sst --load tree_lstm.pt --epochs 0
+#include <ATen/ATen.h>
+#include <CLI/CLI.hpp>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+
+#include <data/trees.h>
+#include <sheaf/sheaf.h>
+#include <tree_lstm/model.h>
+
+using namespace sheaf;
+using data::Tree;
+using models::TreeLSTM;
+using Clock = std::chrono::steady_clock;
+using Batch = std::vector<const Tree*>;
+
+namespace {
+
+struct Config {
+  std::string data, save, load, optimizer = "adagrad", strategy = "auto";
+  int64_t hidden = 150;
+  int epochs = 3, batch = 25, train_trees = 0, compare_batches = 5;
+  // One, not hardware_concurrency(): a TreeLSTM's ops are too small to gain from
+  // intra-op threads, and LibTorch's OpenMP barriers slow down many-fold as soon
+  // as another process takes a core.
+  int threads = 1;
+  double lr = 0.05;
+  uint64_t seed = 1;
+  bool root_only = false, quiet = false;
+};
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// For a person watching: only on a terminal, and redrawn at most 10 times a
+// second so that drawing never shows up in the trees/s it reports.
+class Progress {
+ public:
+  Progress(bool enabled, int epoch, size_t total) : on_(enabled && isatty(2)), epoch_(epoch), total_(total) {}
+  ~Progress() { finish(); }
+  void finish() {  // before anything else is printed
+    if (on_) std::fprintf(stderr, "\r%79s\r", "");
+    on_ = false;
+  }
+  void update(size_t done) {
+    if (!on_ || Clock::now() - last_ < std::chrono::milliseconds(100)) return;
+    last_ = Clock::now();
+    constexpr size_t kWidth = 30;
+    const size_t filled = kWidth * done / std::max<size_t>(total_, 1);
+    std::fprintf(stderr, "\repoch %d [%s%s] %zu/%zu trees, %.0f trees/s ", epoch_, std::string(filled, '#').c_str(),
+                 std::string(kWidth - filled, '.').c_str(), done, total_, static_cast<double>(done) / seconds_since(start_));
+    std::fflush(stderr);
+  }
+
+ private:
+  bool on_;
+  int epoch_;
+  size_t total_;
+  Clock::time_point start_ = Clock::now(), last_{};
+};
+
+struct Dataset {
+  std::vector<Tree> train, dev, test;
+  int64_t vocab = 0;
+};
+
+Dataset load_data(const Config& c) {
+  Dataset d;
+  if (!c.data.empty()) {
+    if (!std::filesystem::is_directory(c.data)) throw UserError("--data: '" + c.data + "' is not a directory");
+    data::Vocab vocab;
+    data::Treebank bank = data::load_treebank(c.data, 1, vocab);
+    d = {std::move(bank.train), std::move(bank.dev), std::move(bank.test), static_cast<int64_t>(vocab.size())};
+  } else {
+    // Different seeds, so dev holds unseen sentences; word polarities depend on
+    // the word only, so what is learnt on train carries over.
+    constexpr int kVocab = 5000;
+    d.train = data::synthetic_trees({.count = c.train_trees > 0 ? c.train_trees : 2000, .vocab_size = kVocab, .seed = 1});
+    d.dev = data::synthetic_trees({.count = 500, .vocab_size = kVocab, .seed = 2});
+    d.vocab = static_cast<int64_t>(data::synthetic_vocab(kVocab).size());
+  }
+  if (c.train_trees > 0 && d.train.size() > static_cast<size_t>(c.train_trees)) d.train.resize(static_cast<size_t>(c.train_trees));
+  if (d.train.empty() || d.dev.empty()) throw UserError("no training or no dev trees in '" + c.data + "'");
+  return d;
+}
+
+void print_stats(const char* split, const std::vector<Tree>& trees) {
+  const data::TreeStats s = data::stats_of(trees);
+  std::printf("  %-5s %6zu trees, %.1f words (max %d), height %.1f (max %d)\n", split, s.trees, s.mean_words, s.max_words,
+              s.mean_height, s.max_height);
+}
+
+// The Sheaf side of a batch: each tree's own program, recorded under its example id.
+Expr record(Graph& g, const TreeLSTM& m, const Batch& batch, std::vector<Expr>* roots = nullptr) {
+  g.clear();
+  std::vector<Expr> losses;
+  if (roots != nullptr) roots->assign(batch.size(), Expr());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto scope = g.example(static_cast<int>(i));
+    losses.push_back(m.sheaf_loss(g, *batch[i], roots != nullptr ? &(*roots)[i] : nullptr));
+  }
+  return dsl::sum(losses);
+}
+
+// Fine-grained root accuracy, batched with Sheaf (inference batches can be large).
+double root_accuracy(Graph& g, const Strategy& s, const TreeLSTM& m, const std::vector<Tree>& trees) {
+  constexpr size_t kEvalBatch = 250;
+  at::NoGradGuard no_grad;
+  g.set_train(false);
+  size_t correct = 0;
+  for (size_t start = 0; start < trees.size(); start += kEvalBatch) {
+    Batch batch;
+    for (size_t i = start; i < std::min(trees.size(), start + kEvalBatch); ++i) batch.push_back(&trees[i]);
+    std::vector<Expr> roots;
+    record(g, m, batch, &roots);
+    g.forward(roots, {.strategy = &s});
+    std::vector<at::Tensor> logits;
+    for (const Expr& r : roots) logits.push_back(r.value());
+    const at::Tensor predicted = at::stack(logits).argmax(1).cpu();
+    const auto p = predicted.accessor<int64_t, 1>();
+    for (size_t i = 0; i < batch.size(); ++i) correct += p[static_cast<int64_t>(i)] == batch[i]->label.back();
+  }
+  g.set_train(true);
+  return static_cast<double>(correct) / static_cast<double>(trees.size());
+}
+
+// Predicting train's most frequent root label: the rate to beat (roots are skewed).
+std::pair<int, double> majority_class(const std::vector<Tree>& train, const std::vector<Tree>& dev) {
+  std::array<size_t, TreeLSTM::kClasses> count{};
+  for (const Tree& t : train) ++count[static_cast<size_t>(t.label.back())];
+  const int best = static_cast<int>(std::max_element(count.begin(), count.end()) - count.begin());
+  const auto hits = std::count_if(dev.begin(), dev.end(), [&](const Tree& t) { return t.label.back() == best; });
+  return {best, static_cast<double>(hits) / static_cast<double>(dev.size())};
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c, const TreeLSTM& m) {
+  if (c.optimizer == "adam") return std::make_unique<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(c.lr));
+  return std::make_unique<torch::optim::Adagrad>(m.parameters(), torch::optim::AdagradOptions(c.lr));
+}
+
+void train_epoch(const Config& c, int epoch, Graph& g, const Strategy& s, const TreeLSTM& m,
+                 torch::optim::Optimizer& opt, const std::vector<Tree>& train, std::mt19937_64& rng) {
+  std::vector<size_t> order(train.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::shuffle(order.begin(), order.end(), rng);
+
+  double loss = 0, nodes = 0, launches = 0, trace = 0, schedule = 0, execute = 0, backward = 0;
+  size_t batches = 0;
+  Progress progress(!c.quiet, epoch, train.size());
+  const auto t0 = Clock::now();
+  for (size_t start = 0; start < order.size(); start += static_cast<size_t>(c.batch), ++batches) {
+    Batch batch;
+    for (size_t i = start; i < std::min(order.size(), start + static_cast<size_t>(c.batch)); ++i) {
+      batch.push_back(&train[order[i]]);
+      nodes += m.options().all_nodes ? batch.back()->size() : 1;
+    }
+    Expr total = record(g, m, batch);
+    g.forward(total, {.strategy = &s});
+    const auto b0 = Clock::now();
+    opt.zero_grad();
+    (total.value() / static_cast<double>(batch.size())).backward();
+    opt.step();
+    backward += seconds_since(b0) * 1e3;
+    loss += total.item();
+    const Stats& st = g.stats();
+    launches += static_cast<double>(st.batches);
+    trace += st.trace_ms, schedule += st.schedule_ms, execute += st.execute_ms;
+    progress.update(start + batch.size());
+  }
+  const double seconds = seconds_since(t0), n = static_cast<double>(batches);
+  progress.finish();
+  std::printf("epoch %d: loss %.4f per labelled node, %.0f trees/s (%.1f s)\n", epoch, loss / nodes,
+              static_cast<double>(train.size()) / seconds, seconds);
+  std::printf("  sheaf per batch: %.0f launches; trace %.2f ms, schedule %.2f ms, execute %.2f ms; backward+update %.2f ms\n",
+              launches / n, trace / n, schedule / n, execute / n, backward / n);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The same batches, the same model, the same training step (forward, backward,
+// update), three ways; interleaved so that machine noise hits all three alike.
+void compare_speed(const Config& c, TreeLSTM& m, const std::vector<Tree>& train, Graph& g, const Strategy& s) {
+  std::vector<Batch> batches;
+  for (size_t start = 0; batches.size() < static_cast<size_t>(c.compare_batches) &&
+                         start + static_cast<size_t>(c.batch) <= train.size(); start += static_cast<size_t>(c.batch)) {
+    batches.emplace_back();
+    for (size_t i = start; i < start + static_cast<size_t>(c.batch); ++i) batches.back().push_back(&train[i]);
+  }
+  if (batches.empty()) return void(std::printf("speed: skipped (fewer trees than one batch)\n"));
+
+  using Forward = std::function<at::Tensor(const Batch&)>;
+  const std::vector<Forward> systems = {
+      [&](const Batch& b) {
+        at::Tensor total = m.per_example_loss(*b[0]);
+        for (size_t i = 1; i < b.size(); ++i) total = total + m.per_example_loss(*b[i]);
+        return total;
+      },
+      [&](const Batch& b) { return models::HandBatched(m).loss(b); },
+      [&](const Batch& b) {
+        Expr total = record(g, m, b);
+        g.forward(total, {.strategy = &s});
+        return total.value();
+      },
+  };
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> opts;
+  auto step = [&](size_t k, const Batch& b) {
+    opts[k]->zero_grad();
+    (systems[k](b) / static_cast<double>(b.size())).backward();
+    opts[k]->step();
+  };
+  for (size_t k = 0; k < systems.size(); ++k) {
+    opts.push_back(make_optimizer(c, m));
+    step(k, batches[0]);  // warm-up: allocator caches, optimizer state
+  }
+  std::vector<std::vector<double>> rates(systems.size());
+  for (int repeat = 0; repeat < 3; ++repeat)
+    for (size_t k = 0; k < systems.size(); ++k) {
+      const auto t0 = Clock::now();
+      for (const Batch& b : batches) step(k, b);
+      rates[k].push_back(static_cast<double>(batches.size() * static_cast<size_t>(c.batch)) / seconds_since(t0));
+    }
+  const double per_example = median(rates[0]), hand = median(rates[1]), sheaf = median(rates[2]);
+  std::printf("speed (train, batch %d, hidden %lld, %d thread(s), %zu batches, median of 3): per-example %.0f trees/s, "
+              "hand-batched %.0f trees/s, sheaf %.0f trees/s (%.1fx per-example, %.2fx hand)\n",
+              c.batch, static_cast<long long>(c.hidden), c.threads, batches.size(), per_example, hand, sheaf,
+              sheaf / per_example, sheaf / hand);
+}
+
+// CLI11's own PositiveNumber names its range as "0.000000 to 1797693134862315...".
+CLI::Validator at_least(double min, const std::string& what) {
+  return {[=](std::string& text) {
+            char* end = nullptr;
+            const double x = std::strtod(text.c_str(), &end);
+            return end != text.c_str() && x >= min ? std::string() : "'" + text + "' is not " + what;
+          },
+          ""};
+}
+const CLI::Validator kPositive = at_least(1, "a positive integer"), kNonNegative = at_least(0, "a count >= 0");
+
+int run(const Config& c) {
+  const Strategy& strategy = strategy_named(c.strategy);  // fail on a bad name before loading anything
+  set_threads(c.threads);
+  if (!c.quiet) std::printf("%s\n", runtime_info().c_str());
+  const Dataset d = load_data(c);
+  if (!c.quiet) {
+    std::printf("data: %s, vocabulary %lld\n", c.data.empty() ? "synthetic trees" : c.data.c_str(),
+                static_cast<long long>(d.vocab));
+    print_stats("train", d.train);
+    print_stats("dev", d.dev);
+  }
+  const auto [majority, majority_rate] = majority_class(d.train, d.dev);
+  std::printf("dev root accuracy to beat: %.1f%% (always class %d, train's most frequent root label; chance 20%%)\n",
+              100 * majority_rate, majority);
+
+  // torch::optim::Adam rejects sparse gradients; Adagrad takes them, and they
+  // keep its update of the embedding table to the rows a batch used.
+  TreeLSTM model({.vocab = d.vocab, .hidden = c.hidden, .all_nodes = !c.root_only,
+                  .sparse_embedding_grad = c.optimizer != "adam"}, c.seed);
+  if (!c.load.empty()) model.load(c.load);
+  auto opt = make_optimizer(c, model);
+  Graph g;
+  std::mt19937_64 rng(c.seed);
+
+  std::printf("%s: dev root accuracy %.1f%%\n", c.load.empty() ? "untrained" : "loaded",
+              100 * root_accuracy(g, strategy, model, d.dev));
+  for (int epoch = 1; epoch <= c.epochs; ++epoch) {
+    train_epoch(c, epoch, g, strategy, model, *opt, d.train, rng);
+    std::printf("  dev root accuracy %.1f%%\n", 100 * root_accuracy(g, strategy, model, d.dev));
+    std::fflush(stdout);
+  }
+  if (!d.test.empty()) std::printf("test root accuracy %.1f%%\n", 100 * root_accuracy(g, strategy, model, d.test));
+  if (!c.save.empty()) {
+    model.save(c.save);
+    std::printf("saved parameters to %s\n", c.save.c_str());
+  }
+  // Last, because it trains the model a few more steps.
+  if (c.compare_batches > 0) compare_speed(c, model, d.train, g, strategy);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  CLI::App app{"tree_lstm: a TreeLSTM on sentiment trees, written per tree, trained batched with Sheaf"};
+  app.add_option("--data", c.data, "SST directory with train.txt, dev.txt, test.txt (default: synthetic trees)");
+  app.add_option("--hidden", c.hidden, "hidden size")->check(kPositive);
+  app.add_option("--epochs", c.epochs, "training epochs (0: only evaluate)")->check(kNonNegative);
+  app.add_option("--batch", c.batch, "trees per batch (Tai et al.: 25)")->check(kPositive);
+  CLI::Option* lr = app.add_option("--lr", c.lr, "learning rate (default 0.05 for adagrad, 0.002 for adam)")
+                        ->check(at_least(std::numeric_limits<double>::min(), "a positive number"));
+  app.add_option("--optimizer", c.optimizer, "adagrad or adam")->check(CLI::IsMember({"adagrad", "adam"}));
+  app.add_flag("--root-only", c.root_only, "a loss at the root only (default: at every node)");
+  app.add_option("--train-trees", c.train_trees, "use at most N training trees (synthetic default: 2000)")
+      ->check(kPositive);
+  app.add_option("--threads", c.threads, "LibTorch and BLAS threads")->check(kPositive);
+  std::string strategies;
+  for (const Strategy* s : all_strategies()) strategies += (strategies.empty() ? "" : ", ") + std::string(s->name());
+  app.add_option("--strategy", c.strategy, "Sheaf scheduling strategy: " + strategies);
+  app.add_option("--save", c.save, "write the parameters here after training");
+  app.add_option("--load", c.load, "start from these parameters (with --epochs 0: just evaluate)");
+  app.add_option("--seed", c.seed, "seed for initialisation and shuffling");
+  app.add_option("--compare-batches", c.compare_batches, "batches for the closing speed comparison (0: none)")
+      ->check(kNonNegative);
+  app.add_flag("--quiet", c.quiet, "no progress bar, runtime or data summary");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::fprintf(stderr, "tree_lstm: %s (see --help)\n", e.what());
+    return 1;
+  }
+  // Adam's steps are about lr from the first one on; Adagrad's shrink as squared gradients add up.
+  if (c.optimizer == "adam" && lr->count() == 0) c.lr = 0.002;
+
+  try {
+    return run(c);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();  // LibTorch's errors carry a backtrace after the first line
+    std::fprintf(stderr, "tree_lstm: %s\n", what.substr(0, what.find('\n')).c_str());
+    return 1;
+  }
+}
