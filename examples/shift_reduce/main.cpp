@@ -32,7 +32,7 @@ struct Eval {
 // Parses `trees` in batches following the model's own transitions.
 Eval evaluate(const ShiftReduce& m, const std::vector<data::Tree>& trees, size_t batch) {
   at::NoGradGuard no_grad;
-  Graph g;
+  Graph g({.device = m.E.device()});
   Eval e;
   size_t right = 0, transitions_right = 0, transitions = 0, batches = 0;
   const auto t0 = Clock::now();
@@ -73,7 +73,7 @@ double eager_trees_per_sec(const ShiftReduce& m, const std::vector<data::Tree>& 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string data_dir;
+  std::string data_dir, device = "cpu";
   int epochs = 2, threads = 1;
   int64_t hidden = 128, tracking = 32, batch = 32, train_trees = 2000;
   CLI::App app{"shift_reduce: SPINN-style parser; gold transitions to train, its own predictions to parse"};
@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch)->check(CLI::PositiveNumber);
   app.add_option("--train-trees", train_trees, "at most this many training trees")->check(CLI::PositiveNumber);
   app.add_option("--threads", threads)->check(CLI::PositiveNumber);
+  app.add_option("--device", device, "cpu or cuda");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -104,9 +105,10 @@ int main(int argc, char** argv) {
     std::printf("%zu training trees, %zu dev trees, vocabulary %zu\n", train.size(), dev.size(), vocab.size());
 
     ShiftReduce m({.vocab = static_cast<int64_t>(vocab.size()), .hidden = hidden, .tracking = tracking}, 1);
+    m.to(c10::Device(device));
     torch::optim::Adagrad opt(m.parameters(), torch::optim::AdagradOptions(0.05));
     std::mt19937_64 rng(1);
-    Graph g;
+    Graph g({.device = c10::Device(device)});
     for (int epoch = 1; epoch <= epochs; ++epoch) {
       std::shuffle(train.begin(), train.end(), rng);
       double loss = 0;

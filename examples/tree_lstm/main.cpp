@@ -37,7 +37,7 @@ using Batch = std::vector<const Tree*>;
 namespace {
 
 struct Config {
-  std::string data, save, load, optimizer = "adagrad", strategy = "auto";
+  std::string data, save, load, optimizer = "adagrad", strategy = "auto", device = "cpu";
   int64_t hidden = 150;
   int epochs = 3, batch = 25, train_trees = 0, compare_batches = 5;
   // One, not hardware_concurrency(): a TreeLSTM's ops are too small to gain from
@@ -279,8 +279,9 @@ int run(const Config& c) {
   TreeLSTM model({.vocab = d.vocab, .hidden = c.hidden, .all_nodes = !c.root_only,
                   .sparse_embedding_grad = c.optimizer != "adam"}, c.seed);
   if (!c.load.empty()) model.load(c.load);
+  model.to(c10::Device(c.device));  // before the optimizer: it holds the parameters
   auto opt = make_optimizer(c, model);
-  Graph g;
+  Graph g({.device = c10::Device(c.device)});
   std::mt19937_64 rng(c.seed);
 
   std::printf("%s: dev root accuracy %.1f%%\n", c.load.empty() ? "untrained" : "loaded",
@@ -319,6 +320,7 @@ int main(int argc, char** argv) {
   std::string strategies;
   for (const Strategy* s : all_strategies()) strategies += (strategies.empty() ? "" : ", ") + std::string(s->name());
   app.add_option("--strategy", c.strategy, "Sheaf scheduling strategy: " + strategies);
+  app.add_option("--device", c.device, "cpu or cuda (the same model code runs on either)");
   app.add_option("--save", c.save, "write the parameters here after training");
   app.add_option("--load", c.load, "start from these parameters (with --epochs 0: just evaluate)");
   app.add_option("--seed", c.seed, "seed for initialisation and shuffling");
