@@ -64,20 +64,23 @@ void Graph::forward(std::span<const Expr> targets, const ForwardOptions& options
 void Graph::run_round(const Strategy& strategy, bool validate) {
   auto t0 = Clock::now();
   std::vector<NodeId> aliases;
-  RoundDag dag = build_round(store_, pending_, aliases);
+  RoundDag& dag = round_->dag;
+  build_round(store_, pending_, aliases, dag);
   if (dag.size() == 0) {
     finish_aliases(aliases);
     stats_.schedule_ms += ms_since(t0);
     return;
   }
-  Batches batches;
+  Batches& batches = round_->batches;
+  batches.clear();
   if (memo_owner_ != &strategy) {
     memo_ = std::make_unique<StrategyMemo>();
     memo_owner_ = &strategy;
   }
   strategy.schedule(dag, batches, *memo_);
   if (validate) validate_batches(dag, batches, strategy.name());
-  auto plan = std::make_unique<Plan>(make_plan(store_, dag, batches, strategy.name()));
+  Plan* plan = last_plan_.get();
+  make_plan(store_, dag, batches, strategy.name(), *plan);
   stats_.schedule_ms += ms_since(t0);
   if (debug_enabled()) std::cerr << "[sheaf] " << plan->str();
 
@@ -97,7 +100,6 @@ void Graph::run_round(const Strategy& strategy, bool validate) {
   stats_.execute_ms += ms_since(t1);
   ++stats_.rounds;
   finish_aliases(aliases);
-  last_plan_ = std::move(plan);
 }
 
 // A resolved placeholder's value is its branch's value: same batch, same row.

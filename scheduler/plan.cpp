@@ -249,14 +249,23 @@ class Planner {
 
 }  // namespace
 
-Plan make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, std::string_view strategy) {
-  Plan plan;
+void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, std::string_view strategy, Plan& plan) {
   plan.strategy = strategy;
+  plan.batches.clear();
+  plan.nodes.clear();
+  plan.args.clear();
+  plan.reads.clear();
+  plan.groups.clear();
+  plan.splits.clear();
+  plan.indices.clear();
+  plan.nodes.reserve(dag.size());
+  plan.indices.reserve(3 * dag.size());  // payloads, and gathers for some inputs
+  plan.args.reserve(2 * batches.size());
+  plan.reads.reserve(3 * batches.size());
   Planner planner(store, plan);
   for (size_t k = 0; k < batches.size(); ++k) planner.add_batch(dag, batches[k]);
   planner.group_slices();
   planner.group_reads();
-  return plan;
 }
 
 std::string Plan::str() const {

@@ -85,6 +85,13 @@ struct Plan {
 
 // Orders rows, assigns every node its (batch, row), and plans every input.
 // Writes value_batch/value_row for the round's nodes.
-Plan make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, std::string_view strategy);
+// A round's DAG and batches, kept by the graph so their buffers are reused.
+struct RoundBuffers {
+  RoundDag dag;
+  Batches batches;
+};
+
+// `plan` is overwritten; its buffers are reused.
+void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, std::string_view strategy, Plan& plan);
 
 }  // namespace sheaf

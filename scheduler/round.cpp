@@ -32,13 +32,14 @@ namespace {
 constexpr uint8_t kUndecided = 0, kReady = 1, kBlocked = 2;
 }
 
-RoundDag build_round(const NodeStore& s, std::vector<NodeId>& pending, std::vector<NodeId>& aliases) {
-  thread_local std::vector<uint8_t> mark;
-  thread_local std::vector<uint32_t> local_of;
+void build_round(const NodeStore& s, std::vector<NodeId>& pending, std::vector<NodeId>& aliases, RoundDag& dag) {
+  auto& mark = dag.mark;
+  auto& local_of = dag.local_of;
   mark.assign(s.size(), kUndecided);
   local_of.resize(s.size());
-
-  RoundDag dag;
+  dag.node.clear();
+  dag.args.clear();
+  dag.max_depth = 0;
   auto status = [&](NodeId a) -> uint8_t {
     NodeId r = s.resolve(a);
     return s.has(r, NodeStore::kComputed) ? kReady : mark[r];
@@ -46,7 +47,8 @@ RoundDag build_round(const NodeStore& s, std::vector<NodeId>& pending, std::vect
   // Passes in index order mark what can run; only resolved placeholders point
   // forward (to their branch), so a few passes reach the fixpoint. The marking
   // order is a topological order.
-  std::vector<NodeId> undecided;
+  auto& undecided = dag.undecided;
+  undecided.clear();
   undecided.swap(pending);
   for (bool progress = true; progress && !undecided.empty();) {
     progress = false;
@@ -109,10 +111,10 @@ RoundDag build_round(const NodeStore& s, std::vector<NodeId>& pending, std::vect
   }
   for (size_t i = 0; i < m; ++i) dag.use_begin[i + 1] += dag.use_begin[i];
   dag.uses.resize(dag.args.size());
-  std::vector<uint32_t> fill(dag.use_begin.begin(), dag.use_begin.end() - 1);
+  auto& fill = dag.local_of;  // free again: reuse it as the fill cursor per node
+  fill.assign(dag.use_begin.begin(), dag.use_begin.end() - 1);
   for (uint32_t i = 0; i < m; ++i)
     for (uint32_t la : dag.args_of(i)) dag.uses[fill[la]++] = i;
-  return dag;
 }
 
 }  // namespace sheaf

@@ -21,6 +21,10 @@ struct RoundDag {
   std::vector<uint32_t> uses;
   std::vector<uint32_t> depth;      // longest path from the round's inputs, 0-based
   uint32_t max_depth = 0;
+  // Scratch reused between rounds (a graph keeps its RoundDag: no reallocation per round).
+  std::vector<uint8_t> mark;
+  std::vector<uint32_t> local_of;
+  std::vector<NodeId> undecided;
   size_t size() const { return node.size(); }
   std::span<const uint32_t> args_of(uint32_t i) const { return {args.data() + arg_begin[i], args.data() + arg_begin[i + 1]}; }
   std::span<const uint32_t> uses_of(uint32_t i) const { return {uses.data() + use_begin[i], uses.data() + use_begin[i + 1]}; }
@@ -29,6 +33,7 @@ struct RoundDag {
 // Splits `pending` into the nodes that can run now (returned as a DAG) and those
 // that wait on an unresolved dsl::cond/loop (left in `pending`). Resolved
 // placeholders whose value is ready are moved to `aliases`: they need no launch.
-RoundDag build_round(const NodeStore& store, std::vector<NodeId>& pending, std::vector<NodeId>& aliases);
+// `dag` is overwritten; its buffers are reused.
+void build_round(const NodeStore& store, std::vector<NodeId>& pending, std::vector<NodeId>& aliases, RoundDag& dag);
 
 }  // namespace sheaf

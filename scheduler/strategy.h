@@ -18,6 +18,10 @@ struct Batches {
   size_t size() const { return begin.size() - 1; }
   std::span<const uint32_t> operator[](size_t b) const { return {nodes.data() + begin[b], nodes.data() + begin[b + 1]}; }
   void close() { begin.push_back(static_cast<uint32_t>(nodes.size())); }  // ends the batch being filled
+  void clear() {
+    nodes.clear();
+    begin.assign(1, 0);
+  }
 };
 
 // What a strategy may remember about a graph between rounds (a graph is usually

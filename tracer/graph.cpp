@@ -172,12 +172,18 @@ std::string Stats::str() const {
 // Graph.
 
 Graph::Graph(GraphOptions options)
-    : options_(options), default_strategy_(&default_strategy()), slot_(acquire_slot(this)) {
+    : options_(options),
+      default_strategy_(&default_strategy()),
+      slot_(acquire_slot(this)),
+      last_plan_(std::make_unique<Plan>()),
+      round_(std::make_unique<RoundBuffers>()) {
   generation_ = g_slots[slot_].generation.load();
   trace_start_ = std::chrono::steady_clock::now();
 }
 
 Graph::~Graph() { release_slot(slot_); }
+
+const Plan* Graph::last_plan() const { return last_plan_->batches.empty() ? nullptr : last_plan_.get(); }
 
 Graph& Graph::of(const Expr& e) {
   if (!e.defined()) throw UserError("sheaf: use of an empty Expr (default-constructed, never assigned)");
@@ -215,7 +221,7 @@ void Graph::clear() {
   param_nodes_.clear();
   example_ordinal_.clear();
   stats_ = Stats();
-  last_plan_.reset();
+  last_plan_->batches.clear();
   current_example_ = 0;
   generation_ = g_slots[slot_].generation.fetch_add(1) + 1;
   trace_start_ = std::chrono::steady_clock::now();

@@ -32,6 +32,7 @@ namespace sheaf {
 class Strategy;
 struct Plan;
 struct StrategyMemo;
+struct RoundBuffers;
 
 struct GraphOptions {
   c10::Device device = c10::kCPU;
@@ -123,7 +124,7 @@ class Graph {
   const Stats& stats() const { return stats_; }
   size_t size() const { return store_.size(); }
   std::string dump() const;              // the graph, one node per line
-  const Plan* last_plan() const { return last_plan_.get(); }
+  const Plan* last_plan() const;  // nullptr before the first round that ran something
 
   // ---- For the DSL and the runtime (not needed by model code).
   const NodeStore& store() const { return store_; }
@@ -173,7 +174,8 @@ class Graph {
   Stats stats_;
   const Strategy* memo_owner_ = nullptr;  // the strategy whose memo this is (kept across clear())
   std::unique_ptr<StrategyMemo> memo_;
-  std::unique_ptr<Plan> last_plan_;
+  std::unique_ptr<Plan> last_plan_;          // the last round's plan; its buffers are reused
+  std::unique_ptr<RoundBuffers> round_;     // DAG and batches of a round, reused
   std::chrono::steady_clock::time_point trace_start_;
 };
 
