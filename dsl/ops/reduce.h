@@ -18,35 +18,26 @@
 
 namespace sheaf::op {
 
-// Per-example axes of a batched tensor: 1 .. rank.
-inline std::vector<int64_t> example_axes(int rank) {
-  std::vector<int64_t> axes(static_cast<size_t>(rank));
-  std::iota(axes.begin(), axes.end(), 1);
-  return axes;
-}
-
-// Sum of all elements of one value -> scalar.
-struct Sum {
-  static constexpr std::string_view name = "sum";
+// All elements of one value -> a scalar, with F = at::sum or at::mean over the
+// per-example axes 1 .. rank.
+template <at::Tensor (*F)(const at::Tensor&, at::IntArrayRef)>
+struct ReduceAll {
   static constexpr OpTraits traits{.arity = 1};
   static Shape infer(const InferCtx&) { return Shape{}; }
   static at::Tensor run(RunCtx& c) {
-    int rank = c.in(0).dim() - 1;
-    if (rank == 0) return c.in(0);  // at::sum over an empty axis list would sum everything
-    return at::sum(c.in(0), example_axes(rank));
+    const int rank = static_cast<int>(c.in(0).dim()) - 1;
+    if (rank == 0) return c.in(0);  // reducing over an empty axis list would reduce everything
+    std::vector<int64_t> axes(static_cast<size_t>(rank));
+    std::iota(axes.begin(), axes.end(), 1);
+    return F(c.in(0), axes);
   }
 };
 
-struct Mean {
-  static constexpr std::string_view name = "mean";
-  static constexpr OpTraits traits{.arity = 1};
-  static Shape infer(const InferCtx&) { return Shape{}; }
-  static at::Tensor run(RunCtx& c) {
-    int rank = c.in(0).dim() - 1;
-    if (rank == 0) return c.in(0);
-    return at::mean(c.in(0), example_axes(rank));
-  }
-};
+inline at::Tensor sum_axes(const at::Tensor& x, at::IntArrayRef axes) { return at::sum(x, axes); }
+inline at::Tensor mean_axes(const at::Tensor& x, at::IntArrayRef axes) { return at::mean(x, axes); }
+
+struct Sum : ReduceAll<sum_axes> { static constexpr std::string_view name = "sum"; };
+struct Mean : ReduceAll<mean_axes> { static constexpr std::string_view name = "mean"; };
 
 // Lists of equal-shaped values, reduced elementwise. Lists of different lengths
 // share one launch: every element arrives in in(0) = [total, S...], in node order.
