@@ -150,7 +150,8 @@ bool Graph::deliver_waiters() {
       if (rows[0] < 0) {
         for (size_t q = k; q < j; ++q) flat.push_back(t.detach().reshape({-1}));
       } else {
-        at::Tensor idx = at::tensor(rows, at::TensorOptions().dtype(at::kLong)).to(t.device());
+        at::Tensor idx = at::tensor(rows, at::TensorOptions().dtype(at::kLong));
+        if (t.is_cuda()) idx = idx.pin_memory().to(t.device(), /*non_blocking=*/true);
         flat.push_back(t.detach().index_select(0, idx).reshape({-1}));
       }
       k = j;

@@ -20,7 +20,10 @@ struct Input {
     std::vector<at::Tensor> xs;
     xs.reserve(static_cast<size_t>(c.n()));
     for (int64_t slot : c.payload_host()) xs.push_back(c.user_tensor(slot));
-    return at::stack(xs).to(c.options());
+    at::Tensor x = at::stack(xs);
+    // Host data to a GPU: through pinned memory, without waiting for the stream.
+    if (c.options().device().is_cuda() && x.is_cpu()) return x.to(at::kFloat).pin_memory().to(c.options(), true);
+    return x.to(c.options());
   }
 };
 

@@ -82,3 +82,37 @@ TEST_CASE("every op batched equals alone on CUDA", "[backend][cuda]") {
   }, {.params = {W, E}, .graph = {.device = cuda}});
   REQUIRE_BATCHED_EQUALS_ALONE(r);
 }
+
+#ifdef SHEAF_TEST_CUDA_SYNC  // set by tests/CMakeLists.txt when LibTorch has CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <tree_lstm/model.h>
+
+TEST_CASE("a forward without control flow never synchronises the host with the GPU", "[backend][cuda]") {
+  if (!test::cuda_available()) {
+    WARN("CUDA is not available: skipping");
+    return;
+  }
+  const c10::Device cuda(c10::kCUDA);
+  const auto trees = data::synthetic_trees({.count = 16, .max_words = 20, .vocab_size = 50, .seed = 3});
+  models::TreeLSTM m({.vocab = 50, .hidden = 16}, 1);
+  m.to(cuda);
+  Graph g({.device = cuda});
+  std::vector<Expr> losses;
+  for (size_t i = 0; i < trees.size(); ++i) {
+    auto s = g.example(static_cast<int>(i));
+    losses.push_back(m.sheaf_loss(g, trees[i]));
+  }
+  Expr total = dsl::sum(losses);
+  // Any synchronising call (a .item(), a blocking copy) now throws.
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  try {
+    g.forward(total);
+  } catch (...) {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    throw;
+  }
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  CHECK(g.stats().fetches == 0);
+  CHECK(std::isfinite(total.item()));
+}
+#endif
