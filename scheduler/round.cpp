@@ -16,14 +16,15 @@ uint32_t signature(NodeStore& s, NodeId n) {
   key.push_back(s.shape[n]);
   key.push_back(traits.segmented ? -1 : static_cast<int64_t>(args.size()));
   key.insert(key.end(), attrs.begin(), attrs.end());
-  for (NodeId a : args) {
+  for (size_t i = 0; i < args.size(); ++i) {
     // A shared input batches only with the same shared input (the same weight);
-    // a per-example input with any input of the same shape.
-    NodeId r = s.resolve(a);
+    // a per-example input with any input of the same shape. The elements of a
+    // segmented list all have one shape (checked when recorded): count it once.
+    NodeId r = s.resolve(args[i]);
     if (s.has(r, NodeStore::kShared))
       key.push_back((int64_t{1} << 40) | r);
-    else if (!traits.segmented || a == args.front())
-      key.push_back(s.shape[a]);
+    else if (!traits.segmented || i == 0)
+      key.push_back(s.shape[args[i]]);
   }
   return s.sigs.intern(key);
 }

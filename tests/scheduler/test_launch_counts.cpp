@@ -133,3 +133,18 @@ TEST_CASE("the plan prints its batches and how each input is obtained", "[schedu
   std::string p = g.last_plan()->str();
   CHECK_THAT(p, Contains("input x3") && Contains("tanh x3") && Contains("view b"));
 }
+
+TEST_CASE("sums of lists of any length and repetition share one launch", "[scheduler][launches]") {
+  Graph g;
+  std::vector<Expr> outs;
+  for (int i = 0; i < 6; ++i) {
+    auto s = g.example(i);
+    Expr x = g.input(at::randn({3}));
+    Expr y = dsl::tanh(x);
+    std::vector<Expr> list{x};
+    for (int k = 0; k < i; ++k) list.push_back(k % 2 ? x : y);  // x repeats in some lists
+    outs.push_back(dsl::sum(list));
+  }
+  g.forward(outs);
+  CHECK(launches_of(g, "sum_list") == 1);
+}
