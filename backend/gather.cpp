@@ -1,5 +1,6 @@
 #include "gather.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -55,7 +56,13 @@ struct GatherRows : torch::autograd::Function<GatherRows> {
 }  // namespace
 
 std::vector<at::Tensor> gather_rows(const at::Tensor& src, std::span<const RowRead> reads) {
-  return GatherRows::apply(src, reads);
+  if (at::GradMode::is_enabled() && src.requires_grad()) return GatherRows::apply(src, reads);
+  // No gradient to accumulate (inference, constants): plain views and index_selects.
+  std::vector<at::Tensor> out;
+  out.reserve(reads.size());
+  for (const RowRead& r : reads)
+    out.push_back(r.index.defined() ? src.index_select(0, r.index) : src.narrow(0, r.start, r.len));
+  return out;
 }
 
 }  // namespace sheaf

@@ -36,14 +36,21 @@ constexpr uint8_t kUndecided = 0, kReady = 1, kBlocked = 2;
 void build_round(const NodeStore& s, std::vector<NodeId>& pending, std::vector<NodeId>& aliases, RoundDag& dag) {
   auto& mark = dag.mark;
   auto& local_of = dag.local_of;
-  mark.assign(s.size(), kUndecided);
+  mark.resize(s.size());
   local_of.resize(s.size());
+  if (dag.stamp.size() < s.size()) dag.stamp.resize(s.size(), 0);
+  if (++dag.round == 0) {  // wrapped around: forget every old stamp
+    std::fill(dag.stamp.begin(), dag.stamp.end(), 0);
+    dag.round = 1;
+  }
+  const uint32_t round = dag.round;
   dag.node.clear();
   dag.args.clear();
   dag.max_depth = 0;
   auto status = [&](NodeId a) -> uint8_t {
     NodeId r = s.resolve(a);
-    return s.has(r, NodeStore::kComputed) ? kReady : mark[r];
+    if (s.has(r, NodeStore::kComputed)) return kReady;
+    return dag.stamp[r] == round ? mark[r] : kUndecided;
   };
   // Passes in index order mark what can run; only resolved placeholders point
   // forward (to their branch), so a few passes reach the fixpoint. The marking
@@ -73,6 +80,7 @@ void build_round(const NodeStore& s, std::vector<NodeId>& pending, std::vector<N
       }
       progress = true;
       mark[n] = st;
+      dag.stamp[n] = round;
       if (st == kBlocked) {
         pending.push_back(n);
       } else if (s.has(n, NodeStore::kPlaceholder)) {
