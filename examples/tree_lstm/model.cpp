@@ -9,10 +9,14 @@ namespace sheaf::models {
 
 namespace {
 
-// OpenBLAS's GEMM on one row is several times slower than its GEMV: a careful
-// per-example (or small-batch) implementation uses GEMV for a single row.
+// OpenBLAS's GEMM on one row is several times slower than its GEMV, and slower on
+// a few rows that are not a multiple of 4 than on the next multiple of 4: a
+// careful implementation uses GEMV for one row and pads a few rows (the same
+// rule as Sheaf's affine, dsl/ops/linear.h).
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  if (x.size(0) == 1) return at::addmv(b, w, x[0]).unsqueeze(0);
+  const int64_t m = x.size(0);
+  if (m == 1) return at::addmv(b, w, x[0]).unsqueeze(0);
+  if (m < 64 && m % 4 != 0) return at::linear(at::constant_pad_nd(x, {0, 0, 0, 4 - m % 4}), w, b).narrow(0, 0, m);
   return at::linear(x, w, b);
 }
 
