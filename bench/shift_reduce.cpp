@@ -1,14 +1,18 @@
 // Shift-reduce workload: the SPINN-style parser on the same sentences per
-// example (eager LibTorch) and with Sheaf (each strategy). Modes: train (gold
+// example (eager LibTorch), with Sheaf (each strategy) and hand-batched
+// (shift_reduce/hand.h). Modes: train (gold
 // transitions, forward + backward + step) and infer (the model's own predicted
-// transitions: per-example code syncs once per step per sentence; Sheaf once
-// per step for the whole batch).
+// transitions: per-example code syncs once per step per sentence; Sheaf and the
+// hand-batched parser once per step for the whole batch).
 #include <ATen/ATen.h>
 #include <torch/optim/adagrad.h>
 
+#include <algorithm>
 #include <memory>
+#include <optional>
 
 #include <data/trees.h>
+#include <shift_reduce/hand.h>
 #include <shift_reduce/model.h>
 
 #include "harness.h"
@@ -18,6 +22,7 @@ namespace sheaf::bench {
 namespace {
 
 using data::Tree;
+using models::HandShiftReduce;
 using models::ParseResult;
 using models::ShiftReduce;
 
@@ -121,8 +126,31 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
         }
         systems.push_back(std::move(s));
       }
-    } else if (name != "hand") {  // no hand-batched parser (see docs/benchmarks.md)
-      throw UserError("sheaf-bench: unknown system '" + name + "' for shift_reduce (per-example, sheaf, sheaf:<strategy>)");
+    } else if (name == "hand") {
+      const HandShiftReduce hand(model);
+      System s{name, ""};
+      s.step = make_step([&, hand](size_t b) { return hand.run(batches[b], !train).loss; });
+      // Batched steps: the longest sentence's 2n - 1, per batch.
+      double steps = 0;
+      for (const auto& batch : batches) {
+        int longest = 0;
+        for (const Tree* t : batch) longest = std::max(longest, t->num_words());
+        steps += 2.0 * longest - 1;
+      }
+      s.extra["steps"] = steps / static_cast<double>(batches.size());
+      {
+        // The path that is timed: with autograd when training.
+        std::optional<at::NoGradGuard> no_grad;
+        if (!train) no_grad.emplace();
+        const at::Tensor logits = hand.run(batches[0], !train).logits.detach().cpu();
+        std::vector<at::Tensor> rows;
+        for (int64_t i = 0; i < logits.size(0); ++i) rows.push_back(logits[i]);
+        s.max_abs_diff = diff_to_reference(rows);
+      }
+      systems.push_back(std::move(s));
+    } else {
+      throw UserError("sheaf-bench: unknown system '" + name +
+                      "' for shift_reduce (per-example, sheaf, sheaf:<strategy>, hand)");
     }
   }
 
