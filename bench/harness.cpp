@@ -14,6 +14,35 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
+std::vector<const Strategy*> sheaf_strategies(const std::string& system) {
+  if (system == "sheaf") return {all_strategies().begin(), all_strategies().end()};
+  if (system.rfind("sheaf:", 0) == 0) return {&strategy_named(system.substr(6))};
+  return {};
+}
+
+void System::Counters::add(const Stats& s) {
+  launches += static_cast<double>(s.batches);
+  trace_ms += s.trace_ms;
+  sched_ms += s.schedule_ms;
+  exec_ms += s.execute_ms;
+  rounds += static_cast<double>(s.rounds);
+  steps += 1;
+}
+
+std::function<void(size_t)> StepMaker::operator()(std::function<at::Tensor(size_t)> forward) {
+  if (!train_) return [forward](size_t b) {
+    at::NoGradGuard no_grad;
+    forward(b);
+  };
+  optimizers_.push_back(std::make_unique<torch::optim::Adagrad>(params_, torch::optim::AdagradOptions(0.05)));
+  torch::optim::Adagrad* opt = optimizers_.back().get();
+  return [forward, opt, scale = scale_](size_t b) {
+    opt->zero_grad();
+    (forward(b) * scale).backward();
+    opt->step();
+  };
+}
+
 std::vector<std::vector<double>> measure(std::vector<System>& systems, size_t n_batches, double items_per_pass,
                                          int repeat, bool progress) {
   using Clock = std::chrono::steady_clock;

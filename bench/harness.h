@@ -2,17 +2,21 @@
 // repeats, medians, and one JSON object per measurement.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <torch/optim/adagrad.h>
 
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <data/trees.h>
+#include <sheaf/sheaf.h>
 
 namespace sheaf::bench {
 
@@ -38,7 +42,8 @@ struct System {
   std::function<void(size_t batch)> step;
   // Filled by sheaf systems after each step: launches, ms in trace / schedule / execute.
   struct Counters {
-    double launches = 0, trace_ms = 0, sched_ms = 0, exec_ms = 0, steps = 0;
+    double launches = 0, trace_ms = 0, sched_ms = 0, exec_ms = 0, rounds = 0, steps = 0;
+    void add(const Stats& s);  // one batch of a Sheaf graph
   } counters;
   double max_abs_diff = 0;  // vs per-example, measured before timing
   std::map<std::string, double> extra;  // workload-specific fields of the JSON line
@@ -84,6 +89,25 @@ class Json {
 };
 
 double median(std::vector<double> v);
+
+// The strategies a --systems entry names: "sheaf" (every one), "sheaf:<name>",
+// or none (not a Sheaf system).
+std::vector<const Strategy*> sheaf_strategies(const std::string& system);
+
+// Turns a system's forward for batch b into its timed step: under no-grad for
+// infer; for train, forward, backward of the loss * scale, and a step of an
+// Adagrad optimizer of the step's own (every system pays the same update).
+class StepMaker {
+ public:
+  StepMaker(bool train, std::vector<at::Tensor> params, double scale) : train_(train), params_(std::move(params)), scale_(scale) {}
+  std::function<void(size_t)> operator()(std::function<at::Tensor(size_t)> forward);
+
+ private:
+  bool train_;
+  std::vector<at::Tensor> params_;
+  double scale_;
+  std::vector<std::unique_ptr<torch::optim::Adagrad>> optimizers_;
+};
 
 // Runs every system over batches [0, n_batches) `repeat` times, interleaved
 // (system A, B, C, then A, B, C again...) after one warm-up pass; returns the

@@ -25,7 +25,14 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "cpu or cuda");
   app.add_flag("--root-only", o.root_only, "classify the root only (default: every node, as DyNet's benchmark)");
   app.add_flag("--json", o.json, "one JSON object per measurement");
+  bool info = false;
+  app.add_flag("--info", info, "print the LibTorch/BLAS/threads line and exit");
   CLI11_PARSE(app, argc, argv);
+  if (info) {
+    sheaf::set_threads(o.threads);
+    std::printf("%s\n", sheaf::runtime_info().c_str());
+    return 0;
+  }
 
   try {
     sheaf::set_threads(o.threads);

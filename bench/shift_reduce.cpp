@@ -5,7 +5,6 @@
 // transitions: per-example code syncs once per step per sentence; Sheaf and the
 // hand-batched parser once per step for the whole batch).
 #include <ATen/ATen.h>
-#include <torch/optim/adagrad.h>
 
 #include <algorithm>
 #include <memory>
@@ -46,20 +45,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
     return d;
   };
 
-  std::vector<std::unique_ptr<torch::optim::Adagrad>> optimizers;
-  auto make_step = [&](std::function<at::Tensor(size_t)> forward) -> std::function<void(size_t)> {
-    if (!train) return [forward](size_t b) {
-      at::NoGradGuard no_grad;
-      forward(b);
-    };
-    optimizers.push_back(std::make_unique<torch::optim::Adagrad>(model.parameters(), torch::optim::AdagradOptions(0.05)));
-    torch::optim::Adagrad* opt = optimizers.back().get();
-    return [forward, opt, scale](size_t b) {
-      opt->zero_grad();
-      (forward(b) * scale).backward();
-      opt->step();
-    };
-  };
+  StepMaker make_step(train, model.parameters(), scale);
 
   std::vector<std::unique_ptr<Graph>> graphs;
   std::vector<System> systems;
@@ -80,10 +66,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
       });
       s.extra["steps"] = transitions / static_cast<double>(batches.size());
       systems.push_back(std::move(s));
-    } else if (name == "sheaf" || name.rfind("sheaf:", 0) == 0) {
-      std::vector<const Strategy*> strategies;
-      if (name == "sheaf") strategies.assign(all_strategies().begin(), all_strategies().end());
-      else strategies.push_back(&strategy_named(name.substr(6)));
+    } else if (auto strategies = sheaf_strategies(name); !strategies.empty()) {
       for (const Strategy* strategy : strategies) {
         graphs.push_back(std::make_unique<Graph>(GraphOptions{.device = device}));
         Graph* g = graphs.back().get();
@@ -108,14 +91,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
         System s{"sheaf", std::string(strategy->name())};
         s.step = make_step([&, run, g, index](size_t b) {
           at::Tensor loss = run(b, nullptr);
-          const Stats& st = g->stats();
-          System::Counters& c = systems[index].counters;
-          c.launches += static_cast<double>(st.batches);
-          c.trace_ms += st.trace_ms;
-          c.sched_ms += st.schedule_ms;
-          c.exec_ms += st.execute_ms;
-          c.steps += 1;
-          systems[index].extra["steps"] = static_cast<double>(st.rounds);
+          systems[index].counters.add(g->stats());
           return loss;
         });
         {
@@ -156,6 +132,8 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
 
   const double items = static_cast<double>(batches.size() * static_cast<size_t>(o.batch));
   auto runs = measure(systems, batches.size(), items, o.repeat, !o.json);
+  for (System& s : systems)  // Sheaf's batched steps: its rounds per batch, averaged like the others'
+    if (s.name == "sheaf") s.extra["steps"] = s.counters.rounds / std::max(1.0, s.counters.steps);
   report(o, mode, hidden, static_cast<int64_t>(items), systems, runs);
 }
 

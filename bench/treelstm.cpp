@@ -1,7 +1,6 @@
 // TreeLSTM workload: the SAME model on the SAME trees, per example, with Sheaf
 // (each strategy) and hand-batched, interleaved in one process run.
 #include <ATen/ATen.h>
-#include <torch/optim/adagrad.h>
 
 #include <cstdio>
 #include <memory>
@@ -19,7 +18,7 @@ using data::Tree;
 using models::HandBatched;
 using models::TreeLSTM;
 
-// Sheaf's per-batch work: record every tree, forward, read counters.
+// Sheaf's per-batch work: record every tree of the batch.
 struct SheafRunner {
   SheafRunner(const TreeLSTM& m, const Strategy& s, c10::Device d) : model(m), strategy(s), graph({.device = d}) {}
   const TreeLSTM& model;
@@ -35,14 +34,6 @@ struct SheafRunner {
       losses.push_back(model.sheaf_loss(graph, *batch[i], roots ? &(*roots)[i] : nullptr));
     }
     return dsl::sum(losses);
-  }
-  void count(System::Counters& c) const {
-    const Stats& s = graph.stats();
-    c.launches += static_cast<double>(s.batches);
-    c.trace_ms += s.trace_ms;
-    c.sched_ms += s.schedule_ms;
-    c.exec_ms += s.execute_ms;
-    c.steps += 1;
   }
 };
 
@@ -81,20 +72,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
   const double scale = 1.0 / static_cast<double>(o.batch);
   const Outputs reference = per_example_outputs(model, w.batches[0]);
 
-  std::vector<std::unique_ptr<torch::optim::Adagrad>> optimizers;
-  auto make_step = [&](std::function<at::Tensor(size_t)> forward) -> std::function<void(size_t)> {
-    if (!train) return [forward](size_t b) {
-      at::NoGradGuard no_grad;
-      forward(b);
-    };
-    optimizers.push_back(std::make_unique<torch::optim::Adagrad>(model.parameters(), torch::optim::AdagradOptions(0.05)));
-    torch::optim::Adagrad* opt = optimizers.back().get();
-    return [forward, opt, scale](size_t b) {
-      opt->zero_grad();
-      (forward(b) * scale).backward();
-      opt->step();
-    };
-  };
+  StepMaker make_step(train, model.parameters(), scale);
 
   std::vector<std::unique_ptr<SheafRunner>> runners;
   std::vector<System> systems;
@@ -125,10 +103,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
         s.max_abs_diff = diff(out, reference);
       }
       systems.push_back(std::move(s));
-    } else if (name == "sheaf" || name.rfind("sheaf:", 0) == 0) {
-      std::vector<const Strategy*> strategies;
-      if (name == "sheaf") strategies.assign(all_strategies().begin(), all_strategies().end());
-      else strategies.push_back(&strategy_named(name.substr(6)));
+    } else if (auto strategies = sheaf_strategies(name); !strategies.empty()) {
       for (const Strategy* strategy : strategies) {
         runners.push_back(std::make_unique<SheafRunner>(model, *strategy, device));
         SheafRunner* r = runners.back().get();
@@ -139,7 +114,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
           Expr loss = r->loss(w.batches[b], train ? nullptr : &roots);
           if (train) r->graph.forward(loss, {.strategy = &r->strategy});
           else r->graph.forward(roots, {.strategy = &r->strategy});
-          r->count(systems[index].counters);
+          systems[index].counters.add(r->graph.stats());
           return train ? loss.value() : at::Tensor();
         });
         {

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs the committed benchmark set and regenerates docs/benchmarks.{md,png} and
+# docs/results-<device>.jsonl. Usage: scripts/run-benchmarks.sh [SST_DIR] [cpu|cuda]
+# (SST_DIR default ../shared/data/sst; synthetic trees if it does not exist).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+data=${1:-../shared/data/sst}
+device=${2:-cpu}
+bench=./build/bench/sheaf-bench
+[ -x "$bench" ] || scripts/build.sh
+args=(--device "$device" --threads 1 --repeat 5 --json)
+[ -f "$data/train.txt" ] && args+=(--data "$data")
+out=docs/results-$device.jsonl
+{
+  "$bench" --workload treelstm --hidden 128,256 --batch 64 --trees 1024 "${args[@]}"
+  "$bench" --workload shift_reduce --hidden 128 --batch 64 --trees 512 "${args[@]}"
+} > "$out"
+machine="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $("$bench" --info --threads 1)"
+python3 bench/report.py docs/results-*.jsonl --markdown docs/benchmarks.md --plot docs/benchmarks.png \
+  --title "Sheaf benchmarks" --machine "$machine" --command "scripts/run-benchmarks.sh $*"
