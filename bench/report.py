@@ -19,7 +19,7 @@ is generic: any workload, device, hidden size, batch size or sheaf strategy
 that appears in the input gets its own table, row, column or bar.  When a
 table mixes runs with different --threads values, threads becomes part of
 the row as well.  Workloads that report a "steps" field (e.g. shift_reduce)
-get a "steps" column.
+get a "steps" column: sequential steps per batch for each kind of system.
 
 Outputs (at least one of --markdown / --plot is required):
 
@@ -158,7 +158,7 @@ class Row:
         self.per_example = None  # record
         self.hand = None         # record
         self.sheaf = {}          # strategy -> record
-        self.steps = []          # distinct "steps" values seen
+        self.steps = {}          # system label -> its "steps" value
 
     def label(self, with_threads):
         parts = [str(self.mode) if self.mode is not None else "?"]
@@ -245,8 +245,10 @@ def build_tables(records):
                 table.other_systems.append(system)
             continue
         steps = rec.get("steps")
-        if steps is not None and steps not in row.steps:
-            row.steps.append(steps)
+        if steps is not None:
+            # One figure per kind of system: per-example (sequential), sheaf (batched rounds), hand.
+            label = "sheaf" if rec.get("system") == "sheaf" else rec.get("system")
+            row.steps.setdefault(label, steps)
     if duplicates:
         warn("%d measurement(s) appeared more than once; the last one read was used" % duplicates)
     for table in tables.values():
@@ -356,7 +358,7 @@ def table_markdown(table):
         if threads_col:
             cells.append(md_escape(row.threads if row.threads is not None else DASH))
         if steps_col:
-            cells.append(md_escape(", ".join(fmt_plain(s) for s in row.steps) if row.steps else DASH))
+            cells.append(md_escape(", ".join(f"{k} {fmt_plain(v)}" for k, v in row.steps.items()) if row.steps else DASH))
         pe = tps_of(row.per_example)
         hand = tps_of(row.hand)
         cells.append(fmt_tps(pe))

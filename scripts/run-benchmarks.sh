@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the committed benchmark set and regenerates docs/benchmarks.{md,png} and
+# Runs the committed benchmark set and regenerates docs/benchmark-results.{md,png} and
 # docs/results-<device>.jsonl. Usage: scripts/run-benchmarks.sh [SST_DIR] [cpu|cuda]
 # (SST_DIR default ../shared/data/sst; synthetic trees if it does not exist).
 set -euo pipefail
@@ -16,5 +16,5 @@ out=docs/results-$device.jsonl
   "$bench" --workload shift_reduce --hidden 128 --batch 64 --trees 512 "${args[@]}"
 } > "$out"
 machine="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $("$bench" --info --threads 1)"
-python3 bench/report.py docs/results-*.jsonl --markdown docs/benchmarks.md --plot docs/benchmarks.png \
-  --title "Sheaf benchmarks" --machine "$machine" --command "scripts/run-benchmarks.sh $*"
+python3 bench/report.py docs/results-*.jsonl --markdown docs/benchmark-results.md --plot docs/benchmark-results.png \
+  --title "Sheaf benchmark results" --machine "$machine" --command "scripts/run-benchmarks.sh $*"
