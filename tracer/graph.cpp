@@ -104,7 +104,11 @@ ShapeId ShapeTable::intern_slow(const Shape& s) {
 uint32_t SigTable::intern(std::span<const int64_t> key) {
   const auto fresh = static_cast<uint32_t>(begin_.size());
   uint32_t id = index_.find_or_insert(hash_words(key), fresh, [&](uint32_t k) {
-    return std::ranges::equal(std::span<const int64_t>(keys_.data() + begin_[k], len_[k]), key);
+    if (len_[k] != key.size()) return false;
+    const int64_t* have = keys_.data() + begin_[k];
+    for (size_t i = 0; i < key.size(); ++i)  // keys are a handful of words: no memcmp call
+      if (have[i] != key[i]) return false;
+    return true;
   });
   if (id != FlatIndex::kEmpty) return id;
   begin_.push_back(static_cast<uint32_t>(keys_.size()));
@@ -316,6 +320,9 @@ Expr Graph::input(const at::Tensor& x, std::source_location loc) {
 }
 
 Expr Graph::param(const at::Tensor& w, std::source_location loc) {
+  // A tensor already recorded has passed the checks below.
+  if (w.defined())
+    if (auto it = param_nodes_.find(w.unsafeGetTensorImpl()); it != param_nodes_.end()) return expr(it->second);
   Site site{"param", kSharedExample, loc};
   if (!w.defined()) throw_user(site, "the tensor is undefined");
   if (w.dim() > kMaxRank) throw_user(site, "shared values have rank at most ", kMaxRank, ", got ", w.dim());
@@ -324,7 +331,6 @@ Expr Graph::param(const at::Tensor& w, std::source_location loc) {
   if (w.device() != options_.device)
     throw_user(site, "the tensor is on ", w.device(), " but the graph runs on ", options_.device,
                "; move the parameters with .to(device) first");
-  if (auto it = param_nodes_.find(w.unsafeGetTensorImpl()); it != param_nodes_.end()) return expr(it->second);
   auto slot = static_cast<int64_t>(store_.user_tensors.size());
   auto attrs = shape_attrs(w);
   Expr e = record(code_of<op::Param>, {}, attrs, slot, loc);
