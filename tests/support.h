@@ -32,4 +32,13 @@ inline at::Tensor data(std::vector<int64_t> shape, int example, int salt = 0) {
 
 inline bool cuda_available() { return at::hasCUDA(); }
 
+// CUDA-tagged tests pass without running where there is no GPU, and say so.
+#define SHEAF_SKIP_WITHOUT_CUDA()                              \
+  do {                                                         \
+    if (!::sheaf::test::cuda_available()) {                    \
+      WARN("CUDA is not available: skipping this CUDA check"); \
+      return;                                                  \
+    }                                                          \
+  } while (0)
+
 }  // namespace sheaf::test

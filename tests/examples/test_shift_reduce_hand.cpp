@@ -136,7 +136,7 @@ TEST_CASE("hand-batched shift-reduce: an empty batch", "[examples][shift_reduce]
 }
 
 TEST_CASE("hand-batched shift-reduce on CUDA", "[examples][shift_reduce][hand][cuda]") {
-  if (!test::cuda_available()) return;
+  SHEAF_SKIP_WITHOUT_CUDA();
   const std::vector<data::Tree> ts = trees(9, 41);
   ShiftReduce m = model(10);
   std::vector<HandShiftReduce::Result> cpu;
