@@ -27,13 +27,7 @@ struct SheafRunner {
 
   Expr loss(std::span<const Tree* const> batch, std::vector<Expr>* roots = nullptr) {
     graph.clear();
-    std::vector<Expr> losses;
-    if (roots) roots->resize(batch.size());
-    for (size_t i = 0; i < batch.size(); ++i) {
-      auto scope = graph.example(static_cast<int>(i));
-      losses.push_back(model.sheaf_loss(graph, *batch[i], roots ? &(*roots)[i] : nullptr));
-    }
-    return dsl::sum(losses);
+    return model.sheaf_batch_loss(graph, batch, roots);
   }
 };
 

@@ -112,13 +112,7 @@ void print_stats(const char* split, const std::vector<Tree>& trees) {
 // The Sheaf side of a batch: each tree's own program, recorded under its example id.
 Expr record(Graph& g, const TreeLSTM& m, const Batch& batch, std::vector<Expr>* roots = nullptr) {
   g.clear();
-  std::vector<Expr> losses;
-  if (roots != nullptr) roots->assign(batch.size(), Expr());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    auto scope = g.example(static_cast<int>(i));
-    losses.push_back(m.sheaf_loss(g, *batch[i], roots != nullptr ? &(*roots)[i] : nullptr));
-  }
-  return dsl::sum(losses);
+  return m.sheaf_batch_loss(g, batch, roots);
 }
 
 // Fine-grained root accuracy, batched with Sheaf (inference batches can be large).

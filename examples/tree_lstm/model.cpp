@@ -98,6 +98,23 @@ Expr TreeLSTM::sheaf_loss(Graph& g, const data::Tree& t, Expr* root_logits) cons
   return dsl::sum(losses);
 }
 
+Expr TreeLSTM::sheaf_batch_loss(Graph& g, std::span<const data::Tree* const> trees,
+                                std::vector<Expr>* root_logits) const {
+  std::vector<Expr> losses;
+  if (root_logits != nullptr) root_logits->assign(trees.size(), Expr());
+  for (size_t i = 0; i < trees.size(); ++i) {
+    auto scope = g.example(static_cast<int>(i));
+    losses.push_back(sheaf_loss(g, *trees[i], root_logits != nullptr ? &(*root_logits)[i] : nullptr));
+  }
+  return dsl::sum(losses);
+}
+
+Expr TreeLSTM::sheaf_batch_loss(Graph& g, std::span<const data::Tree> trees) const {
+  std::vector<const data::Tree*> ptrs;
+  for (const data::Tree& t : trees) ptrs.push_back(&t);
+  return sheaf_batch_loss(g, ptrs);
+}
+
 // ---------------------------------------------------------------------------
 // Per example, eager.
 

@@ -49,6 +49,10 @@ class TreeLSTM {
   // ---- Sheaf: the per-tree program. Records the tree's loss (summed over its
   // labelled nodes) and, if root_logits is given, stores the root's logits there.
   Expr sheaf_loss(Graph& g, const data::Tree& tree, Expr* root_logits = nullptr) const;
+  // A batch: tree i recorded as example i of g, the sum of their losses. With
+  // root_logits, it is resized to the batch and gets each tree's root logits.
+  Expr sheaf_batch_loss(Graph& g, std::span<const data::Tree* const> trees, std::vector<Expr>* root_logits = nullptr) const;
+  Expr sheaf_batch_loss(Graph& g, std::span<const data::Tree> trees) const;
 
   // ---- Eager LibTorch, one tree.
   at::Tensor per_example_loss(const data::Tree& tree) const;

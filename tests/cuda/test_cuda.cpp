@@ -86,12 +86,7 @@ TEST_CASE("CUDA: TreeLSTM batched equals alone and equals the CPU", "[cuda][exam
   models::TreeLSTM m({.vocab = 40, .hidden = 16}, 5);
   auto loss_of = [&](const c10::Device& device) {
     Graph g({.device = device});
-    std::vector<Expr> losses;
-    for (size_t i = 0; i < ts.size(); ++i) {
-      auto s = g.example(static_cast<int>(i));
-      losses.push_back(m.sheaf_loss(g, ts[i]));
-    }
-    Expr total = dsl::sum(losses);
+    Expr total = m.sheaf_batch_loss(g, ts);
     g.forward(total);
     return total.value().detach().cpu();
   };
@@ -126,12 +121,7 @@ TEST_CASE("CUDA: a forward without control flow never synchronises the host with
   models::TreeLSTM m({.vocab = 50, .hidden = 16}, 1);
   m.to(kCuda);
   Graph g({.device = kCuda});
-  std::vector<Expr> losses;
-  for (size_t i = 0; i < trees.size(); ++i) {
-    auto s = g.example(static_cast<int>(i));
-    losses.push_back(m.sheaf_loss(g, trees[i]));
-  }
-  Expr total = dsl::sum(losses);
+  Expr total = m.sheaf_batch_loss(g, trees);
   // Any synchronising call (a .item(), a blocking copy) now throws.
   c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
   try {

@@ -49,12 +49,7 @@ TEST_CASE("TreeLSTM: Sheaf, per-example and hand-batched agree on loss and gradi
   auto hand = grads_of(m, [&] { return HandBatched(m).loss(ptrs); });
   auto sheafed = grads_of(m, [&] {
     Graph g;
-    std::vector<Expr> losses;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      auto s = g.example(static_cast<int>(i));
-      losses.push_back(m.sheaf_loss(g, batch[i]));
-    }
-    Expr total = dsl::sum(losses);
+    Expr total = m.sheaf_batch_loss(g, batch);
     g.forward(total);
     return total.value();
   });
@@ -95,12 +90,7 @@ TEST_CASE("TreeLSTM: launches grow with tree height, not with the number of tree
   TreeLSTM m({.vocab = 40, .hidden = 8}, 4);
   auto launches = [&](const std::vector<data::Tree>& ts) {
     Graph g;
-    std::vector<Expr> losses;
-    for (size_t i = 0; i < ts.size(); ++i) {
-      auto s = g.example(static_cast<int>(i));
-      losses.push_back(m.sheaf_loss(g, ts[i]));
-    }
-    g.forward(dsl::sum(losses));
+    g.forward(m.sheaf_batch_loss(g, ts));
     return g.stats().batches;
   };
   // 64 copies of one tree take exactly the launches of one tree.
