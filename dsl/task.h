@@ -27,6 +27,7 @@
 #include <coroutine>
 #include <exception>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 #include "../tracer/graph.h"
@@ -35,13 +36,21 @@ namespace sheaf {
 
 namespace detail {
 
+struct PromiseBase;
+// Records that a task has left its first run (see Promise::unhandled_exception).
+template <class P>
+void mark_suspended(std::coroutine_handle<P> h) noexcept {
+  if constexpr (std::is_base_of_v<PromiseBase, P>) h.promise().suspended = true;
+}
+
 // What every awaitable value does: register with the graph, resume in the
 // example that suspended, hand over the host value.
 struct ValueAwaiter {
   Expr expr;
   at::Tensor value;
   bool await_ready() const noexcept { return false; }
-  void await_suspend(std::coroutine_handle<> h) {
+  template <class P>
+  void await_suspend(std::coroutine_handle<P> h) {
     Graph& g = Graph::of(expr);
     const int example = g.current_example();
     g.when_computed(g.node_of(expr, "co_await", std::source_location::current()),
@@ -50,11 +59,14 @@ struct ValueAwaiter {
                       auto scope = g.example(example);
                       h.resume();
                     });
+    mark_suspended(h);
   }
 };
 
 template <class T>
 struct Promise;
+template <class T>
+struct PromiseOf;
 
 }  // namespace detail
 
@@ -63,11 +75,14 @@ class [[nodiscard]] Task {
  public:
   using promise_type = detail::Promise<T>;
 
-  Task(Task&& o) noexcept : h_(std::exchange(o.h_, {})) {}
+  Task(Task&& o) noexcept : h_(std::exchange(o.h_, {})) {
+    if (h_) h_.promise().owner = this;
+  }
   Task& operator=(Task&& o) noexcept {
     if (this != &o) {
       if (h_) h_.destroy();
       h_ = std::exchange(o.h_, {});
+      if (h_) h_.promise().owner = this;
     }
     return *this;
   }
@@ -84,21 +99,23 @@ class [[nodiscard]] Task {
   }
 
   // co_await a task from another task: resumes the caller when it finishes.
-  auto operator co_await() noexcept {
-    struct Awaiter {
-      std::coroutine_handle<promise_type> h;
-      bool await_ready() const noexcept { return h.done(); }
-      void await_suspend(std::coroutine_handle<> caller) noexcept { h.promise().continuation = caller; }
-      decltype(auto) await_resume() {
-        if constexpr (!std::is_void_v<T>) return std::move(*h.promise().value);
-      }
-    };
-    return Awaiter{h_};
-  }
+  struct Awaiter {
+    std::coroutine_handle<promise_type> h;
+    bool await_ready() const noexcept { return h.done(); }
+    template <class P>
+    void await_suspend(std::coroutine_handle<P> caller) noexcept {
+      h.promise().continuation = caller;
+      detail::mark_suspended(caller);
+    }
+    decltype(auto) await_resume() {
+      if constexpr (!std::is_void_v<T>) return std::move(*h.promise().value);
+    }
+  };
+  Awaiter operator co_await() noexcept { return Awaiter{h_}; }
 
  private:
-  friend struct detail::Promise<T>;
-  explicit Task(std::coroutine_handle<promise_type> h) : h_(h) {}
+  friend struct detail::PromiseOf<T>;
+  explicit Task(std::coroutine_handle<promise_type> h) : h_(h) { h_.promise().owner = this; }
   std::coroutine_handle<promise_type> h_;
 };
 
@@ -116,23 +133,35 @@ struct FinalAwaiter {
 
 struct PromiseBase {
   std::coroutine_handle<> continuation;
+  bool suspended = false;  // the first run (inside the call that made the task) is over
   std::suspend_never initial_suspend() noexcept { return {}; }
   FinalAwaiter final_suspend() noexcept { return {continuation}; }
-  // An error inside a task (a UserError while recording) surfaces from the
-  // Graph::forward that resumed it.
-  void unhandled_exception() { throw; }
+};
+
+// An error inside a task (a UserError while recording) surfaces where the task
+// was running: from the call that made it during its first run, else from the
+// Graph::forward that resumed it. In the first case the exception leaves the
+// coroutine's ramp, which frees the frame and destroys the Task it returned
+// (GCC and the standard after CWG2451), so that Task must let go of the handle.
+template <class T>
+struct PromiseOf : PromiseBase {
+  Task<T>* owner = nullptr;  // the Task that holds this frame (kept by Task's moves)
+  Task<T> get_return_object() { return Task<T>(std::coroutine_handle<Promise<T>>::from_promise(self())); }
+  void unhandled_exception() {
+    if (!suspended && owner) owner->h_ = {};
+    throw;
+  }
+  Promise<T>& self() { return static_cast<Promise<T>&>(*this); }
 };
 
 template <class T>
-struct Promise : PromiseBase {
+struct Promise : PromiseOf<T> {
   std::optional<T> value;
-  Task<T> get_return_object() { return Task<T>(std::coroutine_handle<Promise>::from_promise(*this)); }
   void return_value(T v) { value.emplace(std::move(v)); }
 };
 
 template <>
-struct Promise<void> : PromiseBase {
-  Task<void> get_return_object() { return Task<void>(std::coroutine_handle<Promise>::from_promise(*this)); }
+struct Promise<void> : PromiseOf<void> {
   void return_void() {}
 };
 

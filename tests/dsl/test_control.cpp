@@ -192,3 +192,24 @@ TEST_CASE("tasks: an error inside a task surfaces from forward", "[dsl][control]
   Task<Expr> t = body(g);
   REQUIRE_THROWS_WITH(g.forward(), Contains("op 'pick'") && Contains("out of range"));
 }
+
+TEST_CASE("tasks: an error before a task's first co_await surfaces from the call, and nothing is freed twice",
+          "[dsl][control][task][errors]") {
+  Graph g;
+  auto body = [](Graph& g, int64_t id) -> Task<Expr> {
+    Expr x = g.input(at::ones({3}));
+    Expr y = dsl::pick(x, id);  // id 3 is out of range: throws during the first run
+    co_return dsl::sum(y) + co_await item(dsl::sum(x));
+  };
+  std::vector<Task<Expr>> tasks;
+  for (int i = 0; i < 3; ++i) {
+    auto scope = g.example(i);
+    if (i == 1) REQUIRE_THROWS_WITH(tasks.push_back(body(g, 3)), Contains("op 'pick'") && Contains("example 1"));
+    else tasks.push_back(body(g, 0));
+  }
+  g.forward();  // the other examples finish
+  for (Task<Expr>& t : tasks) {
+    REQUIRE(t.done());
+    CHECK(t.result().value().item<double>() == 4.0);
+  }
+}
