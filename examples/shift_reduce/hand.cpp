@@ -1,5 +1,6 @@
 #include "hand.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -592,7 +593,7 @@ HandShiftReduce::Result execute(const ShiftReduce& m, const Layout& L, const at:
 
     if (!given) {
       // The step's one device-to-host copy: every active sentence's scores.
-      at::NoGradGuard no_grad;
+      c10::NoGradGuard no_grad;
       const at::Tensor scores = linear_rows(th, m.A, m.a).to(at::kCPU).contiguous();
       const float* p = scores.data_ptr<float>();
       actions.resize(static_cast<size_t>(B));

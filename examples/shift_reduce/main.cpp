@@ -4,6 +4,7 @@
 //
 //   ./build/examples/shift_reduce                       (synthetic trees)
 //   ./build/examples/shift_reduce --data ../shared/data/sst --epochs 2
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <torch/optim/adagrad.h>
 
@@ -31,7 +32,7 @@ struct Eval {
 
 // Parses `trees` in batches following the model's own transitions.
 Eval evaluate(const ShiftReduce& m, const std::vector<data::Tree>& trees, size_t batch) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   Graph g({.device = m.E.device()});
   Eval e;
   size_t right = 0, transitions_right = 0, transitions = 0, batches = 0;
@@ -64,7 +65,7 @@ Eval evaluate(const ShiftReduce& m, const std::vector<data::Tree>& trees, size_t
 }
 
 double eager_trees_per_sec(const ShiftReduce& m, const std::vector<data::Tree>& trees, size_t count) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const auto t0 = Clock::now();
   for (size_t i = 0; i < count; ++i) m.parse_eager(trees[i % trees.size()], /*predict=*/true);
   return static_cast<double>(count) / seconds_since(t0);

@@ -6,6 +6,7 @@
 //   ./build/examples/tree_lstm                                  # synthetic trees, ~10 s
 //   ./build/examples/tree_lstm --data data/sst --epochs 5 --save tree_lstm.pt
 //   ./build/examples/tree_lstm --data data/sst --load tree_lstm.pt --epochs 0
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 #include <torch/optim/adagrad.h>
@@ -118,7 +119,7 @@ Expr record(Graph& g, const TreeLSTM& m, const Batch& batch, std::vector<Expr>* 
 // Fine-grained root accuracy, batched with Sheaf (inference batches can be large).
 double root_accuracy(Graph& g, const Strategy& s, const TreeLSTM& m, const std::vector<Tree>& trees) {
   constexpr size_t kEvalBatch = 250;
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   g.set_train(false);
   size_t correct = 0;
   for (size_t start = 0; start < trees.size(); start += kEvalBatch) {

@@ -1,5 +1,6 @@
 #include "model.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <torch/serialize.h>
 
@@ -61,7 +62,7 @@ void TreeLSTM::load(const std::string& path) {
   }
   auto mine = parameters();
   if (ps.size() != mine.size()) throw UserError("TreeLSTM::load: '" + path + "' is not a TreeLSTM parameter file");
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (size_t i = 0; i < ps.size(); ++i) {
     if (ps[i].sizes() != mine[i].sizes())
       throw UserError(detail::cat("TreeLSTM::load: parameter ", i, " in '", path, "' has shape ", ps[i].sizes(),

@@ -2,6 +2,7 @@
 // parser computes: transitions, logits and loss (gold and predicted, with and
 // without autograd, which take different paths), and in gold mode the gradients
 // of every parameter.
+#include <c10/core/GradMode.h>
 #include <shift_reduce/hand.h>
 #include <shift_reduce/model.h>
 
@@ -45,7 +46,7 @@ void zero_grads(ShiftReduce& m) {
 
 // Checks the hand-batched run against parse_eager, sentence by sentence.
 void check_against_eager(const ShiftReduce& m, const std::vector<data::Tree>& ts, bool predict, bool with_grad) {
-  std::optional<at::NoGradGuard> no_grad;
+  std::optional<c10::NoGradGuard> no_grad;
   if (!with_grad) no_grad.emplace();
   const std::vector<const data::Tree*> batch = pointers(ts);
   HandShiftReduce::Result r = HandShiftReduce(m).run(batch, predict);

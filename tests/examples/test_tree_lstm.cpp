@@ -1,5 +1,6 @@
 // The TreeLSTM three ways (Sheaf, per example, hand-batched) computes the same
 // losses and gradients, and Sheaf's batched run equals its one-at-a-time run.
+#include <c10/core/GradMode.h>
 #include <tree_lstm/model.h>
 
 #include "../support.h"
@@ -62,7 +63,7 @@ TEST_CASE("TreeLSTM: root logits agree three ways", "[examples][tree_lstm]") {
   std::vector<const data::Tree*> ptrs;
   for (const auto& t : batch) ptrs.push_back(&t);
   TreeLSTM m({.vocab = 40, .hidden = 10}, 2);
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   at::Tensor hand = HandBatched(m).root_logits(ptrs);
   Graph g;
   std::vector<Expr> logits(batch.size());
