@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dsl/check.h"            // IWYU pragma: export
+#include "backend/prefetch.h"     // IWYU pragma: export
 #include "backend/runtime.h"      // IWYU pragma: export
 #include "dsl/control.h"          // IWYU pragma: export
 #include "dsl/dsl.h"              // IWYU pragma: export

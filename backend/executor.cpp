@@ -6,12 +6,14 @@
 #include <ATen/ops/split_with_sizes.h>
 #include <c10/util/Exception.h>
 
+#include <chrono>
 #include <cstring>
 #include <set>
 #include <sstream>
 
 #include "../dsl/op.h"
 #include "gather.h"
+#include "runtime.h"
 
 namespace sheaf {
 
@@ -93,6 +95,17 @@ size_t Executor::run(const Plan& plan) {
   splits_.assign(plan.splits.size(), {});
   const at::TensorOptions float_opts = at::TensorOptions().dtype(at::kFloat).device(options_.device);
 
+  // Profiling: host time to the device's idle point, so queued kernels count.
+  using Clock = std::chrono::steady_clock;
+  auto lap = [&, t = Clock::now()](double* into) mutable {
+    if (!options_.profile) return;
+    synchronize(options_.device);
+    auto now = Clock::now();
+    if (into) *into += std::chrono::duration<double, std::milli>(now - t).count();
+    t = now;
+  };
+  lap(nullptr);
+
   size_t done = 0;
   for (const PlannedBatch& b : plan.batches) {
     const OpInfo& info = op_info(b.op);
@@ -101,6 +114,7 @@ size_t Executor::run(const Plan& plan) {
       inputs_.clear();
       shared_.clear();
       for (uint32_t k = 0; k < b.arity; ++k) inputs_.push_back(input(plan, b, plan.args[b.args_begin + k]));
+      lap(&stats_.gather_ms);
 
       RunCtx ctx;
       ctx.n_ = b.n;
@@ -124,6 +138,7 @@ size_t Executor::run(const Plan& plan) {
       ctx.train_ = options_.train;
 
       at::Tensor out = b.split >= 0 ? split_piece(plan, b) : info.run(ctx);
+      lap(&stats_.op_ms);
 
       // A descriptor that returns the wrong shape is our bug, not the user's.
       const Shape& shape = *ctx.out_shape_;

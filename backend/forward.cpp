@@ -41,7 +41,9 @@ bool debug_enabled() {
 void Graph::forward(std::span<const Expr> targets, const ForwardOptions& options) {
   for (const Expr& t : targets) node_of(t, "forward", std::source_location::current());
   const Strategy& strategy = options.strategy ? *options.strategy : *default_strategy_;
-  stats_.trace_ms += ms_since(trace_start_);
+  const bool validate = options.validate || debug_enabled();
+  // After prepare(), its round runs first; the time since prepare() is not tracing.
+  if (!prepared_) stats_.trace_ms += ms_since(trace_start_);
   if (debug_enabled()) std::cerr << "[sheaf] graph before forward:\n" << dump();
 
   for (int round = 0;; ++round) {
@@ -49,7 +51,12 @@ void Graph::forward(std::span<const Expr> targets, const ForwardOptions& options
       throw UserError(detail::cat("sheaf: forward stopped after ", options.max_rounds,
                                   " rounds of control flow (ForwardOptions::max_rounds); a dsl::loop or "
                                   "coroutine may never finish"));
-    run_round(strategy, options.validate || debug_enabled());
+    if (prepared_) {
+      prepared_ = false;
+      execute_round();
+    } else if (schedule_round(strategy, validate)) {
+      execute_round();
+    }
     if (!deliver_waiters()) break;
   }
 
@@ -61,15 +68,27 @@ void Graph::forward(std::span<const Expr> targets, const ForwardOptions& options
   trace_start_ = Clock::now();
 }
 
-void Graph::run_round(const Strategy& strategy, bool validate) {
+void Graph::prepare(std::span<const Expr> targets, const ForwardOptions& options) {
+  for (const Expr& t : targets) node_of(t, "prepare", std::source_location::current());
+  if (prepared_) return;  // nothing recorded since can join that round
+  stats_.trace_ms += ms_since(trace_start_);
+  const Strategy& strategy = options.strategy ? *options.strategy : *default_strategy_;
+  prepared_ = schedule_round(strategy, options.validate || debug_enabled());
+  trace_start_ = Clock::now();
+}
+
+// Schedules the pending nodes into last_plan_. Returns false when there is
+// nothing to launch (the round only resolved placeholders).
+bool Graph::schedule_round(const Strategy& strategy, bool validate) {
   auto t0 = Clock::now();
-  std::vector<NodeId> aliases;
+  std::vector<NodeId>& aliases = round_->aliases;
+  aliases.clear();
   RoundDag& dag = round_->dag;
   build_round(store_, pending_, aliases, dag);
   if (dag.size() == 0) {
     finish_aliases(aliases);
     stats_.schedule_ms += ms_since(t0);
-    return;
+    return false;
   }
   Batches& batches = round_->batches;
   batches.clear();
@@ -79,15 +98,19 @@ void Graph::run_round(const Strategy& strategy, bool validate) {
   }
   strategy.schedule(dag, batches, *memo_);
   if (validate) validate_batches(dag, batches, strategy.name());
-  Plan* plan = last_plan_.get();
-  make_plan(store_, dag, batches, strategy.name(), *plan);
+  make_plan(store_, dag, batches, strategy.name(), *last_plan_);
   stats_.schedule_ms += ms_since(t0);
-  if (debug_enabled()) std::cerr << "[sheaf] " << plan->str();
+  if (debug_enabled()) std::cerr << "[sheaf] " << last_plan_->str();
+  return true;
+}
 
+void Graph::execute_round() {
+  const RoundDag& dag = round_->dag;
+  std::vector<NodeId>& aliases = round_->aliases;
   auto t1 = Clock::now();
   Executor exec(store_, options_, stats_);
   try {
-    exec.run(*plan);
+    exec.run(*last_plan_);
   } catch (...) {
     // Nodes that did not run go back to pending, so the graph stays usable.
     for (NodeId n : dag.node)

@@ -2,10 +2,15 @@
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
 #include <dlfcn.h>
+#include <torch/cuda.h>
 #include <torch/version.h>
 
 #include <sstream>
+
+#include "../tracer/error.h"
 
 namespace sheaf {
 
@@ -28,11 +33,28 @@ std::string runtime_info() {
   if (auto config = openblas<char* (*)()>("openblas_get_config")) {
     os << "BLAS " << config();
     if (auto threads = openblas<int (*)()>("openblas_get_num_threads")) os << " (" << threads() << " BLAS threads)";
+  } else if (at::hasMKL()) {
+    os << "BLAS: MKL (in LibTorch)";
   } else {
     os << "BLAS: not OpenBLAS (reference BLAS is ~40x slower; install libopenblas0-pthread)";
   }
   os << ", " << at::get_num_threads() << " LibTorch threads, CUDA " << (at::hasCUDA() ? "available" : "not available");
   return os.str();
+}
+
+c10::Device concrete_device(c10::Device device) {
+  if (device.is_cuda() && !at::hasCUDA())
+    throw UserError("sheaf: a graph on " + device.str() + ", but this LibTorch has no CUDA or sees no GPU");
+  if (device.is_cpu() || device.has_index()) return device;
+  try {
+    return c10::impl::getDeviceGuardImpl(device.type())->getDevice();
+  } catch (const c10::Error& e) {
+    throw UserError("sheaf: a graph on " + device.str() + ": " + e.what_without_backtrace());
+  }
+}
+
+void synchronize(c10::Device device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.has_index() ? device.index() : -1);
 }
 
 }  // namespace sheaf

@@ -89,6 +89,7 @@ struct Plan {
 struct RoundBuffers {
   RoundDag dag;
   Batches batches;
+  std::vector<NodeId> aliases;  // placeholders the round resolves
 };
 
 // `plan` is overwritten; its buffers are reused.

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "../backend/runtime.h"
 #include "../dsl/op.h"
 #include "../scheduler/plan.h"
 #include "../scheduler/strategy.h"
@@ -169,14 +170,22 @@ std::string Stats::str() const {
      << zero_copy_inputs << " / gathered " << gathered_inputs << " (" << gather_launches << " launches, "
      << gathered_bytes / 1024 << " KiB), fetches " << fetches << "; ms: trace " << trace_ms << ", schedule "
      << schedule_ms << ", execute " << execute_ms << ", fetch " << fetch_ms;
+  if (gather_ms > 0 || op_ms > 0) os << " (profiled: gathers " << gather_ms << ", ops " << op_ms << ")";
   return os.str();
 }
 
 // ---------------------------------------------------------------------------
 // Graph.
 
+namespace {
+GraphOptions with_concrete_device(GraphOptions o) {
+  o.device = concrete_device(o.device);
+  return o;
+}
+}  // namespace
+
 Graph::Graph(GraphOptions options)
-    : options_(options),
+    : options_(with_concrete_device(options)),
       default_strategy_(&default_strategy()),
       slot_(acquire_slot(this)),
       last_plan_(std::make_unique<Plan>()),
@@ -226,6 +235,7 @@ void Graph::clear() {
   example_ordinal_.clear();
   stats_ = Stats();
   last_plan_->batches.clear();
+  prepared_ = false;
   current_example_ = 0;
   generation_ = g_slots[slot_].generation.fetch_add(1) + 1;
   trace_start_ = std::chrono::steady_clock::now();

@@ -8,6 +8,9 @@
 //   sheaf::Expr loss = sheaf::dsl::sum(losses);
 //   g.forward(loss);                       // batched launches happen here
 //   loss.value().backward();
+//
+// Threads: a Graph and its Exprs belong to one thread at a time; different
+// graphs may be recorded and scheduled on different threads at once.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -38,6 +41,9 @@ struct GraphOptions {
   c10::Device device = c10::kCPU;
   uint64_t seed = 0x5EAF5EAFull;  // dropout masks depend on (seed, example, node ordinal)
   bool train = true;              // dropout is the identity when false
+  // Waits for the device around every batch's gathers and launch, to split
+  // execute time into gather_ms and op_ms (Stats). Slows execution: profiling only.
+  bool profile = false;
 };
 
 struct ForwardOptions {
@@ -60,6 +66,8 @@ struct Stats {
   double schedule_ms = 0;
   double execute_ms = 0;
   double fetch_ms = 0;
+  double gather_ms = 0;  // with GraphOptions::profile: inputs' gathers, device time included
+  double op_ms = 0;      // with GraphOptions::profile: the batched ops, device time included
   std::string str() const;
 };
 
@@ -114,6 +122,11 @@ class Graph {
   void forward(std::initializer_list<Expr> targets, const ForwardOptions& options = {}) {
     forward(std::span(targets.begin(), targets.size()), options);
   }
+  // Schedules the first round of the next forward now, launching nothing: host
+  // work that can run on another thread while the device is busy with another
+  // graph (see sheaf::Prefetcher). The next forward() runs that round first,
+  // then whatever was recorded since and any control flow, as usual.
+  void prepare(std::span<const Expr> targets = {}, const ForwardOptions& options = {});
 
   // Forgets every node; Exprs made before become invalid (using one is a UserError).
   void clear();
@@ -150,7 +163,8 @@ class Graph {
   void check_shape_now(NodeId n, std::string_view what) const;
   void infer_deferred();
   bool deliver_waiters();
-  void run_round(const Strategy& strategy, bool validate);
+  bool schedule_round(const Strategy& strategy, bool validate);
+  void execute_round();
   void finish_aliases(std::vector<NodeId>& aliases);
 
   struct Waiter {
@@ -177,6 +191,7 @@ class Graph {
   std::unique_ptr<Plan> last_plan_;          // the last round's plan; its buffers are reused
   std::unique_ptr<RoundBuffers> round_;     // DAG and batches of a round, reused
   std::chrono::steady_clock::time_point trace_start_;
+  bool prepared_ = false;  // last_plan_ holds a scheduled round that forward() runs first
 };
 
 }  // namespace sheaf

@@ -59,10 +59,89 @@ TEST_CASE("gradients reach parameters through batched launches", "[backend]") {
 
 TEST_CASE("parameters on another device are refused with a clear error", "[backend][errors]") {
   if (!test::cuda_available()) {
-    Graph g({.device = c10::Device(c10::kCUDA)});
-    REQUIRE_THROWS_WITH(g.param(at::randn({2})), Contains("op 'param'") && Contains("graph runs on cuda"));
+    // Here the graph itself cannot be on CUDA; the process stays usable.
+    REQUIRE_THROWS_WITH(Graph({.device = c10::kCUDA}), Contains("graph on cuda") && Contains("no CUDA"));
+    Graph g;
+    CHECK(g.options().device == c10::Device(c10::kCPU));
     return;
   }
   Graph g;
   REQUIRE_THROWS_WITH(g.param(at::randn({2}, at::kCUDA)), Contains("graph runs on cpu"));
+  Graph gpu({.device = c10::kCUDA});
+  REQUIRE_THROWS_WITH(gpu.param(at::randn({2})), Contains("op 'param'") && Contains("graph runs on cuda:0"));
+  CHECK_NOTHROW(gpu.param(at::randn({2}, at::kCUDA)));  // "cuda" is the current device, cuda:0
+}
+
+namespace {
+
+// Examples of different lengths, each a chain of affine+tanh with a countdown
+// loop on the side: structure that batches and a round of control flow.
+std::vector<Expr> record_batch(Graph& g, const at::Tensor& W, const at::Tensor& b, size_t batch, int examples) {
+  std::vector<Expr> out;
+  for (int i = 0; i < examples; ++i) {
+    auto scope = g.example(i);
+    const int ex = static_cast<int>(batch) * 100 + i;
+    Expr h = g.input(data({3}, ex));
+    for (int t = 0; t < 1 + (ex % 4); ++t) h = dsl::tanh(dsl::affine(W, h, b));
+    out.push_back(dsl::sum(h));
+    out.push_back(dsl::loop(g.input(at::full({}, static_cast<double>(ex % 3))), [](Expr x) { return x > 0.0; },
+                            [](Expr x) { return x - 1.0; }));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("prepare schedules the first round; forward then runs it, later records and control flow", "[backend]") {
+  const at::Tensor W = param({3, 3}, 3), b = param({3}, 4);
+  Graph plain, prepared;
+  std::vector<Expr> a = record_batch(plain, W, b, 0, 7);
+  std::vector<Expr> p = record_batch(prepared, W, b, 0, 7);
+  plain.forward(a);
+  prepared.prepare(p);
+  CHECK(prepared.stats().batches == 0);  // nothing launched yet
+  CHECK(prepared.stats().schedule_ms > 0);
+  Expr late = dsl::tanh(p[0]);  // recorded after prepare: runs in the loop's next round
+  prepared.forward(p);
+  for (size_t k = 0; k < a.size(); ++k) CHECK(at::equal(a[k].value(), p[k].value()));
+  CHECK(at::allclose(late.value(), at::tanh(a[0].value())));
+  CHECK(prepared.stats().batches == plain.stats().batches + 1);
+  CHECK(prepared.stats().rounds == plain.stats().rounds);
+}
+
+TEST_CASE("Prefetcher: each batch's values and gradients as one graph per batch gives; errors reach take", "[backend]") {
+  const at::Tensor W = param({3, 3}, 5), b = param({3}, 6);
+  const size_t n = 6;
+  std::vector<at::Tensor> want_values, want_grads;
+  for (size_t k = 0; k < n; ++k) {
+    Graph g;
+    std::vector<Expr> out = record_batch(g, W, b, k, 2 + static_cast<int>(k));
+    g.forward(out);
+    out[0].value().backward();
+    want_values.push_back(out[1].value().clone());
+    want_grads.push_back(W.grad().clone());
+    W.mutable_grad() = at::Tensor();
+  }
+
+  Prefetcher pf({}, [&](Graph& g, size_t k) {
+    if (k == 4) (void)dsl::affine(W, g.input(at::ones({2})), b);  // a shape mismatch, on the worker
+    return record_batch(g, W, b, k, 2 + static_cast<int>(k));
+  });
+  for (size_t k = 0; k < n; ++k) {
+    const std::optional<size_t> next = k + 1 < n ? std::optional(k + 1) : std::nullopt;
+    if (k == 4) {
+      REQUIRE_THROWS_WITH(pf.take(k, next), Contains("op 'affine'"));
+      continue;
+    }
+    if (k == 3) {  // batch 4 fails on the worker, which take(3) does not report; take(4) does
+      CHECK_NOTHROW(pf.take(k, next));
+      continue;
+    }
+    Prefetcher::Batch batch = pf.take(k, next);
+    batch.graph.forward(batch.targets);
+    batch.targets[0].value().backward();
+    CHECK(at::equal(batch.targets[1].value(), want_values[k]));
+    CHECK(at::allclose(W.grad(), want_grads[k]));
+    W.mutable_grad() = at::Tensor();
+  }
 }

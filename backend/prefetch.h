@@ -1,0 +1,65 @@
+// Overlaps the host's tracing and scheduling with the device's work, batch by
+// batch: while the caller runs batch i (forward, backward, optimizer step), a
+// worker thread records batch i+1 into a second Graph and schedules it
+// (Graph::prepare). On a GPU the host otherwise traces and schedules while the
+// device waits; on a CPU the worker uses a core that a one-thread run leaves idle.
+//
+//   sheaf::Prefetcher batches({.device = device}, [&](sheaf::Graph& g, size_t b) {
+//     return std::vector<sheaf::Expr>{model.loss(g, data[b])};   // runs on the worker
+//   });
+//   for (size_t b = 0; b < n; ++b) {
+//     sheaf::Prefetcher::Batch batch = batches.take(b, b + 1 < n ? std::optional(b + 1) : std::nullopt);
+//     batch.graph.forward(batch.targets);
+//     batch.targets[0].value().backward();
+//     optimizer.step();
+//   }
+//
+// The record function runs on the worker: it may read what the caller does not
+// change meanwhile (the parameters' identities, the data), and must not touch
+// the caller's graph.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "../tracer/graph.h"
+
+namespace sheaf {
+
+class Prefetcher {
+ public:
+  using Record = std::function<std::vector<Expr>(Graph&, size_t batch)>;
+  struct Batch {
+    Graph& graph;
+    std::span<const Expr> targets;
+  };
+
+  Prefetcher(GraphOptions graph, Record record, ForwardOptions forward = {});
+  ~Prefetcher();  // waits for the worker
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  // Batch i, recorded and prepared: by the worker if the last take() asked for
+  // i, else here. Then starts batch `next` on the worker. An error in either
+  // recording is thrown here. The batch's graph stays valid until the next take().
+  Batch take(size_t i, std::optional<size_t> next = std::nullopt);
+
+ private:
+  void record_into(int slot, size_t batch);
+
+  Record record_;
+  ForwardOptions forward_;
+  std::array<std::unique_ptr<Graph>, 2> graphs_;
+  std::array<std::vector<Expr>, 2> targets_;
+  int current_ = 0;
+  std::future<void> worker_;  // filling graphs_[1 - current_] with batch worker_batch_
+  size_t worker_batch_ = 0;
+};
+
+}  // namespace sheaf
