@@ -1,5 +1,7 @@
 #include "harness.h"
 
+#include <c10/core/GradMode.h>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -25,35 +27,60 @@ void System::Counters::add(const Stats& s) {
   trace_ms += s.trace_ms;
   sched_ms += s.schedule_ms;
   exec_ms += s.execute_ms;
+  gather_ms += s.gather_ms;
+  op_ms += s.op_ms;
   rounds += static_cast<double>(s.rounds);
   steps += 1;
 }
 
-std::function<void(size_t)> StepMaker::operator()(std::function<at::Tensor(size_t)> forward) {
-  if (!train_) return [forward](size_t b) {
-    at::NoGradGuard no_grad;
-    forward(b);
+std::function<void(size_t)> StepMaker::operator()(const System& s, std::function<at::Tensor(size_t)> forward) {
+  using Clock = std::chrono::steady_clock;
+  // A phase's time, to the device's idle point; nothing is timed without --profile.
+  auto phase = [profile = profile_, device = device_](double& into, auto&& body) {
+    if (!profile) return body();
+    synchronize(device);
+    auto t0 = Clock::now();
+    auto result = body();
+    synchronize(device);
+    into += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    return result;
+  };
+  std::shared_ptr<System::Phases> phases = s.phases;
+  if (!train_) return [forward, phase, phases](size_t b) {
+    c10::NoGradGuard no_grad;
+    phase(phases->forward, [&] { return forward(b); });
+    phases->steps += 1;
   };
   optimizers_.push_back(std::make_unique<torch::optim::Adagrad>(params_, torch::optim::AdagradOptions(0.05)));
   torch::optim::Adagrad* opt = optimizers_.back().get();
-  return [forward, opt, scale = scale_](size_t b) {
+  return [forward, opt, scale = scale_, phase, phases](size_t b) {
     opt->zero_grad();
-    (forward(b) * scale).backward();
-    opt->step();
+    at::Tensor loss = phase(phases->forward, [&] { return forward(b); });
+    phase(phases->backward, [&] {
+      (loss * scale).backward();
+      return 0;
+    });
+    phase(phases->optimizer, [&] { return opt->step(); });
+    phases->steps += 1;
   };
 }
 
-std::vector<std::vector<double>> measure(std::vector<System>& systems, size_t n_batches, double items_per_pass,
-                                         int repeat, bool progress) {
+std::vector<std::vector<double>> measure(const Options& o, std::vector<System>& systems, size_t n_batches,
+                                         double items_per_pass) {
   using Clock = std::chrono::steady_clock;
+  const c10::Device device(o.device);
+  const int repeat = o.repeat;
+  const bool progress = !o.json;
   std::vector<std::vector<double>> runs(systems.size());
   // Warm-up: allocator caches, lazy initialisation, first-touch of parameters.
   for (System& s : systems) s.step(0);
-  for (System& s : systems) s.counters = {};
+  for (System& s : systems) s.counters = {}, *s.phases = {};
+  synchronize(device);
   for (int r = 0; r < repeat; ++r) {
     for (size_t k = 0; k < systems.size(); ++k) {
       auto t0 = Clock::now();
       for (size_t b = 0; b < n_batches; ++b) systems[k].step(b);
+      synchronize(device);
       const double s = std::chrono::duration<double>(Clock::now() - t0).count();
       runs[k].push_back(items_per_pass / s);
       if (progress) std::fprintf(stderr, "\r  repeat %d/%d  %-22s %10.1f /s   ", r + 1, repeat,
@@ -100,6 +127,7 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
     if (systems[k].name == "hand") hand = median(runs[k]);
   }
   if (!o.json) {
+    if (o.profile) std::printf("\nPROFILE: phases synchronised with the device; throughput below is not comparable");
     std::printf("\n%s, %s, hidden %lld, batch %lld, %lld items, %d thread(s), %s; median of %d\n", o.workload.c_str(),
                 mode.c_str(), static_cast<long long>(hidden), static_cast<long long>(o.batch),
                 static_cast<long long>(items), o.threads, o.device.c_str(), o.repeat);
@@ -122,6 +150,14 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
           .add("sched_ms_per_batch", s.counters.sched_ms / steps)
           .add("exec_ms_per_batch", s.counters.exec_ms / steps)
           .add("max_abs_diff_vs_per_example", s.max_abs_diff);
+      if (o.profile) {
+        const double ph = std::max(1.0, s.phases->steps);
+        j.add("profile", 1).add("forward_ms_per_batch", s.phases->forward / ph)
+            .add("backward_ms_per_batch", s.phases->backward / ph)
+            .add("optimizer_ms_per_batch", s.phases->optimizer / ph)
+            .add("gather_ms_per_batch", s.counters.gather_ms / steps)
+            .add("op_ms_per_batch", s.counters.op_ms / steps);
+      }
       for (const auto& [key, value] : s.extra) j.add(key, value);
       std::printf("%s\n", j.str().c_str());
     } else {
@@ -131,6 +167,17 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
                   s.counters.sched_ms / steps, s.max_abs_diff);
       for (const auto& [key, value] : s.extra) std::printf("  %s %.1f", key.c_str(), value);
       std::printf("\n");
+      if (o.profile && s.counters.steps == 0) {
+        const double ph = std::max(1.0, s.phases->steps);
+        std::printf("  %-20s ms/batch: forward %.2f, backward %.2f, optimizer %.2f\n", "", s.phases->forward / ph,
+                    s.phases->backward / ph, s.phases->optimizer / ph);
+      } else if (o.profile) {
+        const double ph = std::max(1.0, s.phases->steps);
+        std::printf("  %-20s ms/batch: forward %.2f (trace %.2f, schedule %.2f, gathers %.2f, ops %.2f), backward %.2f, "
+                    "optimizer %.2f\n", "", s.phases->forward / ph, s.counters.trace_ms / steps,
+                    s.counters.sched_ms / steps, s.counters.gather_ms / steps, s.counters.op_ms / steps,
+                    s.phases->backward / ph, s.phases->optimizer / ph);
+      }
     }
   }
   std::fflush(stdout);

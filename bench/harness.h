@@ -33,6 +33,7 @@ struct Options {
   bool json = false;
   bool root_only = false;
   std::string device = "cpu";
+  bool profile = false;  // phases timed with the device synchronised between them
 };
 
 // One system's way of running one batch (index into the workload's batches).
@@ -42,9 +43,14 @@ struct System {
   std::function<void(size_t batch)> step;
   // Filled by sheaf systems after each step: launches, ms in trace / schedule / execute.
   struct Counters {
-    double launches = 0, trace_ms = 0, sched_ms = 0, exec_ms = 0, rounds = 0, steps = 0;
+    double launches = 0, trace_ms = 0, sched_ms = 0, exec_ms = 0, gather_ms = 0, op_ms = 0, rounds = 0, steps = 0;
     void add(const Stats& s);  // one batch of a Sheaf graph
   } counters;
+  // With --profile: ms in each phase of a step, summed over steps.
+  struct Phases {
+    double forward = 0, backward = 0, optimizer = 0, steps = 0;
+  };
+  std::shared_ptr<Phases> phases = std::make_shared<Phases>();
   double max_abs_diff = 0;  // vs per-example, measured before timing
   std::map<std::string, double> extra;  // workload-specific fields of the JSON line
 };
@@ -97,13 +103,17 @@ std::vector<const Strategy*> sheaf_strategies(const std::string& system);
 // Turns a system's forward for batch b into its timed step: under no-grad for
 // infer; for train, forward, backward of the loss * scale, and a step of an
 // Adagrad optimizer of the step's own (every system pays the same update).
+// With o.profile, each phase waits for the device and adds its time to the
+// system's phases.
 class StepMaker {
  public:
-  StepMaker(bool train, std::vector<at::Tensor> params, double scale) : train_(train), params_(std::move(params)), scale_(scale) {}
-  std::function<void(size_t)> operator()(std::function<at::Tensor(size_t)> forward);
+  StepMaker(const Options& o, bool train, std::vector<at::Tensor> params, double scale)
+      : train_(train), profile_(o.profile), device_(o.device), params_(std::move(params)), scale_(scale) {}
+  std::function<void(size_t)> operator()(const System& s, std::function<at::Tensor(size_t)> forward);
 
  private:
-  bool train_;
+  bool train_, profile_;
+  c10::Device device_;
   std::vector<at::Tensor> params_;
   double scale_;
   std::vector<std::unique_ptr<torch::optim::Adagrad>> optimizers_;
@@ -111,9 +121,10 @@ class StepMaker {
 
 // Runs every system over batches [0, n_batches) `repeat` times, interleaved
 // (system A, B, C, then A, B, C again...) after one warm-up pass; returns the
-// per-repeat throughputs in items/s for each system.
-std::vector<std::vector<double>> measure(std::vector<System>& systems, size_t n_batches, double items_per_pass,
-                                         int repeat, bool progress);
+// per-repeat throughputs in items/s for each system. A pass ends when the device
+// has finished its work.
+std::vector<std::vector<double>> measure(const Options& o, std::vector<System>& systems, size_t n_batches,
+                                         double items_per_pass);
 
 // Prints the results: JSON lines, or a table with ratios vs per-example and hand.
 void report(const Options& o, const std::string& mode, int64_t hidden, int64_t items, const std::vector<System>& systems,

@@ -19,12 +19,16 @@ int main(int argc, char** argv) {
   app.add_option("--batch", o.batch, "trees per batch")->check(CLI::PositiveNumber);
   app.add_option("--trees", o.trees, "trees per timed pass (a multiple of --batch is used)")->check(CLI::PositiveNumber);
   app.add_option("--repeat", o.repeat, "timed passes per system (the median is reported)")->check(CLI::PositiveNumber);
-  app.add_option("--systems", o.systems, "per-example, sheaf (every strategy), sheaf:<strategy>, hand")->delimiter(',');
+  app.add_option("--systems", o.systems, "per-example, sheaf (every strategy), sheaf:<strategy>, hand; treelstm also "
+                 "sheaf[:<strategy>]+prefetch (records the next batch on a second host thread)")->delimiter(',');
   app.add_option("--modes", o.modes, "train, infer")->delimiter(',');
   app.add_option("--threads", o.threads, "LibTorch and BLAS threads")->check(CLI::PositiveNumber);
   app.add_option("--device", o.device, "cpu or cuda");
   app.add_flag("--root-only", o.root_only, "classify the root only (default: every node, as DyNet's benchmark)");
   app.add_flag("--json", o.json, "one JSON object per measurement");
+  app.add_flag("--profile", o.profile,
+               "time each phase (forward: trace, schedule, gathers, ops; backward; optimizer) with the device "
+               "synchronised between them; throughput is then not comparable");
   bool info = false;
   app.add_flag("--info", info, "print the LibTorch/BLAS/threads line and exit");
   CLI11_PARSE(app, argc, argv);

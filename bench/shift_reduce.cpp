@@ -4,6 +4,7 @@
 // transitions, forward + backward + step) and infer (the model's own predicted
 // transitions: per-example code syncs once per step per sentence; Sheaf and the
 // hand-batched parser once per step for the whole batch).
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -36,7 +37,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
   // Reference for the agreement check: per-example logits of the first batch.
   std::vector<at::Tensor> reference;
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (const Tree* t : batches[0]) reference.push_back(model.parse_eager(*t, !train).logits.cpu());
   }
   auto diff_to_reference = [&](const std::vector<at::Tensor>& logits) {
@@ -45,7 +46,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
     return d;
   };
 
-  StepMaker make_step(train, model.parameters(), scale);
+  StepMaker make_step(o, train, model.parameters(), scale);
 
   std::vector<std::unique_ptr<Graph>> graphs;
   std::vector<System> systems;
@@ -56,7 +57,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
   for (const std::string& name : o.systems) {
     if (name == "per-example") {
       System s{name, ""};
-      s.step = make_step([&](size_t b) {
+      s.step = make_step(s, [&](size_t b) {
         at::Tensor total;
         for (const Tree* t : batches[b]) {
           at::Tensor l = model.parse_eager(*t, !train).loss;
@@ -68,7 +69,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
       systems.push_back(std::move(s));
     } else if (auto strategies = sheaf_strategies(name); !strategies.empty()) {
       for (const Strategy* strategy : strategies) {
-        graphs.push_back(std::make_unique<Graph>(GraphOptions{.device = device}));
+        graphs.push_back(std::make_unique<Graph>(GraphOptions{.device = device, .profile = o.profile}));
         Graph* g = graphs.back().get();
         const size_t index = systems.size();
         // Records the batch, runs it (every round), returns the loss and the root logits.
@@ -89,13 +90,13 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
           return total.value();
         };
         System s{"sheaf", std::string(strategy->name())};
-        s.step = make_step([&, run, g, index](size_t b) {
+        s.step = make_step(s, [&, run, g, index](size_t b) {
           at::Tensor loss = run(b, nullptr);
           systems[index].counters.add(g->stats());
           return loss;
         });
         {
-          at::NoGradGuard no_grad;
+          c10::NoGradGuard no_grad;
           std::vector<at::Tensor> logits;
           run(0, &logits);
           s.max_abs_diff = diff_to_reference(logits);
@@ -105,7 +106,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
     } else if (name == "hand") {
       const HandShiftReduce hand(model);
       System s{name, ""};
-      s.step = make_step([&, hand](size_t b) { return hand.run(batches[b], !train).loss; });
+      s.step = make_step(s, [&, hand](size_t b) { return hand.run(batches[b], !train).loss; });
       // Batched steps: the longest sentence's 2n - 1, per batch.
       double steps = 0;
       for (const auto& batch : batches) {
@@ -116,7 +117,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
       s.extra["steps"] = steps / static_cast<double>(batches.size());
       {
         // The path that is timed: with autograd when training.
-        std::optional<at::NoGradGuard> no_grad;
+        std::optional<c10::NoGradGuard> no_grad;
         if (!train) no_grad.emplace();
         const at::Tensor logits = hand.run(batches[0], !train).logits.detach().cpu();
         std::vector<at::Tensor> rows;
@@ -131,7 +132,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
   }
 
   const double items = static_cast<double>(batches.size() * static_cast<size_t>(o.batch));
-  auto runs = measure(systems, batches.size(), items, o.repeat, !o.json);
+  auto runs = measure(o, systems, batches.size(), items);
   for (System& s : systems)  // Sheaf's batched steps: its rounds per batch, averaged like the others'
     if (s.name == "sheaf") s.extra["steps"] = s.counters.rounds / std::max(1.0, s.counters.steps);
   report(o, mode, hidden, static_cast<int64_t>(items), systems, runs);

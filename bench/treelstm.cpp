@@ -1,5 +1,6 @@
 // TreeLSTM workload: the SAME model on the SAME trees, per example, with Sheaf
 // (each strategy) and hand-batched, interleaved in one process run.
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
 #include <cstdio>
@@ -20,7 +21,7 @@ using models::TreeLSTM;
 
 // Sheaf's per-batch work: record every tree of the batch.
 struct SheafRunner {
-  SheafRunner(const TreeLSTM& m, const Strategy& s, c10::Device d) : model(m), strategy(s), graph({.device = d}) {}
+  SheafRunner(const TreeLSTM& m, const Strategy& s, GraphOptions g) : model(m), strategy(s), graph(g) {}
   const TreeLSTM& model;
   const Strategy& strategy;
   Graph graph;
@@ -44,7 +45,7 @@ double labelled_nodes(const TreeLSTM& m, std::span<const Tree* const> batch) {
 }
 
 Outputs per_example_outputs(const TreeLSTM& m, std::span<const Tree* const> batch) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   std::vector<at::Tensor> logits;
   double loss = 0;
   for (const Tree* t : batch) {
@@ -66,14 +67,15 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
   const double scale = 1.0 / static_cast<double>(o.batch);
   const Outputs reference = per_example_outputs(model, w.batches[0]);
 
-  StepMaker make_step(train, model.parameters(), scale);
+  StepMaker make_step(o, train, model.parameters(), scale);
 
   std::vector<std::unique_ptr<SheafRunner>> runners;
+  std::vector<std::unique_ptr<Prefetcher>> prefetchers;
   std::vector<System> systems;
   for (const std::string& name : o.systems) {
     if (name == "per-example") {
       System s{name, ""};
-      s.step = make_step([&](size_t b) {
+      s.step = make_step(s, [&](size_t b) {
         if (!train) {
           for (const Tree* t : w.batches[b]) model.per_example_root_logits(*t);
           return at::Tensor();
@@ -85,25 +87,58 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
       systems.push_back(std::move(s));
     } else if (name == "hand") {
       System s{name, ""};
-      s.step = make_step([&](size_t b) {
+      s.step = make_step(s, [&](size_t b) {
         HandBatched hand(model);
         return train ? hand.loss(w.batches[b]) : hand.root_logits(w.batches[b]);
       });
       {
-        at::NoGradGuard no_grad;
+        c10::NoGradGuard no_grad;
         HandBatched hand(model);
         Outputs out{hand.root_logits(w.batches[0]).cpu(),
                     hand.loss(w.batches[0]).item<double>() / labelled_nodes(model, w.batches[0])};
         s.max_abs_diff = diff(out, reference);
       }
       systems.push_back(std::move(s));
+    } else if (name.ends_with("+prefetch") && !sheaf_strategies(name.substr(0, name.size() - 9)).empty()) {
+      // Batch b+1 is recorded and scheduled on a worker thread while batch b runs.
+      for (const Strategy* strategy : sheaf_strategies(name.substr(0, name.size() - 9))) {
+        prefetchers.push_back(std::make_unique<Prefetcher>(
+            GraphOptions{.device = device, .profile = o.profile},
+            [&](Graph& g, size_t b) {
+              std::vector<Expr> roots;
+              Expr loss = model.sheaf_batch_loss(g, w.batches[b], &roots);
+              roots.insert(roots.begin(), loss);  // targets: the loss, then each tree's root logits
+              return roots;
+            },
+            ForwardOptions{.strategy = strategy}));
+        Prefetcher* pf = prefetchers.back().get();
+        System s{"sheaf", std::string(strategy->name()) + "+prefetch"};
+        const size_t index = systems.size();
+        const size_t n = w.batches.size();
+        s.step = make_step(s, [&, pf, strategy, index, train, n](size_t b) {
+          Prefetcher::Batch batch = pf->take(b, b + 1 < n ? std::optional(b + 1) : std::nullopt);
+          batch.graph.forward(batch.targets, {.strategy = strategy});
+          systems[index].counters.add(batch.graph.stats());
+          return train ? batch.targets[0].value() : at::Tensor();
+        });
+        {
+          c10::NoGradGuard no_grad;
+          Prefetcher::Batch batch = pf->take(0);
+          batch.graph.forward(batch.targets, {.strategy = strategy});
+          std::vector<at::Tensor> logits;
+          for (const Expr& e : batch.targets.subspan(1)) logits.push_back(e.value());
+          s.max_abs_diff = diff({at::stack(logits).cpu(), batch.targets[0].item() / labelled_nodes(model, w.batches[0])},
+                                reference);
+        }
+        systems.push_back(std::move(s));
+      }
     } else if (auto strategies = sheaf_strategies(name); !strategies.empty()) {
       for (const Strategy* strategy : strategies) {
-        runners.push_back(std::make_unique<SheafRunner>(model, *strategy, device));
+        runners.push_back(std::make_unique<SheafRunner>(model, *strategy, GraphOptions{.device = device, .profile = o.profile}));
         SheafRunner* r = runners.back().get();
         System s{"sheaf", std::string(strategy->name())};
         const size_t index = systems.size();
-        s.step = make_step([&, r, index, train](size_t b) {
+        s.step = make_step(s, [&, r, index, train](size_t b) {
           std::vector<Expr> roots;
           Expr loss = r->loss(w.batches[b], train ? nullptr : &roots);
           if (train) r->graph.forward(loss, {.strategy = &r->strategy});
@@ -112,7 +147,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
           return train ? loss.value() : at::Tensor();
         });
         {
-          at::NoGradGuard no_grad;
+          c10::NoGradGuard no_grad;
           std::vector<Expr> roots;
           Expr loss = r->loss(w.batches[0], &roots);
           r->graph.forward(loss, {.strategy = &r->strategy});
@@ -123,12 +158,13 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
         systems.push_back(std::move(s));
       }
     } else {
-      throw UserError("sheaf-bench: unknown system '" + name + "' (per-example, sheaf, sheaf:<strategy>, hand)");
+      throw UserError("sheaf-bench: unknown system '" + name +
+                      "' (per-example, sheaf, sheaf:<strategy>, either with +prefetch, hand)");
     }
   }
 
   const double items = static_cast<double>(w.batches.size() * static_cast<size_t>(o.batch));
-  auto runs = measure(systems, w.batches.size(), items, o.repeat, !o.json);
+  auto runs = measure(o, systems, w.batches.size(), items);
   report(o, mode, hidden, static_cast<int64_t>(items), systems, runs);
 }
 
