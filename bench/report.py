@@ -170,10 +170,14 @@ class Row:
             parts.append("t%s" % self.threads)
         return " ".join(parts)
 
-    def best_sheaf(self):
-        """(strategy, record) with the highest trees/s, or (None, None)."""
+    def best_sheaf(self, prefetch=False):
+        """(strategy, record) with the highest trees/s, or (None, None). A "+prefetch"
+        strategy records the next batch on a second host thread, so it is ranked
+        apart (prefetch=True) from the one-thread strategies."""
         best = (None, None)
         for strategy, rec in self.sheaf.items():
+            if is_prefetch(strategy) != prefetch:
+                continue
             tps = num(rec, "trees_per_sec")
             if tps is None or math.isnan(tps):
                 continue
@@ -329,6 +333,10 @@ def tps_of(rec):
     return None if rec is None else num(rec, "trees_per_sec")
 
 
+def is_prefetch(strategy):
+    return str(strategy).endswith("+prefetch")
+
+
 def safe_div(a, b):
     if a is None or b is None or b == 0 or math.isnan(b):
         return None
@@ -345,8 +353,11 @@ def table_markdown(table):
         head.append("steps")
     head.append("per-example trees/s")
     head += ["sheaf %s trees/s" % s for s in table.strategies]
-    head += ["hand trees/s", "best sheaf", "best sheaf / hand", "best sheaf / per-example",
-             "launches / batch", "trace+sched ms / batch", "trace+sched % of wall", "max \\|diff\\| vs per-example"]
+    prefetch_col = any(is_prefetch(s) for s in table.strategies)
+    head += ["hand trees/s", "best sheaf", "best sheaf / hand", "best sheaf / per-example"]
+    if prefetch_col:
+        head.append("best +prefetch / hand")
+    head += ["launches / batch", "trace+sched ms / batch", "trace+sched % of wall", "max \\|diff\\| vs per-example"]
     align = ["---"] * (3 + threads_col + steps_col) + ["---:"] * (len(head) - 3 - threads_col - steps_col)
     align[head.index("best sheaf")] = "---"
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
@@ -370,6 +381,8 @@ def table_markdown(table):
         cells.append(md_escape(strategy) if strategy else DASH)
         cells.append(fmt_ratio(safe_div(best_tps, hand)))
         cells.append(fmt_ratio(safe_div(best_tps, pe)))
+        if prefetch_col:
+            cells.append(fmt_ratio(safe_div(tps_of(row.best_sheaf(prefetch=True)[1]), hand)))
         if best is not None:
             launches = num(best, "launches_per_batch")
             trace, sched = num(best, "trace_ms_per_batch"), num(best, "sched_ms_per_batch")
@@ -428,7 +441,9 @@ def write_markdown(path, tables, args, plot_written):
 
     out += [
         "Columns: trees/s is the median over the timed passes. *best sheaf* is the fastest sheaf "
-        "strategy of the row; the ratios, launches and trace+schedule time are that strategy's. "
+        "one-thread strategy of the row; the ratios, launches and trace+schedule time are that strategy's. "
+        "A *+prefetch* system records and schedules the next batch on a second host thread while the "
+        "current one runs (sheaf::Prefetcher); it is ranked apart in *best +prefetch / hand*. "
         "*trace+sched % of wall* compares trace+schedule time per batch with the wall time per batch "
         "(1000 × batch / trees/s ms). *max |diff|* is the largest difference from the per-example "
         "outputs over all systems of the row.",

@@ -12,7 +12,9 @@ args=(--device "$device" --threads 1 --repeat 5 --json)
 [ -f "$data/train.txt" ] && args+=(--data "$data")
 out=docs/results-$device.jsonl
 {
-  "$bench" --workload treelstm --hidden 128,256 --batch 64 --trees 1024 "${args[@]}"
+  # lazy+prefetch: Sheaf with sheaf::Prefetcher, which uses a second host thread.
+  "$bench" --workload treelstm --hidden 128,256 --batch 64 --trees 1024 "${args[@]}" \
+    --systems per-example,sheaf,sheaf:lazy+prefetch,hand
   "$bench" --workload shift_reduce --hidden 128 --batch 64 --trees 512 "${args[@]}"
 } > "$out"
 machine="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $("$bench" --info --threads 1)"
