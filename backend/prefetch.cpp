@@ -22,13 +22,12 @@ void Prefetcher::record_into(int slot, size_t batch) {
 
 Prefetcher::Batch Prefetcher::take(size_t i, std::optional<size_t> next) {
   const int slot = 1 - current_;
+  bool ready = false;
   if (worker_.valid()) {
-    const bool wanted = worker_batch_ == i;
+    ready = worker_batch_ == i;
     worker_.get();  // rethrows the worker's error
-    if (!wanted) record_into(slot, i);
-  } else {
-    record_into(slot, i);
   }
+  if (!ready) record_into(slot, i);
   current_ = slot;
   if (next) {
     worker_batch_ = *next;

@@ -167,16 +167,13 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
                   s.counters.sched_ms / steps, s.max_abs_diff);
       for (const auto& [key, value] : s.extra) std::printf("  %s %.1f", key.c_str(), value);
       std::printf("\n");
-      if (o.profile && s.counters.steps == 0) {
+      if (o.profile) {
         const double ph = std::max(1.0, s.phases->steps);
-        std::printf("  %-20s ms/batch: forward %.2f, backward %.2f, optimizer %.2f\n", "", s.phases->forward / ph,
-                    s.phases->backward / ph, s.phases->optimizer / ph);
-      } else if (o.profile) {
-        const double ph = std::max(1.0, s.phases->steps);
-        std::printf("  %-20s ms/batch: forward %.2f (trace %.2f, schedule %.2f, gathers %.2f, ops %.2f), backward %.2f, "
-                    "optimizer %.2f\n", "", s.phases->forward / ph, s.counters.trace_ms / steps,
-                    s.counters.sched_ms / steps, s.counters.gather_ms / steps, s.counters.op_ms / steps,
-                    s.phases->backward / ph, s.phases->optimizer / ph);
+        std::printf("  %-20s ms/batch: forward %.2f", "", s.phases->forward / ph);
+        if (s.counters.steps > 0)  // a Sheaf system: its forward's parts
+          std::printf(" (trace %.2f, schedule %.2f, gathers %.2f, ops %.2f)", s.counters.trace_ms / steps,
+                      s.counters.sched_ms / steps, s.counters.gather_ms / steps, s.counters.op_ms / steps);
+        std::printf(", backward %.2f, optimizer %.2f\n", s.phases->backward / ph, s.phases->optimizer / ph);
       }
     }
   }

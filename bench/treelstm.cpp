@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <string_view>
 
 #include <data/trees.h>
 #include <tree_lstm/model.h>
@@ -59,6 +60,22 @@ double diff(const Outputs& a, const Outputs& b) {
   return std::max((a.logits - b.logits).abs().max().item<double>(), std::abs(a.loss_per_node - b.loss_per_node));
 }
 
+// A forwarded Sheaf run of `batch`: its loss and each tree's root logits, as Outputs.
+Outputs sheaf_outputs(const TreeLSTM& m, std::span<const Tree* const> batch, const Expr& loss,
+                      std::span<const Expr> roots) {
+  std::vector<at::Tensor> logits;
+  for (const Expr& e : roots) logits.push_back(e.value());
+  return {at::stack(logits).cpu(), loss.item() / labelled_nodes(m, batch)};
+}
+
+constexpr std::string_view kPrefetch = "+prefetch";  // system suffix: Sheaf under a Prefetcher
+
+// The strategies of a "sheaf[:<strategy>]+prefetch" system; none for another name.
+std::vector<const Strategy*> prefetched_strategies(const std::string& system) {
+  if (!system.ends_with(kPrefetch)) return {};
+  return sheaf_strategies(system.substr(0, system.size() - kPrefetch.size()));
+}
+
 void run_mode(const Options& o, const std::string& mode, int64_t hidden, const Workload& w) {
   const bool train = mode == "train";
   const c10::Device device(o.device);
@@ -99,9 +116,9 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
         s.max_abs_diff = diff(out, reference);
       }
       systems.push_back(std::move(s));
-    } else if (name.ends_with("+prefetch") && !sheaf_strategies(name.substr(0, name.size() - 9)).empty()) {
+    } else if (auto prefetched = prefetched_strategies(name); !prefetched.empty()) {
       // Batch b+1 is recorded and scheduled on a worker thread while batch b runs.
-      for (const Strategy* strategy : sheaf_strategies(name.substr(0, name.size() - 9))) {
+      for (const Strategy* strategy : prefetched) {
         prefetchers.push_back(std::make_unique<Prefetcher>(
             GraphOptions{.device = device, .profile = o.profile},
             [&](Graph& g, size_t b) {
@@ -112,7 +129,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
             },
             ForwardOptions{.strategy = strategy}));
         Prefetcher* pf = prefetchers.back().get();
-        System s{"sheaf", std::string(strategy->name()) + "+prefetch"};
+        System s{"sheaf", std::string(strategy->name()).append(kPrefetch)};
         const size_t index = systems.size();
         const size_t n = w.batches.size();
         s.step = make_step(s, [&, pf, strategy, index, train, n](size_t b) {
@@ -125,10 +142,8 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
           c10::NoGradGuard no_grad;
           Prefetcher::Batch batch = pf->take(0);
           batch.graph.forward(batch.targets, {.strategy = strategy});
-          std::vector<at::Tensor> logits;
-          for (const Expr& e : batch.targets.subspan(1)) logits.push_back(e.value());
-          s.max_abs_diff = diff({at::stack(logits).cpu(), batch.targets[0].item() / labelled_nodes(model, w.batches[0])},
-                                reference);
+          s.max_abs_diff =
+              diff(sheaf_outputs(model, w.batches[0], batch.targets[0], batch.targets.subspan(1)), reference);
         }
         systems.push_back(std::move(s));
       }
@@ -151,9 +166,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
           std::vector<Expr> roots;
           Expr loss = r->loss(w.batches[0], &roots);
           r->graph.forward(loss, {.strategy = &r->strategy});
-          std::vector<at::Tensor> logits;
-          for (const Expr& e : roots) logits.push_back(e.value());
-          s.max_abs_diff = diff({at::stack(logits).cpu(), loss.item() / labelled_nodes(model, w.batches[0])}, reference);
+          s.max_abs_diff = diff(sheaf_outputs(model, w.batches[0], loss, roots), reference);
         }
         systems.push_back(std::move(s));
       }
