@@ -109,7 +109,7 @@ Workload load_trees(const Options& o) {
     w.batches.emplace_back();
     for (size_t i = start; i < start + batch; ++i) w.batches.back().push_back(&w.trees[i]);
   }
-  if (w.batches.empty()) throw UserError("sheaf-bench: fewer trees than one batch");
+  if (w.batches.empty()) throw UserError("fewer trees than one batch");
   if (!o.json) {
     data::TreeStats st = data::stats_of(w.trees);
     std::printf("trees: %zu (%s), mean %.1f words, mean height %.1f, max height %d; %zu batches of %lld\n", st.trees,

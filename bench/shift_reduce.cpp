@@ -126,7 +126,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
       }
       systems.push_back(std::move(s));
     } else {
-      throw UserError("sheaf-bench: unknown system '" + name +
+      throw UserError("unknown system '" + name +
                       "' for shift_reduce (per-example, sheaf, sheaf:<strategy>, hand)");
     }
   }

@@ -171,7 +171,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
         systems.push_back(std::move(s));
       }
     } else {
-      throw UserError("sheaf-bench: unknown system '" + name +
+      throw UserError("unknown system '" + name +
                       "' (per-example, sheaf, sheaf:<strategy>, either with +prefetch, hand)");
     }
   }
