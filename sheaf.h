@@ -1,12 +1,13 @@
 // Sheaf: write the model for ONE example; run it for MANY in batched launches.
+// Everything a model author needs; nothing of the scheduler's or the executor's
+// insides (those headers are installed too, for tools and user-defined ops).
 #pragma once
 
-#include "dsl/check.h"            // IWYU pragma: export
-#include "backend/prefetch.h"     // IWYU pragma: export
 #include "backend/runtime.h"      // IWYU pragma: export
+#include "dsl/check.h"            // IWYU pragma: export
 #include "dsl/control.h"          // IWYU pragma: export
 #include "dsl/dsl.h"              // IWYU pragma: export
 #include "dsl/task.h"             // IWYU pragma: export
-#include "scheduler/plan.h"       // IWYU pragma: export
+#include "engine/graph.h"         // IWYU pragma: export
+#include "engine/prefetch.h"      // IWYU pragma: export
 #include "scheduler/strategy.h"   // IWYU pragma: export
-#include "tracer/graph.h"         // IWYU pragma: export

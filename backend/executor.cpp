@@ -11,7 +11,8 @@
 #include <set>
 #include <sstream>
 
-#include "../dsl/op.h"
+#include <sheaf/ops/op.h>
+
 #include "gather.h"
 #include "runtime.h"
 
@@ -30,12 +31,12 @@ at::Tensor Executor::read(const Plan& plan, uint32_t r) {
         reads.push_back(x.index >= 0 ? RowRead{0, x.len, index_.narrow(0, x.index, x.len)} : RowRead{x.start, x.len, {}});
       }
       outs = gather_rows(src, reads);
-      ++stats_.gather_launches;
+      ++counters_.gather_launches;
     }
     return outs[rd.slot];
   }
   if (rd.index >= 0) {
-    ++stats_.gather_launches;
+    ++counters_.gather_launches;
     return src.index_select(0, index_.narrow(0, rd.index, rd.len));
   }
   if (rd.start == 0 && rd.len == src.size(0)) return src;
@@ -51,7 +52,7 @@ at::Tensor Executor::input(const Plan& plan, const PlannedBatch& b, const BatchA
     }
     case BatchArg::kView:
       shared_.push_back(0);
-      ++stats_.zero_copy_inputs;
+      ++counters_.zero_copy_inputs;
       return read(plan, arg.reads_begin);
     case BatchArg::kGather: {
       shared_.push_back(0);
@@ -59,13 +60,13 @@ at::Tensor Executor::input(const Plan& plan, const PlannedBatch& b, const BatchA
       pieces.reserve(arg.reads_end - arg.reads_begin);
       for (uint32_t q = arg.reads_begin; q < arg.reads_end; ++q) pieces.push_back(read(plan, q));
       at::Tensor x = pieces.size() == 1 ? pieces[0] : at::cat(pieces);
-      if (pieces.size() > 1) ++stats_.gather_launches;
+      if (pieces.size() > 1) ++counters_.gather_launches;
       if (arg.perm >= 0) {
         x = x.index_select(0, index_.narrow(0, arg.perm, x.size(0)));
-        ++stats_.gather_launches;
+        ++counters_.gather_launches;
       }
-      ++stats_.gathered_inputs;
-      stats_.gathered_bytes += static_cast<uint64_t>(x.numel()) * x.element_size();
+      ++counters_.gathered_inputs;
+      counters_.gathered_bytes += static_cast<uint64_t>(x.numel()) * x.element_size();
       return x;
     }
   }
@@ -81,73 +82,33 @@ at::Tensor Executor::split_piece(const Plan& plan, const PlannedBatch& b) {
   return pieces[b.piece];
 }
 
-size_t Executor::run(const Plan& plan) {
-  // Every index of the round (gathers, payloads, segment ids) in one host buffer
-  // and, off the CPU, one upload.
-  {
-    auto n = static_cast<int64_t>(plan.indices.size());
-    bool cuda = options_.device.is_cuda();
-    at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(cuda));
-    if (n) std::memcpy(host.data_ptr<int64_t>(), plan.indices.data(), static_cast<size_t>(n) * sizeof(int64_t));
-    index_ = options_.device.is_cpu() ? host : host.to(options_.device, /*non_blocking=*/true);
-  }
+void Executor::lap(double* into) {
+  if (!config_.profile) return;
+  synchronize(config_.device);
+  const auto now = std::chrono::steady_clock::now();
+  if (into) *into += std::chrono::duration<double, std::milli>(now - lap_start_).count();
+  lap_start_ = now;
+}
+
+// Every index of the round (gathers, payloads, segment ids) in one host buffer
+// and, off the CPU, one upload that does not wait for the device.
+void Executor::upload_indices(const Plan& plan) {
+  const auto n = static_cast<int64_t>(plan.indices.size());
+  const bool cuda = config_.device.is_cuda();
+  at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(cuda));
+  if (n) std::memcpy(host.data_ptr<int64_t>(), plan.indices.data(), static_cast<size_t>(n) * sizeof(int64_t));
+  index_ = config_.device.is_cpu() ? host : host.to(config_.device, /*non_blocking=*/true);
+}
+
+void Executor::run(const Plan& plan) {
+  upload_indices(plan);
   groups_.assign(plan.groups.size(), {});
   splits_.assign(plan.splits.size(), {});
-  const at::TensorOptions float_opts = at::TensorOptions().dtype(at::kFloat).device(options_.device);
-
-  // Profiling: host time to the device's idle point, so queued kernels count.
-  using Clock = std::chrono::steady_clock;
-  auto lap = [&, t = Clock::now()](double* into) mutable {
-    if (!options_.profile) return;
-    synchronize(options_.device);
-    auto now = Clock::now();
-    if (into) *into += std::chrono::duration<double, std::milli>(now - t).count();
-    t = now;
-  };
+  float_opts_ = at::TensorOptions().dtype(at::kFloat).device(config_.device);
   lap(nullptr);
-
-  size_t done = 0;
   for (const PlannedBatch& b : plan.batches) {
-    const OpInfo& info = op_info(b.op);
-    const NodeId first = plan.nodes[b.nodes_begin];
     try {
-      inputs_.clear();
-      shared_.clear();
-      for (uint32_t k = 0; k < b.arity; ++k) inputs_.push_back(input(plan, b, plan.args[b.args_begin + k]));
-      lap(&stats_.gather_ms);
-
-      RunCtx ctx;
-      ctx.n_ = b.n;
-      ctx.arity_ = s_.args_of(first).size();
-      ctx.stacked_ = b.stacked;
-      ctx.inputs_ = inputs_;
-      ctx.shared_ = shared_;
-      ctx.attrs_ = s_.attrs_of(first);
-      ctx.out_shape_ = &s_.shape_of(first);
-      ctx.payload_host_ = std::span(plan.indices.data() + b.payload, b.n);
-      ctx.index_ = &index_;
-      ctx.payload_off_ = b.payload;
-      if (b.segments >= 0) {
-        ctx.segments_off_ = b.segments;
-        ctx.segments_len_ = b.total;
-        ctx.segment_counts_ = std::span(plan.indices.data() + b.counts, b.n);
-      }
-      ctx.user_tensors_ = &s_.user_tensors;
-      ctx.options_ = float_opts;
-      ctx.seed_ = options_.seed;
-      ctx.train_ = options_.train;
-
-      at::Tensor out = b.split >= 0 ? split_piece(plan, b) : info.run(ctx);
-      lap(&stats_.op_ms);
-
-      // A descriptor that returns the wrong shape is our bug, not the user's.
-      const Shape& shape = *ctx.out_shape_;
-      bool ok = out.dim() == shape.rank() + 1 && out.size(0) == b.n;
-      for (int d = 0; ok && d < shape.rank(); ++d) ok = out.size(d + 1) == shape[d];
-      SHEAF_ASSERT(ok, "op ", info.name, " returned ", out.sizes(), " for ", b.n, " x ", shape.str());
-      if (b.shared) out = out.select(0, 0);
-      SHEAF_ASSERT(s_.batch_out.size() == b.out, "batch output slot mismatch");
-      s_.batch_out.push_back(std::move(out));
+      launch(plan, b);
     } catch (const UserError&) {
       throw;
     } catch (const InternalError&) {
@@ -156,20 +117,72 @@ size_t Executor::run(const Plan& plan) {
       rethrow(plan, b, e);
     }
     for (uint32_t i = 0; i < b.n; ++i) s_.flags[plan.nodes[b.nodes_begin + i]] |= NodeStore::kComputed;
-    ++stats_.batches;
-    stats_.nodes += b.n;
-    ++done;
+    ++counters_.batches;
+    counters_.nodes += b.n;
   }
-  return done;
+}
+
+LaunchArgs Executor::launch_args(const Plan& plan, const PlannedBatch& b) const {
+  const NodeId first = plan.nodes[b.nodes_begin];
+  LaunchArgs a{
+      .n = b.n,
+      .arity = s_.args_of(first).size(),
+      .stacked = b.stacked,
+      .inputs = inputs_,
+      .shared = shared_,
+      .attrs = s_.attrs_of(first),
+      .out_shape = &s_.shape_of(first),
+      .payload_host = std::span(plan.indices.data() + b.payload, b.n),
+      .index = &index_,
+      .payload_off = b.payload,
+      .user_tensors = &s_.user_tensors,
+      .options = float_opts_,
+      .seed = config_.seed,
+      .train = config_.train,
+  };
+  if (b.segments >= 0) {
+    a.segments_off = b.segments;
+    a.segments_len = b.total;
+    a.segment_counts = std::span(plan.indices.data() + b.counts, b.n);
+  }
+  return a;
+}
+
+void Executor::launch(const Plan& plan, const PlannedBatch& b) {
+  inputs_.clear();
+  shared_.clear();
+  for (uint32_t k = 0; k < b.arity; ++k) inputs_.push_back(input(plan, b, plan.args[b.args_begin + k]));
+  lap(&counters_.gather_ms);
+  at::Tensor out;
+  if (b.split >= 0) {
+    out = split_piece(plan, b);
+  } else {
+    const LaunchArgs args = launch_args(plan, b);
+    RunCtx ctx(args);
+    out = op_info(b.op).run(ctx);
+  }
+  lap(&counters_.op_ms);
+  check_output(plan, b, out);
+  if (b.shared) out = out.select(0, 0);
+  SHEAF_ASSERT(s_.batch_out.size() == b.out, "batch output slot mismatch");
+  s_.batch_out.push_back(std::move(out));
+}
+
+// A descriptor that returns the wrong shape is our bug, not the user's.
+void Executor::check_output(const Plan& plan, const PlannedBatch& b, const at::Tensor& out) const {
+  const Shape& shape = s_.shape_of(plan.nodes[b.nodes_begin]);
+  bool ok = out.dim() == shape.rank() + 1 && out.size(0) == b.n;
+  for (int d = 0; ok && d < shape.rank(); ++d) ok = out.size(d + 1) == shape[d];
+  SHEAF_ASSERT(ok, "op ", op_info(b.op).name, " returned ", out.sizes(), " for ", b.n, " x ", shape.str());
 }
 
 void Executor::rethrow(const Plan& plan, const PlannedBatch& b, const std::exception& e) const {
   const NodeId first = plan.nodes[b.nodes_begin];
-  std::set<int> examples;
+  std::set<int64_t> examples;
   for (uint32_t i = 0; i < b.n && examples.size() < 8; ++i) examples.insert(s_.example[plan.nodes[b.nodes_begin + i]]);
   std::ostringstream os;
   os << "the batched launch of " << b.n << " node(s) failed (examples";
-  for (int ex : examples) os << " " << ex;
+  for (int64_t ex : examples) os << " " << ex;
   os << (b.n > examples.size() ? " ..." : "") << "): ";
   std::string what = e.what();
   if (auto* ce = dynamic_cast<const c10::Error*>(&e)) what = ce->what_without_backtrace();

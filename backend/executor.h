@@ -3,37 +3,57 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <chrono>
 
 #include <vector>
 
-#include "../scheduler/plan.h"
-#include "../tracer/graph.h"
+#include <sheaf/ops/op.h>
+#include <sheaf/scheduler/plan.h>
+#include <sheaf/tracer/node_store.h>
+
+#include "counters.h"
 
 namespace sheaf {
 
+struct ExecConfig {
+  c10::Device device = c10::kCPU;
+  uint64_t seed = 0;    // dropout masks
+  bool train = true;    // dropout is the identity when false
+  bool profile = false; // wait for the device around gathers and ops (ExecCounters' times)
+};
+
 class Executor {
  public:
-  Executor(NodeStore& store, const GraphOptions& options, Stats& stats)
-      : s_(store), options_(options), stats_(stats) {}
+  Executor(NodeStore& store, const ExecConfig& config, ExecCounters& counters)
+      : s_(store), config_(config), counters_(counters) {}
   // Runs every batch of the plan in order. On failure (a LibTorch error in a
-  // launch) throws UserError naming the op and examples; batches before it stay
-  // computed. Returns the number of batches that ran.
-  size_t run(const Plan& plan);
+  // launch) throws UserError naming the op, its line and examples; batches
+  // before it stay computed.
+  void run(const Plan& plan);
 
  private:
+  void upload_indices(const Plan& plan);
+  void launch(const Plan& plan, const PlannedBatch& b);
+  LaunchArgs launch_args(const Plan& plan, const PlannedBatch& b) const;
   at::Tensor input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg);
   at::Tensor read(const Plan& plan, uint32_t r);
   at::Tensor split_piece(const Plan& plan, const PlannedBatch& b);
+  void check_output(const Plan& plan, const PlannedBatch& b, const at::Tensor& out) const;
   [[noreturn]] void rethrow(const Plan& plan, const PlannedBatch& b, const std::exception& e) const;
+  void lap(double* into);  // profiling: time since the last lap, to the device's idle point
 
   NodeStore& s_;
-  const GraphOptions& options_;
-  Stats& stats_;
+  const ExecConfig& config_;
+  ExecCounters& counters_;
+  at::TensorOptions float_opts_;
   at::Tensor index_;  // plan.indices on the device
   std::vector<std::vector<at::Tensor>> groups_;  // outputs of each read group, made at first use
   std::vector<std::vector<at::Tensor>> splits_;  // pieces of each split group, made at first use
   std::vector<at::Tensor> inputs_;
   std::vector<uint8_t> shared_;
+  std::chrono::steady_clock::time_point lap_start_;
 };
 
 }  // namespace sheaf

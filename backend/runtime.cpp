@@ -10,7 +10,7 @@
 
 #include <sstream>
 
-#include "../tracer/error.h"
+#include <sheaf/core/error.h>
 
 namespace sheaf {
 

@@ -1,6 +1,6 @@
 // Shift-reduce workload: the SPINN-style parser on the same sentences per
 // example (eager LibTorch), with Sheaf (each strategy) and hand-batched
-// (shift_reduce/hand.h). Modes: train (gold
+// (bench/baselines/shift_reduce_hand.h). Modes: train (gold
 // transitions, forward + backward + step) and infer (the model's own predicted
 // transitions: per-example code syncs once per step per sentence; Sheaf and the
 // hand-batched parser once per step for the whole batch).
@@ -12,7 +12,7 @@
 #include <optional>
 
 #include <data/trees.h>
-#include <shift_reduce/hand.h>
+#include <baselines/shift_reduce_hand.h>
 #include <shift_reduce/model.h>
 
 #include "harness.h"

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include <data/trees.h>
+#include <baselines/tree_lstm_hand.h>
 #include <tree_lstm/model.h>
 
 #include "harness.h"

@@ -15,8 +15,10 @@
 #include <memory>
 #include <sstream>
 
+#include <sheaf/engine/engine.h>
+#include <sheaf/ops/op.h>
+
 #include "dsl.h"
-#include "op.h"
 
 namespace sheaf {
 
@@ -101,8 +103,13 @@ Run run_examples(const std::vector<int>& examples, const Recorder& record, const
   return run;
 }
 
+const NodeStore& store_of(const Run& run) { return detail::engine_of(*run.graph).store(); }
+at::Tensor value_of(const Run& run, NodeId n) {
+  return detail::engine_of(*run.graph).value(n, std::source_location::current());
+}
+
 std::vector<NodeId> nodes_of_example(const Run& run, int example) {
-  const NodeStore& s = run.graph->store();
+  const NodeStore& s = store_of(run);
   std::vector<NodeId> nodes;
   for (NodeId n = 0; n < s.size(); ++n)
     if (n != run.total && s.example[n] == example && s.has(s.resolve(n), NodeStore::kComputed)) nodes.push_back(n);
@@ -167,10 +174,10 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
     const std::string name(strategy->name());
     Run batched = run_examples(all, program, o, *strategy, grads);
     report.batched_launches = std::max<size_t>(report.batched_launches, batched.graph->stats().batches);
-    const NodeStore& bs = batched.graph->store();
+    const NodeStore& bs = store_of(batched);
 
     for (int i = 0; i < num_examples; ++i) {
-      const NodeStore& as = alone[static_cast<size_t>(i)].graph->store();
+      const NodeStore& as = store_of(alone[static_cast<size_t>(i)]);
       std::vector<NodeId> bn = nodes_of_example(batched, i), an = nodes_of_example(alone[static_cast<size_t>(i)], i);
       if (bn.size() != an.size()) {
         fail(i, name, detail::cat("the example recorded ", bn.size(), " nodes batched but ", an.size(),
@@ -187,7 +194,7 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
                                     where(as, an[k]), " alone"));
           break;
         }
-        Diff d = compare(batched.graph->value(bn[k]), alone[static_cast<size_t>(i)].graph->value(an[k]), o.atol, o.rtol);
+        Diff d = compare(value_of(batched, bn[k]), value_of(alone[static_cast<size_t>(i)], an[k]), o.atol, o.rtol);
         ++report.values_compared;
         report.max_abs_diff = std::max(report.max_abs_diff, d.max_abs);
         if (d.worst_excess > 0)

@@ -16,8 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "../scheduler/strategy.h"
-#include "../tracer/graph.h"
+#include <sheaf/engine/graph.h>
+#include <sheaf/scheduler/strategy.h>
+
 #include "task.h"
 
 namespace sheaf {

@@ -1,12 +1,14 @@
 #include "control.h"
 
-#include <ATen/ops/argmax.h>
-
 #include <memory>
+
+#include <sheaf/engine/engine.h>
 
 namespace sheaf::dsl {
 
 namespace {
+
+using detail::Engine;
 
 // Predicates are per-example scalars; a host value of any other size is a mistake.
 bool truth(const at::Tensor& v, const Site& site) {
@@ -14,14 +16,14 @@ bool truth(const at::Tensor& v, const Site& site) {
   return v.item<double>() != 0.0;
 }
 
-Graph& graph_for(const Expr& e, const Site& site) {
-  Graph* g = Graph::find(e);
+Engine& engine_for(const Expr& e, const Site& site) {
+  Engine* g = Engine::find(e);
   if (g == nullptr)
     throw_user(site, e.defined() ? "the predicate's graph was cleared or destroyed" : "the predicate is an empty Expr");
   return *g;
 }
 
-void expect_scalar(Graph& g, const Expr& e, const Site& site, const char* what) {
+void expect_scalar(Engine& g, const Expr& e, const Site& site, const char* what) {
   const NodeStore& s = g.store();
   NodeId n = g.node_of(e, site.op, site.loc);
   if (s.shape[n] != kUnknownShape && s.shape_of(n).rank() != 0)
@@ -30,14 +32,21 @@ void expect_scalar(Graph& g, const Expr& e, const Site& site, const char* what) 
 
 // Records `fn` for the example the control flow belongs to.
 template <class F>
-auto in_example(Graph& g, int example, F&& fn) {
+auto in_example(Engine& g, int64_t example, F&& fn) {
   if (example < 0) return fn();
-  auto scope = g.example(example);
+  Trace& t = g.trace();
+  const int64_t saved = t.current_example();
+  t.set_current_example(example);
+  struct Restore {
+    Trace& t;
+    int64_t saved;
+    ~Restore() { t.set_current_example(saved); }
+  } restore{t, saved};
   return fn();
 }
 
 struct LoopState {
-  Graph* g;
+  Engine* g;
   std::function<Expr(const std::vector<Expr>&)> cond_fn;
   std::function<std::vector<Expr>(const std::vector<Expr>&)> body_fn;
   std::vector<NodeId> results;  // the placeholders handed to the user
@@ -48,13 +57,14 @@ struct LoopState {
 // Records the condition for `state`; when its value is known, either records the
 // body and goes round again, or binds the results to `state`.
 void loop_step(const std::shared_ptr<LoopState>& st, std::vector<Expr> state, int iteration) {
-  Graph& g = *st->g;
+  Engine& g = *st->g;
   Expr c = in_example(g, st->site.example, [&] { return st->cond_fn(state); });
   expect_scalar(g, c, st->site, "the loop condition");
   g.when_computed(c.id(), [st, state = std::move(state), iteration](const at::Tensor& v) {
-    Graph& g = *st->g;
+    Engine& g = *st->g;
     if (!truth(v, st->site)) {
-      for (size_t i = 0; i < state.size(); ++i) g.resolve(st->results[i], g.node_of(state[i], "loop", st->site.loc));
+      for (size_t i = 0; i < state.size(); ++i)
+        g.trace().resolve(st->results[i], g.node_of(state[i], "loop", st->site.loc));
       return;
     }
     if (iteration >= st->max_iterations)
@@ -77,17 +87,17 @@ void loop_step(const std::shared_ptr<LoopState>& st, std::vector<Expr> state, in
 }  // namespace
 
 Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_fn, std::source_location loc) {
-  Site site{"cond", -1, loc};
-  Graph& g = graph_for(pred, site);
-  site.example = pred.example() >= 0 ? pred.example() : g.current_example();
+  Site site{"cond", kSharedExample, loc};
+  Engine& g = engine_for(pred, site);
+  site.example = pred.example(loc) >= 0 ? pred.example(loc) : g.trace().current_example();
   expect_scalar(g, pred, site, "the predicate");
   if (!then_fn || !else_fn) throw_user(site, "both branches must be callable");
-  Expr result = g.placeholder(kUnknownShape, site.example, loc);
+  Expr result = g.expr(g.trace().placeholder(kUnknownShape, site.example, loc));
   g.when_computed(pred.id(), [&g, site, result, then_fn = std::move(then_fn), else_fn = std::move(else_fn)](
                                  const at::Tensor& v) {
     const bool taken = truth(v, site);
     Expr r = in_example(g, site.example, [&] { return taken ? then_fn() : else_fn(); });
-    g.resolve(result.id(), g.node_of(r, "cond", site.loc));
+    g.trace().resolve(result.id(), g.node_of(r, "cond", site.loc));
   });
   return result;
 }
@@ -95,10 +105,10 @@ Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_f
 std::vector<Expr> loop(std::vector<Expr> init, std::function<Expr(const std::vector<Expr>&)> cond_fn,
                        std::function<std::vector<Expr>(const std::vector<Expr>&)> body_fn, int max_iterations,
                        std::source_location loc) {
-  Site site{"loop", -1, loc};
+  Site site{"loop", kSharedExample, loc};
   if (init.empty()) throw_user(site, "needs a non-empty state");
-  Graph& g = graph_for(init[0], site);
-  site.example = init[0].example() >= 0 ? init[0].example() : g.current_example();
+  Engine& g = engine_for(init[0], site);
+  site.example = init[0].example(loc) >= 0 ? init[0].example(loc) : g.trace().current_example();
   if (!cond_fn || !body_fn) throw_user(site, "the condition and the body must be callable");
   if (max_iterations < 0) throw_user(site, "max_iterations must be >= 0");
   auto st = std::make_shared<LoopState>(LoopState{&g, std::move(cond_fn), std::move(body_fn), {}, max_iterations, site});
@@ -107,7 +117,7 @@ std::vector<Expr> loop(std::vector<Expr> init, std::function<Expr(const std::vec
     NodeId n = g.node_of(e, "loop", loc);
     if (g.store().shape[n] == kUnknownShape)
       throw_user(site, "the initial state must have a known shape (it depends on an unresolved dsl::cond)");
-    out.push_back(g.placeholder(g.store().shape[n], site.example, loc));
+    out.push_back(g.expr(g.trace().placeholder(g.store().shape[n], site.example, loc)));
     st->results.push_back(out.back().id());
   }
   loop_step(st, std::move(init), 0);
@@ -124,11 +134,3 @@ Expr loop(Expr init, std::function<Expr(Expr)> cond_fn, std::function<Expr(Expr)
 
 }  // namespace sheaf::dsl
 
-namespace sheaf {
-
-int64_t host_argmax(const at::Tensor& v) {
-  if (v.numel() == 0) throw UserError("sheaf::argmax of an empty value");
-  return v.reshape({-1}).argmax().item<int64_t>();
-}
-
-}  // namespace sheaf

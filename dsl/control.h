@@ -1,6 +1,6 @@
 // Control flow on computed values, batched across examples.
 //
-//   Expr y = dsl::cond(x > 0.0, [&] { return f(x); }, [&] { return g(x); });
+//   Expr y = dsl::cond(x > 0.0, [=] { return f(x); }, [=] { return g(x); });
 //   Expr z = dsl::loop(x, [](Expr s) { return s > 0.0; }, [](Expr s) { return s - 1.0; });
 //
 // Nothing runs when these are called. During Graph::forward, once the predicates
@@ -12,6 +12,9 @@
 // Branches and loop bodies run LATER, inside forward(): capture Exprs (and other
 // locals) by value, not by reference: [=] or [&, x], never a bare [&] over
 // locals that are gone by then.
+//
+// A branch or body that throws stops its own example only: the other examples
+// complete, then forward() throws (docs/reliability.md).
 //
 // For host code that must follow a computed value (a parser's stack), see
 // dsl/task.h: co_await the value inside a per-example coroutine.
@@ -25,15 +28,18 @@
 
 namespace sheaf::dsl {
 
-// pred: a per-example scalar; nonzero selects then_fn. Both branches must return
-// values of one shape (checked when a branch is recorded). The result's shape is
-// known after forward (Expr::shape() before then is a UserError).
+// pred: a per-example scalar; nonzero selects then_fn. The result is the value
+// of the branch the example took, with that branch's shape: examples (and the
+// two branches) may differ in shape. Until forward() decides, the result's
+// shape is unknown: Expr::shape() is a UserError then, and ops recorded on it
+// check their shapes (and report mistakes at their own lines) when it is known.
 Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_fn,
           std::source_location loc = std::source_location::current());
 
 // while (cond_fn(state) != 0) state = body_fn(state); returns the final state.
-// The body must keep the state's shapes. More than max_iterations iterations is a
-// UserError (instead of a hang).
+// The body must keep the state's shapes (checked per iteration). More than
+// max_iterations iterations is a UserError naming the example and the loop's
+// line (instead of a hang).
 Expr loop(Expr init, std::function<Expr(Expr)> cond_fn, std::function<Expr(Expr)> body_fn,
           int max_iterations = 10000, std::source_location loc = std::source_location::current());
 std::vector<Expr> loop(std::vector<Expr> init, std::function<Expr(const std::vector<Expr>&)> cond_fn,

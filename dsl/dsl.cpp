@@ -1,99 +1,180 @@
 #include "dsl.h"
 
-#include "op.h"
+#include <bit>
+
+#include <sheaf/engine/engine.h>
+#include <sheaf/ops/op.h>
+#include <sheaf/ops/op_list.h>
 
 namespace sheaf {
 
-namespace detail {
-
 namespace {
-// The graph of the first Expr operand. A tensor-only call has no graph to go to.
-Graph& graph_of(OpCode op, std::span<const Operand> args, Loc loc) {
+
+using detail::Engine;
+using Loc = std::source_location;
+
+// The engine of the first Expr operand. A tensor-only call has no graph to go to.
+Engine& engine_for(OpCode op, std::span<const Operand> args, Loc loc) {
   for (const Operand& a : args) {
     if (!a.is_expr()) continue;
-    if (Graph* g = Graph::find(a.expr())) return *g;
-    throw_user(Site{op_info(op).name, -1, loc},
+    if (Engine* e = Engine::find(a.expr())) return *e;
+    throw_user(Site{op_info(op).name, kSharedExample, loc},
                a.expr().defined() ? "an argument is an Expr whose graph was cleared or destroyed since it was made"
                                   : "an argument is an empty Expr (default-constructed, never assigned)");
   }
-  throw_user(Site{op_info(op).name, -1, loc},
+  throw_user(Site{op_info(op).name, kSharedExample, loc},
              "every argument is a tensor, so there is no graph to record on; make one of them an Expr with "
              "g.param(tensor)");
 }
-}  // namespace
 
+// Records `op` on the graph of the first Expr operand; tensors become shared nodes.
 Expr apply(OpCode op, std::initializer_list<Operand> args, std::span<const int64_t> attrs, int64_t payload, Loc loc) {
-  Graph& g = graph_of(op, std::span(args.begin(), args.size()), loc);
+  Engine& g = engine_for(op, std::span(args.begin(), args.size()), loc);
   std::array<NodeId, 8> ids{};
   SHEAF_ASSERT(args.size() <= ids.size(), "too many operands");
   size_t k = 0;
   for (const Operand& a : args)
-    ids[k++] = a.is_expr() ? g.node_of(a.expr(), op_info(op).name, loc) : g.param(a.tensor(), loc).id();
+    ids[k++] = a.is_expr() ? g.node_of(a.expr(), op_info(op).name, loc) : g.trace().param(a.tensor(), loc);
   return g.record(op, std::span(ids.data(), k), attrs, payload, loc);
 }
 
 Expr apply_list(OpCode op, std::span<const Expr> args, std::span<const int64_t> attrs, Loc loc) {
-  if (args.empty()) throw_user(Site{op_info(op).name, -1, loc}, "needs a non-empty list of Exprs");
-  Operand first(args[0]);
-  Graph& g = graph_of(op, std::span(&first, 1), loc);
+  if (args.empty()) throw_user(Site{op_info(op).name, kSharedExample, loc}, "needs a non-empty list of Exprs");
+  const Operand first(args[0]);
+  Engine& g = engine_for(op, std::span(&first, 1), loc);
   thread_local std::vector<NodeId> ids;
   ids.clear();
   for (const Expr& e : args) ids.push_back(g.node_of(e, op_info(op).name, loc));
   return g.record(op, ids, attrs, 0, loc);
 }
 
-}  // namespace detail
+Expr unary(OpCode op, const At& x) { return apply(op, {x.expr}, {}, 0, x.loc); }
+
+Expr with_scalar(OpCode op, const At& x, double c) {
+  const int64_t a = attr_of(c);
+  return apply(op, {x.expr}, std::span(&a, 1), 0, x.loc);
+}
+
+Expr binary(OpCode op, Operand a, Operand b, Loc loc) { return apply(op, {a, b}, {}, 0, loc); }
+
+}  // namespace
+
+Expr operator+(At a, Operand b) { return binary(code_of<op::Add>, a.expr, b, a.loc); }
+Expr operator-(At a, Operand b) { return binary(code_of<op::Sub>, a.expr, b, a.loc); }
+Expr operator*(At a, Operand b) { return binary(code_of<op::Mul>, a.expr, b, a.loc); }
+Expr operator/(At a, Operand b) { return binary(code_of<op::Div>, a.expr, b, a.loc); }
+Expr operator+(const at::Tensor& a, At b) { return binary(code_of<op::Add>, a, b.expr, b.loc); }
+Expr operator-(const at::Tensor& a, At b) { return binary(code_of<op::Sub>, a, b.expr, b.loc); }
+Expr operator*(const at::Tensor& a, At b) { return binary(code_of<op::Mul>, a, b.expr, b.loc); }
+Expr operator/(const at::Tensor& a, At b) { return binary(code_of<op::Div>, a, b.expr, b.loc); }
+Expr operator+(At x, double c) { return with_scalar(code_of<op::AddScalar>, x, c); }
+Expr operator+(double c, At x) { return with_scalar(code_of<op::AddScalar>, x, c); }
+Expr operator-(At x, double c) { return with_scalar(code_of<op::AddScalar>, x, -c); }
+Expr operator-(double c, At x) { return with_scalar(code_of<op::AddScalar>, At(unary(code_of<op::Neg>, x), x.loc), c); }
+Expr operator*(At x, double c) { return with_scalar(code_of<op::MulScalar>, x, c); }
+Expr operator*(double c, At x) { return with_scalar(code_of<op::MulScalar>, x, c); }
+Expr operator/(At x, double c) { return with_scalar(code_of<op::MulScalar>, x, 1.0 / c); }
+Expr operator/(double c, At x) { return with_scalar(code_of<op::RDivScalar>, x, c); }
+Expr operator-(At x) { return unary(code_of<op::Neg>, x); }
+Expr operator>(At x, double c) { return with_scalar(code_of<op::GreaterScalar>, x, c); }
+Expr operator<(At x, double c) { return with_scalar(code_of<op::LessScalar>, x, c); }
+Expr operator>(At a, Operand b) { return binary(code_of<op::Greater>, a.expr, b, a.loc); }
+Expr operator<(At a, Operand b) { return binary(code_of<op::Greater>, b, a.expr, a.loc); }
 
 namespace dsl {
 
+Expr tanh(At x) { return unary(code_of<op::Tanh>, x); }
+Expr sigmoid(At x) { return unary(code_of<op::Sigmoid>, x); }
+Expr relu(At x) { return unary(code_of<op::Relu>, x); }
+Expr exp(At x) { return unary(code_of<op::Exp>, x); }
+Expr log(At x) { return unary(code_of<op::Log>, x); }
+Expr neg(At x) { return unary(code_of<op::Neg>, x); }
+Expr sum(At x) { return unary(code_of<op::Sum>, x); }
+Expr mean(At x) { return unary(code_of<op::Mean>, x); }
+Expr softmax(At x) { return unary(code_of<op::Softmax>, x); }
+Expr log_softmax(At x) { return unary(code_of<op::LogSoftmax>, x); }
+
+Expr affine(Operand W, Operand x, Operand b, Loc loc) { return apply(code_of<op::Affine>, {W, x, b}, {}, 0, loc); }
+Expr matmul(Operand A, Operand B, Loc loc) { return apply(code_of<op::Matmul>, {A, B}, {}, 0, loc); }
+Expr pick(Expr x, int64_t i, Loc loc) { return apply(code_of<op::Pick>, {x}, {}, i, loc); }
+Expr pick_neg_log_softmax(Expr x, int64_t label, Loc loc) {
+  return apply(code_of<op::PickNegLogSoftmax>, {x}, {}, label, loc);
+}
+Expr dropout(Expr x, double p, Loc loc) {
+  const int64_t a = attr_of(p);
+  return apply(code_of<op::Dropout>, {x}, std::span(&a, 1), 0, loc);
+}
+
 namespace {
-// A negative axis counts from the end of x's per-example shape.
+
+// A negative axis counts from the end of x's per-example shape. When that shape
+// waits on a dsl::cond, the axis is kept as given: the op's shape inference
+// normalises it once the shape is known.
 int normalise_axis(const Expr& x, int axis, std::string_view op, Loc loc) {
-  const Shape& s = x.shape();
-  int a = s.axis(axis);
-  if (a < 0) throw_user(Site{op, x.example(), loc}, "axis ", axis, " is out of range for shape ", s.str());
+  Engine& g = Engine::of(x, loc);
+  const NodeId n = g.node_of(x, op, loc);
+  if (g.store().shape[n] == kUnknownShape) return axis;
+  const Shape& s = g.store().shape_of(n);
+  const int a = s.axis(axis);
+  if (a < 0) throw_user(Site{op, g.store().example[n], loc}, "axis ", axis, " is out of range for shape ", s.str());
   return a;
 }
+
+// x's shape, or a UserError naming `op` when it waits on a dsl::cond.
+const Shape& known_shape(const Expr& x, std::string_view op, Loc loc) {
+  Engine& g = Engine::of(x, loc);
+  const NodeId n = g.node_of(x, op, loc);
+  if (g.store().shape[n] == kUnknownShape)
+    throw_user(Site{op, g.store().example[n], loc},
+               "needs the size of its input, which depends on a dsl::cond not yet resolved; use dsl::split with "
+               "explicit sizes, or record this after forward()");
+  return g.store().shape_of(n);
+}
+
 }  // namespace
 
 Expr concat(std::span<const Expr> xs, int axis, Loc loc) {
-  if (xs.empty()) throw_user(Site{"concat", -1, loc}, "needs a non-empty list of Exprs");
-  int64_t a = normalise_axis(xs[0], axis, "concat", loc);
-  return detail::apply_list(code_of<op::Concat>, xs, std::span(&a, 1), loc);
+  if (xs.empty()) throw_user(Site{"concat", kSharedExample, loc}, "needs a non-empty list of Exprs");
+  const int64_t a = normalise_axis(xs[0], axis, "concat", loc);
+  return apply_list(code_of<op::Concat>, xs, std::span(&a, 1), loc);
 }
 
 Expr slice(Expr x, int64_t begin, int64_t end, int axis, Loc loc) {
-  std::array<int64_t, 3> attrs{normalise_axis(x, axis, "slice", loc), begin, end};
-  return detail::apply(code_of<op::Slice>, {x}, attrs, 0, loc);
+  const std::array<int64_t, 3> attrs{normalise_axis(x, axis, "slice", loc), begin, end};
+  return apply(code_of<op::Slice>, {x}, attrs, 0, loc);
 }
 
 std::vector<Expr> split(Expr x, std::span<const int64_t> sizes, int axis, Loc loc) {
-  int a = normalise_axis(x, axis, "split", loc);
-  int64_t total = 0;
-  for (int64_t s : sizes) total += s;
-  if (total != x.shape()[a])
-    throw_user(Site{"split", x.example(), loc}, "sizes add up to ", total, " but axis ", a, " of ",
-               x.shape().str(), " has ", x.shape()[a]);
+  const int a = normalise_axis(x, axis, "split", loc);
+  if (a >= 0) {  // else the slices' own inference checks their ranges
+    const Shape& s = known_shape(x, "split", loc);
+    int64_t total = 0;
+    for (int64_t k : sizes) total += k;
+    if (total != s[a])
+      throw_user(Site{"split", x.example(loc), loc}, "sizes add up to ", total, " but axis ", a, " of ", s.str(),
+                 " has ", s[a]);
+  }
   std::vector<Expr> out;
   int64_t at = 0;
-  for (int64_t s : sizes) {
-    out.push_back(slice(x, at, at + s, a, loc));
-    at += s;
+  for (int64_t k : sizes) {
+    out.push_back(slice(x, at, at + k, a, loc));
+    at += k;
   }
   return out;
 }
 
 std::vector<Expr> chunk(Expr x, int n, int axis, Loc loc) {
-  int a = normalise_axis(x, axis, "chunk", loc);
-  int64_t d = x.shape()[a];
+  const Shape& s = known_shape(x, "chunk", loc);
+  const int a = normalise_axis(x, axis, "chunk", loc);
+  const int64_t d = s[a];
   if (n <= 0 || d % n != 0)
-    throw_user(Site{"chunk", x.example(), loc}, "cannot cut axis ", a, " of size ", d, " into ", n, " equal chunks");
-  std::vector<int64_t> sizes(static_cast<size_t>(n), d / n);
+    throw_user(Site{"chunk", x.example(loc), loc}, "cannot cut axis ", a, " of size ", d, " into ", n, " equal chunks");
+  const std::vector<int64_t> sizes(static_cast<size_t>(n), d / n);
   return split(x, sizes, a, loc);
 }
 
-Expr sum(std::span<const Expr> xs, Loc loc) { return detail::apply_list(code_of<op::SumList>, xs, {}, loc); }
-Expr mean(std::span<const Expr> xs, Loc loc) { return detail::apply_list(code_of<op::MeanList>, xs, {}, loc); }
+Expr sum(std::span<const Expr> xs, Loc loc) { return apply_list(code_of<op::SumList>, xs, {}, loc); }
+Expr mean(std::span<const Expr> xs, Loc loc) { return apply_list(code_of<op::MeanList>, xs, {}, loc); }
 
 }  // namespace dsl
 }  // namespace sheaf

@@ -5,7 +5,7 @@
 //     std::vector<Expr> stack;
 //     while (...) {
 //       Expr scores = dsl::affine(W, features(stack), b);
-//       int64_t action = co_await sheaf::argmax(scores);   // suspends this example only
+//       int64_t action = co_await sheaf::fetch_argmax(scores);   // suspends this example only
 //       if (action == kShift) stack.push_back(...); else ...
 //     }
 //     co_return dsl::sum(losses);
@@ -20,24 +20,46 @@
 // fetches every awaited value in ONE device->host copy, and resumes the tasks in
 // the order they suspended, each in its own example scope. A task may co_await
 // another task (recursion works).
+//
+// Errors: one thrown before a task's first co_await leaves the call that made
+// the task. One thrown later (inside forward) ends that task only: the other
+// examples complete, forward() then throws it, result() rethrows it, and a task
+// that co_awaits the failed one gets it at its co_await. Destroying a Task that
+// waits (e.g. the vector of tasks unwinding) withdraws it from the graph.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <coroutine>
 #include <exception>
+#include <functional>
 #include <optional>
+#include <source_location>
 #include <type_traits>
 #include <utility>
 
-#include "../tracer/graph.h"
+#include <sheaf/core/error.h>
+#include <sheaf/engine/expr.h>
 
 namespace sheaf {
 
 namespace detail {
 
+// Registers `resume` to run (in `expr`'s example) with expr's value on the host,
+// after the forward round that computes it. Returns a token for cancel_await.
+struct AwaitToken {
+  Expr expr;  // names the graph (and sees it cleared or gone)
+  uint32_t index = kNone32, generation = 0;
+};
+AwaitToken await_value(const Expr& expr, std::function<void(const at::Tensor&)> resume, std::source_location loc);
+// Withdraws a registration that has not been delivered (no-op otherwise, or if
+// the graph is gone or cleared).
+void cancel_await(const AwaitToken& token);
+// A task failed while forward resumed it: the graph reports it at the end of forward.
+void report_task_failure(std::exception_ptr error);
+
 struct PromiseBase;
-// Records that a task has left its first run (see Promise::unhandled_exception).
+// Records that a task has left its first run (see PromiseOf::unhandled_exception).
 template <class P>
 void mark_suspended(std::coroutine_handle<P> h) noexcept {
   if constexpr (std::is_base_of_v<PromiseBase, P>) h.promise().suspended = true;
@@ -47,18 +69,26 @@ void mark_suspended(std::coroutine_handle<P> h) noexcept {
 // example that suspended, hand over the host value.
 struct ValueAwaiter {
   Expr expr;
+  std::source_location loc;
   at::Tensor value;
+  AwaitToken token;
+  bool waiting = false;
+
+  ValueAwaiter(Expr e, std::source_location l) : expr(e), loc(l) {}
+  ValueAwaiter(const ValueAwaiter&) = delete;
+  ValueAwaiter& operator=(const ValueAwaiter&) = delete;
+  ~ValueAwaiter() {
+    if (waiting) cancel_await(token);  // the frame is destroyed while it waits
+  }
   bool await_ready() const noexcept { return false; }
   template <class P>
   void await_suspend(std::coroutine_handle<P> h) {
-    Graph& g = Graph::of(expr);
-    const int example = g.current_example();
-    g.when_computed(g.node_of(expr, "co_await", std::source_location::current()),
-                    [this, h, &g, example](const at::Tensor& v) {
-                      value = v;
-                      auto scope = g.example(example);
-                      h.resume();
-                    });
+    token = await_value(expr, [this, h](const at::Tensor& v) {
+      waiting = false;
+      value = v;
+      h.resume();
+    }, loc);
+    waiting = true;
     mark_suspended(h);
   }
 };
@@ -91,10 +121,14 @@ class [[nodiscard]] Task {
   }
 
   bool done() const { return h_ && h_.done(); }
-  // The co_returned value; throws UserError if the task has not finished (it is
-  // waiting for a value: call Graph::forward).
+  // Whether the task ended with an exception (result() rethrows it).
+  bool failed() const { return done() && h_.promise().error != nullptr; }
+  // The co_returned value; rethrows the task's exception if it failed; throws
+  // UserError if it has not finished (it is waiting for a value: call Graph::forward).
   decltype(auto) result() {
+    if (!h_) throw UserError("sheaf::Task::result(): the task is empty (moved from)");
     if (!done()) throw UserError("sheaf::Task::result(): the task has not finished; call Graph::forward() first");
+    if (h_.promise().error) std::rethrow_exception(h_.promise().error);
     if constexpr (!std::is_void_v<T>) return *h_.promise().value;
   }
 
@@ -108,6 +142,7 @@ class [[nodiscard]] Task {
       detail::mark_suspended(caller);
     }
     decltype(auto) await_resume() {
+      if (h.promise().error) std::rethrow_exception(h.promise().error);
       if constexpr (!std::is_void_v<T>) return std::move(*h.promise().value);
     }
   };
@@ -134,22 +169,26 @@ struct FinalAwaiter {
 struct PromiseBase {
   std::coroutine_handle<> continuation;
   bool suspended = false;  // the first run (inside the call that made the task) is over
+  std::exception_ptr error;
   std::suspend_never initial_suspend() noexcept { return {}; }
   FinalAwaiter final_suspend() noexcept { return {continuation}; }
 };
 
-// An error inside a task (a UserError while recording) surfaces where the task
-// was running: from the call that made it during its first run, else from the
-// Graph::forward that resumed it. In the first case the exception leaves the
-// coroutine's ramp, which frees the frame and destroys the Task it returned
-// (GCC and the standard after CWG2451), so that Task must let go of the handle.
+// An error during the first run leaves the coroutine's ramp, which frees the
+// frame and destroys the Task it returned (GCC and the standard after CWG2451),
+// so that Task must let go of the handle. A later error is kept: the task is
+// done and failed, whoever awaits it gets the error, and forward reports it.
 template <class T>
 struct PromiseOf : PromiseBase {
   Task<T>* owner = nullptr;  // the Task that holds this frame (kept by Task's moves)
   Task<T> get_return_object() { return Task<T>(std::coroutine_handle<Promise<T>>::from_promise(self())); }
   void unhandled_exception() {
-    if (!suspended && owner) owner->h_ = {};
-    throw;
+    if (!suspended) {
+      if (owner) owner->h_ = {};
+      throw;
+    }
+    error = std::current_exception();
+    if (!continuation) report_task_failure(error);  // an awaiting parent reports it instead
   }
   Promise<T>& self() { return static_cast<Promise<T>&>(*this); }
 };
@@ -168,26 +207,30 @@ struct Promise<void> : PromiseOf<void> {
 }  // namespace detail
 
 // co_await fetch(e): e's value on the host (a CPU tensor of e's shape).
-inline auto fetch(Expr e) {
+inline auto fetch(Expr e, std::source_location loc = std::source_location::current()) {
   struct A : detail::ValueAwaiter {
+    using ValueAwaiter::ValueAwaiter;
     at::Tensor await_resume() { return value; }
   };
-  return A{{e, {}}};
+  return A{e, loc};
 }
-// co_await item(e): a scalar e's value as a double.
-inline auto item(Expr e) {
+// co_await fetch_item(e): a scalar e's value as a double.
+double host_item(const at::Tensor& v, std::source_location loc);
+inline auto fetch_item(Expr e, std::source_location loc = std::source_location::current()) {
   struct A : detail::ValueAwaiter {
-    double await_resume() { return value.item<double>(); }
+    using ValueAwaiter::ValueAwaiter;
+    double await_resume() { return host_item(value, loc); }
   };
-  return A{{e, {}}};
+  return A{e, loc};
 }
-// co_await argmax(e): the index of the largest element of a vector e.
-int64_t host_argmax(const at::Tensor& v);
-inline auto argmax(Expr e) {
+// co_await fetch_argmax(e): the index of the largest element of e (flattened).
+int64_t host_argmax(const at::Tensor& v, std::source_location loc);
+inline auto fetch_argmax(Expr e, std::source_location loc = std::source_location::current()) {
   struct A : detail::ValueAwaiter {
-    int64_t await_resume() { return host_argmax(value); }
+    using ValueAwaiter::ValueAwaiter;
+    int64_t await_resume() { return host_argmax(value, loc); }
   };
-  return A{{e, {}}};
+  return A{e, loc};
 }
 
 }  // namespace sheaf

@@ -4,13 +4,15 @@
 #include <map>
 #include <sstream>
 
-#include "../dsl/op.h"
+#include <sheaf/ops/op.h>
+#include <sheaf/ops/op_list.h>
 
 namespace sheaf {
 
 namespace {
 
-struct Loc {
+// Where a value lives: a row of a batch output (kWholeRow: the whole tensor).
+struct RowRef {
   uint32_t batch, row;
 };
 
@@ -20,83 +22,16 @@ class Planner {
 
   void add_batch(const RoundDag& dag, std::span<const uint32_t> locals) {
     const NodeId first = dag.node[locals[0]];
-    const OpCode op = s_.op[first];
-    const OpTraits& traits = op_info(op).traits;
-    const bool shared = s_.has(first, NodeStore::kShared);
-    const auto out = base_ + static_cast<uint32_t>(p_.batches.size());
-    const auto n = static_cast<uint32_t>(locals.size());
-
-    // Row order: by where the first per-example argument lives, so that a batch fed
-    // by one earlier batch in the same order reads it as a view (chains stay zero-copy).
-    order_.clear();
-    for (uint32_t l : locals) {
-      NodeId node = dag.node[l];
-      uint64_t key = node;
-      for (NodeId arg : s_.args_of(node)) {
-        NodeId a = s_.resolve(arg);
-        if (s_.has(a, NodeStore::kShared)) continue;
-        key = (uint64_t{s_.value_batch[a]} << 32) | s_.value_row[a];
-        break;
-      }
-      order_.push_back({key, node});
-    }
-    if (!std::is_sorted(order_.begin(), order_.end())) std::sort(order_.begin(), order_.end());
-
     PlannedBatch b{};
-    b.op = op;
-    b.sig = s_.sig[first];
-    b.shared = shared;
-    b.out = out;
-    b.nodes_begin = static_cast<uint32_t>(p_.nodes.size());
-    b.n = n;
-    for (uint32_t i = 0; i < n; ++i) {
-      NodeId node = order_[i].second;
-      p_.nodes.push_back(node);
-      s_.value_batch[node] = out;
-      s_.value_row[node] = shared ? kWholeRow : i;
-    }
-    rows_.push_back(shared ? 0 : n);
-    std::span<const NodeId> nodes(p_.nodes.data() + b.nodes_begin, n);
-
-    b.args_begin = static_cast<uint32_t>(p_.args.size());
-    if (traits.segmented) {
-      // The lists of all nodes, flattened in row order, are one input.
-      sources_.clear();
-      b.segments = static_cast<int64_t>(p_.indices.size());
-      for (uint32_t i = 0; i < n; ++i)
-        for (NodeId a : s_.args_of(nodes[i])) {
-          sources_.push_back(loc_of(a));
-          p_.indices.push_back(i);
-        }
-      b.total = static_cast<uint32_t>(sources_.size());
-      b.counts = static_cast<int64_t>(p_.indices.size());
-      for (NodeId node : nodes) p_.indices.push_back(static_cast<int64_t>(s_.args_of(node).size()));
-      b.arity = 1;
-      add_input();
-    } else if (stackable(first, traits)) {
-      sources_.clear();
-      for (NodeId node : nodes)
-        for (NodeId a : s_.args_of(node)) sources_.push_back(loc_of(a));
-      b.arity = 1;
-      b.stacked = true;
-      add_input();
-    } else {
-      b.arity = static_cast<uint32_t>(s_.args_of(first).size());
-      for (uint32_t k = 0; k < b.arity; ++k) {
-        NodeId a0 = s_.resolve(s_.args_of(first)[k]);
-        if (s_.has(a0, NodeStore::kShared)) {  // the signature makes it the same node for all rows
-          auto r = static_cast<uint32_t>(p_.reads.size());
-          p_.reads.push_back(Read{s_.value_batch[a0], kWholeRow, 1});
-          p_.args.push_back(BatchArg{BatchArg::kShared, r, r + 1});
-          continue;
-        }
-        sources_.clear();
-        for (NodeId node : nodes) sources_.push_back(loc_of(s_.args_of(node)[k]));
-        add_input();
-      }
-    }
+    b.op = s_.op[first];
+    b.shared = s_.has(first, NodeStore::kShared);
+    b.out = base_ + static_cast<uint32_t>(p_.batches.size());
+    b.n = static_cast<uint32_t>(locals.size());
+    order_rows(dag, locals);
+    place_rows(b);
+    plan_inputs(b, op_info(b.op).traits);
     b.payload = static_cast<int64_t>(p_.indices.size());
-    for (NodeId node : nodes) p_.indices.push_back(s_.payload[node]);
+    for (NodeId node : nodes_of(b)) p_.indices.push_back(s_.payload[node]);
     p_.batches.push_back(b);
   }
 
@@ -114,8 +49,10 @@ class Planner {
       const BatchArg& arg = p_.args[b.args_begin];
       const Read& r = p_.reads[arg.reads_begin];
       if (arg.kind != BatchArg::kView || r.index >= 0 || r.start != 0 || r.len != rows(r.batch)) continue;
-      auto attrs = s_.attrs_of(p_.nodes[b.nodes_begin]);
-      by_source[{r.batch, attrs[0] + 1}].push_back(Member{attrs[1], attrs[2], k});
+      const NodeId node = p_.nodes[b.nodes_begin];
+      auto attrs = s_.attrs_of(node);
+      const int axis = s_.shape_of(node).axis(static_cast<int>(attrs[0]));  // a slice keeps the rank
+      by_source[{r.batch, axis + 1}].push_back(Member{attrs[1], attrs[2], k});
     }
     for (auto& [key, members] : by_source) {
       if (members.size() < 2) continue;
@@ -139,7 +76,7 @@ class Planner {
     }
   }
 
- // After every batch is planned: a batch read partially by two or more inputs
+  // After every batch is planned: a batch read partially by two or more inputs
   // gets one gather node for all those reads (see Read::group).
   void group_reads() {
     std::vector<std::vector<uint32_t>> partial(base_ + rows_.size());
@@ -160,6 +97,81 @@ class Planner {
   }
 
  private:
+  std::span<const NodeId> nodes_of(const PlannedBatch& b) const { return {p_.nodes.data() + b.nodes_begin, b.n}; }
+
+  // Row order: by where the first per-example argument lives, so that a batch fed
+  // by one earlier batch in the same order reads it as a view (chains stay zero-copy).
+  void order_rows(const RoundDag& dag, std::span<const uint32_t> locals) {
+    order_.clear();
+    for (uint32_t l : locals) {
+      const NodeId node = dag.node[l];
+      uint64_t key = node;
+      for (NodeId arg : s_.args_of(node)) {
+        const NodeId a = s_.resolve(arg);
+        if (s_.has(a, NodeStore::kShared)) continue;
+        key = (uint64_t{s_.value_batch[a]} << 32) | s_.value_row[a];
+        break;
+      }
+      order_.push_back({key, node});
+    }
+    if (!std::is_sorted(order_.begin(), order_.end())) std::sort(order_.begin(), order_.end());
+  }
+
+  // Row i of the batch is order_[i]: the node's value lives there.
+  void place_rows(PlannedBatch& b) {
+    b.nodes_begin = static_cast<uint32_t>(p_.nodes.size());
+    for (uint32_t i = 0; i < b.n; ++i) {
+      const NodeId node = order_[i].second;
+      p_.nodes.push_back(node);
+      s_.value_batch[node] = b.out;
+      s_.value_row[node] = b.shared ? kWholeRow : i;
+    }
+    rows_.push_back(b.shared ? 0 : b.n);
+  }
+
+  void plan_inputs(PlannedBatch& b, const OpTraits& traits) {
+    const std::span<const NodeId> nodes = nodes_of(b);
+    const NodeId first = nodes[0];
+    b.args_begin = static_cast<uint32_t>(p_.args.size());
+    if (traits.segmented) {
+      // The lists of all nodes, flattened in row order, are one input.
+      sources_.clear();
+      b.segments = static_cast<int64_t>(p_.indices.size());
+      for (uint32_t i = 0; i < b.n; ++i)
+        for (NodeId a : s_.args_of(nodes[i])) {
+          sources_.push_back(row_of(a));
+          p_.indices.push_back(i);
+        }
+      b.total = static_cast<uint32_t>(sources_.size());
+      b.counts = static_cast<int64_t>(p_.indices.size());
+      for (NodeId node : nodes) p_.indices.push_back(static_cast<int64_t>(s_.args_of(node).size()));
+      b.arity = 1;
+      add_input();
+      return;
+    }
+    if (stackable(first, traits)) {
+      sources_.clear();
+      for (NodeId node : nodes)
+        for (NodeId a : s_.args_of(node)) sources_.push_back(row_of(a));
+      b.arity = 1;
+      b.stacked = true;
+      add_input();
+      return;
+    }
+    b.arity = static_cast<uint32_t>(s_.args_of(first).size());
+    for (uint32_t k = 0; k < b.arity; ++k) {
+      const NodeId a0 = s_.resolve(s_.args_of(first)[k]);
+      if (s_.has(a0, NodeStore::kShared)) {  // the signature makes it the same node for all rows
+        const uint32_t r = read(Read{s_.value_batch[a0], kWholeRow, 1});
+        p_.args.push_back(BatchArg{BatchArg::kShared, r, r + 1});
+        continue;
+      }
+      sources_.clear();
+      for (NodeId node : nodes) sources_.push_back(row_of(s_.args_of(node)[k]));
+      add_input();
+    }
+  }
+
   // Every argument per-example with one shape (the signature makes it so for all rows).
   bool stackable(NodeId first, const OpTraits& traits) const {
     auto args = s_.args_of(first);
@@ -168,7 +180,7 @@ class Planner {
       if (s_.has(s_.resolve(a), NodeStore::kShared) || s_.shape[a] != s_.shape[args[0]]) return false;
     return true;
   }
-  Loc loc_of(NodeId a) const {
+  RowRef row_of(NodeId a) const {
     NodeId r = s_.resolve(a);
     return {s_.value_batch[r], s_.value_row[r]};
   }
@@ -197,7 +209,7 @@ class Planner {
       arg.kind = BatchArg::kView;
       read(Read{sources_[0].batch, sources_[0].row, static_cast<uint32_t>(sources_.size())});
     } else if (whole) {
-      for (const Loc& l : sources_) read(Read{l.batch, l.row, 1});
+      for (const RowRef& l : sources_) read(Read{l.batch, l.row, 1});
     } else {
       read_by_source(arg);
     }
@@ -207,7 +219,7 @@ class Planner {
 
   void read_by_source(BatchArg& arg) {
     srcs_.clear();
-    for (const Loc& l : sources_)
+    for (const RowRef& l : sources_)
       if (std::find(srcs_.begin(), srcs_.end(), l.batch) == srcs_.end()) srcs_.push_back(l.batch);
     std::vector<int64_t> pos(sources_.size());
     int64_t offset = 0;
@@ -242,7 +254,7 @@ class Planner {
   uint32_t base_;
   std::vector<uint32_t> rows_;
   std::vector<std::pair<uint64_t, NodeId>> order_;
-  std::vector<Loc> sources_;
+  std::vector<RowRef> sources_;
   std::vector<uint32_t> srcs_;
   std::vector<uint32_t> rows_of_src_;
 };

@@ -10,10 +10,10 @@
 #include <string_view>
 #include <vector>
 
-#include "../dsl/op_list.h"
-#include "../tracer/node_store.h"
+#include <sheaf/tracer/node_store.h>
+
+#include "batches.h"
 #include "round.h"
-#include "strategy.h"
 
 namespace sheaf {
 
@@ -45,7 +45,6 @@ struct BatchArg {
 
 struct PlannedBatch {
   OpCode op;
-  uint32_t sig;
   bool shared;          // computes one shared value: inputs get a leading axis of 1
   uint32_t out;         // index in NodeStore::batch_out this batch writes
   uint32_t nodes_begin; // plan.nodes[nodes_begin .. + n): row i is node i
@@ -83,16 +82,9 @@ struct Plan {
   std::string str() const;
 };
 
-// Orders rows, assigns every node its (batch, row), and plans every input.
-// Writes value_batch/value_row for the round's nodes.
-// A round's DAG and batches, kept by the graph so their buffers are reused.
-struct RoundBuffers {
-  RoundDag dag;
-  Batches batches;
-  std::vector<NodeId> aliases;  // placeholders the round resolves
-};
-
-// `plan` is overwritten; its buffers are reused.
+// Orders the rows of every batch, assigns every node of the round its (batch,
+// row) (value_batch/value_row in the store) and plans every input. `plan` is
+// overwritten; its buffers are reused.
 void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, std::string_view strategy, Plan& plan);
 
 }  // namespace sheaf

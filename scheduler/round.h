@@ -3,18 +3,16 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
-#include "../tracer/node_store.h"
+#include <sheaf/tracer/node_store.h>
 
 namespace sheaf {
 
-// The signature id of node n (see SigTable), computed when it is recorded.
-uint32_t signature(NodeStore& store, NodeId n);
-
 struct RoundDag {
   std::vector<NodeId> node;         // local id -> graph node, in a topological order
-  std::vector<uint32_t> sig;        // kNoSig: runs alone (a shared value)
+  std::vector<SigId> sig;           // kNoSig: runs alone (a shared value)
   std::vector<uint32_t> arg_begin;  // CSR: in-round arguments (local ids)
   std::vector<uint32_t> args;
   std::vector<uint32_t> use_begin;  // CSR: in-round consumers (local ids)
@@ -28,8 +26,16 @@ struct RoundDag {
   std::vector<uint32_t> stamp;
   uint32_t round = 0;
   std::vector<uint32_t> local_of;
+  std::vector<uint32_t> fill;
   std::vector<NodeId> undecided;
   size_t size() const { return node.size(); }
+  // Signatures are dense ids: a table indexed by signature needs this many entries.
+  uint32_t num_sigs() const {
+    uint32_t m = 0;
+    for (SigId s : sig)
+      if (s != kNoSig && s + 1 > m) m = s + 1;
+    return m;
+  }
   std::span<const uint32_t> args_of(uint32_t i) const { return {args.data() + arg_begin[i], args.data() + arg_begin[i + 1]}; }
   std::span<const uint32_t> uses_of(uint32_t i) const { return {uses.data() + use_begin[i], uses.data() + use_begin[i + 1]}; }
 };
@@ -39,5 +45,9 @@ struct RoundDag {
 // placeholders whose value is ready are moved to `aliases`: they need no launch.
 // `dag` is overwritten; its buffers are reused.
 void build_round(const NodeStore& store, std::vector<NodeId>& pending, std::vector<NodeId>& aliases, RoundDag& dag);
+
+// A DAG built by hand (tests, tools): nodes 0..n-1 with the given signatures and
+// in-round arguments (each argument's id below its user's).
+void build_dag(std::span<const SigId> sigs, std::span<const std::vector<uint32_t>> args, RoundDag& dag);
 
 }  // namespace sheaf

@@ -11,19 +11,11 @@
 #include <span>
 #include <vector>
 
-#include "../dsl/op_list.h"
-#include "flat_index.h"
-#include "shape.h"
+#include <sheaf/core/flat_index.h>
+#include <sheaf/core/ids.h>
+#include <sheaf/core/shape.h>
 
 namespace sheaf {
-
-using NodeId = uint32_t;
-inline constexpr NodeId kNoNode = 0xFFFFFFFFu;
-inline constexpr uint32_t kNoSig = 0xFFFFFFFFu;   // shared nodes: computed once, never batched
-inline constexpr uint32_t kWholeRow = 0xFFFFFFFFu; // value is a whole tensor, not a batch row
-
-inline constexpr int kSharedExample = -1;  // example tag of a shared node
-inline constexpr int kMixedExample = -2;   // example tag of a node that combines examples
 
 // Interned shapes: nodes store a ShapeId; equal shapes have equal ids.
 class ShapeTable {
@@ -52,7 +44,7 @@ class ShapeTable {
 // argument either the identity of a shared input or the per-example input shape.
 class SigTable {
  public:
-  uint32_t intern(std::span<const int64_t> key);
+  SigId intern(std::span<const int64_t> key);
   size_t size() const { return begin_.size(); }
   void clear();
 
@@ -67,6 +59,7 @@ struct NodeStore {
     kShared = 1,       // one value for all examples (a parameter, or an op on parameters only)
     kComputed = 2,
     kPlaceholder = 4,  // result of dsl::cond/loop; alias[] says what it became, once known
+    kFailed = 8,       // its launch failed: never retried (what depends on it never runs)
   };
 
   // Per node.
@@ -77,9 +70,9 @@ struct NodeStore {
   std::vector<uint32_t> attr_begin{0};  // CSR into attrs (part of the signature)
   std::vector<int64_t> attrs;
   std::vector<int64_t> payload;         // per-example data: an id, a label, a key (not in the signature)
-  std::vector<int32_t> example;
+  std::vector<int64_t> example;         // the user's example id, or kSharedExample / kMixedExample
   std::vector<std::source_location> loc;
-  std::vector<uint32_t> sig;
+  std::vector<SigId> sig;
   std::vector<uint8_t> flags;
   std::vector<NodeId> alias;            // placeholders: the node they resolved to, else kNoNode
   std::vector<uint32_t> value_batch;    // where the value lives once computed

@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "../../tracer/error.h"
+#include <sheaf/core/error.h>
 
 namespace sheaf::data {
 

@@ -27,6 +27,7 @@
 
 #include <data/trees.h>
 #include <sheaf/sheaf.h>
+#include <baselines/tree_lstm_hand.h>
 #include <tree_lstm/model.h>
 
 using namespace sheaf;

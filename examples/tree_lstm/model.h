@@ -4,9 +4,8 @@
 //   sheaf_loss      : the per-tree code a researcher writes, recursive, with Sheaf
 //   per_example_loss: eager LibTorch, one tree at a time (careful: GEMV for single
 //                     rows, sparse embedding gradients, one lookup per sentence)
-//   HandBatched     : the best hand-batched LibTorch we could write: all trees of
-//                     a batch level by level (by height), children gathered with
-//                     one index_select per source level
+//   HandBatched     : (bench/baselines/tree_lstm_hand.h) the best hand-batched
+//                     LibTorch we could write, level by level
 //
 // Cell at an internal node with children (hl, cl), (hr, cr):
 //   [a, i, fl, fr, o] = U [hl; hr] + b          (5 blocks of size h)
@@ -68,22 +67,6 @@ class TreeLSTM {
   std::vector<at::Tensor> per_example_states(const data::Tree& t) const;
 
   TreeLSTMOptions options_;
-};
-
-// The hand-batched version: a host-side plan per batch (levels, gather indices),
-// then one launch per cell op per level.
-class HandBatched {
- public:
-  explicit HandBatched(const TreeLSTM& model) : m_(model) {}
-  // Summed loss over the batch's labelled nodes.
-  at::Tensor loss(std::span<const data::Tree* const> trees) const;
-  // Root logits [trees, 5].
-  at::Tensor root_logits(std::span<const data::Tree* const> trees) const;
-
- private:
-  struct Run;
-  Run run(std::span<const data::Tree* const> trees) const;
-  const TreeLSTM& m_;
 };
 
 }  // namespace sheaf::models

@@ -135,7 +135,7 @@ namespace {
 Task<Expr> collatz_like(Graph& g, Expr x, const P& p) {
   Expr h = x;
   for (int step = 0; step < 6; ++step) {
-    double v = co_await item(dsl::sum(h));
+    double v = co_await fetch_item(dsl::sum(h));
     if (v > 0) h = dsl::tanh(dsl::affine(p.W, h, p.b));
     else h = dsl::sigmoid(dsl::matmul(p.V, h)) - 0.25;
     if (std::abs(v) > 2.5) break;  // an example-dependent trip count
@@ -147,7 +147,7 @@ Task<Expr> collatz_like(Graph& g, Expr x, const P& p) {
 Task<Expr> tree_sum(Graph& g, int depth, Expr x) {
   // Recursion through co_await of sub-tasks, with a computed decision at each level.
   if (depth == 0) co_return x;
-  int64_t which = co_await argmax(x);
+  int64_t which = co_await fetch_argmax(x);
   Expr left = co_await tree_sum(g, depth - 1, x * 0.5);
   Expr right = co_await tree_sum(g, depth - 1, dsl::tanh(x));
   co_return which % 2 ? left + right : left - right;
@@ -186,7 +186,7 @@ TEST_CASE("tasks: an error inside a task surfaces from forward", "[dsl][control]
   Graph g;
   auto body = [](Graph& g) -> Task<Expr> {
     Expr x = g.input(at::ones({3}));
-    double v = co_await item(dsl::sum(x));
+    double v = co_await fetch_item(dsl::sum(x));
     co_return dsl::pick(x, static_cast<int64_t>(v));  // index 3 of a [3] vector
   };
   Task<Expr> t = body(g);
@@ -199,7 +199,7 @@ TEST_CASE("tasks: an error before a task's first co_await surfaces from the call
   auto body = [](Graph& g, int64_t id) -> Task<Expr> {
     Expr x = g.input(at::ones({3}));
     Expr y = dsl::pick(x, id);  // id 3 is out of range: throws during the first run
-    co_return dsl::sum(y) + co_await item(dsl::sum(x));
+    co_return dsl::sum(y) + co_await fetch_item(dsl::sum(x));
   };
   std::vector<Task<Expr>> tasks;
   for (int i = 0; i < 3; ++i) {

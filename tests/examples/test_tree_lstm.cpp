@@ -1,6 +1,7 @@
 // The TreeLSTM three ways (Sheaf, per example, hand-batched) computes the same
 // losses and gradients, and Sheaf's batched run equals its one-at-a-time run.
 #include <c10/core/GradMode.h>
+#include <baselines/tree_lstm_hand.h>
 #include <tree_lstm/model.h>
 
 #include "../support.h"

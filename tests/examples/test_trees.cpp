@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "../../examples/data/trees.h"
-#include "../../tracer/error.h"
+#include <sheaf/core/error.h>
 
 using namespace sheaf::data;
 using Catch::Contains;

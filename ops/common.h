@@ -1,4 +1,4 @@
-// Shared pieces of op descriptors. Included only by dsl/ops.cpp.
+// Shared pieces of op descriptors. Included only by ops/table.cpp.
 #pragma once
 
 #include <ATen/TensorOperators.h>
@@ -6,7 +6,7 @@
 
 #include <string_view>
 
-#include "../op.h"
+#include "op.h"
 
 namespace sheaf::op {
 

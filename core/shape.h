@@ -48,9 +48,4 @@ class Shape {
   int rank_ = 0;
 };
 
-// Index into a graph's shape table. Shapes are interned so that signatures and
-// equality checks compare one integer.
-using ShapeId = uint32_t;
-inline constexpr ShapeId kUnknownShape = 0xFFFFFFFFu;  // result of an unresolved dsl::cond
-
 }  // namespace sheaf

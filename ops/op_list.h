@@ -1,7 +1,9 @@
-// THE list of ops. An op is one descriptor struct (in dsl/ops/*.h: name, traits,
-// shape inference, batched LibTorch call) plus one entry here. dsl/ops.cpp builds
-// the runtime table from this list and refuses to compile if any descriptor is
-// missing a part, so no op can silently run one example at a time.
+// THE list of ops. An op is one descriptor struct (in ops/*.h: name, traits,
+// shape inference, batched LibTorch call) plus one entry here. ops/table.cpp
+// builds the runtime table from this list and refuses to compile if any
+// descriptor is missing a part, so no op can silently run one example at a time.
+//
+// Library-internal: Boost.Hana stays out of users' translation units.
 #pragma once
 
 #include <boost/hana/equal.hpp>
@@ -14,6 +16,8 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+
+#include <sheaf/core/ids.h>
 
 namespace sheaf {
 
@@ -71,7 +75,6 @@ inline constexpr auto kOpList = boost::hana::tuple_t<
     op::PickNegLogSoftmax,
     op::Placeholder>;
 
-using OpCode = uint16_t;
 inline constexpr size_t kNumOps = decltype(boost::hana::length(kOpList))::value;
 
 // The code of an op is its position in kOpList.
@@ -81,8 +84,5 @@ inline constexpr OpCode code_of = [] {
   static_assert(decltype(boost::hana::is_just(std::declval<Found>()))::value, "op is not in sheaf::kOpList");
   return static_cast<OpCode>(std::remove_cvref_t<decltype(std::declval<Found>().value())>::value);
 }();
-
-// The op's name, as in error messages and plans.
-std::string_view op_name(OpCode code);
 
 }  // namespace sheaf

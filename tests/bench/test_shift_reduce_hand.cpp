@@ -3,7 +3,7 @@
 // without autograd, which take different paths), and in gold mode the gradients
 // of every parameter.
 #include <c10/core/GradMode.h>
-#include <shift_reduce/hand.h>
+#include <baselines/shift_reduce_hand.h>
 #include <shift_reduce/model.h>
 
 #include "../support.h"

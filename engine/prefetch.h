@@ -28,7 +28,7 @@
 #include <span>
 #include <vector>
 
-#include "../tracer/graph.h"
+#include "graph.h"
 
 namespace sheaf {
 

@@ -1,8 +1,10 @@
-#include "hand.h"
+#include "shift_reduce_hand.h"
 
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include <common/linear_rows.h>
 
 #include <algorithm>
 #include <numeric>
@@ -37,13 +39,6 @@ namespace sheaf::models {
 namespace {
 
 using Refs = std::vector<int64_t>;
-
-// OpenBLAS's GEMM on one row is several times slower than its GEMV (late steps
-// often have one sentence left, or one REDUCE).
-at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  if (x.size(0) == 1) return at::addmv(b, w, x[0]).unsqueeze(0);
-  return at::linear(x, w, b);
-}
 
 // Host index vectors uploaded as one tensor (one host-to-device copy); each is a view of it.
 class Pack {

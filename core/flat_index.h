@@ -6,11 +6,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "ids.h"
+
 namespace sheaf {
 
 class FlatIndex {
  public:
-  static constexpr uint32_t kEmpty = 0xFFFFFFFFu;
+  static constexpr uint32_t kEmpty = kNone32;
 
   // Calls same(id) for each id stored under `hash` until it returns true; returns
   // that id, or kEmpty after inserting `fresh` under `hash`.

@@ -3,11 +3,14 @@
 // graph usable: nothing is appended by an op whose checks failed.
 #pragma once
 
+#include <cstdint>
 #include <source_location>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+
+#include "ids.h"
 
 namespace sheaf {
 
@@ -21,16 +24,20 @@ class InternalError : public std::logic_error {
   using std::logic_error::logic_error;
 };
 
-// Where a node was recorded: the user's line, the op, the example.
+// Where something happened: the op, the user's example id (or kSharedExample /
+// kMixedExample), and the user's line.
 struct Site {
   std::string_view op;
-  int example = -1;  // -1: shared (no example); -2: mixes examples
+  int64_t example = kSharedExample;
   std::source_location loc;
 };
 
 namespace detail {
 
+// "file.cpp:42: sheaf: op 'affine' (example 3): "
 std::string format_site(const Site& s);
+// "file.cpp:42" (empty when the location is unknown)
+std::string format_loc(const std::source_location& loc);
 
 template <class... A>
 std::string cat(const A&... a) {
@@ -41,10 +48,17 @@ std::string cat(const A&... a) {
 
 }  // namespace detail
 
-// Builds the message only when thrown: "file.cpp:42: op 'affine' (example 3): ...".
+// Builds the message only when thrown.
 template <class... A>
 [[noreturn]] void throw_user(const Site& s, const A&... what) {
   throw UserError(detail::format_site(s) + detail::cat(what...));
+}
+
+// For errors about no op in particular: "file.cpp:42: sheaf: ...".
+template <class... A>
+[[noreturn]] void throw_user_at(const std::source_location& loc, const A&... what) {
+  std::string where = detail::format_loc(loc);
+  throw UserError((where.empty() ? "" : where + ": ") + "sheaf: " + detail::cat(what...));
 }
 
 template <class... A>

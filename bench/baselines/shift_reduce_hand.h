@@ -18,7 +18,7 @@
 // of the thin stack (index_add_); so no gather zero-fills a gradient of its whole
 // source, and no per-op autograd overhead is paid for the cells' elementwise
 // math. The weights' gradients are one GEMM per weight for the whole batch.
-// hand.cpp lists what else was tried and measured.
+// shift_reduce_hand.cpp lists what else was tried and measured.
 //
 // Backward may run more than once (retain_graph); double backward (create_graph)
 // is not supported.
@@ -29,7 +29,7 @@
 #include <span>
 #include <vector>
 
-#include "model.h"
+#include <shift_reduce/model.h>
 
 namespace sheaf::models {
 

@@ -17,10 +17,11 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
-#include "../tracer/error.h"
-#include "../tracer/shape.h"
-#include "op_list.h"
+#include <sheaf/core/error.h>
+#include <sheaf/core/ids.h>
+#include <sheaf/core/shape.h>
 
 namespace sheaf {
 
@@ -74,56 +75,61 @@ class InferCtx {
   const Site& site_;
 };
 
+// Everything one batched launch sees; the executor fills it in.
+struct LaunchArgs {
+  int64_t n = 0;
+  size_t arity = 0;       // the op's arguments (RunCtx::in() may hold fewer: stacked, segmented)
+  bool stacked = false;
+  std::span<const at::Tensor> inputs;
+  std::span<const uint8_t> shared;
+  std::span<const int64_t> attrs;
+  const Shape* out_shape = nullptr;
+  std::span<const int64_t> payload_host;
+  const at::Tensor* index = nullptr;  // the round's indices on the device
+  int64_t payload_off = 0, segments_off = 0, segments_len = 0;
+  std::span<const int64_t> segment_counts;
+  const std::vector<at::Tensor>* user_tensors = nullptr;
+  at::TensorOptions options;
+  uint64_t seed = 0;
+  bool train = true;
+};
+
 class RunCtx {
  public:
-  int64_t n() const { return n_; }
-  size_t arity() const { return arity_; }
+  explicit RunCtx(const LaunchArgs& a) : a_(a) {}
+  int64_t n() const { return a_.n; }
+  size_t arity() const { return a_.arity; }
   // The arguments arrive stacked in in(0) (see OpTraits::stackable).
-  bool stacked() const { return stacked_; }
+  bool stacked() const { return a_.stacked; }
   // Batched [n, S...] or, for a shared argument, the shared tensor itself.
-  const at::Tensor& in(size_t i) const { return inputs_[i]; }
-  bool shared(size_t i) const { return shared_[i] != 0; }
+  const at::Tensor& in(size_t i) const { return a_.inputs[i]; }
+  bool shared(size_t i) const { return a_.shared[i] != 0; }
   // Argument i as [n, S...] even when shared (an expand view, no copy).
   at::Tensor batched(size_t i) const;
   // For elementwise ops: argument i with shape [n, 1, ..., S] so that it broadcasts
   // against a per-example result of rank `rank` (scalars and shared values included).
   at::Tensor aligned(size_t i, int rank) const;
-  int64_t attr(size_t k) const { return attrs_[k]; }
+  int64_t attr(size_t k) const { return a_.attrs[k]; }
   double attr_f(size_t k) const;
-  const Shape& out_shape() const { return *out_shape_; }
+  const Shape& out_shape() const { return *a_.out_shape; }
   // Per-node payloads (ids, labels, keys): host copy and device tensor [n] (int64).
-  std::span<const int64_t> payload_host() const { return payload_host_; }
-  at::Tensor payload() const { return index_->narrow(0, payload_off_, n_); }
+  std::span<const int64_t> payload_host() const { return a_.payload_host; }
+  at::Tensor payload() const { return a_.index->narrow(0, a_.payload_off, a_.n); }
   // For segmented ops: in(0) holds every list element, [total, S...]; segment ids
   // [total] say which node each belongs to, counts [n] how many each node has.
-  at::Tensor segment_ids() const { return index_->narrow(0, segments_off_, segments_len_); }
-  std::span<const int64_t> segment_counts() const { return segment_counts_; }
+  at::Tensor segment_ids() const { return a_.index->narrow(0, a_.segments_off, a_.segments_len); }
+  std::span<const int64_t> segment_counts() const { return a_.segment_counts; }
   // User tensors referenced by payloads (op::Input).
-  const at::Tensor& user_tensor(int64_t i) const { return (*user_tensors_)[static_cast<size_t>(i)]; }
-  const at::TensorOptions& options() const { return options_; }  // float on the graph's device
-  uint64_t seed() const { return seed_; }
-  bool train() const { return train_; }
+  const at::Tensor& user_tensor(int64_t i) const { return (*a_.user_tensors)[static_cast<size_t>(i)]; }
+  const at::TensorOptions& options() const { return a_.options; }  // float on the graph's device
+  uint64_t seed() const { return a_.seed; }
+  bool train() const { return a_.train; }
 
  private:
-  friend class Executor;
-  int64_t n_ = 0;
-  size_t arity_ = 0;
-  bool stacked_ = false;
-  std::span<const at::Tensor> inputs_;
-  std::span<const uint8_t> shared_;
-  std::span<const int64_t> attrs_;
-  const Shape* out_shape_ = nullptr;
-  std::span<const int64_t> payload_host_;
-  const at::Tensor* index_ = nullptr;  // the round's indices on the device (made on demand: most ops need none)
-  int64_t payload_off_ = 0, segments_off_ = 0, segments_len_ = 0;
-  std::span<const int64_t> segment_counts_;
-  const std::vector<at::Tensor>* user_tensors_ = nullptr;
-  at::TensorOptions options_;
-  uint64_t seed_ = 0;
-  bool train_ = true;
+  const LaunchArgs& a_;
 };
 
-// The runtime view of one descriptor, built from kOpList in dsl/ops.cpp.
+// The runtime view of one descriptor, built from kOpList in ops/table.cpp.
 struct OpInfo {
   std::string_view name;
   OpTraits traits;
@@ -132,6 +138,7 @@ struct OpInfo {
 };
 
 const OpInfo& op_info(OpCode code);
+std::string_view op_name(OpCode code);
 
 // Attributes are int64 slots; doubles are stored bit for bit.
 int64_t attr_of(double v);

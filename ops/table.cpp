@@ -6,11 +6,12 @@
 #include <bit>
 #include <concepts>
 
-#include "ops/elementwise.h"
-#include "ops/leaf.h"
-#include "ops/linear.h"
-#include "ops/reduce.h"
-#include "ops/structure.h"
+#include "elementwise.h"
+#include "leaf.h"
+#include "linear.h"
+#include "op_list.h"
+#include "reduce.h"
+#include "structure.h"
 
 namespace sheaf {
 
@@ -48,7 +49,7 @@ int64_t attr_of(double v) { return std::bit_cast<int64_t>(v); }
 double attr_to_double(int64_t a) { return std::bit_cast<double>(a); }
 
 double InferCtx::attr_f(size_t k) const { return attr_to_double(attrs_[k]); }
-double RunCtx::attr_f(size_t k) const { return attr_to_double(attrs_[k]); }
+double RunCtx::attr_f(size_t k) const { return attr_to_double(a_.attrs[k]); }
 
 void InferCtx::expect_rank(size_t i, int rank, std::string_view what) const {
   if (shape(i).rank() != rank) fail(what, " must have rank ", rank, ", got shape ", shape(i).str());
@@ -61,15 +62,15 @@ void InferCtx::expect_shared(size_t i, std::string_view what) const {
 }
 
 at::Tensor RunCtx::batched(size_t i) const {
-  const at::Tensor& x = inputs_[i];
+  const at::Tensor& x = a_.inputs[i];
   if (!shared(i)) return x;
-  std::vector<int64_t> sizes{n_};
+  std::vector<int64_t> sizes{a_.n};
   for (int64_t d : x.sizes()) sizes.push_back(d);
   return x.unsqueeze(0).expand(sizes);
 }
 
 at::Tensor RunCtx::aligned(size_t i, int rank) const {
-  const at::Tensor& x = inputs_[i];
+  const at::Tensor& x = a_.inputs[i];
   if (shared(i)) return x;  // right-aligned broadcasting already does the job
   const int have = static_cast<int>(x.dim()) - 1;
   if (have >= rank) return x;

@@ -11,7 +11,10 @@
 
 namespace sheaf::op {
 
-// attr: axis (already normalised to >= 0).
+// attr: axis (normalised to >= 0 when recorded, unless the shape was not known
+// then: downstream of a dsl::cond; normalise_axis() gives the axis either way).
+inline int normalise_axis(const Shape& s, int64_t axis) { return s.axis(static_cast<int>(axis)); }
+
 struct Concat {
   static constexpr std::string_view name = "concat";
   static constexpr OpTraits traits{.arity = OpTraits::kVariadic, .stackable = true};
@@ -30,7 +33,7 @@ struct Concat {
     return out;
   }
   static at::Tensor run(RunCtx& c) {
-    const int64_t axis = c.attr(0);
+    const int64_t axis = normalise_axis(c.out_shape(), c.attr(0));
     if (c.stacked()) {
       // in(0) = [n * k, S...]: as [n, k, S...], move k next to the axis and merge them.
       const at::Tensor& x = c.in(0);
@@ -49,7 +52,7 @@ struct Concat {
   }
 };
 
-// attrs: axis (>= 0), begin, end.
+// attrs: axis, begin, end.
 struct Slice {
   static constexpr std::string_view name = "slice";
   static constexpr OpTraits traits{.arity = 1};
@@ -63,7 +66,9 @@ struct Slice {
     s[axis] = e - b;
     return s;
   }
-  static at::Tensor run(RunCtx& c) { return c.in(0).narrow(c.attr(0) + 1, c.attr(1), c.attr(2) - c.attr(1)); }
+  static at::Tensor run(RunCtx& c) {
+    return c.in(0).narrow(normalise_axis(c.out_shape(), c.attr(0)) + 1, c.attr(1), c.attr(2) - c.attr(1));
+  }
 };
 
 }  // namespace sheaf::op

@@ -1,0 +1,19 @@
+// What the executor counts while it runs a plan (part of sheaf::Stats).
+#pragma once
+
+#include <cstdint>
+
+namespace sheaf {
+
+struct ExecCounters {
+  uint64_t nodes = 0;             // nodes executed
+  uint64_t batches = 0;           // batched op launches (one per batch)
+  uint64_t zero_copy_inputs = 0;  // batched inputs passed as a view of an earlier batch
+  uint64_t gathered_inputs = 0;   // batched inputs that needed a gather
+  uint64_t gather_launches = 0;   // index_select / cat launches those gathers took
+  uint64_t gathered_bytes = 0;    // bytes those gathers wrote
+  double gather_ms = 0;  // with GraphOptions::profile: inputs' gathers, device time included
+  double op_ms = 0;      // with GraphOptions::profile: the batched ops, device time included
+};
+
+}  // namespace sheaf

@@ -1,0 +1,47 @@
+#include "task.h"
+
+#include <sheaf/engine/engine.h>
+
+namespace sheaf {
+
+namespace detail {
+
+AwaitToken await_value(const Expr& expr, std::function<void(const at::Tensor&)> resume, std::source_location loc) {
+  Engine& g = Engine::of(expr, loc);
+  const NodeId n = g.node_of(expr, "co_await", loc);
+  const int64_t example = g.trace().current_example();
+  const WaiterId id = g.when_computed(n, [&g, example, resume = std::move(resume)](const at::Tensor& v) {
+    Trace& t = g.trace();
+    const int64_t saved = t.current_example();
+    t.set_current_example(example);
+    struct Restore {
+      Trace& t;
+      int64_t saved;
+      ~Restore() { t.set_current_example(saved); }
+    } restore{t, saved};
+    resume(v);
+  });
+  return AwaitToken{expr, id.index, id.generation};
+}
+
+void cancel_await(const AwaitToken& token) {
+  if (Engine* g = Engine::find(token.expr)) g->cancel(WaiterId{token.index, token.generation});
+}
+
+void report_task_failure(std::exception_ptr error) {
+  if (Engine* g = Engine::delivering()) g->report_failure(g->trace().current_example(), std::move(error));
+}
+
+}  // namespace detail
+
+double host_item(const at::Tensor& v, std::source_location loc) {
+  if (v.numel() != 1) throw_user_at(loc, "fetch_item() of a value with ", v.numel(), " elements; it needs a scalar");
+  return v.item<double>();
+}
+
+int64_t host_argmax(const at::Tensor& v, std::source_location loc) {
+  if (v.numel() == 0) throw_user_at(loc, "fetch_argmax() of an empty value");
+  return v.reshape({-1}).argmax().item<int64_t>();
+}
+
+}  // namespace sheaf

@@ -1,0 +1,382 @@
+// The forward loop as straight-line code, repeated per round:
+//
+//   recorded nodes --Scheduler--> Plan --Executor--> values --deliver_waiters--> more nodes
+//
+// Control flow: values awaited by cond/loop/coroutines and computed in this
+// round are fetched to the host in one copy for all examples, their branches
+// are recorded, and the next round runs.
+#include "engine.h"
+
+#include <ATen/ops/cat.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/tensor.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+
+#include <sheaf/backend/runtime.h>
+#include <sheaf/ops/op.h>
+
+#include "handles.h"
+
+namespace sheaf::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+bool debug_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SHEAF_DEBUG");
+    return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+thread_local Engine* t_delivering = nullptr;
+
+GraphOptions with_concrete_device(GraphOptions o) {
+  o.device = concrete_device(o.device);
+  return o;
+}
+
+}  // namespace
+
+Engine::Engine(Graph& graph, GraphOptions options)
+    : graph_(graph),
+      options_(with_concrete_device(options)),
+      trace_(options_.device),
+      slot_(acquire_slot(this)),
+      generation_(generation_of(slot_)) {}
+
+Engine::~Engine() { release_slot(slot_); }
+
+// ---------------------------------------------------------------------------
+// Handles.
+
+Engine* Engine::find(const Expr& e) { return e.defined() ? engine_at(e.slot_, e.gen_) : nullptr; }
+
+Engine& Engine::of(const Expr& e, Loc loc) {
+  if (!e.defined()) throw_user_at(loc, "use of an empty Expr (default-constructed, never assigned)");
+  Engine* g = find(e);
+  if (g == nullptr) throw_user_at(loc, "use of an Expr whose graph was cleared or destroyed since it was made");
+  return *g;
+}
+
+NodeId Engine::node_of(const Expr& e, std::string_view op, Loc loc) const {
+  const Site site{op, trace_.current_example(), loc};
+  if (!e.defined()) throw_user(site, "an argument is an empty Expr (default-constructed, never assigned)");
+  if (e.slot_ != slot_)
+    throw_user(site, "an argument belongs to a different sheaf::Graph; all Exprs of one op must come from "
+                     "the same graph");
+  if (e.gen_ != generation_)
+    throw_user(site, "an argument is an Expr from before this graph's clear(); Exprs do not survive clear()");
+  return e.node_;
+}
+
+// ---------------------------------------------------------------------------
+// Recording time: from the first node recorded to the next forward/prepare.
+
+void Engine::start_trace_clock() {
+  recording_ = true;
+  trace_start_ = Clock::now();
+}
+
+void Engine::stop_trace_clock() {
+  if (!recording_) return;
+  stats_.trace_ms += ms_since(trace_start_);
+  recording_ = false;
+}
+
+// ---------------------------------------------------------------------------
+// Execution.
+
+const Strategy& Engine::strategy_for(const ForwardOptions& options) const {
+  if (options.strategy) return *options.strategy;
+  return options_.strategy ? *options_.strategy : default_strategy();
+}
+
+void Engine::forward(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
+  for (const Expr& t : targets) node_of(t, "forward", loc);
+  const Strategy& strategy = strategy_for(options);
+  const bool validate = options.validate || debug_enabled();
+  stop_trace_clock();
+  if (debug_enabled()) std::cerr << "[sheaf] graph before forward:\n" << trace_.dump();
+
+  for (int round = 0;; ++round) {
+    if (round >= options.max_rounds) throw_runaway(options.max_rounds, loc);
+    if (prepared_) {
+      prepared_ = false;
+      execute_round();
+    } else if (schedule_round(strategy, validate)) {
+      execute_round();
+    }
+    if (!deliver_waiters()) break;
+  }
+  if (!failures_.empty()) throw_failures(loc);
+  check_targets(targets, loc);
+}
+
+void Engine::prepare(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
+  for (const Expr& t : targets) node_of(t, "prepare", loc);
+  if (prepared_) return;  // nothing recorded since can join that round
+  stop_trace_clock();
+  prepared_ = schedule_round(strategy_for(options), options.validate || debug_enabled());
+}
+
+// Plans the pending nodes that can run. Returns false when there is nothing to
+// launch (the round only resolved placeholders).
+bool Engine::schedule_round(const Strategy& strategy, bool validate) {
+  const auto t0 = Clock::now();
+  const bool launch = scheduler_.schedule(trace_, strategy, validate);
+  if (!launch) finish_aliases();
+  stats_.schedule_ms += ms_since(t0);
+  if (launch && debug_enabled()) std::cerr << "[sheaf] " << scheduler_.plan().str();
+  return launch;
+}
+
+void Engine::execute_round() {
+  const auto t0 = Clock::now();
+  exec_config_ = ExecConfig{options_.device, options_.seed, options_.train, options_.profile};
+  Executor exec(trace_.store(), exec_config_, stats_);
+  try {
+    exec.run(scheduler_.plan());
+  } catch (...) {
+    // The failed batch is marked failed (never retried); nodes that did not run
+    // go back to pending, so the rest of the graph stays usable.
+    NodeStore& s = trace_.store();
+    bool first_uncomputed = true;
+    for (const PlannedBatch& b : scheduler_.plan().batches) {
+      if (s.has(scheduler_.plan().nodes[b.nodes_begin], NodeStore::kComputed)) continue;
+      for (uint32_t i = 0; i < b.n; ++i) {
+        const NodeId n = scheduler_.plan().nodes[b.nodes_begin + i];
+        if (first_uncomputed) s.flags[n] |= NodeStore::kFailed;
+        trace_.pending().push_back(n);
+      }
+      first_uncomputed = false;
+    }
+    auto& aliases = scheduler_.aliases();
+    trace_.pending().insert(trace_.pending().end(), aliases.begin(), aliases.end());
+    std::sort(trace_.pending().begin(), trace_.pending().end());
+    stats_.execute_ms += ms_since(t0);
+    throw;
+  }
+  stats_.execute_ms += ms_since(t0);
+  ++stats_.rounds;
+  finish_aliases();
+}
+
+// A resolved placeholder's value is its branch's value: same batch, same row.
+void Engine::finish_aliases() {
+  NodeStore& s = trace_.store();
+  for (NodeId p : scheduler_.aliases()) {
+    const NodeId r = s.resolve(p);
+    SHEAF_ASSERT(s.has(r, NodeStore::kComputed), "alias target %", r, " of %", p, " not computed");
+    s.value_batch[p] = s.value_batch[r];
+    s.value_row[p] = s.value_row[r];
+    s.flags[p] |= NodeStore::kComputed;
+  }
+}
+
+at::Tensor Engine::value(NodeId n, Loc loc) const {
+  const NodeStore& s = trace_.store();
+  const NodeId r = s.resolve(n);
+  if (!s.has(r, NodeStore::kComputed))
+    throw_user_at(loc, "value() of a node that has not been computed (op '", op_info(s.op[n]).name, "' recorded at ",
+                  format_loc(s.loc[n]), "); call forward() after recording it");
+  const at::Tensor& t = s.batch_out[s.value_batch[r]];
+  const uint32_t row = s.value_row[r];
+  return row == kWholeRow ? t : t.select(0, row);
+}
+
+const Plan* Engine::last_plan() const {
+  return scheduler_.plan().batches.empty() ? nullptr : &scheduler_.plan();
+}
+
+void Engine::clear() {
+  trace_.clear();
+  scheduler_.reset();
+  waiters_.clear();
+  free_waiters_.clear();
+  live_waiters_ = 0;
+  failures_.clear();
+  stats_ = Stats();
+  prepared_ = false;
+  recording_ = false;
+  generation_ = bump_generation(slot_);
+}
+
+// ---------------------------------------------------------------------------
+// Errors at the end of forward.
+
+void Engine::check_targets(std::span<const Expr> targets, Loc loc) const {
+  const NodeStore& s = trace_.store();
+  for (const Expr& t : targets) {
+    if (s.has(s.resolve(t.id()), NodeStore::kComputed)) continue;
+    throw_user(Site{"forward", s.example[t.id()], loc}, "a target (op '", op_info(s.op[t.id()]).name,
+               "' recorded at ", format_loc(s.loc[t.id()]),
+               ") could not be computed: it depends on a dsl::cond or dsl::loop that never resolved, or on a "
+               "launch that failed earlier");
+  }
+}
+
+// The runaway's culprits: the nodes still awaited when the limit struck.
+void Engine::throw_runaway(int max_rounds, Loc loc) const {
+  const NodeStore& s = trace_.store();
+  std::ostringstream os;
+  os << "forward stopped after " << max_rounds
+     << " rounds of control flow (ForwardOptions::max_rounds): a dsl::loop or coroutine may never finish.";
+  int shown = 0;
+  for (const Waiter& w : waiters_) {
+    if (!w.callback || shown == 3) continue;
+    os << (shown++ ? "; " : " Still waiting: ") << "example " << s.example[w.node] << " on op '"
+       << op_info(s.op[w.node]).name << "' recorded at " << format_loc(s.loc[w.node]);
+  }
+  throw_user_at(loc, os.str());
+}
+
+void Engine::report_failure(int64_t example, std::exception_ptr error) {
+  failures_.push_back(Failure{example, std::move(error)});
+}
+
+Engine* Engine::delivering() { return t_delivering; }
+
+// One example's error is rethrown as it was (the user's own exception type)
+// when it is the only one; several become one UserError that lists them.
+void Engine::throw_failures(Loc loc) {
+  std::vector<Failure> failures = std::move(failures_);
+  failures_.clear();
+  if (failures.size() == 1) std::rethrow_exception(failures[0].error);
+  std::ostringstream os;
+  os << failures.size() << " examples failed during forward; the other examples completed.";
+  for (size_t i = 0; i < failures.size() && i < 5; ++i) {
+    os << "\n  example " << failures[i].example << ": ";
+    try {
+      std::rethrow_exception(failures[i].error);
+    } catch (const std::exception& e) {
+      os << e.what();
+    } catch (...) {
+      os << "(an exception that is not a std::exception)";
+    }
+  }
+  if (failures.size() > 5) os << "\n  ...";
+  throw_user_at(loc, os.str());
+}
+
+// ---------------------------------------------------------------------------
+// Waiters.
+
+WaiterId Engine::when_computed(NodeId node, ValueCallback callback) {
+  uint32_t i;
+  if (!free_waiters_.empty()) {
+    i = free_waiters_.back();
+    free_waiters_.pop_back();
+  } else {
+    i = static_cast<uint32_t>(waiters_.size());
+    waiters_.emplace_back();
+  }
+  Waiter& w = waiters_[i];
+  w.node = node;
+  ++w.generation;
+  w.order = next_order_++;
+  w.callback = std::move(callback);
+  ++live_waiters_;
+  return WaiterId{i, w.generation};
+}
+
+void Engine::cancel(WaiterId id) {
+  if (id.index >= waiters_.size()) return;
+  Waiter& w = waiters_[id.index];
+  if (w.generation != id.generation || !w.callback) return;
+  w.callback = nullptr;
+  free_waiters_.push_back(id.index);
+  --live_waiters_;
+}
+
+// Hands computed values to whoever waits for them: one device->host copy for all
+// of them, then the callbacks in registration order. A callback that throws
+// (user code in a branch, a loop body, a coroutine) stops its own example only.
+// Returns whether anyone was served.
+bool Engine::deliver_waiters() {
+  if (live_waiters_ == 0) return false;
+  const NodeStore& s = trace_.store();
+  std::vector<uint32_t> ready;
+  for (uint32_t i = 0; i < waiters_.size(); ++i)
+    if (waiters_[i].callback && s.has(s.resolve(waiters_[i].node), NodeStore::kComputed)) ready.push_back(i);
+  if (ready.empty()) return false;
+  std::sort(ready.begin(), ready.end(), [&](uint32_t a, uint32_t b) { return waiters_[a].order < waiters_[b].order; });
+
+  const auto t0 = Clock::now();
+  std::vector<NodeId> nodes;
+  for (uint32_t i : ready) nodes.push_back(waiters_[i].node);
+  std::vector<at::Tensor> host = fetch_to_host(nodes);
+  stats_.fetch_ms += ms_since(t0);
+
+  // Take the callbacks out first: they register new waiters (slots get reused).
+  std::vector<std::pair<ValueCallback, NodeId>> calls;
+  for (uint32_t i : ready) {
+    calls.emplace_back(std::move(waiters_[i].callback), waiters_[i].node);
+    waiters_[i].callback = nullptr;
+    free_waiters_.push_back(i);
+    --live_waiters_;
+  }
+  const auto t1 = Clock::now();
+  Engine* outer = std::exchange(t_delivering, this);
+  for (size_t k = 0; k < calls.size(); ++k) {
+    try {
+      calls[k].first(host[k]);
+    } catch (...) {
+      report_failure(trace_.store().example[calls[k].second], std::current_exception());
+    }
+  }
+  t_delivering = outer;
+  stats_.trace_ms += ms_since(t1);
+  return true;
+}
+
+// Groups rows by the batch that holds them: one index_select per batch, one cat,
+// one copy to the host.
+std::vector<at::Tensor> Engine::fetch_to_host(std::span<const NodeId> nodes) {
+  const NodeStore& s = trace_.store();
+  c10::NoGradGuard no_grad;
+  std::vector<at::Tensor> host(nodes.size());
+  std::vector<std::pair<uint32_t, size_t>> by_batch;  // (batch, position in nodes)
+  for (size_t i = 0; i < nodes.size(); ++i) by_batch.emplace_back(s.value_batch[s.resolve(nodes[i])], i);
+  std::stable_sort(by_batch.begin(), by_batch.end());
+  std::vector<at::Tensor> flat;
+  std::vector<size_t> order;
+  for (size_t k = 0; k < by_batch.size();) {
+    const uint32_t b = by_batch[k].first;
+    std::vector<int64_t> rows;
+    size_t j = k;
+    for (; j < by_batch.size() && by_batch[j].first == b; ++j) {
+      const NodeId r = s.resolve(nodes[by_batch[j].second]);
+      rows.push_back(s.value_row[r] == kWholeRow ? -1 : s.value_row[r]);
+      order.push_back(by_batch[j].second);
+    }
+    const at::Tensor& t = s.batch_out[b];
+    if (rows[0] < 0) {
+      for (size_t q = k; q < j; ++q) flat.push_back(t.detach().reshape({-1}));
+    } else {
+      at::Tensor idx = at::tensor(rows, at::TensorOptions().dtype(at::kLong));
+      if (t.is_cuda()) idx = idx.pin_memory().to(t.device(), /*non_blocking=*/true);
+      flat.push_back(t.detach().index_select(0, idx).reshape({-1}));
+    }
+    k = j;
+  }
+  const at::Tensor all = (flat.size() == 1 ? flat[0] : at::cat(flat)).to(at::kCPU).contiguous();
+  ++stats_.fetches;
+  int64_t off = 0;
+  for (size_t q = 0; q < order.size(); ++q) {
+    const Shape& shape = s.shape_of(s.resolve(nodes[order[q]]));
+    host[order[q]] =
+        all.narrow(0, off, shape.numel()).view(std::vector<int64_t>(shape.dims().begin(), shape.dims().end()));
+    off += shape.numel();
+  }
+  return host;
+}
+
+}  // namespace sheaf::detail

@@ -1,0 +1,136 @@
+// The engine behind a Graph: the trace, the scheduler, the executor's state,
+// the control-flow waiters and the forward loop. Library-internal (the DSL and
+// the checker use it; model code uses Graph).
+//
+//   Engine::forward, per round:
+//     Scheduler::schedule   pending nodes -> RoundDag -> Batches -> Plan
+//     Executor::run         Plan -> batch outputs (node values are rows)
+//     deliver_waiters       awaited values -> host, one copy; branches, loop
+//                           bodies and coroutines continue and record more
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <source_location>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <sheaf/backend/executor.h>
+#include <sheaf/scheduler/scheduler.h>
+#include <sheaf/tracer/trace.h>
+
+#include "expr.h"
+#include "graph.h"
+
+namespace sheaf::detail {
+
+// Something waiting for the computed value of a node (a dsl::cond, a dsl::loop
+// step, a suspended coroutine). Called with the value on the CPU, after the
+// round that computed it; it may record more nodes.
+using ValueCallback = std::function<void(const at::Tensor& host_value)>;
+
+// A registered waiter, to cancel it (a coroutine destroyed while it waits).
+struct WaiterId {
+  uint32_t index = kNone32;
+  uint32_t generation = 0;
+};
+
+class Engine {
+ public:
+  using Loc = std::source_location;
+  Engine(Graph& graph, GraphOptions options);
+  ~Engine();
+
+  Graph& graph() const { return graph_; }
+  Trace& trace() { return trace_; }
+  const Trace& trace() const { return trace_; }
+  const NodeStore& store() const { return trace_.store(); }
+
+  // ---- Handles.
+  Expr expr(NodeId n) const { return Expr(slot_, generation_, n); }
+  // The node of an Expr of this graph; throws UserError naming `op` and `loc` otherwise.
+  NodeId node_of(const Expr& e, std::string_view op, Loc loc) const;
+  // The engine of a live Expr; nullptr if the handle is empty or stale.
+  static Engine* find(const Expr& e);
+  // The same, or a UserError naming the caller's line.
+  static Engine& of(const Expr& e, Loc loc);
+
+  // ---- Recording (the clock of Stats::trace_ms starts at the first node).
+  Expr record(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload, Loc loc) {
+    note_recording();
+    return expr(trace_.record(op, args, attrs, payload, loc));
+  }
+  void note_recording() {
+    if (!recording_) start_trace_clock();
+  }
+
+  // ---- Control flow.
+  WaiterId when_computed(NodeId node, ValueCallback callback);
+  void cancel(WaiterId id);  // no-op if already delivered
+  // A failure of user code inside forward (a branch, a loop body, a coroutine):
+  // the example stops, the others go on, and forward throws at the end.
+  void report_failure(int64_t example, std::exception_ptr error);
+  // The engine delivering values on this thread, if any (coroutines report their failures to it).
+  static Engine* delivering();
+
+  // ---- Execution.
+  void forward(std::span<const Expr> targets, const ForwardOptions& options, Loc loc);
+  void prepare(std::span<const Expr> targets, const ForwardOptions& options, Loc loc);
+  at::Tensor value(NodeId n, Loc loc) const;  // a computed node's value, connected to autograd
+  void clear();
+
+  // ---- State for Graph's accessors.
+  GraphOptions& options() { return options_; }
+  const GraphOptions& options() const { return options_; }
+  const Stats& stats() const { return stats_; }
+  const Plan* last_plan() const;  // nullptr before the first round that launched something
+
+ private:
+  struct Waiter {
+    NodeId node = kNoNode;
+    uint32_t generation = 0;
+    uint64_t order = 0;  // registration order: waiters run in it
+    ValueCallback callback;
+  };
+  struct Failure {
+    int64_t example;
+    std::exception_ptr error;
+  };
+
+  const Strategy& strategy_for(const ForwardOptions& options) const;
+  bool schedule_round(const Strategy& strategy, bool validate);
+  void execute_round();
+  void finish_aliases();
+  bool deliver_waiters();
+  std::vector<at::Tensor> fetch_to_host(std::span<const NodeId> nodes);
+  void check_targets(std::span<const Expr> targets, Loc loc) const;
+  [[noreturn]] void throw_runaway(int max_rounds, Loc loc) const;
+  void throw_failures(Loc loc);
+  void start_trace_clock();
+  void stop_trace_clock();
+
+  Graph& graph_;
+  GraphOptions options_;
+  Trace trace_;
+  Scheduler scheduler_;
+  ExecConfig exec_config_;
+  uint32_t slot_;
+  uint32_t generation_;
+  Stats stats_;
+  std::vector<Waiter> waiters_;           // slots; callback empty = free
+  std::vector<uint32_t> free_waiters_;
+  size_t live_waiters_ = 0;
+  uint64_t next_order_ = 0;
+  std::vector<Failure> failures_;
+  bool prepared_ = false;  // the scheduler holds a planned round that forward() runs first
+  bool recording_ = false; // a node was recorded since the last forward()/prepare()/clear()
+  std::chrono::steady_clock::time_point trace_start_;
+};
+
+}  // namespace sheaf::detail

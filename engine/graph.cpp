@@ -1,0 +1,91 @@
+// Graph and Expr: the public facade over the engine.
+#include "graph.h"
+
+#include <sstream>
+
+#include "engine.h"
+
+namespace sheaf {
+
+namespace detail {
+Engine& engine_of(Graph& g) { return *g.engine_; }
+}  // namespace detail
+
+Graph::Graph(GraphOptions options) : engine_(std::make_unique<detail::Engine>(*this, options)) {}
+Graph::~Graph() = default;
+
+Expr Graph::input(const at::Tensor& x, Loc loc) {
+  engine_->note_recording();
+  return engine_->expr(engine_->trace().input(x, loc));
+}
+Expr Graph::param(const at::Tensor& w, Loc loc) { return engine_->expr(engine_->trace().param(w, loc)); }
+Expr Graph::constant(Shape shape, double value, Loc loc) {
+  engine_->note_recording();
+  return engine_->expr(engine_->trace().constant(shape, value, loc));
+}
+Expr Graph::lookup(const at::Tensor& table, int64_t id, bool sparse_grad, Loc loc) {
+  engine_->note_recording();
+  return engine_->expr(engine_->trace().lookup(table, id, sparse_grad, loc));
+}
+
+Graph::ExampleScope::ExampleScope(Graph& g, int64_t id) : g_(g), previous_(g.current_example()) {
+  g.engine_->trace().set_current_example(id);
+}
+Graph::ExampleScope::~ExampleScope() { g_.engine_->trace().set_current_example(previous_); }
+Graph::ExampleScope Graph::example(int64_t id, Loc loc) {
+  if (id < 0) throw_user_at(loc, "example ids are >= 0, got ", id);
+  return ExampleScope(*this, id);
+}
+int64_t Graph::current_example() const { return engine_->trace().current_example(); }
+
+void Graph::forward(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
+  engine_->forward(targets, options, loc);
+}
+void Graph::prepare(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
+  engine_->prepare(targets, options, loc);
+}
+void Graph::clear() { engine_->clear(); }
+
+void Graph::set_strategy(const Strategy& s) { engine_->options().strategy = &s; }
+const GraphOptions& Graph::options() const { return engine_->options(); }
+void Graph::set_train(bool train) { engine_->options().train = train; }
+const Stats& Graph::stats() const { return engine_->stats(); }
+size_t Graph::size() const { return engine_->trace().size(); }
+std::string Graph::dump() const { return engine_->trace().dump(); }
+std::string Graph::plan_str() const {
+  const Plan* p = engine_->last_plan();
+  return p ? p->str() : std::string();
+}
+
+// ---------------------------------------------------------------------------
+// Expr.
+
+Graph& Expr::graph(Loc loc) const { return detail::Engine::of(*this, loc).graph(); }
+
+const Shape& Expr::shape(Loc loc) const {
+  const detail::Engine& e = detail::Engine::of(*this, loc);
+  e.trace().expect_known_shape(node_, "the shape", loc);
+  return e.store().shape_of(node_);
+}
+int64_t Expr::example(Loc loc) const { return detail::Engine::of(*this, loc).store().example[node_]; }
+at::Tensor Expr::value(Loc loc) const { return detail::Engine::of(*this, loc).value(node_, loc); }
+double Expr::item(Loc loc) const {
+  at::Tensor v = value(loc);
+  if (v.numel() != 1) throw_user_at(loc, "item() of a value with ", v.numel(), " elements; it needs a scalar");
+  return v.item<double>();
+}
+
+// ---------------------------------------------------------------------------
+
+std::string Stats::str() const {
+  std::ostringstream os;
+  os << "nodes " << nodes << ", batches " << batches << ", rounds " << rounds << ", inputs zero-copy "
+     << zero_copy_inputs << " / gathered " << gathered_inputs << " (" << gather_launches << " launches, "
+     << gathered_bytes / 1024 << " KiB), fetches " << fetches << "; ms: trace " << trace_ms << ", schedule "
+     << schedule_ms << ", execute " << execute_ms << ", fetch " << fetch_ms;
+  if (gather_ms > 0 || op_ms > 0) os << " (profiled: gathers " << gather_ms << ", ops " << op_ms << ")";
+  if (split_shared > 0) os << "; " << split_shared << " batches split by distinct shared operands";
+  return os.str();
+}
+
+}  // namespace sheaf

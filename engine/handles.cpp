@@ -1,0 +1,57 @@
+#include "handles.h"
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include <sheaf/core/error.h>
+
+namespace sheaf::detail {
+
+namespace {
+
+constexpr uint32_t kSlots = 1u << 14;
+
+struct Slot {
+  std::atomic<Engine*> engine{nullptr};
+  std::atomic<uint32_t> generation{0};
+};
+
+Slot g_slots[kSlots];
+std::mutex g_slots_mu;
+std::vector<uint32_t> g_free_slots;
+uint32_t g_slots_used = 0;
+
+}  // namespace
+
+uint32_t acquire_slot(Engine* e) {
+  std::lock_guard lock(g_slots_mu);
+  uint32_t s;
+  if (!g_free_slots.empty()) {
+    s = g_free_slots.back();
+    g_free_slots.pop_back();
+  } else {
+    if (g_slots_used == kSlots) throw UserError(detail::cat("sheaf: more than ", kSlots, " sheaf::Graph objects alive at once"));
+    s = g_slots_used++;
+  }
+  g_slots[s].engine.store(e);
+  return s;
+}
+
+void release_slot(uint32_t s) {
+  std::lock_guard lock(g_slots_mu);
+  g_slots[s].generation.fetch_add(1);
+  g_slots[s].engine.store(nullptr);
+  g_free_slots.push_back(s);
+}
+
+uint32_t bump_generation(uint32_t s) { return g_slots[s].generation.fetch_add(1) + 1; }
+uint32_t generation_of(uint32_t s) { return g_slots[s].generation.load(); }
+
+Engine* engine_at(uint32_t s, uint32_t generation) {
+  if (s >= kSlots) return nullptr;
+  Engine* e = g_slots[s].engine.load();
+  return e != nullptr && g_slots[s].generation.load() == generation ? e : nullptr;
+}
+
+}  // namespace sheaf::detail

@@ -1,0 +1,20 @@
+// Expr handles name a graph by slot and generation, so a handle that outlived
+// its graph (or a clear()) is detected instead of dereferencing freed memory.
+#pragma once
+
+#include <cstdint>
+
+namespace sheaf::detail {
+
+class Engine;
+
+// A slot for a new engine; throws UserError when too many graphs are alive.
+uint32_t acquire_slot(Engine* e);
+void release_slot(uint32_t slot);
+// Starts a new generation of the slot (clear()): older handles become stale.
+uint32_t bump_generation(uint32_t slot);
+uint32_t generation_of(uint32_t slot);
+// The engine of a handle, or nullptr if the slot is free or the generation stale.
+Engine* engine_at(uint32_t slot, uint32_t generation);
+
+}  // namespace sheaf::detail

@@ -1,0 +1,26 @@
+// Counters a graph keeps since its last clear(), for users to read after forward.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <sheaf/backend/counters.h>
+
+namespace sheaf {
+
+// ExecCounters' fields (nodes, batches, zero_copy_inputs, gathered_inputs,
+// gather_launches, gathered_bytes, gather_ms, op_ms) are counted by the executor.
+struct Stats : ExecCounters {
+  uint64_t rounds = 0;   // schedule+execute rounds; > 1 only with control flow
+  uint64_t fetches = 0;  // device->host copies of values awaited by control flow (one per round at most)
+  uint64_t split_shared = 0;  // batches split only because a "shared" operand was a different tensor (see docs)
+  // Wall-clock milliseconds:
+  double trace_ms = 0;     // recording: from the first node recorded after clear()/forward() to the next
+                           // forward()/prepare(), plus control-flow callbacks (branches, loop bodies, coroutines)
+  double schedule_ms = 0;  // building rounds, running the strategy, planning rows and gathers
+  double execute_ms = 0;   // launching the batches (on a GPU, mostly queueing: kernels run later)
+  double fetch_ms = 0;     // copying awaited values to the host (waits for the device)
+  std::string str() const;
+};
+
+}  // namespace sheaf

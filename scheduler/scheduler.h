@@ -1,0 +1,45 @@
+// The scheduler: turns the runnable part of a trace into one round's plan.
+//
+//   pending nodes --build_round--> RoundDag --Strategy--> Batches --make_plan--> Plan
+//
+// It keeps its buffers between rounds and clears (a graph cleared per batch does
+// not reallocate), and what the strategy remembers of the graph's past rounds.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include <sheaf/tracer/trace.h>
+
+#include "batches.h"
+#include "plan.h"
+#include "round.h"
+#include "strategy.h"
+
+namespace sheaf {
+
+class Scheduler {
+ public:
+  // Takes the nodes of `trace` that can run now out of its pending list and
+  // plans them with `strategy` (checking the strategy's batches if `validate`).
+  // Returns false when the round has nothing to launch (it only resolved
+  // placeholders: see aliases()).
+  bool schedule(Trace& trace, const Strategy& strategy, bool validate);
+
+  const Plan& plan() const { return plan_; }
+  const RoundDag& dag() const { return dag_; }
+  // Resolved placeholders whose values this round makes ready.
+  std::vector<NodeId>& aliases() { return aliases_; }
+  // Forgets the last plan (the graph was cleared); keeps buffers and the memo.
+  void reset() { plan_.batches.clear(); }
+
+ private:
+  RoundDag dag_;
+  Batches batches_;
+  std::vector<NodeId> aliases_;
+  Plan plan_;
+  const Strategy* memo_owner_ = nullptr;  // the strategy whose memo this is (kept across clears)
+  StrategyMemo memo_;
+};
+
+}  // namespace sheaf

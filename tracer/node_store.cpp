@@ -1,0 +1,59 @@
+#include "node_store.h"
+
+#include <sheaf/core/hash.h>
+
+namespace sheaf {
+
+ShapeId ShapeTable::intern_slow(const Shape& s) {
+  const auto fresh = static_cast<ShapeId>(shapes_.size());
+  uint32_t id = index_.find_or_insert(hash_words(s.dims()), fresh, [&](uint32_t k) { return shapes_[k] == s; });
+  if (id != FlatIndex::kEmpty) return id;
+  shapes_.push_back(s);
+  return fresh;
+}
+
+SigId SigTable::intern(std::span<const int64_t> key) {
+  const auto fresh = static_cast<SigId>(begin_.size());
+  uint32_t id = index_.find_or_insert(hash_words(key), fresh, [&](uint32_t k) {
+    if (len_[k] != key.size()) return false;
+    const int64_t* have = keys_.data() + begin_[k];
+    for (size_t i = 0; i < key.size(); ++i)  // keys are a handful of words: no memcmp call
+      if (have[i] != key[i]) return false;
+    return true;
+  });
+  if (id != FlatIndex::kEmpty) return id;
+  begin_.push_back(static_cast<uint32_t>(keys_.size()));
+  len_.push_back(static_cast<uint32_t>(key.size()));
+  keys_.insert(keys_.end(), key.begin(), key.end());
+  return fresh;
+}
+
+void SigTable::clear() {
+  keys_.clear();
+  begin_.clear();
+  len_.clear();
+  index_.clear();
+}
+
+void NodeStore::clear() {
+  op.clear();
+  shape.clear();
+  arg_begin.assign(1, 0);
+  args.clear();
+  attr_begin.assign(1, 0);
+  attrs.clear();
+  payload.clear();
+  example.clear();
+  loc.clear();
+  sig.clear();
+  flags.clear();
+  alias.clear();
+  value_batch.clear();
+  value_row.clear();
+  batch_out.clear();
+  user_tensors.clear();
+  sigs.clear();
+  // Shapes stay interned: the same model uses the same few shapes batch after batch.
+}
+
+}  // namespace sheaf

@@ -1,0 +1,342 @@
+#include "trace.h"
+
+#include <sstream>
+
+#include <sheaf/core/hash.h>
+#include <sheaf/ops/op.h>
+#include <sheaf/ops/op_list.h>
+
+namespace sheaf {
+
+namespace {
+
+// Leaves carry their shape as attributes: rank, dims...
+std::vector<int64_t> shape_attrs(const at::Tensor& t) {
+  std::vector<int64_t> a{t.dim()};
+  for (int64_t d : t.sizes()) a.push_back(d);
+  return a;
+}
+
+uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Recording.
+
+NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload,
+                     std::source_location loc) {
+  const OpInfo& info = op_info(op);
+  arg_shapes_.clear();
+  arg_shared_.clear();
+  bool unknown = false;
+  int64_t example = kSharedExample;
+  for (NodeId a : args) {
+    const bool is_shared = s_.has(a, NodeStore::kShared);
+    arg_shared_.push_back(is_shared);
+    if (s_.shape[a] == kUnknownShape) {
+      unknown = true;
+      arg_shapes_.push_back(nullptr);
+    } else {
+      arg_shapes_.push_back(&s_.shape_of(a));
+    }
+    if (is_shared) continue;
+    const int64_t e = s_.example[a];
+    example = example == kSharedExample || example == e ? e : kMixedExample;
+  }
+  if (info.traits.source) example = current_example_;
+  const bool is_shared = example == kSharedExample;
+
+  const Site site{info.name, example, loc};
+  if (info.traits.arity != OpTraits::kVariadic && args.size() != static_cast<size_t>(info.traits.arity))
+    throw_internal("op ", info.name, " recorded with ", args.size(), " arguments, expects ", info.traits.arity);
+  ShapeId shape = kUnknownShape;
+  if (!unknown) {
+    InferCtx ctx(arg_shapes_, arg_shared_, attrs, payload, site);
+    shape = s_.shapes.intern(info.infer(ctx));
+  }
+
+  // Checks passed: from here on nothing throws a UserError, so a failed op records nothing.
+  const auto n = static_cast<NodeId>(s_.size());
+  if (info.traits.keyed && example >= 0) payload = static_cast<int64_t>(next_key(example));
+  s_.op.push_back(op);
+  s_.shape.push_back(shape);
+  s_.args.insert(s_.args.end(), args.begin(), args.end());
+  s_.arg_begin.push_back(static_cast<uint32_t>(s_.args.size()));
+  s_.attrs.insert(s_.attrs.end(), attrs.begin(), attrs.end());
+  s_.attr_begin.push_back(static_cast<uint32_t>(s_.attrs.size()));
+  s_.payload.push_back(payload);
+  s_.example.push_back(example);
+  s_.loc.push_back(loc);
+  s_.sig.push_back(kNoSig);
+  s_.flags.push_back(is_shared ? NodeStore::kShared : 0);
+  s_.alias.push_back(kNoNode);
+  s_.value_batch.push_back(0);
+  s_.value_row.push_back(0);
+  if (unknown)
+    wait_for_shapes(n);
+  else if (!is_shared)
+    s_.sig[n] = signature(n);
+  pending_.push_back(n);
+  return n;
+}
+
+// The ordinal of this keyed node within its example: the same whether the
+// example is recorded alone or among others.
+uint64_t Trace::next_key(int64_t example) {
+  const auto fresh = static_cast<uint32_t>(example_ids_.size());
+  uint32_t k = example_index_.find_or_insert(mix64(static_cast<uint64_t>(example)), fresh,
+                                             [&](uint32_t i) { return example_ids_[i] == example; });
+  if (k == FlatIndex::kEmpty) {
+    k = fresh;
+    example_ids_.push_back(example);
+    example_ordinal_.push_back(0);
+  }
+  return mix64(static_cast<uint64_t>(example)) + example_ordinal_[k]++;
+}
+
+NodeId Trace::input(const at::Tensor& x, std::source_location loc) {
+  const Site site{"input", current_example_, loc};
+  if (!x.defined()) throw_user(site, "the tensor is undefined");
+  if (!x.is_floating_point()) throw_user(site, "expects a floating-point tensor, got ", x.scalar_type());
+  if (x.dim() > kMaxRank) throw_user(site, "per-example values have rank at most ", kMaxRank, ", got ", x.dim());
+  const auto slot = static_cast<int64_t>(s_.user_tensors.size());
+  const NodeId n = record(code_of<op::Input>, {}, shape_attrs(x), slot, loc);
+  s_.user_tensors.push_back(x);
+  return n;
+}
+
+NodeId Trace::param(const at::Tensor& w, std::source_location loc) {
+  // A tensor already recorded has passed the checks below.
+  if (w.defined())
+    if (auto it = param_nodes_.find(w.unsafeGetTensorImpl()); it != param_nodes_.end()) return it->second;
+  const Site site{"param", kSharedExample, loc};
+  if (!w.defined()) throw_user(site, "the tensor is undefined");
+  if (w.dim() > kMaxRank) throw_user(site, "shared values have rank at most ", kMaxRank, ", got ", w.dim());
+  if (w.scalar_type() != at::kFloat)
+    throw_user(site, "the tensor has dtype ", w.scalar_type(), "; sheaf computes in float32 (convert with .to(at::kFloat))");
+  if (w.device() != device_)
+    throw_user(site, "the tensor is on ", w.device(), " but the graph runs on ", device_,
+               "; move the parameters with .to(device) first");
+  const auto slot = static_cast<int64_t>(s_.user_tensors.size());
+  const NodeId n = record(code_of<op::Param>, {}, shape_attrs(w), slot, loc);
+  s_.user_tensors.push_back(w);
+  // A parameter needs no launch: its value is the tensor itself.
+  pending_.pop_back();
+  s_.flags[n] |= NodeStore::kShared | NodeStore::kComputed;
+  s_.example[n] = kSharedExample;
+  s_.value_batch[n] = static_cast<uint32_t>(s_.batch_out.size());
+  s_.value_row[n] = kWholeRow;
+  s_.batch_out.push_back(w);
+  param_nodes_.emplace(w.unsafeGetTensorImpl(), n);
+  return n;
+}
+
+NodeId Trace::constant(const Shape& shape, double value, std::source_location loc) {
+  std::array<int64_t, kMaxRank + 2> attrs{};
+  attrs[0] = attr_of(value);
+  attrs[1] = shape.rank();
+  for (int i = 0; i < shape.rank(); ++i) attrs[static_cast<size_t>(2 + i)] = shape[i];
+  return record(code_of<op::Constant>, {}, std::span(attrs.data(), static_cast<size_t>(2 + shape.rank())), 0, loc);
+}
+
+NodeId Trace::lookup(const at::Tensor& table, int64_t id, bool sparse_grad, std::source_location loc) {
+  const NodeId t = param(table, loc);
+  const int64_t attr = sparse_grad ? 1 : 0;
+  return record(code_of<op::Lookup>, std::span(&t, 1), std::span(&attr, 1), id, loc);
+}
+
+// ---------------------------------------------------------------------------
+// Signatures: op, output shape, attributes, arity (unless segmented), and per
+// argument the identity of a shared input or the shape of a per-example one.
+
+SigId Trace::signature(NodeId n) {
+  const OpTraits& traits = op_info(s_.op[n]).traits;
+  std::vector<int64_t>& key = s_.key_scratch;
+  key.clear();
+  auto args = s_.args_of(n);
+  auto attrs = s_.attrs_of(n);
+  key.push_back(s_.op[n]);
+  key.push_back(s_.shape[n]);
+  key.push_back(traits.segmented ? -1 : static_cast<int64_t>(args.size()));
+  key.insert(key.end(), attrs.begin(), attrs.end());
+  for (size_t i = 0; i < args.size(); ++i) {
+    // A shared input batches only with the same shared input (the same weight);
+    // a per-example input with any input of the same shape. The elements of a
+    // segmented list all have one shape (checked when recorded): count it once.
+    const NodeId r = s_.resolve(args[i]);
+    if (s_.has(r, NodeStore::kShared))
+      key.push_back((int64_t{1} << 40) | r);
+    else if (!traits.segmented || i == 0)
+      key.push_back(s_.shape[args[i]]);
+  }
+  return s_.sigs.intern(key);
+}
+
+// ---------------------------------------------------------------------------
+// Placeholders and deferred shapes.
+
+NodeId Trace::placeholder(ShapeId shape, int64_t example, std::source_location loc) {
+  const int64_t saved = current_example_;
+  current_example_ = example < 0 ? current_example_ : example;
+  const NodeId n = record(code_of<op::Placeholder>, {}, {}, 0, loc);
+  current_example_ = saved;
+  s_.flags[n] |= NodeStore::kPlaceholder;
+  s_.example[n] = example;
+  s_.shape[n] = shape;
+  s_.sig[n] = kNoSig;
+  return n;
+}
+
+void Trace::resolve(NodeId p, NodeId value) {
+  SHEAF_ASSERT(s_.has(p, NodeStore::kPlaceholder) && s_.alias[p] == kNoNode, "node ", p,
+               " is not an unresolved placeholder");
+  const NodeId r = s_.resolve(value);
+  const ShapeId want = s_.shape[p], got = s_.shape[r];
+  if (want != kUnknownShape && got != kUnknownShape && want != got)
+    throw_user(site_of(p), "the body returned shape ", s_.shapes[got].str(), " but the loop state has shape ",
+               s_.shapes[want].str());
+  s_.alias[p] = value;
+  if (got == kUnknownShape) {
+    // The value itself waits on another cond: p follows it when it is known.
+    wait_for_shapes(p);
+    return;
+  }
+  if (want == kUnknownShape) {
+    s_.shape[p] = got;
+    shape_became_known(p);
+  }
+}
+
+// n has an unknown argument (or, for a placeholder, an unknown value): it is put
+// on the waiting list of each.
+void Trace::wait_for_shapes(NodeId n) {
+  const size_t size = s_.size();
+  if (dep_head_.size() < size) {
+    dep_head_.resize(size, kNone32);
+    missing_.resize(size, 0);
+  }
+  auto wait_on = [&](NodeId a) {
+    dep_node_.push_back(n);
+    dep_next_.push_back(dep_head_[a]);
+    dep_head_[a] = static_cast<uint32_t>(dep_node_.size() - 1);
+    ++missing_[n];
+  };
+  if (s_.has(n, NodeStore::kPlaceholder)) {
+    wait_on(s_.resolve(n));
+    return;
+  }
+  for (NodeId a : s_.args_of(n))
+    if (s_.shape[a] == kUnknownShape) wait_on(a);
+}
+
+// Infers, in dependency order, every node that waited only on n. A user error
+// in one of them is rethrown after the others are done, so one example's
+// mistake leaves the other examples' shapes right.
+void Trace::shape_became_known(NodeId n) {
+  ready_.clear();
+  ready_.push_back(n);
+  std::exception_ptr first_error;
+  while (!ready_.empty()) {
+    const NodeId k = ready_.back();
+    ready_.pop_back();
+    if (k >= dep_head_.size()) continue;
+    for (uint32_t e = std::exchange(dep_head_[k], kNone32); e != kNone32; e = dep_next_[e]) {
+      const NodeId d = dep_node_[e];
+      if (--missing_[d] != 0) continue;
+      try {
+        if (infer_deferred(d)) ready_.push_back(d);
+      } catch (const UserError&) {
+        if (!first_error) first_error = std::current_exception();
+      }
+    }
+  }
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+// Returns whether d's shape is now known (a placeholder may still wait on its value).
+bool Trace::infer_deferred(NodeId d) {
+  if (s_.has(d, NodeStore::kPlaceholder)) {
+    const NodeId r = s_.resolve(d);
+    if (s_.shape[r] == kUnknownShape) {  // resolved to another placeholder's pending value
+      wait_for_shapes(d);
+      return false;
+    }
+    if (s_.shape[d] == kUnknownShape) {
+      s_.shape[d] = s_.shape[r];
+      return true;
+    }
+    if (s_.shape[d] != s_.shape[r])
+      throw_user(site_of(d), "the body returned shape ", s_.shape_of(r).str(), " but the loop state has shape ",
+                 s_.shape_of(d).str());
+    return false;  // known all along: nobody waited on it
+  }
+  arg_shapes_.clear();
+  arg_shared_.clear();
+  for (NodeId a : s_.args_of(d)) {
+    arg_shapes_.push_back(&s_.shape_of(a));
+    arg_shared_.push_back(s_.has(a, NodeStore::kShared));
+  }
+  const OpInfo& info = op_info(s_.op[d]);
+  InferCtx ctx(arg_shapes_, arg_shared_, s_.attrs_of(d), s_.payload[d], site_of(d));
+  s_.shape[d] = s_.shapes.intern(info.infer(ctx));
+  if (!s_.has(d, NodeStore::kShared)) s_.sig[d] = signature(d);
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+
+void Trace::clear() {
+  s_.clear();
+  pending_.clear();
+  param_nodes_.clear();
+  example_ids_.clear();
+  example_ordinal_.clear();
+  example_index_.clear();
+  dep_head_.clear();
+  dep_next_.clear();
+  dep_node_.clear();
+  missing_.clear();
+  current_example_ = 0;
+}
+
+Site Trace::site_of(NodeId n) const { return Site{op_info(s_.op[n]).name, s_.example[n], s_.loc[n]}; }
+
+void Trace::expect_known_shape(NodeId n, std::string_view what, std::source_location loc) const {
+  if (s_.shape[n] != kUnknownShape) return;
+  throw_user_at(loc, what, " of a value recorded by op '", op_info(s_.op[n]).name, "' at ",
+                detail::format_loc(s_.loc[n]),
+                " is not known yet: it depends on a dsl::cond whose branch is chosen during forward(); read it after "
+                "forward()");
+}
+
+std::string Trace::dump() const {
+  std::ostringstream os;
+  for (NodeId n = 0; n < s_.size(); ++n) {
+    os << "%" << n << " = " << op_info(s_.op[n]).name << "(";
+    bool first = true;
+    for (NodeId a : s_.args_of(n)) {
+      os << (first ? "" : ", ") << "%" << a;
+      first = false;
+    }
+    os << ")";
+    for (int64_t a : s_.attrs_of(n)) os << " #" << a;
+    os << " : " << (s_.shape[n] == kUnknownShape ? std::string("?") : s_.shape_of(n).str());
+    if (s_.example[n] >= 0) os << " ex " << s_.example[n];
+    else os << (s_.example[n] == kSharedExample ? " shared" : " mixed");
+    if (s_.sig[n] != kNoSig) os << " sig " << s_.sig[n];
+    if (s_.has(n, NodeStore::kPlaceholder))
+      os << (s_.alias[n] == kNoNode ? " (unresolved)" : " -> %" + std::to_string(s_.alias[n]));
+    if (s_.has(n, NodeStore::kComputed)) os << " done";
+    os << "  @" << s_.loc[n].file_name() << ":" << s_.loc[n].line() << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace sheaf

@@ -1,0 +1,94 @@
+// Trace: records the nodes of many examples into one NodeStore. Every recording
+// runs the op's shape inference first, so a user's mistake is a UserError naming
+// the op, the example and the user's line, and records nothing.
+//
+// Shapes downstream of an unresolved dsl::cond are unknown until the branch is
+// recorded; such nodes wait on the nodes they read (a dependency list), and are
+// inferred, in order, when those become known: each deferred node is inferred
+// once, whatever the number of conds.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <source_location>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <sheaf/core/error.h>
+#include <sheaf/core/flat_index.h>
+#include <sheaf/core/ids.h>
+#include "node_store.h"
+
+namespace sheaf {
+
+class Trace {
+ public:
+  explicit Trace(c10::Device device) : device_(device) {}
+
+  const NodeStore& store() const { return s_; }
+  NodeStore& store() { return s_; }
+  size_t size() const { return s_.size(); }
+
+  // ---- Recording. Each returns the new node; on misuse, throws UserError and
+  // records nothing.
+  NodeId record(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload,
+                std::source_location loc);
+  NodeId input(const at::Tensor& x, std::source_location loc);
+  NodeId param(const at::Tensor& w, std::source_location loc);  // the same tensor is one node
+  NodeId constant(const Shape& shape, double value, std::source_location loc);
+  NodeId lookup(const at::Tensor& table, int64_t id, bool sparse_grad, std::source_location loc);
+
+  // ---- Control flow. A placeholder stands for a value decided later (a cond's
+  // result, a loop's final state); resolve() binds it to the node it became and
+  // infers the shapes that waited for it.
+  NodeId placeholder(ShapeId shape, int64_t example, std::source_location loc);
+  void resolve(NodeId placeholder, NodeId value);
+
+  // ---- Examples: the user's id (any int64 >= 0) tags what is recorded while it is current.
+  int64_t current_example() const { return current_example_; }
+  void set_current_example(int64_t id) { current_example_ = id; }
+
+  // Recorded and not yet computed: the scheduler takes its rounds from here.
+  std::vector<NodeId>& pending() { return pending_; }
+  const std::vector<NodeId>& pending() const { return pending_; }
+
+  void clear();
+  std::string dump() const;
+  // The op, example and line that recorded node n (for errors about it).
+  Site site_of(NodeId n) const;
+  // Throws UserError (naming `loc` and n's own line) if n's shape waits on a dsl::cond.
+  void expect_known_shape(NodeId n, std::string_view what, std::source_location loc) const;
+
+ private:
+  SigId signature(NodeId n);
+  uint64_t next_key(int64_t example);  // a dropout key, unique per (example, node ordinal)
+  void wait_for_shapes(NodeId n);
+  void shape_became_known(NodeId n);
+  bool infer_deferred(NodeId n);
+
+  NodeStore s_;
+  c10::Device device_;
+  int64_t current_example_ = 0;
+  std::vector<NodeId> pending_;
+  std::unordered_map<const void*, NodeId> param_nodes_;
+  // Per example: nodes recorded so far (dropout keys). Indexed through a hash
+  // index, so memory follows the number of examples, not the largest id.
+  std::vector<int64_t> example_ids_;
+  std::vector<uint32_t> example_ordinal_;
+  FlatIndex example_index_;
+  // Deferred shapes: per node waited on, a list of the nodes waiting (linked
+  // through dep_next_), and per waiting node how many of its arguments are unknown.
+  std::vector<uint32_t> dep_head_, dep_next_, missing_;
+  std::vector<NodeId> dep_node_;
+  std::vector<NodeId> ready_;  // scratch: nodes whose shapes can now be inferred
+  // record()'s scratch.
+  std::vector<const Shape*> arg_shapes_;
+  std::vector<uint8_t> arg_shared_;
+};
+
+}  // namespace sheaf
