@@ -125,9 +125,9 @@ class [[nodiscard]] Task {
   bool failed() const { return done() && h_.promise().error != nullptr; }
   // The co_returned value; rethrows the task's exception if it failed; throws
   // UserError if it has not finished (it is waiting for a value: call Graph::forward).
-  decltype(auto) result() {
-    if (!h_) throw UserError("sheaf::Task::result(): the task is empty (moved from)");
-    if (!done()) throw UserError("sheaf::Task::result(): the task has not finished; call Graph::forward() first");
+  decltype(auto) result(std::source_location loc = std::source_location::current()) {
+    if (!h_) throw_user_at(loc, "Task::result() of an empty task (moved from)");
+    if (!done()) throw_user_at(loc, "Task::result() of a task that has not finished; call Graph::forward() first");
     if (h_.promise().error) std::rethrow_exception(h_.promise().error);
     if constexpr (!std::is_void_v<T>) return *h_.promise().value;
   }

@@ -134,8 +134,19 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate) {
   const bool launch = scheduler_.schedule(trace_, strategy, validate);
   if (!launch) finish_aliases();
   stats_.schedule_ms += ms_since(t0);
-  if (launch && debug_enabled()) std::cerr << "[sheaf] " << scheduler_.plan().str();
-  return launch;
+  if (!launch) return false;
+  stats_.split_shared += scheduler_.split_shared();
+  if (debug_enabled()) {
+    std::cerr << "[sheaf] " << scheduler_.plan().str();
+    if (scheduler_.split_shared() > 0) {
+      const Site site = trace_.site_of(scheduler_.split_shared_example());
+      std::cerr << "[sheaf] warning: " << scheduler_.split_shared() << " launches of op '" << site.op
+                << "' (e.g. at " << format_loc(site.loc)
+                << ") did not batch because each reads its own \"shared\" tensor, made per example (W * 1.0, "
+                   "W.t(), W.narrow(...) inside the model?): use one tensor for all examples\n";
+    }
+  }
+  return true;
 }
 
 void Engine::execute_round() {

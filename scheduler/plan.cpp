@@ -79,18 +79,24 @@ class Planner {
   // After every batch is planned: a batch read partially by two or more inputs
   // gets one gather node for all those reads (see Read::group).
   void group_reads() {
-    std::vector<std::vector<uint32_t>> partial(base_ + rows_.size());
+    // (batch, read) of every partial read, sorted: work in proportion to the
+    // round's reads, not to every batch the graph ever ran.
+    partial_.clear();
     for (uint32_t r = 0; r < p_.reads.size(); ++r) {
       const Read& rd = p_.reads[r];
       if (rd.start == kWholeRow) continue;
       if (rd.index < 0 && rd.start == 0 && rd.len == rows(rd.batch)) continue;  // the whole batch, in order
-      partial[rd.batch].push_back(r);
+      partial_.emplace_back(rd.batch, r);
     }
-    for (auto& reads : partial) {
-      if (reads.size() < 2) continue;
-      for (uint32_t k = 0; k < reads.size(); ++k) {
-        p_.reads[reads[k]].group = static_cast<int32_t>(p_.groups.size());
-        p_.reads[reads[k]].slot = k;
+    std::sort(partial_.begin(), partial_.end());
+    for (size_t i = 0, j; i < partial_.size(); i = j) {
+      for (j = i; j < partial_.size() && partial_[j].first == partial_[i].first;) ++j;
+      if (j - i < 2) continue;
+      std::vector<uint32_t> reads;
+      for (size_t k = i; k < j; ++k) {
+        p_.reads[partial_[k].second].group = static_cast<int32_t>(p_.groups.size());
+        p_.reads[partial_[k].second].slot = static_cast<uint32_t>(k - i);
+        reads.push_back(partial_[k].second);
       }
       p_.groups.push_back(std::move(reads));
     }
@@ -257,6 +263,7 @@ class Planner {
   std::vector<RowRef> sources_;
   std::vector<uint32_t> srcs_;
   std::vector<uint32_t> rows_of_src_;
+  std::vector<std::pair<uint32_t, uint32_t>> partial_;
 };
 
 }  // namespace

@@ -1,5 +1,9 @@
 #include "scheduler.h"
 
+#include <algorithm>
+
+#include <sheaf/core/hash.h>
+
 #include "merge.h"
 
 namespace sheaf {
@@ -16,7 +20,40 @@ bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate) 
   strategy.schedule(dag_, batches_, memo_);
   if (validate) validate_batches(dag_, batches_, strategy.name());
   make_plan(trace.store(), dag_, batches_, strategy.name(), plan_);
+  count_split_shared(trace);
   return true;
+}
+
+// Lone batches whose shared operand is read by that node only, grouped by what
+// their signature would be if shared operands counted by shape: two or more
+// in a group would have been one launch with one shared tensor.
+void Scheduler::count_split_shared(const Trace& trace) {
+  const NodeStore& s = trace.store();
+  split_shared_ = 0;
+  split_shared_node_ = kNoNode;
+  loose_.clear();
+  std::vector<int64_t> key;
+  for (size_t k = 0; k < batches_.size(); ++k) {
+    if (batches_[k].size() != 1) continue;
+    const NodeId n = dag_.node[batches_[k][0]];
+    if (dag_.sig[batches_[k][0]] == kNoSig) continue;
+    bool lone_shared = false;
+    key.assign({s.op[n], s.shape[n]});
+    key.insert(key.end(), s.attrs_of(n).begin(), s.attrs_of(n).end());
+    for (NodeId a : s.args_of(n)) {
+      const NodeId r = s.resolve(a);
+      key.push_back(s.shape[r]);
+      lone_shared = lone_shared || (s.has(r, NodeStore::kShared) && trace.param_uses(r) == 1);
+    }
+    if (lone_shared) loose_.emplace_back(hash_words(key), n);
+  }
+  std::sort(loose_.begin(), loose_.end());
+  for (size_t i = 0, j; i < loose_.size(); i = j) {
+    for (j = i; j < loose_.size() && loose_[j].first == loose_[i].first;) ++j;
+    if (j - i < 2) continue;
+    split_shared_ += static_cast<uint32_t>(j - i);
+    if (split_shared_node_ == kNoNode) split_shared_node_ = loose_[i].second;
+  }
 }
 
 }  // namespace sheaf

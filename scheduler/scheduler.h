@@ -30,6 +30,11 @@ class Scheduler {
   const RoundDag& dag() const { return dag_; }
   // Resolved placeholders whose values this round makes ready.
   std::vector<NodeId>& aliases() { return aliases_; }
+  // Batches of the last round that would have batched together but for a
+  // "shared" operand that is a different tensor in each (read by that one node
+  // only: made per example, like W * 1.0). Nodes of the first of them, for a warning.
+  uint32_t split_shared() const { return split_shared_; }
+  NodeId split_shared_example() const { return split_shared_node_; }
   // Forgets the last plan (the graph was cleared); keeps buffers and the memo.
   void reset() { plan_.batches.clear(); }
 
@@ -40,6 +45,11 @@ class Scheduler {
   Plan plan_;
   const Strategy* memo_owner_ = nullptr;  // the strategy whose memo this is (kept across clears)
   StrategyMemo memo_;
+  uint32_t split_shared_ = 0;
+  NodeId split_shared_node_ = kNoNode;
+  std::vector<std::pair<uint64_t, NodeId>> loose_;  // scratch: (key without shared identities, node)
+
+  void count_split_shared(const Trace& trace);
 };
 
 }  // namespace sheaf

@@ -46,7 +46,10 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
     } else {
       arg_shapes_.push_back(&s_.shape_of(a));
     }
-    if (is_shared) continue;
+    if (is_shared) {
+      if (a < param_uses_.size()) ++param_uses_[a];
+      continue;
+    }
     const int64_t e = s_.example[a];
     example = example == kSharedExample || example == e ? e : kMixedExample;
   }
@@ -106,6 +109,9 @@ NodeId Trace::input(const at::Tensor& x, std::source_location loc) {
   if (!x.defined()) throw_user(site, "the tensor is undefined");
   if (!x.is_floating_point()) throw_user(site, "expects a floating-point tensor, got ", x.scalar_type());
   if (x.dim() > kMaxRank) throw_user(site, "per-example values have rank at most ", kMaxRank, ", got ", x.dim());
+  if (x.device() != device_ && !x.is_cpu())
+    throw_user(site, "the tensor is on ", x.device(), " but the graph runs on ", device_,
+               "; give inputs on the CPU (uploaded in one copy per batch) or on the graph's device");
   const auto slot = static_cast<int64_t>(s_.user_tensors.size());
   const NodeId n = record(code_of<op::Input>, {}, shape_attrs(x), slot, loc);
   s_.user_tensors.push_back(x);
@@ -135,6 +141,7 @@ NodeId Trace::param(const at::Tensor& w, std::source_location loc) {
   s_.value_row[n] = kWholeRow;
   s_.batch_out.push_back(w);
   param_nodes_.emplace(w.unsafeGetTensorImpl(), n);
+  param_uses_.resize(n + 1, 0);
   return n;
 }
 
@@ -296,6 +303,7 @@ void Trace::clear() {
   s_.clear();
   pending_.clear();
   param_nodes_.clear();
+  param_uses_.clear();
   example_ids_.clear();
   example_ordinal_.clear();
   example_index_.clear();

@@ -61,6 +61,9 @@ class Trace {
   std::string dump() const;
   // The op, example and line that recorded node n (for errors about it).
   Site site_of(NodeId n) const;
+  // How many recorded nodes read parameter node p (a shared tensor read by one
+  // node only was probably made per example, and splits batches: Stats::split_shared).
+  uint32_t param_uses(NodeId p) const { return p < param_uses_.size() ? param_uses_[p] : 0; }
   // Throws UserError (naming `loc` and n's own line) if n's shape waits on a dsl::cond.
   void expect_known_shape(NodeId n, std::string_view what, std::source_location loc) const;
 
@@ -76,6 +79,7 @@ class Trace {
   int64_t current_example_ = 0;
   std::vector<NodeId> pending_;
   std::unordered_map<const void*, NodeId> param_nodes_;
+  std::vector<uint32_t> param_uses_;  // per node (parameters only)
   // Per example: nodes recorded so far (dropout keys). Indexed through a hash
   // index, so memory follows the number of examples, not the largest id.
   std::vector<int64_t> example_ids_;

@@ -126,3 +126,84 @@ TEST_CASE("after an error the graph records and runs normally", "[dsl][errors]")
   g.forward(y);
   CHECK(at::allclose(y.value(), at::mv(W(), at::ones({3})) + B()));
 }
+
+namespace {
+
+// The message names this file and exactly `line`.
+auto at_line(int line) { return Contains("test_errors.cpp:" + std::to_string(line) + ":"); }
+
+}  // namespace
+
+TEST_CASE("errors from forward, prepare, value, shape and item name the caller's line", "[dsl][errors]") {
+  Graph g, other;
+  Expr x = g.input(at::randn({4}));
+  Expr elsewhere = other.input(at::randn({4}));
+  int line = __LINE__ + 1;
+  REQUIRE_THROWS_WITH(g.forward(elsewhere), at_line(line) && Contains("op 'forward'") && Contains("different"));
+  line = __LINE__ + 1;
+  REQUIRE_THROWS_WITH(g.prepare(std::vector<Expr>{elsewhere}), at_line(line) && Contains("op 'prepare'"));
+  line = __LINE__ + 1;
+  REQUIRE_THROWS_WITH(x.value(), at_line(line) && Contains("not been computed") && Contains("op 'input'"));
+  g.forward(x);
+  line = __LINE__ + 1;
+  REQUIRE_THROWS_WITH(x.item(), at_line(line) && Contains("4 elements"));
+  g.clear();
+  line = __LINE__ + 1;
+  REQUIRE_THROWS_WITH(x.value(), at_line(line) && Contains("cleared or destroyed"));
+  line = __LINE__ + 1;
+  REQUIRE_THROWS_WITH(x.shape(), at_line(line) && Contains("cleared or destroyed"));
+  line = __LINE__ + 1;
+  REQUIRE_THROWS_WITH((void)g.example(-1), at_line(line) && Contains("example ids are >= 0"));
+}
+
+TEST_CASE("the shape of a cond result names the reader's line and the recording line", "[dsl][errors]") {
+  Graph g;
+  Expr x = g.input(at::randn({3}));
+  Expr y = dsl::cond(dsl::sum(x) > 0.0, [=] { return x; }, [=] { return -x; });
+  const int recorded = __LINE__ - 1;
+  const int line = __LINE__ + 1;
+  REQUIRE_THROWS_WITH(y.shape(), at_line(line) && Contains("test_errors.cpp:" + std::to_string(recorded)) &&
+                                     Contains("not known yet"));
+  REQUIRE_THROWS_WITH(dsl::chunk(y, 3), Contains("op 'chunk'") && Contains("dsl::cond"));
+  g.forward(y);
+  CHECK(y.shape() == Shape{3});
+}
+
+TEST_CASE("a target that cannot be computed names its op and line", "[dsl][errors]") {
+  Graph g;
+  Expr x = g.input(at::randn({3}));
+  Expr y = dsl::cond(dsl::sum(x) > 0.0, [=]() -> Expr { throw std::runtime_error("boom"); },
+                     [=]() -> Expr { throw std::runtime_error("boom"); });
+  const int recorded = __LINE__ - 2;
+  REQUIRE_THROWS_WITH(g.forward(y), Contains("boom"));  // the branch's own error first
+  const int line = __LINE__ + 1;
+  REQUIRE_THROWS_WITH(g.forward(y), at_line(line) && Contains("could not be computed") && Contains("op 'placeholder'") &&
+                                        Contains("test_errors.cpp:" + std::to_string(recorded)));
+}
+
+TEST_CASE("co_await on a value of a cleared graph names the co_await's line", "[dsl][errors]") {
+  Graph g;
+  Expr x = g.input(at::randn({3}));
+  g.clear();
+  int line = 0;
+  auto task = [&]() -> Task<double> {
+    line = __LINE__ + 1;
+    co_return co_await fetch_item(x);
+  };
+  try {
+    Task<double> t = task();
+    FAIL("no error");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), at_line(line) && Contains("cleared or destroyed"));
+  }
+}
+
+TEST_CASE("an input on another device than the graph's is refused when recorded", "[dsl][errors]") {
+  if (!at::hasCUDA()) {
+    Graph g;  // CPU inputs are fine for any graph (uploaded); a CUDA one needs a GPU to make
+    CHECK_NOTHROW(g.input(at::randn({2})));
+    return;
+  }
+  Graph g;
+  REQUIRE_THROWS_WITH(g.input(at::randn({2}, at::kCUDA)), Contains("op 'input'") && Contains("device"));
+}

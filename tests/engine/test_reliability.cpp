@@ -1,0 +1,183 @@
+// What a graph guarantees when user code throws, runs away, or uses large ids
+// (docs/reliability.md): no example lost, no freed memory touched, clear errors.
+#include <fstream>
+
+#include "../support.h"
+
+using namespace sheaf;
+using Catch::Contains;
+using sheaf::test::data;
+
+namespace {
+
+// Resident memory of this process, in MiB (Linux).
+double rss_mib() {
+  std::ifstream f("/proc/self/statm");
+  long pages = 0, resident = 0;
+  f >> pages >> resident;
+  return static_cast<double>(resident) * 4096.0 / (1024.0 * 1024.0);
+}
+
+// Example i: x_i, then (after fetching sum(x_i)) x_i * that sum.
+Task<Expr> scaled(Graph& g, int i, int fail_at = -1) {
+  Expr x = g.input(data({3}, i));
+  double s = co_await fetch_item(dsl::sum(x));
+  if (i == fail_at) throw std::runtime_error("example " + std::to_string(i) + " failed");
+  co_return x * s;
+}
+
+Task<Expr> parent(Graph& g, int i, int fail_at) {
+  Expr y = co_await scaled(g, i, fail_at);
+  co_return dsl::tanh(y);
+}
+
+}  // namespace
+
+TEST_CASE("A: tasks destroyed before forward are withdrawn from the graph", "[engine][reliability][task]") {
+  Graph g;
+  {
+    std::vector<Task<Expr>> tasks;
+    auto record = [&] {
+      for (int i = 0; i < 4; ++i) {
+        auto scope = g.example(i);
+        if (i == 2) throw std::runtime_error("bad data at example 2");
+        tasks.push_back(scaled(g, i));
+      }
+    };
+    REQUIRE_THROWS_WITH(record(), Contains("example 2"));
+  }  // the two waiting tasks are destroyed here
+  g.forward();  // must not resume freed frames (ASan checks this in CI)
+  CHECK(g.stats().fetches == 0);
+  // The graph is usable: a new task runs to the end.
+  auto scope = g.example(9);
+  Task<Expr> t = scaled(g, 9);
+  g.forward();
+  REQUIRE(t.done());
+  CHECK(at::allclose(t.result().value(), data({3}, 9) * data({3}, 9).sum()));
+}
+
+TEST_CASE("B: a coroutine that throws during forward stops its example only", "[engine][reliability][task]") {
+  Graph g;
+  std::vector<Task<Expr>> tasks;
+  for (int i = 0; i < 4; ++i) {
+    auto scope = g.example(i);
+    tasks.push_back(scaled(g, i, /*fail_at=*/1));
+  }
+  REQUIRE_THROWS_WITH(g.forward(), Contains("example 1 failed"));
+  for (int i = 0; i < 4; ++i) {
+    INFO("example " << i);
+    REQUIRE(tasks[static_cast<size_t>(i)].done());
+    if (i == 1) {
+      CHECK(tasks[1].failed());
+      REQUIRE_THROWS_WITH(tasks[1].result(), Contains("example 1 failed"));
+      continue;
+    }
+    g.forward(tasks[static_cast<size_t>(i)].result());  // computed already: nothing to do
+    CHECK(at::allclose(tasks[static_cast<size_t>(i)].result().value(), data({3}, i) * data({3}, i).sum()));
+  }
+  g.forward();  // a second forward has nothing left to report
+}
+
+TEST_CASE("B: several failures are listed, a failing child ends its parent", "[engine][reliability][task]") {
+  Graph g;
+  std::vector<Task<Expr>> tasks;
+  for (int i = 0; i < 5; ++i) {
+    auto scope = g.example(i);
+    tasks.push_back(parent(g, i, /*fail_at=*/i % 2 ? i : -1));
+  }
+  REQUIRE_THROWS_WITH(g.forward(), Contains("2 examples failed") && Contains("example 1 failed") &&
+                                       Contains("example 3 failed") && Contains("other examples completed"));
+  for (int i = 0; i < 5; ++i) {
+    REQUIRE(tasks[static_cast<size_t>(i)].done());
+    CHECK(tasks[static_cast<size_t>(i)].failed() == (i % 2 == 1));
+  }
+  CHECK(at::allclose(tasks[4].result().value(), at::tanh(data({3}, 4) * data({3}, 4).sum())));
+}
+
+TEST_CASE("B: an exception in one example's cond branch leaves the others resolved", "[engine][reliability]") {
+  Graph g;
+  std::vector<Expr> ys;
+  for (int i = 0; i < 4; ++i) {
+    auto scope = g.example(i);
+    Expr x = g.input(at::full({2}, static_cast<double>(i + 1)));
+    ys.push_back(dsl::cond(dsl::sum(x) > 0.0, [=]() -> Expr {
+      if (i == 2) throw std::runtime_error("branch of example 2");
+      return x * 2.0;
+    }, [=] { return x; }));
+  }
+  REQUIRE_THROWS_WITH(g.forward(ys), Contains("branch of example 2"));
+  for (int i : {0, 1, 3}) CHECK(at::allclose(ys[static_cast<size_t>(i)].value(), at::full({2}, 2.0 * (i + 1))));
+  REQUIRE_THROWS_WITH(g.forward(ys[2]), Contains("could not be computed"));
+  g.clear();  // and after clear() the graph is as new
+  Expr z = g.input(at::ones({2})) * 3.0;
+  g.forward(z);
+  CHECK(at::allclose(z.value(), at::full({2}, 3.0)));
+}
+
+TEST_CASE("C: a runaway coroutine stops at max_rounds, naming the example and line", "[engine][reliability]") {
+  Graph g;
+  auto forever = [](Graph& g) -> Task<Expr> {
+    Expr x = g.input(at::ones({1}));
+    for (;;) x = x + co_await fetch_item(dsl::sum(x));  // never finishes
+  };
+  auto scope = g.example(5);
+  Task<Expr> t = forever(g);
+  REQUIRE_THROWS_WITH(g.forward({}, {.max_rounds = 300}),
+                      Contains("300 rounds") && Contains("example 5") && Contains("op 'sum'") &&
+                          Contains("test_reliability.cpp"));
+  CHECK(ForwardOptions{}.max_rounds <= 100000);  // the default bounds a runaway to seconds, not hours
+}
+
+TEST_CASE("C: a runaway dsl::loop stops at max_iterations, naming the example", "[engine][reliability]") {
+  Graph g;
+  auto scope = g.example(4);
+  Expr x = g.input(at::ones({1}));
+  Expr y = dsl::loop(x, [](Expr s) { return dsl::sum(s) > 0.0; }, [](Expr s) { return s + 1.0; }, 50);
+  REQUIRE_THROWS_WITH(g.forward(y), Contains("max_iterations = 50") && Contains("example 4") && Contains("op 'loop'"));
+}
+
+TEST_CASE("D: example ids are any int64; memory follows the examples, not the largest id", "[engine][reliability]") {
+  Graph g;
+  const double before = rss_mib();
+  for (int64_t id : {int64_t{250'000'000}, int64_t{1} << 40, int64_t{7}}) {
+    auto scope = g.example(id);
+    Expr y = dsl::dropout(g.input(at::ones({4})), 0.5);  // dropout keys are per example
+    CHECK(y.example() == id);
+  }
+  g.forward();
+  CHECK(rss_mib() - before < 64.0);
+  g.clear();
+  CHECK(rss_mib() - before < 64.0);
+  // The same example gets the same mask whatever its id's neighbours.
+  auto mask_of = [](int64_t id, int64_t other) {
+    Graph h;
+    Expr kept;
+    for (int64_t e : {other, id}) {
+      auto scope = h.example(e);
+      kept = dsl::dropout(h.input(at::ones({16})), 0.5);
+    }
+    h.forward(kept);
+    return kept.value();
+  };
+  CHECK(at::equal(mask_of(int64_t{1} << 40, 3), mask_of(int64_t{1} << 40, 250'000'000)));
+}
+
+TEST_CASE("F: a shared operand made per example is counted as a split batch", "[engine][reliability]") {
+  const at::Tensor W = at::randn({3, 3});
+  auto run = [&](bool per_example_copy) {
+    Graph g;
+    std::vector<Expr> ys;
+    for (int i = 0; i < 8; ++i) {
+      auto scope = g.example(i);
+      const at::Tensor w = per_example_copy ? W * 1.0 : W;  // a new tensor per example: no batching
+      ys.push_back(dsl::matmul(w, g.input(data({3}, i))));
+    }
+    g.forward(ys);
+    return g.stats();
+  };
+  const Stats same = run(false), copies = run(true);
+  CHECK(same.split_shared == 0);
+  CHECK(copies.split_shared == 8);
+  CHECK(copies.batches == same.batches + 7);
+  CHECK_THAT(copies.str(), Contains("8 batches split by distinct shared operands"));
+}

@@ -1,0 +1,113 @@
+// The planner on hand-built batches: row order, views vs gathers, one split per
+// chunked batch, one gather node per batch read partially. Nodes come from a
+// Trace (the layer below); nothing is launched.
+#include <sheaf/ops/op.h>
+#include <sheaf/ops/op_list.h>
+#include <sheaf/scheduler/plan.h>
+#include <sheaf/scheduler/round.h>
+#include <sheaf/tracer/trace.h>
+
+#include "../support.h"
+
+using namespace sheaf;
+
+namespace {
+
+struct Fixture {
+  Trace t{c10::kCPU};
+  std::vector<NodeId> xs;  // one input [4] per example
+  explicit Fixture(int n) {
+    for (int i = 0; i < n; ++i) {
+      t.set_current_example(i);
+      xs.push_back(t.input(at::randn({4}), std::source_location::current()));
+    }
+  }
+  NodeId unary(OpCode op, NodeId x) { return t.record(op, std::span(&x, 1), {}, 0, std::source_location::current()); }
+  NodeId binary(OpCode op, NodeId a, NodeId b) {
+    const std::array<NodeId, 2> args{a, b};
+    return t.record(op, args, {}, 0, std::source_location::current());
+  }
+  NodeId slice(NodeId x, int64_t begin, int64_t end) {
+    const std::array<int64_t, 3> attrs{0, begin, end};
+    return t.record(code_of<op::Slice>, std::span(&x, 1), attrs, 0, std::source_location::current());
+  }
+  // Plans the pending nodes with the given batches (lists of graph nodes).
+  Plan plan(const std::vector<std::vector<NodeId>>& batches) {
+    RoundDag dag;
+    std::vector<NodeId> aliases;
+    build_round(t.store(), t.pending(), aliases, dag);
+    Batches b;
+    for (const auto& batch : batches) {
+      for (NodeId n : batch) b.nodes.push_back(dag.local_of[n]);
+      b.close();
+    }
+    validate_batches_ok(dag, b);
+    Plan p;
+    make_plan(t.store(), dag, b, "by hand", p);
+    return p;
+  }
+  static void validate_batches_ok(const RoundDag& dag, const Batches& b) {
+    size_t total = 0;
+    for (size_t k = 0; k < b.size(); ++k) total += b[k].size();
+    REQUIRE(total == dag.size());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("planner: rows follow their first argument, so a chain reads views", "[scheduler][planner]") {
+  Fixture f(4);
+  std::vector<NodeId> ys;
+  for (int i = 3; i >= 0; --i) ys.push_back(f.unary(code_of<op::Tanh>, f.xs[static_cast<size_t>(i)]));
+  const Plan p = f.plan({f.xs, ys});  // tanh batch listed in reverse: the planner reorders it
+  REQUIRE(p.batches.size() == 2);
+  const PlannedBatch& tanh = p.batches[1];
+  CHECK(p.args[tanh.args_begin].kind == BatchArg::kView);
+  for (uint32_t i = 0; i < 4; ++i) CHECK(f.t.store().value_row[p.nodes[tanh.nodes_begin + i]] == i);
+  CHECK(p.nodes[tanh.nodes_begin] == ys[3]);  // example 0's tanh is row 0
+}
+
+TEST_CASE("planner: an input in another order is gathered with indices", "[scheduler][planner]") {
+  Fixture f(4);
+  std::vector<NodeId> ys;
+  for (size_t i = 0; i < 4; ++i) ys.push_back(f.binary(code_of<op::Add>, f.xs[i], f.xs[3 - i]));
+  const Plan p = f.plan({f.xs, ys});
+  const PlannedBatch& add = p.batches[1];
+  CHECK(p.args[add.args_begin].kind == BatchArg::kView);
+  const BatchArg& second = p.args[add.args_begin + 1];
+  REQUIRE(second.kind == BatchArg::kGather);
+  REQUIRE(second.reads_end - second.reads_begin == 1);
+  const Read& r = p.reads[second.reads_begin];
+  REQUIRE(r.index >= 0);
+  CHECK(std::vector<int64_t>(p.indices.begin() + r.index, p.indices.begin() + r.index + r.len) ==
+        std::vector<int64_t>{3, 2, 1, 0});
+}
+
+TEST_CASE("planner: disjoint slices of one batch become one split", "[scheduler][planner]") {
+  Fixture f(3);
+  std::vector<NodeId> lo, hi;
+  for (NodeId x : f.xs) {
+    lo.push_back(f.slice(x, 0, 2));
+    hi.push_back(f.slice(x, 2, 4));
+  }
+  const Plan p = f.plan({f.xs, lo, hi});
+  REQUIRE(p.splits.size() == 1);
+  CHECK(p.splits[0].sizes == std::vector<int64_t>{2, 2});
+  CHECK(p.batches[1].split == 0);
+  CHECK(p.batches[2].split == 0);
+  CHECK(p.batches[2].piece == 1);
+}
+
+TEST_CASE("planner: partial reads of one batch share one gather group", "[scheduler][planner]") {
+  Fixture f(4);
+  // One batch reads rows 0..1 of the inputs, another rows 2..3: two partial reads.
+  std::vector<NodeId> a, b;
+  a.push_back(f.unary(code_of<op::Tanh>, f.xs[1]));
+  a.push_back(f.unary(code_of<op::Tanh>, f.xs[0]));
+  b.push_back(f.unary(code_of<op::Sigmoid>, f.xs[2]));
+  b.push_back(f.unary(code_of<op::Sigmoid>, f.xs[3]));
+  const Plan p = f.plan({f.xs, a, b});
+  REQUIRE(p.groups.size() == 1);
+  CHECK(p.groups[0].size() == 2);
+  CHECK(p.str().find("#0") != std::string::npos);
+}

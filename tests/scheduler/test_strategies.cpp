@@ -1,0 +1,133 @@
+// Strategies and merge_batches on hand-built round DAGs: the scheduler's
+// contract without a graph, a tracer or a launch.
+#include <random>
+
+#include <sheaf/core/error.h>
+#include <sheaf/scheduler/merge.h>
+#include <sheaf/scheduler/round.h>
+#include <sheaf/scheduler/strategy.h>
+
+#include "../support.h"
+
+using namespace sheaf;
+
+namespace {
+
+using Args = std::vector<std::vector<uint32_t>>;
+
+RoundDag dag_of(std::vector<SigId> sigs, Args args) {
+  RoundDag d;
+  build_dag(sigs, args, d);
+  return d;
+}
+
+// The batches as lists of node ids, in order.
+std::vector<std::vector<uint32_t>> batches_of(const Strategy& s, const RoundDag& d) {
+  Batches b;
+  s.schedule(d, b);
+  validate_batches(d, b, s.name());
+  std::vector<std::vector<uint32_t>> out;
+  for (size_t k = 0; k < b.size(); ++k) out.emplace_back(b[k].begin(), b[k].end());
+  return out;
+}
+
+// Two chains of different lengths ending in a node of one signature (a loss):
+//   0(a) -> 1(b) -> 2(L)        3(a) -> 4(b) -> 5(b) -> 6(L)
+RoundDag two_chains() { return dag_of({0, 1, 2, 0, 1, 1, 2}, Args{{}, {0}, {1}, {}, {3}, {4}, {5}}); }
+
+}  // namespace
+
+TEST_CASE("build_dag: depths, uses and signatures of a hand-built DAG", "[scheduler]") {
+  const RoundDag d = two_chains();
+  CHECK(d.size() == 7);
+  CHECK(d.depth == std::vector<uint32_t>{0, 1, 2, 0, 1, 2, 3});
+  CHECK(d.max_depth == 3);
+  CHECK(d.num_sigs() == 3);
+  CHECK(std::vector<uint32_t>(d.uses_of(4).begin(), d.uses_of(4).end()) == std::vector<uint32_t>{5});
+  CHECK(d.uses_of(6).empty());
+}
+
+TEST_CASE("depth: one batch per (depth, signature); the losses of unequal chains do not meet", "[scheduler]") {
+  const auto b = batches_of(depth_strategy(), two_chains());
+  CHECK(b == std::vector<std::vector<uint32_t>>{{0, 3}, {1, 4}, {2}, {5}, {6}});
+}
+
+TEST_CASE("agenda: shallowest signature first; the losses wait for each other", "[scheduler]") {
+  const auto b = batches_of(agenda_strategy(), two_chains());
+  // a (avg depth 0), then b (avg 4/3): {1, 4}, then b again {5}, then L (avg 2.5) together.
+  CHECK(b == std::vector<std::vector<uint32_t>>{{0, 3}, {1, 4}, {5}, {2, 6}});
+}
+
+TEST_CASE("lazy and auto: depth merged, never more launches than depth", "[scheduler]") {
+  const auto lazy = batches_of(lazy_strategy(), two_chains());
+  CHECK(lazy.size() == 4);
+  const auto autos = batches_of(auto_strategy(), two_chains());
+  CHECK(autos.size() == 4);
+}
+
+TEST_CASE("merge_batches moves a batch later or earlier only where dependencies allow", "[scheduler]") {
+  const RoundDag d = two_chains();
+  SECTION("a loss moves later, into the other loss") {
+    Batches b;
+    for (std::vector<uint32_t> batch : std::vector<std::vector<uint32_t>>{{0, 3}, {1, 4}, {2}, {5}, {6}}) {
+      b.nodes.insert(b.nodes.end(), batch.begin(), batch.end());
+      b.close();
+    }
+    merge_batches(d, b);
+    validate_batches(d, b, "merged");
+    CHECK(b.size() == 4);
+  }
+  SECTION("a batch does not move past a consumer") {
+    // 0(a) -> 1(a): two batches of one signature in a chain must stay apart.
+    const RoundDag chain = dag_of({0, 0}, Args{{}, {0}});
+    Batches b;
+    b.nodes = {0, 1};
+    b.begin = {0, 1, 2};
+    merge_batches(chain, b);
+    CHECK(b.size() == 2);
+  }
+}
+
+TEST_CASE("validate_batches rejects invalid schedules", "[scheduler][errors]") {
+  const RoundDag d = dag_of({0, 0, 1}, Args{{}, {}, {0, 1}});
+  auto batches = [](std::vector<std::vector<uint32_t>> bs) {
+    Batches b;
+    for (const auto& x : bs) {
+      b.nodes.insert(b.nodes.end(), x.begin(), x.end());
+      b.close();
+    }
+    return b;
+  };
+  CHECK_NOTHROW(validate_batches(d, batches({{0, 1}, {2}}), "ok"));
+  CHECK_THROWS_AS(validate_batches(d, batches({{2}, {0, 1}}), "x"), InternalError);      // before its arguments
+  CHECK_THROWS_AS(validate_batches(d, batches({{0, 2}, {1}}), "x"), InternalError);      // mixed signatures
+  CHECK_THROWS_AS(validate_batches(d, batches({{0, 1}}), "x"), InternalError);           // a node left out
+  CHECK_THROWS_AS(validate_batches(d, batches({{0, 1}, {0}, {2}}), "x"), InternalError); // a node twice
+  const RoundDag shared = dag_of({kNoSig, kNoSig}, Args{{}, {}});
+  CHECK_THROWS_AS(validate_batches(shared, batches({{0, 1}}), "x"), InternalError);      // shared nodes batched
+}
+
+TEST_CASE("every strategy gives a valid schedule of random DAGs", "[scheduler]") {
+  std::mt19937 rng(Catch::rngSeed());
+  for (int trial = 0; trial < 200; ++trial) {
+    const uint32_t n = 1 + rng() % 40;
+    std::vector<SigId> sigs(n);
+    Args args(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      sigs[i] = rng() % 7 == 0 ? kNoSig : rng() % 4;
+      for (uint32_t k = 0; i > 0 && k < rng() % 3; ++k) args[i].push_back(rng() % i);
+    }
+    const RoundDag d = dag_of(sigs, args);
+    size_t depth_launches = 0;
+    for (const Strategy* s : all_strategies()) {
+      Batches b;
+      s->schedule(d, b);
+      INFO("trial " << trial << " strategy " << s->name());
+      REQUIRE_NOTHROW(validate_batches(d, b, s->name()));
+      if (s->name() == "depth") depth_launches = b.size();
+    }
+    Batches lazy;
+    lazy_strategy().schedule(d, lazy);
+    CHECK(lazy.size() <= depth_launches);
+  }
+}
