@@ -124,22 +124,21 @@ void Executor::run(const Plan& plan) {
 
 LaunchArgs Executor::launch_args(const Plan& plan, const PlannedBatch& b) const {
   const NodeId first = plan.nodes[b.nodes_begin];
-  LaunchArgs a{
-      .n = b.n,
-      .arity = s_.args_of(first).size(),
-      .stacked = b.stacked,
-      .inputs = inputs_,
-      .shared = shared_,
-      .attrs = s_.attrs_of(first),
-      .out_shape = &s_.shape_of(first),
-      .payload_host = std::span(plan.indices.data() + b.payload, b.n),
-      .index = &index_,
-      .payload_off = b.payload,
-      .user_tensors = &s_.user_tensors,
-      .options = float_opts_,
-      .seed = config_.seed,
-      .train = config_.train,
-  };
+  LaunchArgs a;
+  a.n = b.n;
+  a.arity = s_.args_of(first).size();
+  a.stacked = b.stacked;
+  a.inputs = inputs_;
+  a.shared = shared_;
+  a.attrs = s_.attrs_of(first);
+  a.out_shape = &s_.shape_of(first);
+  a.payload_host = std::span(plan.indices.data() + b.payload, b.n);
+  a.index = &index_;
+  a.payload_off = b.payload;
+  a.user_tensors = &s_.user_tensors;
+  a.options = float_opts_;
+  a.seed = config_.seed;
+  a.train = config_.train;
   if (b.segments >= 0) {
     a.segments_off = b.segments;
     a.segments_len = b.total;

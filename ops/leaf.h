@@ -3,6 +3,7 @@
 
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/stack.h>
 
 #include <vector>
@@ -47,7 +48,9 @@ struct Param {
   static at::Tensor run(RunCtx&);
 };
 
-// args: the shared table; payload: the row id; attr: sparse gradient.
+// args: the shared table [rows, ...]; payload: the row id; attr: sparse gradient.
+// A 2-D table is one embedding (sparse gradient optional); another rank, one
+// index_select along the rows.
 struct Lookup {
   static constexpr std::string_view name = "lookup";
   static constexpr OpTraits traits{.arity = 1, .source = true};
@@ -55,6 +58,7 @@ struct Lookup {
     c.expect_shared(0, "the table");
     const Shape& t = c.shape(0);
     if (t.rank() < 1) c.fail("the table must have rank >= 1, got ", t.str());
+    if (c.attr(0) != 0 && t.rank() != 2) c.fail("a sparse gradient needs a 2-D table [rows, dim], got ", t.str());
     if (c.payload() < 0 || c.payload() >= t[0])
       c.fail("id ", c.payload(), " is out of range for a table of ", t[0], " rows");
     Shape s;
@@ -62,6 +66,7 @@ struct Lookup {
     return s;
   }
   static at::Tensor run(RunCtx& c) {
+    if (c.in(0).dim() != 2) return c.in(0).index_select(0, c.payload());
     return at::embedding(c.in(0), c.payload(), /*padding_idx=*/-1, /*scale_grad_by_freq=*/false,
                          /*sparse=*/c.attr(0) != 0);
   }

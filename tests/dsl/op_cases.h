@@ -18,8 +18,8 @@ struct Params {
   explicit Params(c10::Device d = c10::kCPU) : device(d) {}
   c10::Device device;
   at::Tensor W = on(param({kD, kD}, 1)), b = on(param({kD}, 2)), U = on(param({kD, 2 * kD}, 3)),
-             E = on(param({kVocab, kD}, 4)), v = on(param({kD}, 5));
-  std::vector<at::Tensor> all() const { return {W, b, U, E, v}; }
+             E = on(param({kVocab, kD}, 4)), v = on(param({kD}, 5)), E3 = on(param({3, 2, kD}, 6));
+  std::vector<at::Tensor> all() const { return {W, b, U, E, v, E3}; }
   at::Tensor data(std::vector<int64_t> shape, int example, int salt = 0) const {
     return test::data(std::move(shape), example, salt).to(device);
   }
@@ -44,6 +44,11 @@ inline const std::vector<OpCase>& cases() {
       {"param", [](Graph& g, Expr h, int, const Params& p) { return h * g.param(p.v); }},
       {"lookup", [](Graph& g, Expr h, int i, const Params& p) { return h + g.lookup(p.E, (3 * i + 1) % kVocab); }},
       {"lookup sparse", [](Graph& g, Expr h, int i, const Params& p) { return h + g.lookup(p.E, i % kVocab, true); }},
+      {"lookup rank 1 and 3",
+       [](Graph& g, Expr h, int i, const Params& p) {
+         const Expr row = g.lookup(p.E3, i % 3);  // [2, kD]
+         return h * g.lookup(p.v, i % kD) + dsl::sum(row);
+       }},
       {"add", [](Graph& g, Expr h, int i, const Params& p) { return h + g.input(p.data({kD}, i, 1)); }},
       {"add shared", [](Graph&, Expr h, int, const Params& p) { return h + p.v; }},
       {"sub", [](Graph& g, Expr h, int i, const Params& p) { return g.input(p.data({kD}, i, 2)) - h; }},

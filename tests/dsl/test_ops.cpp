@@ -1,5 +1,5 @@
 // Every op, batched vs alone (values of every node and parameter gradients),
-// for both strategies and batch sizes 1, 2, 7 and 64, with examples of different
+// for every strategy and batch sizes 1, 2, 7 and 64, with examples of different
 // lengths mixed in one batch.
 #include <string>
 
