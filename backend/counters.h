@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
 
 namespace sheaf {
 
@@ -12,8 +14,17 @@ struct ExecCounters {
   uint64_t gathered_inputs = 0;   // batched inputs that needed a gather
   uint64_t gather_launches = 0;   // index_select / cat launches those gathers took
   uint64_t gathered_bytes = 0;    // bytes those gathers wrote
+  uint64_t fused_batches = 0;     // batches that ran a fused elementwise program (one launch each)
+  uint64_t fused_ops = 0;         // the ops those programs computed (without fusion: one launch each)
   double gather_ms = 0;  // with GraphOptions::profile: inputs' gathers, device time included
   double op_ms = 0;      // with GraphOptions::profile: the batched ops, device time included
+  // With GraphOptions::profile: per op ("fused" for fused batches), launches and
+  // milliseconds of gathers and of the op itself.
+  struct OpTime {
+    uint64_t launches = 0;
+    double gather_ms = 0, op_ms = 0;
+  };
+  std::map<std::string, OpTime> by_op;
 };
 
 }  // namespace sheaf

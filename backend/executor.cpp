@@ -13,6 +13,7 @@
 
 #include <sheaf/ops/op.h>
 
+#include "fused.h"
 #include "gather.h"
 #include "runtime.h"
 
@@ -82,12 +83,14 @@ at::Tensor Executor::split_piece(const Plan& plan, const PlannedBatch& b) {
   return pieces[b.piece];
 }
 
-void Executor::lap(double* into) {
-  if (!config_.profile) return;
+double Executor::lap(double* into) {
+  if (!config_.profile) return 0;
   synchronize(config_.device);
   const auto now = std::chrono::steady_clock::now();
-  if (into) *into += std::chrono::duration<double, std::milli>(now - lap_start_).count();
+  const double ms = std::chrono::duration<double, std::milli>(now - lap_start_).count();
+  if (into) *into += ms;
   lap_start_ = now;
+  return ms;
 }
 
 // Every index of the round (gathers, payloads, segment ids) in one host buffer
@@ -116,9 +119,9 @@ void Executor::run(const Plan& plan) {
     } catch (const std::exception& e) {
       rethrow(plan, b, e);
     }
-    for (uint32_t i = 0; i < b.n; ++i) s_.flags[plan.nodes[b.nodes_begin + i]] |= NodeStore::kComputed;
+    for (uint32_t i = 0; i < b.n * b.outputs; ++i) s_.flags[plan.nodes[b.nodes_begin + i]] |= NodeStore::kComputed;
     ++counters_.batches;
-    counters_.nodes += b.n;
+    counters_.nodes += b.n * b.outputs;
   }
 }
 
@@ -151,7 +154,13 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
   inputs_.clear();
   shared_.clear();
   for (uint32_t k = 0; k < b.arity; ++k) inputs_.push_back(input(plan, b, plan.args[b.args_begin + k]));
-  lap(&counters_.gather_ms);
+  const double gather_ms = lap(&counters_.gather_ms);
+  if (config_.profile) {
+    ExecCounters::OpTime& t = counters_.by_op[b.program ? std::string("fused") : std::string(op_info(b.op).name)];
+    ++t.launches;
+    t.gather_ms += gather_ms;
+  }
+  if (b.program) return launch_fused(b);
   at::Tensor out;
   if (b.split >= 0) {
     out = split_piece(plan, b);
@@ -160,11 +169,21 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
     RunCtx ctx(args);
     out = op_info(b.op).run(ctx);
   }
-  lap(&counters_.op_ms);
+  if (const double ms = lap(&counters_.op_ms); config_.profile) counters_.by_op[std::string(op_info(b.op).name)].op_ms += ms;
   check_output(plan, b, out);
   if (b.shared) out = out.select(0, 0);
   SHEAF_ASSERT(s_.batch_out.size() == b.out, "batch output slot mismatch");
   s_.batch_out.push_back(std::move(out));
+}
+
+// One kernel for n regions: member k's values are batch out + k.
+void Executor::launch_fused(const PlannedBatch& b) {
+  std::vector<at::Tensor> values = run_fused(b.program, inputs_, b.n);
+  if (const double ms = lap(&counters_.op_ms); config_.profile) counters_.by_op["fused"].op_ms += ms;
+  SHEAF_ASSERT(values.size() == b.outputs && s_.batch_out.size() == b.out, "fused batch output mismatch");
+  for (at::Tensor& v : values) s_.batch_out.push_back(std::move(v));
+  ++counters_.fused_batches;
+  counters_.fused_ops += b.outputs;
 }
 
 // A descriptor that returns the wrong shape is our bug, not the user's.

@@ -36,13 +36,14 @@ class Executor {
  private:
   void upload_indices(const Plan& plan);
   void launch(const Plan& plan, const PlannedBatch& b);
+  void launch_fused(const PlannedBatch& b);
   LaunchArgs launch_args(const Plan& plan, const PlannedBatch& b) const;
   at::Tensor input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg);
   at::Tensor read(const Plan& plan, uint32_t r);
   at::Tensor split_piece(const Plan& plan, const PlannedBatch& b);
   void check_output(const Plan& plan, const PlannedBatch& b, const at::Tensor& out) const;
   [[noreturn]] void rethrow(const Plan& plan, const PlannedBatch& b, const std::exception& e) const;
-  void lap(double* into);  // profiling: time since the last lap, to the device's idle point
+  double lap(double* into);  // profiling: ms since the last lap, to the device's idle point (0 otherwise)
 
   NodeStore& s_;
   const ExecConfig& config_;

@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <vector>
 
 #include <sheaf/sheaf.h>
+
+#include "launches.h"
 
 namespace sheaf::bench {
 
@@ -16,10 +19,25 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
-std::vector<const Strategy*> sheaf_strategies(const std::string& system) {
-  if (system == "sheaf") return {all_strategies().begin(), all_strategies().end()};
-  if (system.rfind("sheaf:", 0) == 0) return {&strategy_named(system.substr(6))};
-  return {};
+std::optional<SheafSystem> parse_sheaf_system(const std::string& name) {
+  std::string rest = name;
+  if (rest != "sheaf" && rest.rfind("sheaf:", 0) != 0 && rest.rfind("sheaf+", 0) != 0 && rest.rfind("sheaf/", 0) != 0)
+    return std::nullopt;
+  SheafSystem s;
+  auto take_suffix = [&](std::string_view suffix) {
+    if (!rest.ends_with(suffix)) return false;
+    rest.resize(rest.size() - suffix.size());
+    return true;
+  };
+  s.fuse = !take_suffix("/unfused");
+  s.prefetch = take_suffix("+prefetch");
+  if (rest == "sheaf") s.strategies.assign(all_strategies().begin(), all_strategies().end());
+  else s.strategies.push_back(&strategy_named(rest.substr(6)));
+  return s;
+}
+
+std::string SheafSystem::label(const Strategy& s) const {
+  return std::string(s.name()) + (prefetch ? "+prefetch" : "") + (fuse ? "" : "/unfused");
 }
 
 void System::Counters::add(const Stats& s) {
@@ -31,6 +49,12 @@ void System::Counters::add(const Stats& s) {
   op_ms += s.op_ms;
   rounds += static_cast<double>(s.rounds);
   steps += 1;
+  for (const auto& [op, t] : s.by_op) {
+    ExecCounters::OpTime& mine = by_op[op];
+    mine.launches += t.launches;
+    mine.gather_ms += t.gather_ms;
+    mine.op_ms += t.op_ms;
+  }
 }
 
 std::function<void(size_t)> StepMaker::operator()(const System& s, std::function<at::Tensor(size_t)> forward) {
@@ -48,6 +72,7 @@ std::function<void(size_t)> StepMaker::operator()(const System& s, std::function
   std::shared_ptr<System::Phases> phases = s.phases;
   if (!train_) return [forward, phase, phases](size_t b) {
     c10::NoGradGuard no_grad;
+    LaunchCounter::set_phase(LaunchCounter::kForward);
     phase(phases->forward, [&] { return forward(b); });
     phases->steps += 1;
   };
@@ -55,11 +80,14 @@ std::function<void(size_t)> StepMaker::operator()(const System& s, std::function
   torch::optim::Adagrad* opt = optimizers_.back().get();
   return [forward, opt, scale = scale_, phase, phases](size_t b) {
     opt->zero_grad();
+    LaunchCounter::set_phase(LaunchCounter::kForward);
     at::Tensor loss = phase(phases->forward, [&] { return forward(b); });
+    LaunchCounter::set_phase(LaunchCounter::kBackward);
     phase(phases->backward, [&] {
       (loss * scale).backward();
       return 0;
     });
+    LaunchCounter::set_phase(LaunchCounter::kOptimizer);
     phase(phases->optimizer, [&] { return opt->step(); });
     phases->steps += 1;
   };
@@ -74,6 +102,16 @@ std::vector<std::vector<double>> measure(const Options& o, std::vector<System>& 
   std::vector<std::vector<double>> runs(systems.size());
   // Warm-up: allocator caches, lazy initialisation, first-touch of parameters.
   for (System& s : systems) s.step(0);
+  // Launches, counted in a pass of their own (the counter costs time); with
+  // --profile, every system's time per op too.
+  for (System& s : systems) {
+    LaunchCounter counter(o.profile);
+    for (size_t b = 0; b < n_batches; ++b) s.step(b);
+    const auto c = counter.counts();
+    for (size_t p = 0; p < s.launches.size(); ++p) s.launches[p] = static_cast<double>(c[p]) / static_cast<double>(n_batches);
+    if (o.profile) s.op_times = counter.by_op();
+    s.counted_batches = static_cast<double>(n_batches);
+  }
   for (System& s : systems) s.counters = {}, *s.phases = {};
   synchronize(device);
   for (int r = 0; r < repeat; ++r) {
@@ -146,6 +184,9 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
           .add("speedup_vs_per_example", per_example > 0 ? tps / per_example : 0.0)
           .add("ratio_vs_hand", hand > 0 ? tps / hand : 0.0)
           .add("launches_per_batch", s.counters.launches / steps)
+          .add("launches_forward", s.launches[LaunchCounter::kForward])
+          .add("launches_backward", s.launches[LaunchCounter::kBackward])
+          .add("launches_optimizer", s.launches[LaunchCounter::kOptimizer])
           .add("trace_ms_per_batch", s.counters.trace_ms / steps)
           .add("sched_ms_per_batch", s.counters.sched_ms / steps)
           .add("exec_ms_per_batch", s.counters.exec_ms / steps)
@@ -174,6 +215,18 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
           std::printf(" (trace %.2f, schedule %.2f, gathers %.2f, ops %.2f)", s.counters.trace_ms / steps,
                       s.counters.sched_ms / steps, s.counters.gather_ms / steps, s.counters.op_ms / steps);
         std::printf(", backward %.2f, optimizer %.2f\n", s.phases->backward / ph, s.phases->optimizer / ph);
+        for (const auto& [op, t] : s.counters.by_op)
+          std::printf("  %-20s   sheaf %-22s %7.1f launches, gathers %6.2f ms, op %6.2f ms per batch\n", "",
+                      op.c_str(), static_cast<double>(t.launches) / steps, t.gather_ms / steps, t.op_ms / steps);
+        // Every system's top-level ops, from the counting pass (not synchronised: CPU times).
+        std::vector<std::pair<double, std::string>> ops;
+        for (const auto& [op, t] : s.op_times) ops.emplace_back(t.ms, op);
+        std::sort(ops.rbegin(), ops.rend());
+        for (size_t k = 0; k < ops.size() && k < 12; ++k) {
+          const auto& t = s.op_times.at(ops[k].second);
+          std::printf("  %-20s   aten  %-22s %7.1f launches, %6.2f ms per batch\n", "", ops[k].second.c_str(),
+                      static_cast<double>(t.launches) / s.counted_batches, t.ms / s.counted_batches);
+        }
       }
     }
   }

@@ -6,17 +6,21 @@
 #include <c10/core/Device.h>
 #include <torch/optim/adagrad.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <data/trees.h>
 #include <sheaf/sheaf.h>
+
+#include "launches.h"
 
 namespace sheaf::bench {
 
@@ -44,6 +48,7 @@ struct System {
   // Filled by sheaf systems after each step: launches, ms in trace / schedule / execute.
   struct Counters {
     double launches = 0, trace_ms = 0, sched_ms = 0, exec_ms = 0, gather_ms = 0, op_ms = 0, rounds = 0, steps = 0;
+    std::map<std::string, ExecCounters::OpTime> by_op;  // with --profile
     void add(const Stats& s);  // one batch of a Sheaf graph
   } counters;
   // With --profile: ms in each phase of a step, summed over steps.
@@ -52,6 +57,11 @@ struct System {
   };
   std::shared_ptr<Phases> phases = std::make_shared<Phases>();
   double max_abs_diff = 0;  // vs per-example, measured before timing
+  // Kernel launches per batch (forward, backward, optimizer; bench/launches.h)
+  // and, with --profile, time per top-level op, from the counting pass.
+  std::array<double, 3> launches{};
+  std::map<std::string, LaunchCounter::OpTime> op_times;
+  double counted_batches = 1;
   std::map<std::string, double> extra;  // workload-specific fields of the JSON line
 };
 
@@ -96,9 +106,17 @@ class Json {
 
 double median(std::vector<double> v);
 
-// The strategies a --systems entry names: "sheaf" (every one), "sheaf:<name>",
-// or none (not a Sheaf system).
-std::vector<const Strategy*> sheaf_strategies(const std::string& system);
+// A --systems entry for Sheaf: "sheaf[:<strategy>][+prefetch][/unfused]".
+// "sheaf" alone means every strategy; +prefetch records the next batch on a
+// second host thread (sheaf::Prefetcher); /unfused turns elementwise fusion off.
+struct SheafSystem {
+  std::vector<const Strategy*> strategies;
+  bool prefetch = false;
+  bool fuse = true;
+  std::string label(const Strategy& s) const;  // the JSON "strategy" field: "auto", "lazy+prefetch/unfused"
+};
+// Nothing for a name that is not a Sheaf system; UserError for a bad strategy.
+std::optional<SheafSystem> parse_sheaf_system(const std::string& name);
 
 // Turns a system's forward for batch b into its timed step: under no-grad for
 // infer; for train, forward, backward of the loss * scale, and a step of an

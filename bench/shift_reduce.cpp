@@ -67,9 +67,9 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
       });
       s.extra["steps"] = transitions / static_cast<double>(batches.size());
       systems.push_back(std::move(s));
-    } else if (auto strategies = sheaf_strategies(name); !strategies.empty()) {
-      for (const Strategy* strategy : strategies) {
-        graphs.push_back(std::make_unique<Graph>(GraphOptions{.device = device, .profile = o.profile}));
+    } else if (auto spec = parse_sheaf_system(name); spec && !spec->prefetch) {
+      for (const Strategy* strategy : spec->strategies) {
+        graphs.push_back(std::make_unique<Graph>(GraphOptions{.device = device, .profile = o.profile, .fuse = spec->fuse}));
         Graph* g = graphs.back().get();
         const size_t index = systems.size();
         // Records the batch, runs it (every round), returns the loss and the root logits.
@@ -89,7 +89,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
             for (auto& t : tasks) logits->push_back(t.result().logits.value().detach().cpu());
           return total.value();
         };
-        System s{"sheaf", std::string(strategy->name())};
+        System s{"sheaf", spec->label(*strategy)};
         s.step = make_step(s, [&, run, g, index](size_t b) {
           at::Tensor loss = run(b, nullptr);
           systems[index].counters.add(g->stats());
@@ -126,8 +126,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
       }
       systems.push_back(std::move(s));
     } else {
-      throw UserError("unknown system '" + name +
-                      "' for shift_reduce (per-example, sheaf, sheaf:<strategy>, hand)");
+      throw UserError("unknown system '" + name + "' for shift_reduce (per-example, hand, sheaf[:<strategy>][/unfused])");
     }
   }
 

@@ -69,14 +69,6 @@ Outputs sheaf_outputs(const TreeLSTM& m, std::span<const Tree* const> batch, con
   return {at::stack(logits).cpu(), loss.item() / labelled_nodes(m, batch)};
 }
 
-constexpr std::string_view kPrefetch = "+prefetch";  // system suffix: Sheaf under a Prefetcher
-
-// The strategies of a "sheaf[:<strategy>]+prefetch" system; none for another name.
-std::vector<const Strategy*> prefetched_strategies(const std::string& system) {
-  if (!system.ends_with(kPrefetch)) return {};
-  return sheaf_strategies(system.substr(0, system.size() - kPrefetch.size()));
-}
-
 void run_mode(const Options& o, const std::string& mode, int64_t hidden, const Workload& w) {
   const bool train = mode == "train";
   const c10::Device device(o.device);
@@ -117,11 +109,11 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
         s.max_abs_diff = diff(out, reference);
       }
       systems.push_back(std::move(s));
-    } else if (auto prefetched = prefetched_strategies(name); !prefetched.empty()) {
+    } else if (auto spec = parse_sheaf_system(name); spec && spec->prefetch) {
       // Batch b+1 is recorded and scheduled on a worker thread while batch b runs.
-      for (const Strategy* strategy : prefetched) {
+      for (const Strategy* strategy : spec->strategies) {
         prefetchers.push_back(std::make_unique<Prefetcher>(
-            GraphOptions{.device = device, .profile = o.profile},
+            GraphOptions{.device = device, .profile = o.profile, .fuse = spec->fuse},
             [&](Graph& g, size_t b) {
               std::vector<Expr> roots;
               Expr loss = model.sheaf_batch_loss(g, w.batches[b], &roots);
@@ -130,7 +122,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
             },
             ForwardOptions{.strategy = strategy}));
         Prefetcher* pf = prefetchers.back().get();
-        System s{"sheaf", std::string(strategy->name()).append(kPrefetch)};
+        System s{"sheaf", spec->label(*strategy)};
         const size_t index = systems.size();
         const size_t n = w.batches.size();
         s.step = make_step(s, [&, pf, strategy, index, train, n](size_t b) {
@@ -148,11 +140,12 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
         }
         systems.push_back(std::move(s));
       }
-    } else if (auto strategies = sheaf_strategies(name); !strategies.empty()) {
-      for (const Strategy* strategy : strategies) {
-        runners.push_back(std::make_unique<SheafRunner>(model, *strategy, GraphOptions{.device = device, .profile = o.profile}));
+    } else if (spec) {
+      for (const Strategy* strategy : spec->strategies) {
+        runners.push_back(std::make_unique<SheafRunner>(
+            model, *strategy, GraphOptions{.device = device, .profile = o.profile, .fuse = spec->fuse}));
         SheafRunner* r = runners.back().get();
-        System s{"sheaf", std::string(strategy->name())};
+        System s{"sheaf", spec->label(*strategy)};
         const size_t index = systems.size();
         s.step = make_step(s, [&, r, index, train](size_t b) {
           std::vector<Expr> roots;
@@ -172,8 +165,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
         systems.push_back(std::move(s));
       }
     } else {
-      throw UserError("unknown system '" + name +
-                      "' (per-example, sheaf, sheaf:<strategy>, either with +prefetch, hand)");
+      throw UserError("unknown system '" + name + "' (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused])");
     }
   }
 

@@ -74,9 +74,11 @@ using Recorder = std::function<std::function<Expr()>(Graph&, int)>;
 
 // Records `examples` into a fresh graph, forwards, then backpropagates the weighted outputs.
 Run run_examples(const std::vector<int>& examples, const Recorder& record, const CheckOptions& o,
-                 const Strategy& strategy, GradGuard& grads) {
+                 const Strategy& strategy, bool fuse, GradGuard& grads) {
   Run run;
-  run.graph = std::make_unique<Graph>(o.graph);
+  GraphOptions go = o.graph;
+  go.fuse = fuse;
+  run.graph = std::make_unique<Graph>(go);
   Graph& g = *run.graph;
   std::vector<std::function<Expr()>> outputs;
   for (int i : examples) {
@@ -147,7 +149,8 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
   std::vector<Run> alone;
   std::vector<at::Tensor> alone_grads;
   for (int i = 0; i < num_examples; ++i) {
-    alone.push_back(run_examples({i}, program, o, default_strategy(), grads));
+    // The reference: op by op (no fusion), unless only fused runs are asked for.
+    alone.push_back(run_examples({i}, program, o, default_strategy(), o.fusion == Fusion::kOn, grads));
     report.alone_launches += alone.back().graph->stats().batches;
     if (alone_grads.empty()) {
       alone_grads = alone.back().grads;
@@ -170,9 +173,13 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
 
   std::vector<int> all(static_cast<size_t>(num_examples));
   for (int i = 0; i < num_examples; ++i) all[static_cast<size_t>(i)] = i;
-  for (const Strategy* strategy : strategies) {
-    const std::string name(strategy->name());
-    Run batched = run_examples(all, program, o, *strategy, grads);
+  std::vector<bool> fusions;
+  if (o.fusion != Fusion::kOff) fusions.push_back(true);
+  if (o.fusion != Fusion::kOn) fusions.push_back(false);
+  for (const Strategy* strategy : strategies)
+  for (const bool fuse : fusions) {
+    const std::string name = std::string(strategy->name()) + (fuse ? ", fused" : ", unfused");
+    Run batched = run_examples(all, program, o, *strategy, fuse, grads);
     report.batched_launches = std::max<size_t>(report.batched_launches, batched.graph->stats().batches);
     const NodeStore& bs = store_of(batched);
 

@@ -1,5 +1,6 @@
-// The core guarantee, as a tool: running examples batched gives the same values
-// and the same parameter gradients as running each example alone.
+// The core guarantee, as a tool: running examples batched (every strategy,
+// fused and unfused) gives the same values and the same parameter gradients as
+// running each example alone, op by op.
 //
 //   auto report = sheaf::check_batched(n, [&](sheaf::Graph& g, int i) {
 //     return model(g, data[i]);           // the per-example program
@@ -23,9 +24,15 @@
 
 namespace sheaf {
 
+// Which batched runs the checker makes: with elementwise fusion, without, or both.
+enum class Fusion { kBoth, kOn, kOff };
+
 struct CheckOptions {
   std::vector<at::Tensor> params;          // gradients of these are compared
   std::vector<const Strategy*> strategies; // empty: every strategy
+  // kBoth: every strategy with fusion and without, against each example alone
+  // without fusion (op by op); kOn / kOff: only that (and alone the same).
+  Fusion fusion = Fusion::kBoth;
   GraphOptions graph;                      // device, seed, train mode
   double atol = 1e-5;                      // |batched - alone| <= atol + rtol * |alone|
   double rtol = 1e-4;

@@ -131,7 +131,7 @@ void Engine::prepare(std::span<const Expr> targets, const ForwardOptions& option
 // launch (the round only resolved placeholders).
 bool Engine::schedule_round(const Strategy& strategy, bool validate) {
   const auto t0 = Clock::now();
-  const bool launch = scheduler_.schedule(trace_, strategy, validate);
+  const bool launch = scheduler_.schedule(trace_, strategy, validate, options_.fuse);
   if (!launch) finish_aliases();
   stats_.schedule_ms += ms_since(t0);
   if (!launch) return false;

@@ -47,6 +47,9 @@ struct GraphOptions {
   // execute time into gather_ms and op_ms (Stats). Slows execution: profiling only.
   bool profile = false;
   const Strategy* strategy = nullptr;  // nullptr: sheaf::default_strategy()
+  // Fuse each round's connected elementwise work (the glue of an LSTM or
+  // Tree-LSTM cell) into one kernel per batch, forward and backward.
+  bool fuse = true;
 };
 
 struct ForwardOptions {

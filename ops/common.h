@@ -4,9 +4,11 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 
+#include <concepts>
 #include <string_view>
 
 #include "op.h"
+#include "pointwise_math.h"
 
 namespace sheaf::op {
 
@@ -31,6 +33,15 @@ inline Shape shape_from_attrs(const InferCtx& c, size_t first) {
 }
 
 inline Shape infer_same(const InferCtx& c) { return c.shape(0); }
+
+// An op descriptor with a fused elementwise form (see PointwiseInfo).
+template <class Op>
+concept PointwiseOp = requires(float x) {
+  { Op::Pointwise::info } -> std::convertible_to<PointwiseInfo>;
+  { Op::Pointwise::fwd(x, x, x) } -> std::same_as<float>;
+  { Op::Pointwise::da(x, x, x, x) } -> std::same_as<float>;
+  { Op::Pointwise::db(x, x, x, x) } -> std::same_as<float>;
+};
 
 // The descriptor of an elementwise unary op is its name and one LibTorch function.
 template <at::Tensor (*F)(const at::Tensor&)>

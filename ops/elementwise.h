@@ -42,11 +42,51 @@ inline at::Tensor div2(const at::Tensor& a, const at::Tensor& b) { return at::di
 // Comparisons give 0/1 floats; they have no gradient.
 inline at::Tensor gt2(const at::Tensor& a, const at::Tensor& b) { return at::gt(a, b).to(a.scalar_type()); }
 
-struct Add : Binary<add2> { static constexpr std::string_view name = "add"; };
-struct Sub : Binary<sub2> { static constexpr std::string_view name = "sub"; };
-struct Mul : Binary<mul2> { static constexpr std::string_view name = "mul"; };
-struct Div : Binary<div2> { static constexpr std::string_view name = "div"; };
-struct Greater : Binary<gt2> { static constexpr std::string_view name = "greater"; };
+struct Add : Binary<add2> {
+  static constexpr std::string_view name = "add";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.operands = 2, .cuda_fwd = "a + b", .cuda_da = "1.f", .cuda_db = "1.f"};
+    static float fwd(float a, float b, float) { return a + b; }
+    static float da(float, float, float, float) { return 1.0f; }
+    static float db(float, float, float, float) { return 1.0f; }
+  };
+};
+struct Sub : Binary<sub2> {
+  static constexpr std::string_view name = "sub";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.operands = 2, .cuda_fwd = "a - b", .cuda_da = "1.f", .cuda_db = "-1.f"};
+    static float fwd(float a, float b, float) { return a - b; }
+    static float da(float, float, float, float) { return 1.0f; }
+    static float db(float, float, float, float) { return -1.0f; }
+  };
+};
+struct Mul : Binary<mul2> {
+  static constexpr std::string_view name = "mul";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.operands = 2, .cuda_fwd = "a * b", .cuda_da = "b", .cuda_db = "a"};
+    static float fwd(float a, float b, float) { return a * b; }
+    static float da(float, float b, float, float) { return b; }
+    static float db(float a, float, float, float) { return a; }
+  };
+};
+struct Div : Binary<div2> {
+  static constexpr std::string_view name = "div";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.operands = 2, .cuda_fwd = "a / b", .cuda_da = "1.f / b", .cuda_db = "-a / (b * b)"};
+    static float fwd(float a, float b, float) { return a / b; }
+    static float da(float, float b, float, float) { return 1.0f / b; }
+    static float db(float a, float b, float, float) { return -a / (b * b); }
+  };
+};
+struct Greater : Binary<gt2> {
+  static constexpr std::string_view name = "greater";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.operands = 2, .differentiable = false, .cuda_fwd = "(a > b ? 1.f : 0.f)"};
+    static float fwd(float a, float b, float) { return a > b ? 1.0f : 0.0f; }
+    static float da(float, float, float, float) { return 0.0f; }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
 
 // x (op) c, with c a double attribute (part of the signature: x + 1 and x + 2 do
 // not share a launch).
@@ -63,11 +103,51 @@ inline at::Tensor rdiv_s(const at::Tensor& x, const at::Scalar& s) { return at::
 inline at::Tensor gt_s(const at::Tensor& x, const at::Scalar& s) { return at::gt(x, s).to(x.scalar_type()); }
 inline at::Tensor lt_s(const at::Tensor& x, const at::Scalar& s) { return at::lt(x, s).to(x.scalar_type()); }
 
-struct AddScalar : WithScalar<add_s> { static constexpr std::string_view name = "add_scalar"; };
-struct MulScalar : WithScalar<mul_s> { static constexpr std::string_view name = "mul_scalar"; };
-struct RDivScalar : WithScalar<rdiv_s> { static constexpr std::string_view name = "rdiv_scalar"; };
-struct GreaterScalar : WithScalar<gt_s> { static constexpr std::string_view name = "greater_scalar"; };
-struct LessScalar : WithScalar<lt_s> { static constexpr std::string_view name = "less_scalar"; };
+struct AddScalar : WithScalar<add_s> {
+  static constexpr std::string_view name = "add_scalar";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.scalar = true, .cuda_fwd = "a + c", .cuda_da = "1.f"};
+    static float fwd(float a, float, float c) { return a + c; }
+    static float da(float, float, float, float) { return 1.0f; }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
+struct MulScalar : WithScalar<mul_s> {
+  static constexpr std::string_view name = "mul_scalar";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.scalar = true, .cuda_fwd = "a * c", .cuda_da = "c"};
+    static float fwd(float a, float, float c) { return a * c; }
+    static float da(float, float, float, float c) { return c; }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
+struct RDivScalar : WithScalar<rdiv_s> {
+  static constexpr std::string_view name = "rdiv_scalar";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.scalar = true, .cuda_fwd = "(1.f / a) * c", .cuda_da = "-c / (a * a)"};
+    static float fwd(float a, float, float c) { return (1.0f / a) * c; }
+    static float da(float a, float, float, float c) { return -c / (a * a); }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
+struct GreaterScalar : WithScalar<gt_s> {
+  static constexpr std::string_view name = "greater_scalar";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.scalar = true, .differentiable = false, .cuda_fwd = "(a > c ? 1.f : 0.f)"};
+    static float fwd(float a, float, float c) { return a > c ? 1.0f : 0.0f; }
+    static float da(float, float, float, float) { return 0.0f; }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
+struct LessScalar : WithScalar<lt_s> {
+  static constexpr std::string_view name = "less_scalar";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.scalar = true, .differentiable = false, .cuda_fwd = "(a < c ? 1.f : 0.f)"};
+    static float fwd(float a, float, float c) { return a < c ? 1.0f : 0.0f; }
+    static float da(float, float, float, float) { return 0.0f; }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
 
 inline at::Tensor neg1(const at::Tensor& x) { return at::neg(x); }
 inline at::Tensor tanh1(const at::Tensor& x) { return at::tanh(x); }
@@ -76,12 +156,60 @@ inline at::Tensor relu1(const at::Tensor& x) { return at::relu(x); }
 inline at::Tensor exp1(const at::Tensor& x) { return at::exp(x); }
 inline at::Tensor log1(const at::Tensor& x) { return at::log(x); }
 
-struct Neg : Unary<neg1> { static constexpr std::string_view name = "neg"; };
-struct Tanh : Unary<tanh1> { static constexpr std::string_view name = "tanh"; };
-struct Sigmoid : Unary<sigmoid1> { static constexpr std::string_view name = "sigmoid"; };
-struct Relu : Unary<relu1> { static constexpr std::string_view name = "relu"; };
-struct Exp : Unary<exp1> { static constexpr std::string_view name = "exp"; };
-struct Log : Unary<log1> { static constexpr std::string_view name = "log"; };
+struct Neg : Unary<neg1> {
+  static constexpr std::string_view name = "neg";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.cuda_fwd = "-a", .cuda_da = "-1.f"};
+    static float fwd(float a, float, float) { return -a; }
+    static float da(float, float, float, float) { return -1.0f; }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
+struct Tanh : Unary<tanh1> {
+  static constexpr std::string_view name = "tanh";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.cuda_fwd = "tanhf(a)", .cuda_da = "1.f - y * y"};
+    static float fwd(float a, float, float) { return pw::tanh(a); }
+    static float da(float, float, float y, float) { return 1.0f - y * y; }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
+struct Sigmoid : Unary<sigmoid1> {
+  static constexpr std::string_view name = "sigmoid";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.cuda_fwd = "1.f / (1.f + expf(-a))", .cuda_da = "(1.f - y) * y"};
+    static float fwd(float a, float, float) { return pw::sigmoid(a); }
+    static float da(float, float, float y, float) { return (1.0f - y) * y; }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
+struct Relu : Unary<relu1> {
+  static constexpr std::string_view name = "relu";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.cuda_fwd = "(a < 0.f ? 0.f : a)", .cuda_da = "(y > 0.f ? 1.f : 0.f)"};
+    static float fwd(float a, float, float) { return a < 0.0f ? 0.0f : a; }
+    static float da(float, float, float y, float) { return y > 0.0f ? 1.0f : 0.0f; }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
+struct Exp : Unary<exp1> {
+  static constexpr std::string_view name = "exp";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.cuda_fwd = "expf(a)", .cuda_da = "y"};
+    static float fwd(float a, float, float) { return pw::exp(a); }
+    static float da(float, float, float y, float) { return y; }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
+struct Log : Unary<log1> {
+  static constexpr std::string_view name = "log";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.cuda_fwd = "logf(a)", .cuda_da = "1.f / a"};
+    static float fwd(float a, float, float) { return pw::log(a); }
+    static float da(float a, float, float, float) { return 1.0f / a; }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
 
 // Uniform [0, 1) numbers that depend only on (seed, key, element index): the same
 // example gets the same dropout mask alone or in any batch, on any device. A

@@ -129,12 +129,34 @@ class RunCtx {
   const LaunchArgs& a_;
 };
 
+// The fused form of an elementwise op: a descriptor with a nested `Pointwise`
+// struct can be fused with its neighbours into one kernel (scheduler/fusion.h).
+// Elementwise, y = fwd(a, b, c), with a and b its operands (b unused by unary
+// ops) and c its scalar attribute; da and db are the partial derivatives dy/da
+// and dy/db, given y. The CPU kernels instantiate the struct's static functions
+// (plain float code: ops/pointwise_math.h); the CUDA kernels paste the
+// expressions below (over floats a, b, c, y).
+//
+//   struct Pointwise {
+//     static constexpr PointwiseInfo info{.cuda_fwd = "tanhf(a)", .cuda_da = "1.f - y * y"};
+//     static float fwd(float a, float b, float c) { return pw::tanh(a); }
+//     static float da(float a, float b, float y, float c) { return 1.0f - y * y; }
+//     static float db(float a, float b, float y, float c) { return 0.0f; }
+//   };
+struct PointwiseInfo {
+  int operands = 1;            // tensor operands: 1 or 2
+  bool scalar = false;         // reads attribute 0 (a double) as c
+  bool differentiable = true;  // comparisons are not
+  std::string_view cuda_fwd = {}, cuda_da = {}, cuda_db = {};
+};
+
 // The runtime view of one descriptor, built from kOpList in ops/table.cpp.
 struct OpInfo {
   std::string_view name;
   OpTraits traits;
   Shape (*infer)(const InferCtx&);
   at::Tensor (*run)(RunCtx&);
+  const PointwiseInfo* pointwise = nullptr;  // fusible elementwise ops only
 };
 
 const OpInfo& op_info(OpCode code);

@@ -26,10 +26,16 @@ concept OpDescriptor = requires(const InferCtx& ic, RunCtx& rc) {
 namespace {
 
 template <class Op>
+constexpr const PointwiseInfo* pointwise_of() {
+  if constexpr (op::PointwiseOp<Op>) return &Op::Pointwise::info;
+  else return nullptr;
+}
+
+template <class Op>
 constexpr OpInfo info_of() {
   static_assert(OpDescriptor<Op>,
                 "an entry of sheaf::kOpList lacks part of its descriptor (name, traits, infer or the batched run)");
-  return OpInfo{Op::name, Op::traits, &Op::infer, &Op::run};
+  return OpInfo{Op::name, Op::traits, &Op::infer, &Op::run, pointwise_of<Op>()};
 }
 
 constexpr auto kTable = boost::hana::unpack(kOpList, [](auto... op) {

@@ -18,20 +18,72 @@ struct RowRef {
 
 class Planner {
  public:
-  Planner(NodeStore& s, Plan& p) : s_(s), p_(p), base_(static_cast<uint32_t>(s.batch_out.size())) {}
+  Planner(NodeStore& s, Plan& p, const Fuser* fuser)
+      : s_(s), p_(p), fuser_(fuser), base_(static_cast<uint32_t>(s.batch_out.size())) {}
 
   void add_batch(const RoundDag& dag, std::span<const uint32_t> locals) {
+    if (dag.region[locals[0]] != kNone32) return add_fused_batch(dag, locals);
     const NodeId first = dag.node[locals[0]];
     PlannedBatch b{};
     b.op = s_.op[first];
     b.shared = s_.has(first, NodeStore::kShared);
-    b.out = base_ + static_cast<uint32_t>(p_.batches.size());
+    b.out = base_ + static_cast<uint32_t>(rows_.size());
     b.n = static_cast<uint32_t>(locals.size());
     order_rows(dag, locals);
     place_rows(b);
     plan_inputs(b, op_info(b.op).traits);
     b.payload = static_cast<int64_t>(p_.indices.size());
     for (NodeId node : nodes_of(b)) p_.indices.push_back(s_.payload[node]);
+    p_.batches.push_back(b);
+  }
+
+  // n regions of one pattern: rows ordered by where each region's first
+  // per-example input lives; member k of row i is batch out + k, row i.
+  void add_fused_batch(const RoundDag& dag, std::span<const uint32_t> locals) {
+    const Region& first = fuser_->region(dag.region[locals[0]]);
+    PlannedBatch b{};
+    b.program = first.program;
+    b.outputs = first.members_len;
+    b.op = s_.op[fuser_->members(first).back()];
+    b.shared = false;
+    b.out = base_ + static_cast<uint32_t>(rows_.size());
+    b.n = static_cast<uint32_t>(locals.size());
+    order_.clear();
+    for (uint32_t l : locals) {
+      const Region& r = fuser_->region(dag.region[l]);
+      uint64_t key = fuser_->members(r)[0];
+      for (NodeId in : fuser_->inputs(r))
+        if (!s_.has(in, NodeStore::kShared)) {
+          key = (uint64_t{s_.value_batch[in]} << 32) | s_.value_row[in];
+          break;
+        }
+      order_.push_back({key, dag.region[l]});
+    }
+    if (!std::is_sorted(order_.begin(), order_.end())) std::sort(order_.begin(), order_.end());
+    b.nodes_begin = static_cast<uint32_t>(p_.nodes.size());
+    for (uint32_t k = 0; k < b.outputs; ++k) {
+      for (uint32_t i = 0; i < b.n; ++i) {
+        const NodeId node = fuser_->members(fuser_->region(order_[i].second))[k];
+        p_.nodes.push_back(node);
+        s_.value_batch[node] = b.out + k;
+        s_.value_row[node] = i;
+      }
+      rows_.push_back(b.n);
+    }
+    b.args_begin = static_cast<uint32_t>(p_.args.size());
+    b.arity = first.inputs_len;
+    for (uint32_t e = 0; e < b.arity; ++e) {
+      const NodeId in0 = fuser_->inputs(first)[e];
+      if (s_.has(in0, NodeStore::kShared)) {  // the pattern makes it the same node for all rows
+        const uint32_t r = read(Read{s_.value_batch[in0], kWholeRow, 1});
+        p_.args.push_back(BatchArg{BatchArg::kShared, r, r + 1});
+        continue;
+      }
+      sources_.clear();
+      for (uint32_t i = 0; i < b.n; ++i) sources_.push_back(row_of(fuser_->inputs(fuser_->region(order_[i].second))[e]));
+      add_input();
+    }
+    b.payload = static_cast<int64_t>(p_.indices.size());
     p_.batches.push_back(b);
   }
 
@@ -45,7 +97,7 @@ class Planner {
     std::map<std::pair<uint32_t, int64_t>, std::vector<Member>> by_source;  // (source, axis) -> slices
     for (uint32_t k = 0; k < p_.batches.size(); ++k) {
       const PlannedBatch& b = p_.batches[k];
-      if (b.op != code_of<op::Slice> || b.shared) continue;
+      if (b.op != code_of<op::Slice> || b.shared || b.program != nullptr) continue;
       const BatchArg& arg = p_.args[b.args_begin];
       const Read& r = p_.reads[arg.reads_begin];
       if (arg.kind != BatchArg::kView || r.index >= 0 || r.start != 0 || r.len != rows(r.batch)) continue;
@@ -257,9 +309,10 @@ class Planner {
 
   NodeStore& s_;
   Plan& p_;
+  const Fuser* fuser_;
   uint32_t base_;
   std::vector<uint32_t> rows_;
-  std::vector<std::pair<uint64_t, NodeId>> order_;
+  std::vector<std::pair<uint64_t, uint32_t>> order_;  // (where the first input lives, node or region)
   std::vector<RowRef> sources_;
   std::vector<uint32_t> srcs_;
   std::vector<uint32_t> rows_of_src_;
@@ -268,7 +321,8 @@ class Planner {
 
 }  // namespace
 
-void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, std::string_view strategy, Plan& plan) {
+void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, std::string_view strategy, Plan& plan,
+               const Fuser* fuser) {
   plan.strategy = strategy;
   plan.batches.clear();
   plan.nodes.clear();
@@ -281,7 +335,7 @@ void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, st
   plan.indices.reserve(3 * dag.size());  // payloads, and gathers for some inputs
   plan.args.reserve(2 * batches.size());
   plan.reads.reserve(3 * batches.size());
-  Planner planner(store, plan);
+  Planner planner(store, plan, fuser);
   for (size_t k = 0; k < batches.size(); ++k) planner.add_batch(dag, batches[k]);
   planner.group_slices();
   planner.group_reads();
@@ -292,7 +346,9 @@ std::string Plan::str() const {
   os << "plan (" << strategy << "): " << batches.size() << " batches, " << nodes.size() << " nodes, " << groups.size()
      << " gather groups, " << splits.size() << " splits\n";
   for (const PlannedBatch& b : batches) {
-    os << "  b" << b.out << " = " << op_info(b.op).name << " x" << b.n;
+    os << "  b" << b.out;
+    if (b.program) os << "..b" << b.out + b.outputs - 1 << " = " << b.program->str() << " x" << b.n;
+    else os << " = " << op_info(b.op).name << " x" << b.n;
     if (b.shared) os << " (shared)";
     if (b.segments >= 0) os << " (" << b.total << " list elements)";
     if (b.stacked) os << " (stacked)";

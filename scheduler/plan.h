@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,6 +14,7 @@
 #include <sheaf/tracer/node_store.h>
 
 #include "batches.h"
+#include "fusion.h"
 #include "round.h"
 
 namespace sheaf {
@@ -44,11 +46,15 @@ struct BatchArg {
 };
 
 struct PlannedBatch {
-  OpCode op;
+  OpCode op;            // for a fused batch: its last member's op (for messages)
   bool shared;          // computes one shared value: inputs get a leading axis of 1
-  uint32_t out;         // index in NodeStore::batch_out this batch writes
-  uint32_t nodes_begin; // plan.nodes[nodes_begin .. + n): row i is node i
+  uint32_t out;         // index in NodeStore::batch_out this batch writes (the first of `outputs`)
+  uint32_t nodes_begin; // plan.nodes[nodes_begin .. + n): row i is node i (fused: n per member, member-major)
   uint32_t n;
+  // A fused batch (scheduler/fusion.h): n regions of one pattern, one kernel.
+  // Its args are the program's inputs; member k's rows are batch_out[out + k].
+  std::shared_ptr<const FusedProgram> program;
+  uint32_t outputs = 1;
   uint32_t args_begin;  // plan.args[args_begin .. + arity)
   uint32_t arity;       // inputs; 1 for segmented ops (the flattened list) and stacked ones
   bool stacked = false; // all arguments in one input, node-major (OpTraits::stackable)
@@ -85,6 +91,8 @@ struct Plan {
 // Orders the rows of every batch, assigns every node of the round its (batch,
 // row) (value_batch/value_row in the store) and plans every input. `plan` is
 // overwritten; its buffers are reused.
-void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, std::string_view strategy, Plan& plan);
+// With fusion, `fuser` knows the round's regions (dag.region).
+void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, std::string_view strategy, Plan& plan,
+               const Fuser* fuser = nullptr);
 
 }  // namespace sheaf

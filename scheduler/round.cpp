@@ -76,9 +76,19 @@ void mark_runnable(const NodeStore& s, std::vector<NodeId>& pending, std::vector
   std::sort(pending.begin(), pending.end());
 }
 
-// Fills the CSR lists of uses from those of arguments (arg_begin, args and depth set).
-void link_uses(RoundDag& dag) {
+}  // namespace
+
+// Depths from arguments; the CSR lists of uses from those of arguments.
+void link_dag(RoundDag& dag) {
   const size_t m = dag.size();
+  dag.depth.assign(m, 0);
+  dag.max_depth = 0;
+  for (uint32_t i = 0; i < m; ++i) {
+    uint32_t d = 0;
+    for (uint32_t a : dag.args_of(i)) d = std::max(d, dag.depth[a] + 1);
+    dag.depth[i] = d;
+    dag.max_depth = std::max(dag.max_depth, d);
+  }
   dag.use_begin.assign(m + 1, 0);
   for (uint32_t la : dag.args) ++dag.use_begin[la + 1];
   for (size_t i = 0; i < m; ++i) dag.use_begin[i + 1] += dag.use_begin[i];
@@ -88,27 +98,22 @@ void link_uses(RoundDag& dag) {
     for (uint32_t la : dag.args_of(i)) dag.uses[dag.fill[la]++] = i;
 }
 
-// In-round arguments (local ids) and depths, from the store's arguments.
+namespace {
+
+// In-round arguments (local ids) from the store's arguments.
 void link_args(const NodeStore& s, RoundDag& dag) {
   const size_t m = dag.size();
   dag.sig.resize(m);
-  dag.depth.assign(m, 0);
+  dag.region.assign(m, kNone32);
   dag.arg_begin.assign(1, 0);
   dag.args.clear();
-  dag.max_depth = 0;
   for (size_t i = 0; i < m; ++i) {
     const NodeId n = dag.node[i];
     dag.sig[i] = s.sig[n];
-    uint32_t d = 0;
     for (NodeId a : s.args_of(n)) {
       const NodeId r = s.resolve(a);
-      if (s.has(r, NodeStore::kComputed)) continue;
-      const uint32_t la = dag.local_of[r];
-      dag.args.push_back(la);
-      d = std::max(d, dag.depth[la] + 1);
+      if (!s.has(r, NodeStore::kComputed)) dag.args.push_back(dag.local_of[r]);
     }
-    dag.depth[i] = d;
-    dag.max_depth = std::max(dag.max_depth, d);
     dag.arg_begin.push_back(static_cast<uint32_t>(dag.args.size()));
   }
 }
@@ -119,29 +124,22 @@ void build_round(const NodeStore& s, std::vector<NodeId>& pending, std::vector<N
   dag.node.clear();
   mark_runnable(s, pending, aliases, dag);
   link_args(s, dag);
-  link_uses(dag);
+  link_dag(dag);
 }
 
 void build_dag(std::span<const SigId> sigs, std::span<const std::vector<uint32_t>> args, RoundDag& dag) {
   const size_t m = sigs.size();
   dag.node.resize(m);
+  dag.region.assign(m, kNone32);
   dag.sig.assign(sigs.begin(), sigs.end());
-  dag.depth.assign(m, 0);
   dag.arg_begin.assign(1, 0);
   dag.args.clear();
-  dag.max_depth = 0;
   for (uint32_t i = 0; i < m; ++i) {
     dag.node[i] = i;
-    uint32_t d = 0;
-    for (uint32_t a : args[i]) {
-      dag.args.push_back(a);
-      d = std::max(d, dag.depth[a] + 1);
-    }
-    dag.depth[i] = d;
-    dag.max_depth = std::max(dag.max_depth, d);
+    dag.args.insert(dag.args.end(), args[i].begin(), args[i].end());
     dag.arg_begin.push_back(static_cast<uint32_t>(dag.args.size()));
   }
-  link_uses(dag);
+  link_dag(dag);
 }
 
 }  // namespace sheaf

@@ -11,7 +11,8 @@
 namespace sheaf {
 
 struct RoundDag {
-  std::vector<NodeId> node;         // local id -> graph node, in a topological order
+  std::vector<NodeId> node;         // local id -> graph node, in a topological order (kNoNode: a region)
+  std::vector<uint32_t> region;     // with fusion: local id -> fused region (scheduler/fusion.h), else kNone32
   std::vector<SigId> sig;           // kNoSig: runs alone (a shared value)
   std::vector<uint32_t> arg_begin;  // CSR: in-round arguments (local ids)
   std::vector<uint32_t> args;
@@ -49,5 +50,9 @@ void build_round(const NodeStore& store, std::vector<NodeId>& pending, std::vect
 // A DAG built by hand (tests, tools): nodes 0..n-1 with the given signatures and
 // in-round arguments (each argument's id below its user's).
 void build_dag(std::span<const SigId> sigs, std::span<const std::vector<uint32_t>> args, RoundDag& dag);
+
+// Depths, max_depth and the lists of uses, from the entries' argument lists
+// (which must be in a topological order).
+void link_dag(RoundDag& dag);
 
 }  // namespace sheaf

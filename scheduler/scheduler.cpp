@@ -8,10 +8,11 @@
 
 namespace sheaf {
 
-bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate) {
+bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, bool fuse) {
   aliases_.clear();
   build_round(trace.store(), trace.pending(), aliases_, dag_);
   if (dag_.size() == 0) return false;
+  if (fuse) fuser_.fuse(trace.store(), dag_);
   batches_.clear();
   if (memo_owner_ != &strategy) {
     memo_ = StrategyMemo();
@@ -19,7 +20,7 @@ bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate) 
   }
   strategy.schedule(dag_, batches_, memo_);
   if (validate) validate_batches(dag_, batches_, strategy.name());
-  make_plan(trace.store(), dag_, batches_, strategy.name(), plan_);
+  make_plan(trace.store(), dag_, batches_, strategy.name(), plan_, fuse ? &fuser_ : nullptr);
   count_split_shared(trace);
   return true;
 }
@@ -36,7 +37,7 @@ void Scheduler::count_split_shared(const Trace& trace) {
   for (size_t k = 0; k < batches_.size(); ++k) {
     if (batches_[k].size() != 1) continue;
     const NodeId n = dag_.node[batches_[k][0]];
-    if (dag_.sig[batches_[k][0]] == kNoSig) continue;
+    if (n == kNoNode || dag_.sig[batches_[k][0]] == kNoSig) continue;  // a fused region, or a shared node
     bool lone_shared = false;
     key.assign({s.op[n], s.shape[n]});
     key.insert(key.end(), s.attrs_of(n).begin(), s.attrs_of(n).end());

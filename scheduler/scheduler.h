@@ -12,6 +12,7 @@
 #include <sheaf/tracer/trace.h>
 
 #include "batches.h"
+#include "fusion.h"
 #include "plan.h"
 #include "round.h"
 #include "strategy.h"
@@ -20,11 +21,12 @@ namespace sheaf {
 
 class Scheduler {
  public:
-  // Takes the nodes of `trace` that can run now out of its pending list and
-  // plans them with `strategy` (checking the strategy's batches if `validate`).
-  // Returns false when the round has nothing to launch (it only resolved
-  // placeholders: see aliases()).
-  bool schedule(Trace& trace, const Strategy& strategy, bool validate);
+  // Takes the nodes of `trace` that can run now out of its pending list, fuses
+  // elementwise regions (if `fuse`: scheduler/fusion.h) and plans them with
+  // `strategy` (checking the strategy's batches if `validate`). Returns false
+  // when the round has nothing to launch (it only resolved placeholders: see
+  // aliases()).
+  bool schedule(Trace& trace, const Strategy& strategy, bool validate, bool fuse);
 
   const Plan& plan() const { return plan_; }
   const RoundDag& dag() const { return dag_; }
@@ -40,6 +42,7 @@ class Scheduler {
 
  private:
   RoundDag dag_;
+  Fuser fuser_;
   Batches batches_;
   std::vector<NodeId> aliases_;
   Plan plan_;

@@ -1,4 +1,6 @@
-// Launch counts are the scheduler's contract: stable where times are not.
+// Launch counts are the scheduler's contract: stable where times are not. These
+// count the strategies' batches, so they run without elementwise fusion
+// (tests/scheduler/test_fusion.cpp counts what fusion does on top).
 #include <map>
 #include <random>
 #include <set>
@@ -26,7 +28,7 @@ uint64_t launches_of(Graph& g, std::string_view op) {
 TEST_CASE("64 chains of depth 10 of two ops take exactly 20 launches", "[scheduler][launches]") {
   for (const Strategy* strategy : all_strategies()) {
     DYNAMIC_SECTION(strategy->name()) {
-      Graph g;
+      Graph g({.fuse = false});
       std::vector<Expr> outs;
       for (int i = 0; i < 64; ++i) {
         auto s = g.example(i);
@@ -61,7 +63,7 @@ TEST_CASE("examples of different structure: launches within the depth bound", "[
   const uint64_t bound = depth_op.size() + 1;  // + the input stack
   std::map<std::string, uint64_t> launches;
   for (const Strategy* strategy : all_strategies()) {
-    Graph g;
+    Graph g({.fuse = false});
     std::vector<Expr> outs;
     for (int i = 0; i < n; ++i) {
       auto s = g.example(i);
@@ -87,7 +89,7 @@ TEST_CASE("agenda and lazy batch losses at different depths in one launch; depth
   // A loss at the end of chains of different lengths sits at different depths.
   std::map<std::string, uint64_t> loss_launches;
   for (const Strategy* strategy : all_strategies()) {
-    Graph g;
+    Graph g({.fuse = false});
     std::vector<Expr> losses;
     for (int i = 0; i < 16; ++i) {
       auto s = g.example(i);
@@ -111,7 +113,7 @@ TEST_CASE("strategies are found by name and every one is valid on a mixed graph"
   CHECK(&default_strategy() == &strategy_named("auto"));
   at::Tensor W = at::randn({6, 6});
   for (const Strategy* strategy : all_strategies()) {
-    Graph g;
+    Graph g({.fuse = false});
     std::vector<Expr> outs;
     for (int i = 0; i < 10; ++i) {
       auto s = g.example(i);

@@ -1,0 +1,160 @@
+#include "fused.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/record_function.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+
+#include <sheaf/core/error.h>
+#include <sheaf/ops/op.h>
+
+namespace sheaf {
+
+namespace {
+
+using torch::autograd::SavedVariable;
+using torch::autograd::variable_list;
+
+std::vector<int64_t> batched_sizes(int64_t n, const Shape& s) {
+  std::vector<int64_t> sizes{n};
+  sizes.insert(sizes.end(), s.dims().begin(), s.dims().end());
+  return sizes;
+}
+
+// Inputs as the kernels read them: contiguous, the per-example ones [n, numel].
+std::vector<at::Tensor> kernel_inputs(const FusedProgram& p, std::span<const at::Tensor> inputs, int64_t n) {
+  std::vector<at::Tensor> out;
+  out.reserve(inputs.size());
+  for (uint32_t e = 0; e < p.inputs; ++e) {
+    at::Tensor x = inputs[e].is_contiguous() ? inputs[e] : inputs[e].contiguous();
+    SHEAF_ASSERT(x.numel() == (p.input_shared[e] ? 1 : n) * p.input_numel[e], "fused input ", e, " has ",
+                 x.numel(), " elements");
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+// The backward of one fused batch: the kernel reads the saved inputs and
+// member values and writes the gradient of every input that needs one.
+struct FusedBackward : torch::autograd::Node {
+  std::shared_ptr<const FusedProgram> program;
+  int64_t n = 0;
+  std::vector<SavedVariable> inputs, outputs;
+
+  std::string name() const override { return "sheaf::FusedBackward"; }
+  void release_variables() override {
+    for (SavedVariable& v : inputs) v.reset_data();
+    for (SavedVariable& v : outputs) v.reset_data();
+  }
+  variable_list apply(variable_list&& grads) override {
+    RECORD_FUNCTION("sheaf::fused", std::vector<c10::IValue>());  // one kernel (bench/launches.h counts it)
+    const FusedProgram& p = *program;
+    std::vector<at::Tensor> in, out, g_out;
+    for (SavedVariable& v : inputs) in.push_back(v.unpack());
+    for (SavedVariable& v : outputs) out.push_back(v.unpack(shared_from_this()));
+    for (at::Tensor& g : grads) g_out.push_back(g.defined() ? g.contiguous() : g);
+    std::vector<at::Tensor> g_in(p.inputs);
+    for (uint32_t e = 0; e < p.inputs; ++e)
+      if (should_compute_output(e) && p.input_numel[e] > 0) g_in[e] = at::zeros(in[e].sizes(), in[e].options());
+    const std::vector<at::Tensor> flat = kernel_inputs(p, in, n);
+    c10::AutoGradMode no_grad(false);
+    fused_cpu::backward(p, flat, out, g_out, g_in, n);
+    return g_in;
+  }
+};
+
+}  // namespace
+
+std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& program,
+                                  std::span<const at::Tensor> inputs, int64_t n) {
+  const FusedProgram& p = *program;
+  SHEAF_ASSERT(inputs.size() == p.inputs, "fused program with ", p.inputs, " inputs got ", inputs.size());
+  if (!inputs.empty() && !inputs[0].is_cpu()) return run_fused_by_ops(p, inputs, n);
+  RECORD_FUNCTION("sheaf::fused", std::vector<c10::IValue>());  // one kernel (bench/launches.h counts it)
+
+  const at::TensorOptions opts = inputs.empty() ? at::TensorOptions(at::kFloat) : inputs[0].options();
+  std::vector<at::Tensor> outputs;  // the non-slice members
+  for (const FusedInstr& in : p.code)
+    if (!in.slice) outputs.push_back(at::empty({n, p.numel}, opts.requires_grad(false)));
+  {
+    c10::AutoGradMode no_grad(false);
+    fused_cpu::forward(p, kernel_inputs(p, inputs, n), outputs, n);
+  }
+
+  bool requires_grad = false;
+  for (const at::Tensor& x : inputs) requires_grad = requires_grad || x.requires_grad();
+  if (requires_grad && c10::GradMode::is_enabled()) {
+    auto node = std::make_shared<FusedBackward>();
+    node->program = program;
+    node->n = n;
+    torch::autograd::edge_list edges;
+    for (const at::Tensor& x : inputs) {
+      edges.push_back(torch::autograd::impl::gradient_edge(x));
+      node->inputs.emplace_back(x, /*is_output=*/false);
+    }
+    node->set_next_edges(std::move(edges));
+    for (at::Tensor& y : outputs) {
+      torch::autograd::set_history(y, node);
+      node->outputs.emplace_back(y, /*is_output=*/true);
+    }
+  }
+
+  // Member values in program order; a slice is a view of its operand's rows.
+  std::vector<at::Tensor> regs(inputs.begin(), inputs.end());
+  std::vector<at::Tensor> values;
+  size_t next = 0;
+  const std::vector<int64_t> sizes = batched_sizes(n, p.shape);
+  for (const FusedInstr& in : p.code) {
+    at::Tensor v;
+    if (in.slice) {
+      const at::Tensor& src = regs[in.a];
+      v = src.reshape({n, -1}).narrow(1, in.offset, p.numel).view(sizes);
+    } else {
+      v = outputs[next++].view(sizes);
+    }
+    regs.push_back(v);
+    values.push_back(std::move(v));
+  }
+  return values;
+}
+
+std::vector<at::Tensor> run_fused_by_ops(const FusedProgram& p, std::span<const at::Tensor> inputs, int64_t n) {
+  const std::vector<int64_t> sizes = batched_sizes(n, p.shape);
+  std::vector<at::Tensor> regs;
+  std::vector<uint8_t> shared;
+  for (uint32_t e = 0; e < p.inputs; ++e) {
+    shared.push_back(p.input_shared[e]);
+    if (p.input_shared[e]) regs.push_back(inputs[e]);
+    else if (p.input_numel[e] == p.numel) regs.push_back(inputs[e].reshape(sizes));
+    else regs.push_back(inputs[e].reshape({n, -1}));  // a per-example scalar, or a slice's source
+  }
+  std::vector<at::Tensor> values;
+  for (const FusedInstr& in : p.code) {
+    at::Tensor v;
+    if (in.slice) {
+      v = regs[in.a].reshape({n, -1}).narrow(1, in.offset, p.numel).view(sizes);
+    } else {
+      const std::array<at::Tensor, 2> args{regs[in.a], regs[in.b]};
+      const std::array<uint8_t, 2> args_shared{shared[in.a], shared[in.b]};
+      LaunchArgs a;
+      a.n = n;
+      a.arity = static_cast<size_t>(op_info(in.op).pointwise->operands);
+      a.inputs = std::span(args.data(), a.arity);
+      a.shared = std::span(args_shared.data(), a.arity);
+      a.attrs = std::span(&in.attr, 1);
+      a.out_shape = &p.shape;
+      a.options = inputs.empty() ? at::TensorOptions(at::kFloat) : inputs[0].options();
+      RunCtx ctx(a);
+      v = op_info(in.op).run(ctx);
+    }
+    regs.push_back(v);
+    shared.push_back(0);
+    values.push_back(std::move(v));
+  }
+  return values;
+}
+
+}  // namespace sheaf

@@ -1,0 +1,43 @@
+// Runs a fused elementwise program (scheduler/fusion.h) over the n rows of a
+// batch: ONE kernel forward and, with autograd, ONE node backward whose kernel
+// reads the members' values and writes every input's gradient.
+//
+// On the CPU the kernel walks row blocks and runs each instruction over a
+// block as one vectorised loop (backend/fused_cpu.cpp; AVX2+FMA where the CPU
+// has them). On CUDA it is generated per program and compiled with NVRTC
+// (backend/fused_cuda.cpp) where LibTorch has CUDA; elsewhere, or when asked,
+// the program runs op by op with the ops' own batched calls (run_fused_by_ops):
+// the same values, one launch per member.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include <sheaf/scheduler/fusion.h>
+
+namespace sheaf {
+
+// inputs[i]: the program's input i, batched ([n, S...] contiguous rows) or, if
+// shared, the tensor itself. Returns member k's value as [n, shape...] for
+// every member (a slice's is a view of its input).
+std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& program,
+                                  std::span<const at::Tensor> inputs, int64_t n);
+
+// The reference: each member with its op's batched LibTorch call (ATen autograd).
+std::vector<at::Tensor> run_fused_by_ops(const FusedProgram& program, std::span<const at::Tensor> inputs, int64_t n);
+
+namespace fused_cpu {
+// The CPU kernels (backend/fused_cpu.cpp). outputs: the non-slice members'
+// [n, numel] tensors, written. grads_out: their gradients (undefined: zero);
+// grads_in: zero-filled gradients of the inputs that need one (undefined: not needed).
+void forward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> outputs, int64_t n);
+void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> outputs,
+              std::span<const at::Tensor> grads_out, std::span<at::Tensor> grads_in, int64_t n);
+// Which instruction set the kernels use here ("avx2+fma" or "baseline").
+const char* isa();
+}  // namespace fused_cpu
+
+}  // namespace sheaf

@@ -1,0 +1,100 @@
+// Elementwise fusion: connected elementwise work of one example becomes one
+// node of the round (a region), and regions of equal pattern across examples
+// become one batch: ONE kernel launch forward and ONE autograd node backward
+// (backend/fused.h), instead of one launch and one node per op.
+//
+// Fusible nodes: per-example nodes whose op has a Pointwise form (ops/op.h), and
+// slices whose per-example result is contiguous (a cut along the first axis of
+// size > 1): a slice is only an offset into its input's rows. A region is a set
+// of fusible nodes of one shape connected by their arguments, with equal
+// "non-fusible depth" (the most non-fusible ops on a path from the round's
+// inputs): two nodes on a path through a non-fusible op (a GEMM, a reduction, a
+// gather) have different depths, so every region can run as one step and
+// contracting it keeps the round acyclic. Nothing is pattern-matched: any
+// program's elementwise glue fuses (LSTM, GRU, Tree-LSTM cells, user cells).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <sheaf/tracer/node_store.h>
+
+#include "round.h"
+
+namespace sheaf {
+
+// One step of a fused program: member k of the region computes register
+// `inputs + k` from registers a and b (b unused by unary ops). A slice only
+// names elements [offset, offset + numel) of its operand's row: no work.
+struct FusedInstr {
+  OpCode op = 0;
+  uint32_t a = 0, b = 0;
+  int64_t attr = 0;     // the op's scalar attribute (a double, bit for bit: attr_to_double)
+  int64_t offset = 0;   // slices: first element in the operand's per-example value
+  bool slice = false;
+};
+
+// What runs for a region pattern, the same for every batch of it. Registers
+// 0..inputs-1 are the region's external inputs (per row: input_numel[i]
+// elements; broadcast over the row when 1 and numel > 1; over rows when
+// shared); register inputs + k holds member k's row of `numel` elements.
+struct FusedProgram {
+  uint32_t inputs = 0;
+  std::vector<int64_t> input_numel;
+  std::vector<uint8_t> input_shared;
+  std::vector<FusedInstr> code;
+  int64_t numel = 0;
+  Shape shape;  // every member's per-example shape (numel elements)
+  uint64_t hash = 0;  // of the pattern: names the program in kernel caches
+  std::string str() const;  // "fused{tanh(i0), sigmoid(i1), mul(r2, r3)}"
+};
+
+// A region of the current round: its members (graph nodes in program order)
+// and its external inputs (graph nodes, per-example or shared).
+struct Region {
+  uint32_t members_begin = 0, members_len = 0;
+  uint32_t inputs_begin = 0, inputs_len = 0;
+  std::shared_ptr<const FusedProgram> program;
+};
+
+class Fuser {
+ public:
+  // Finds the round's regions (two or more fusible nodes) and rewrites `dag` so
+  // that each is one entry: dag.node[i] = kNoNode, dag.region[i] = its index,
+  // dag.sig[i] = the pattern's signature. Other entries keep their node (and
+  // dag.region[i] = kNone32). Strategies and the planner then see regions as
+  // nodes. Programs of patterns are kept across rounds and clears.
+  void fuse(NodeStore& store, RoundDag& dag);
+
+  const Region& region(uint32_t r) const { return regions_[r]; }
+  std::span<const NodeId> members(const Region& r) const { return {members_.data() + r.members_begin, r.members_len}; }
+  std::span<const NodeId> inputs(const Region& r) const { return {inputs_.data() + r.inputs_begin, r.inputs_len}; }
+  size_t num_regions() const { return regions_.size(); }
+  size_t num_programs() const { return programs_.size(); }
+
+ private:
+  bool fusible(const NodeStore& s, NodeId n) const;
+  uint32_t find(uint32_t i);
+  void collect_regions(const NodeStore& s, const RoundDag& dag);
+  std::shared_ptr<const FusedProgram> program_for(NodeStore& s, uint32_t region, SigId& sig);
+  void contract(RoundDag& dag);
+
+  // Per round (reused).
+  std::vector<uint8_t> fusible_;
+  std::vector<uint32_t> nd_, parent_, region_of_;
+  std::vector<SigId> region_sig_;
+  std::vector<Region> regions_;
+  std::vector<NodeId> members_, inputs_;
+  std::vector<int64_t> key_;
+  RoundDag scratch_;
+  // Programs of every pattern seen, by the pattern's key.
+  // Shared: a fused autograd node keeps its program alive after the graph is gone.
+  std::unordered_map<uint64_t, std::vector<std::pair<std::vector<int64_t>, std::shared_ptr<const FusedProgram>>>>
+      programs_;
+};
+
+}  // namespace sheaf
