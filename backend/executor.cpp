@@ -21,7 +21,7 @@ namespace sheaf {
 
 at::Tensor Executor::read(const Plan& plan, uint32_t r) {
   const Read& rd = plan.reads[r];
-  const at::Tensor& src = s_.batch_out[rd.batch];
+  const at::Tensor& src = lazy_.get(s_, rd.batch);
   if (rd.start == kWholeRow) return src.unsqueeze(0);  // a shared value inside a shared computation
   if (rd.group >= 0) {
     auto& outs = groups_[static_cast<size_t>(rd.group)];
@@ -47,7 +47,7 @@ at::Tensor Executor::read(const Plan& plan, uint32_t r) {
 at::Tensor Executor::input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg) {
   switch (arg.kind) {
     case BatchArg::kShared: {
-      const at::Tensor& t = s_.batch_out[plan.reads[arg.reads_begin].batch];
+      const at::Tensor& t = lazy_.get(s_, plan.reads[arg.reads_begin].batch);
       shared_.push_back(!b.shared);
       return b.shared ? t.unsqueeze(0) : t;
     }
@@ -78,7 +78,7 @@ at::Tensor Executor::split_piece(const Plan& plan, const PlannedBatch& b) {
   auto& pieces = splits_[static_cast<size_t>(b.split)];
   if (pieces.empty()) {
     const SplitGroup& g = plan.splits[static_cast<size_t>(b.split)];
-    pieces = s_.batch_out[g.batch].split_with_sizes(g.sizes, g.axis);
+    pieces = lazy_.get(s_, g.batch).split_with_sizes(g.sizes, g.axis);
   }
   return pieces[b.piece];
 }
@@ -160,7 +160,7 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
     ++t.launches;
     t.gather_ms += gather_ms;
   }
-  if (b.program) return launch_fused(b);
+  if (b.program) return launch_fused(plan, b);
   at::Tensor out;
   if (b.split >= 0) {
     out = split_piece(plan, b);
@@ -177,8 +177,14 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
 }
 
 // One kernel for n regions: member k's values are batch out + k.
-void Executor::launch_fused(const PlannedBatch& b) {
-  std::vector<at::Tensor> values = run_fused(b.program, inputs_, b.n);
+void Executor::launch_fused(const Plan& plan, const PlannedBatch& b) {
+  const std::span<const uint8_t> keep(plan.keep.data() + b.keep_begin, b.outputs);
+  std::vector<at::Tensor> values = run_fused(b.program, inputs_, b.n, keep);
+  for (uint8_t k : keep)
+    if (!k) {  // some members stay in the kernel: keep what recomputes them
+      lazy_.add(b.out, b.program, inputs_, b.n);
+      break;
+    }
   if (const double ms = lap(&counters_.op_ms); config_.profile) counters_.by_op["fused"].op_ms += ms;
   SHEAF_ASSERT(values.size() == b.outputs && s_.batch_out.size() == b.out, "fused batch output mismatch");
   for (at::Tensor& v : values) s_.batch_out.push_back(std::move(v));

@@ -14,6 +14,7 @@
 #include <sheaf/tracer/node_store.h>
 
 #include "counters.h"
+#include "lazy.h"
 
 namespace sheaf {
 
@@ -26,8 +27,8 @@ struct ExecConfig {
 
 class Executor {
  public:
-  Executor(NodeStore& store, const ExecConfig& config, ExecCounters& counters)
-      : s_(store), config_(config), counters_(counters) {}
+  Executor(NodeStore& store, LazyValues& lazy, const ExecConfig& config, ExecCounters& counters)
+      : s_(store), lazy_(lazy), config_(config), counters_(counters) {}
   // Runs every batch of the plan in order. On failure (a LibTorch error in a
   // launch) throws UserError naming the op, its line and examples; batches
   // before it stay computed.
@@ -36,7 +37,7 @@ class Executor {
  private:
   void upload_indices(const Plan& plan);
   void launch(const Plan& plan, const PlannedBatch& b);
-  void launch_fused(const PlannedBatch& b);
+  void launch_fused(const Plan& plan, const PlannedBatch& b);
   LaunchArgs launch_args(const Plan& plan, const PlannedBatch& b) const;
   at::Tensor input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg);
   at::Tensor read(const Plan& plan, uint32_t r);
@@ -46,6 +47,7 @@ class Executor {
   double lap(double* into);  // profiling: ms since the last lap, to the device's idle point (0 otherwise)
 
   NodeStore& s_;
+  LazyValues& lazy_;
   const ExecConfig& config_;
   ExecCounters& counters_;
   at::TensorOptions float_opts_;

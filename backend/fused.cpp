@@ -16,6 +16,12 @@ namespace sheaf {
 namespace {
 
 using torch::autograd::SavedVariable;
+
+size_t members_of(const FusedProgram& p) {
+  size_t m = 0;
+  for (const FusedInstr& in : p.code) m += in.slice ? 0 : 1;
+  return m;
+}
 using torch::autograd::variable_list;
 
 std::vector<int64_t> batched_sizes(int64_t n, const Shape& s) {
@@ -37,31 +43,32 @@ std::vector<at::Tensor> kernel_inputs(const FusedProgram& p, std::span<const at:
   return out;
 }
 
-// The backward of one fused batch: the kernel reads the saved inputs and
-// member values and writes the gradient of every input that needs one.
+// The backward of one fused batch: the kernel recomputes the members from the
+// saved inputs, then writes the gradient of every input that needs one.
 struct FusedBackward : torch::autograd::Node {
   std::shared_ptr<const FusedProgram> program;
   int64_t n = 0;
-  std::vector<SavedVariable> inputs, outputs;
+  std::vector<SavedVariable> inputs;
+  std::vector<int> member_of_output;  // this node's outputs are the kept members
 
   std::string name() const override { return "sheaf::FusedBackward"; }
   void release_variables() override {
     for (SavedVariable& v : inputs) v.reset_data();
-    for (SavedVariable& v : outputs) v.reset_data();
   }
   variable_list apply(variable_list&& grads) override {
     RECORD_FUNCTION("sheaf::fused", std::vector<c10::IValue>());  // one kernel (bench/launches.h counts it)
     const FusedProgram& p = *program;
-    std::vector<at::Tensor> in, out, g_out;
+    std::vector<at::Tensor> in;
     for (SavedVariable& v : inputs) in.push_back(v.unpack());
-    for (SavedVariable& v : outputs) out.push_back(v.unpack(shared_from_this()));
-    for (at::Tensor& g : grads) g_out.push_back(g.defined() ? g.contiguous() : g);
+    std::vector<at::Tensor> g_out(static_cast<size_t>(members_of(p)));
+    for (size_t j = 0; j < grads.size(); ++j)
+      if (grads[j].defined()) g_out[static_cast<size_t>(member_of_output[j])] = grads[j].contiguous();
     std::vector<at::Tensor> g_in(p.inputs);
     for (uint32_t e = 0; e < p.inputs; ++e)
-      if (should_compute_output(e) && p.input_numel[e] > 0) g_in[e] = at::zeros(in[e].sizes(), in[e].options());
+      if (should_compute_output(e)) g_in[e] = at::zeros(in[e].sizes(), in[e].options());
     const std::vector<at::Tensor> flat = kernel_inputs(p, in, n);
     c10::AutoGradMode no_grad(false);
-    fused_cpu::backward(p, flat, out, g_out, g_in, n);
+    fused_cpu::backward(p, flat, g_out, g_in, n);
     return g_in;
   }
 };
@@ -69,16 +76,18 @@ struct FusedBackward : torch::autograd::Node {
 }  // namespace
 
 std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& program,
-                                  std::span<const at::Tensor> inputs, int64_t n) {
+                                  std::span<const at::Tensor> inputs, int64_t n, std::span<const uint8_t> keep) {
   const FusedProgram& p = *program;
   SHEAF_ASSERT(inputs.size() == p.inputs, "fused program with ", p.inputs, " inputs got ", inputs.size());
+  SHEAF_ASSERT(keep.empty() || keep.size() == p.code.size(), "fused keep mask of ", keep.size(), " members");
   if (!inputs.empty() && !inputs[0].is_cpu()) return run_fused_by_ops(p, inputs, n);
   RECORD_FUNCTION("sheaf::fused", std::vector<c10::IValue>());  // one kernel (bench/launches.h counts it)
 
   const at::TensorOptions opts = inputs.empty() ? at::TensorOptions(at::kFloat) : inputs[0].options();
-  std::vector<at::Tensor> outputs;  // the non-slice members
-  for (const FusedInstr& in : p.code)
-    if (!in.slice) outputs.push_back(at::empty({n, p.numel}, opts.requires_grad(false)));
+  std::vector<at::Tensor> outputs;  // per non-slice member: written, or undefined (scratch only)
+  for (size_t k = 0; k < p.code.size(); ++k)
+    if (!p.code[k].slice)
+      outputs.push_back(keep.empty() || keep[k] ? at::empty({n, p.numel}, opts.requires_grad(false)) : at::Tensor());
   {
     c10::AutoGradMode no_grad(false);
     fused_cpu::forward(p, kernel_inputs(p, inputs, n), outputs, n);
@@ -96,9 +105,10 @@ std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& pro
       node->inputs.emplace_back(x, /*is_output=*/false);
     }
     node->set_next_edges(std::move(edges));
-    for (at::Tensor& y : outputs) {
-      torch::autograd::set_history(y, node);
-      node->outputs.emplace_back(y, /*is_output=*/true);
+    for (size_t m = 0; m < outputs.size(); ++m) {
+      if (!outputs[m].defined()) continue;
+      torch::autograd::set_history(outputs[m], node);
+      node->member_of_output.push_back(static_cast<int>(m));
     }
   }
 
@@ -111,9 +121,10 @@ std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& pro
     at::Tensor v;
     if (in.slice) {
       const at::Tensor& src = regs[in.a];
-      v = src.reshape({n, -1}).narrow(1, in.offset, p.numel).view(sizes);
+      if (src.defined()) v = src.reshape({n, -1}).narrow(1, in.offset, p.numel).view(sizes);
     } else {
-      v = outputs[next++].view(sizes);
+      const at::Tensor& out = outputs[next++];
+      if (out.defined()) v = out.view(sizes);
     }
     regs.push_back(v);
     values.push_back(std::move(v));

@@ -21,21 +21,25 @@
 namespace sheaf {
 
 // inputs[i]: the program's input i, batched ([n, S...] contiguous rows) or, if
-// shared, the tensor itself. Returns member k's value as [n, shape...] for
-// every member (a slice's is a view of its input).
+// shared, the tensor itself. Returns member k's value as [n, shape...] (a
+// slice's is a view of its operand); members with keep[k] == 0 are computed
+// only inside the kernel and come back undefined (empty keep: keep all). The
+// backward recomputes the members from the inputs instead of saving them.
 std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& program,
-                                  std::span<const at::Tensor> inputs, int64_t n);
+                                  std::span<const at::Tensor> inputs, int64_t n,
+                                  std::span<const uint8_t> keep = {});
 
 // The reference: each member with its op's batched LibTorch call (ATen autograd).
 std::vector<at::Tensor> run_fused_by_ops(const FusedProgram& program, std::span<const at::Tensor> inputs, int64_t n);
 
 namespace fused_cpu {
-// The CPU kernels (backend/fused_cpu.cpp). outputs: the non-slice members'
-// [n, numel] tensors, written. grads_out: their gradients (undefined: zero);
-// grads_in: zero-filled gradients of the inputs that need one (undefined: not needed).
+// The CPU kernels (backend/fused_cpu.cpp). outputs: per non-slice member, its
+// [n, numel] tensor to write, or undefined (computed in scratch only).
+// grads_out: per non-slice member, its gradient (undefined: zero); grads_in:
+// zero-filled gradients of the inputs that need one (undefined: not needed).
 void forward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> outputs, int64_t n);
-void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> outputs,
-              std::span<const at::Tensor> grads_out, std::span<at::Tensor> grads_in, int64_t n);
+void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> grads_out,
+              std::span<at::Tensor> grads_in, int64_t n);
 // Which instruction set the kernels use here ("avx2+fma" or "baseline").
 const char* isa();
 }  // namespace fused_cpu

@@ -111,16 +111,17 @@ const std::array<Kernels, kNumOps>& table() {
   return t;
 }
 
-// A register: where its row r, element j lives. Broadcast registers repeat one
-// value along the row (col == 0) or one row across rows (row_stride == 0).
+// A register: an external input (rows in its tensor; broadcast registers repeat
+// one value along the row, !col, or one row across rows, row_stride == 0), or a
+// member's value (its block lives in an output tensor or in scratch: `member`),
+// either possibly through a slice (offset elements into the row).
 struct Reg {
-  const float* base = nullptr;
+  const float* base = nullptr;  // inputs: the tensor's data (+ offset)
   int64_t row_stride = 0;
-  bool col = true;  // false: one value per row
-  // Gradients: the input this register reads (slices: through the alias) and its offset.
-  int32_t input = -1;   // >= 0: an external input; -1: a member
-  int32_t member = -1;  // >= 0: a member register (its adjoint block)
-  int64_t offset = 0;
+  bool col = true;              // false: one value per row
+  int32_t input = -1;           // >= 0: an external input
+  int32_t member = -1;          // >= 0: a non-slice member (its value and adjoint blocks)
+  int64_t offset = 0;           // into the input's row (slices)
 };
 
 // A block: rows [row0, row0 + rows), columns [col0, col0 + cols).
@@ -155,19 +156,6 @@ void for_blocks(int64_t n, int64_t numel, bool parallel, F&& body) {
   else run(0, n * chunks);
 }
 
-// A register's rows over a block: a pointer and a row stride. A value per row
-// (a broadcast scalar) is spread into `buf` first.
-struct Rows {
-  const float* p;
-  int64_t stride;
-};
-Rows rows_of(const Reg& r, const Block& b, float* buf) {
-  const float* first = r.base + b.row0 * r.row_stride;
-  if (r.col) return {first + b.col0, r.row_stride};
-  for (int64_t i = 0; i < b.rows; ++i) std::fill_n(buf + i * b.cols, b.cols, first[i * r.row_stride]);
-  return {buf, b.cols};
-}
-
 // Per-thread scratch, reused across blocks and batches.
 float* scratch(size_t floats) {
   thread_local std::vector<float> buf;
@@ -175,9 +163,7 @@ float* scratch(size_t floats) {
   return buf.data();
 }
 
-// Registers of the program over these tensors (outputs: the non-slice members).
-std::vector<Reg> registers(const FusedProgram& p, std::span<const at::Tensor> inputs,
-                           std::span<const at::Tensor> outputs) {
+std::vector<Reg> registers(const FusedProgram& p, std::span<const at::Tensor> inputs) {
   std::vector<Reg> regs;
   for (uint32_t e = 0; e < p.inputs; ++e) {
     Reg r;
@@ -187,7 +173,6 @@ std::vector<Reg> registers(const FusedProgram& p, std::span<const at::Tensor> in
     r.input = static_cast<int32_t>(e);
     regs.push_back(r);
   }
-  size_t next = 0;
   int32_t member = 0;
   for (const FusedInstr& in : p.code) {
     Reg r;
@@ -196,8 +181,6 @@ std::vector<Reg> registers(const FusedProgram& p, std::span<const at::Tensor> in
       r.base += in.offset;
       r.offset += in.offset;
     } else {
-      r.base = outputs[next++].data_ptr<float>();
-      r.row_stride = p.numel;
       r.member = member++;
     }
     regs.push_back(r);
@@ -205,7 +188,49 @@ std::vector<Reg> registers(const FusedProgram& p, std::span<const at::Tensor> in
   return regs;
 }
 
+// Where each member's block is: in its output tensor (kept members, forward) or
+// in a scratch block of `count` floats.
+struct MemberBlocks {
+  std::vector<float*> ptr;
+  std::vector<int64_t> stride;
+};
+
+// A register's rows over a block: a pointer and a row stride. A value per row
+// (a broadcast scalar) is spread into `buf` first.
+struct Rows {
+  const float* p;
+  int64_t stride;
+};
+Rows rows_of(const Reg& r, const Block& b, const MemberBlocks& m, float* buf) {
+  if (r.member >= 0) return {m.ptr[static_cast<size_t>(r.member)], m.stride[static_cast<size_t>(r.member)]};
+  const float* first = r.base + b.row0 * r.row_stride;
+  if (r.col) return {first + b.col0, r.row_stride};
+  for (int64_t i = 0; i < b.rows; ++i) std::fill_n(buf + i * b.cols, b.cols, first[i * r.row_stride]);
+  return {buf, b.cols};
+}
+
 float attr_of_instr(const FusedInstr& in) { return static_cast<float>(attr_to_double(in.attr)); }
+
+// Runs the program's instructions over one block, members into `m`.
+void run_block(const FusedProgram& p, const std::vector<Reg>& regs, const Block& b, const MemberBlocks& m,
+               float* buf) {
+  const auto& kernels = table();
+  for (size_t k = 0; k < p.code.size(); ++k) {
+    const FusedInstr& in = p.code[k];
+    if (in.slice) continue;
+    const Rows a = rows_of(regs[in.a], b, m, buf);
+    const Rows bb = rows_of(regs[in.b], b, m, buf + b.count());
+    const auto member = static_cast<size_t>(regs[p.inputs + k].member);
+    kernels[in.op].fwd(a.p, a.stride, bb.p, bb.stride, attr_of_instr(in), m.ptr[member], m.stride[member], b.rows,
+                       b.cols);
+  }
+}
+
+int members_of(const FusedProgram& p) {
+  int m = 0;
+  for (const FusedInstr& in : p.code) m += in.slice ? 0 : 1;
+  return m;
+}
 
 }  // namespace
 
@@ -213,26 +238,31 @@ const char* isa() { return use_avx2() ? "avx2+fma" : "baseline"; }
 
 void forward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> outputs,
              int64_t n) {
-  const std::vector<Reg> regs = registers(p, inputs, outputs);
-  const auto& kernels = table();
+  const std::vector<Reg> regs = registers(p, inputs);
+  const int members = members_of(p);
   const bool parallel = at::get_num_threads() > 1 && n * p.numel >= 4 * kBlock;
   for_blocks(n, p.numel, parallel, [&](const Block& b) {
-    float* buf = scratch(2 * static_cast<size_t>(b.count()));
-    for (size_t k = 0; k < p.code.size(); ++k) {
-      const FusedInstr& in = p.code[k];
-      if (in.slice) continue;
-      const Rows a = rows_of(regs[in.a], b, buf);
-      const Rows bb = rows_of(regs[in.b], b, buf + b.count());
-      float* y = const_cast<float*>(regs[p.inputs + k].base) + b.row0 * p.numel + b.col0;
-      kernels[in.op].fwd(a.p, a.stride, bb.p, bb.stride, attr_of_instr(in), y, p.numel, b.rows, b.cols);
+    const int64_t count = b.count();
+    float* values = scratch((static_cast<size_t>(members) + 2) * count);
+    MemberBlocks m{std::vector<float*>(members), std::vector<int64_t>(members)};
+    for (int k = 0; k < members; ++k) {
+      if (outputs[k].defined()) {
+        m.ptr[k] = outputs[k].data_ptr<float>() + b.row0 * p.numel + b.col0;
+        m.stride[k] = p.numel;
+      } else {
+        m.ptr[k] = values + k * count;
+        m.stride[k] = b.cols;
+      }
     }
+    run_block(p, regs, b, m, values + members * count);
   });
 }
 
-void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> outputs,
-              std::span<const at::Tensor> grads_out, std::span<at::Tensor> grads_in, int64_t n) {
-  const std::vector<Reg> regs = registers(p, inputs, outputs);
+void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> grads_out,
+              std::span<at::Tensor> grads_in, int64_t n) {
+  const std::vector<Reg> regs = registers(p, inputs);
   const auto& kernels = table();
+  const int members = members_of(p);
   std::vector<float*> g_in(p.inputs, nullptr);
   bool shared_grad = false;
   for (uint32_t e = 0; e < p.inputs; ++e)
@@ -242,21 +272,26 @@ void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::sp
     }
   std::vector<const float*> g_out;
   for (const at::Tensor& g : grads_out) g_out.push_back(g.defined() ? g.data_ptr<float>() : nullptr);
-  const int members = static_cast<int>(outputs.size());
   // Rows of a shared input's gradient gather contributions of every row: serial then.
   const bool parallel = !shared_grad && at::get_num_threads() > 1 && n * p.numel >= 4 * kBlock;
 
   for_blocks(n, p.numel, parallel, [&](const Block& b) {
     const int64_t count = b.count();
-    float* adj = scratch((static_cast<size_t>(members) + 4) * count);
+    // Members' values (recomputed: cheaper than saving and reading them back),
+    // their adjoints, and four operand blocks.
+    float* values = scratch((2 * static_cast<size_t>(members) + 4) * count);
+    float* adj = values + members * count;
     float* buf = adj + members * count;
     float* fa = buf + 2 * count;
     float* fb = buf + 3 * count;
-    for (int m = 0; m < members; ++m) {
-      float* dst = adj + m * count;
-      if (g_out[m] == nullptr) std::fill_n(dst, count, 0.0f);
+    MemberBlocks m{std::vector<float*>(members), std::vector<int64_t>(members, b.cols)};
+    for (int k = 0; k < members; ++k) m.ptr[k] = values + k * count;
+    run_block(p, regs, b, m, buf);
+    for (int k = 0; k < members; ++k) {
+      float* dst = adj + k * count;
+      if (g_out[k] == nullptr) std::fill_n(dst, count, 0.0f);
       else for (int64_t i = 0; i < b.rows; ++i)
-        std::memcpy(dst + i * b.cols, g_out[m] + (b.row0 + i) * p.numel + b.col0, b.cols * sizeof(float));
+        std::memcpy(dst + i * b.cols, g_out[k] + (b.row0 + i) * p.numel + b.col0, b.cols * sizeof(float));
     }
     // Adds a block-shaped contribution into register r's adjoint.
     auto accumulate = [&](const Reg& r, const float* d) {
@@ -273,9 +308,9 @@ void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::sp
         const float* src = d + i * b.cols;
         float* row = g + (b.row0 + i) * stride;
         if (!r.col) {
-          float s = 0;
-          for (int64_t j = 0; j < b.cols; ++j) s += src[j];
-          row[0] += s;
+          float sum = 0;
+          for (int64_t j = 0; j < b.cols; ++j) sum += src[j];
+          row[0] += sum;
         } else {
           float* at = row + r.offset + b.col0;
           for (int64_t j = 0; j < b.cols; ++j) at[j] += src[j];
@@ -287,14 +322,12 @@ void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::sp
       if (in.slice) continue;  // its value's gradient reached its operand through the members that read it
       const OpInfo& info = op_info(in.op);
       if (!info.pointwise->differentiable) continue;
-      const Reg& yr = regs[p.inputs + k];
-      const float* g = adj + yr.member * count;
-      const float* y = yr.base + b.row0 * p.numel + b.col0;
-      const Rows a = rows_of(regs[in.a], b, buf);
-      const Rows bb = rows_of(regs[in.b], b, buf + count);
+      const int member = regs[p.inputs + k].member;
+      const Rows a = rows_of(regs[in.a], b, m, buf);
+      const Rows bb = rows_of(regs[in.b], b, m, buf + count);
       const bool binary = info.pointwise->operands == 2;
-      kernels[in.op].bwd(a.p, a.stride, bb.p, bb.stride, y, p.numel, g, attr_of_instr(in), fa,
-                         binary ? fb : nullptr, b.rows, b.cols);
+      kernels[in.op].bwd(a.p, a.stride, bb.p, bb.stride, m.ptr[member], b.cols, adj + member * count,
+                         attr_of_instr(in), fa, binary ? fb : nullptr, b.rows, b.cols);
       accumulate(regs[in.a], fa);
       if (binary) accumulate(regs[in.b], fb);
     }

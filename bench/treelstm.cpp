@@ -21,17 +21,13 @@ using data::Tree;
 using models::HandBatched;
 using models::TreeLSTM;
 
-// Sheaf's per-batch work: record every tree of the batch.
+// Sheaf's per-batch work: record every tree of the batch (train: the loss;
+// infer: each tree's root logits, as a user would record them).
 struct SheafRunner {
   SheafRunner(const TreeLSTM& m, const Strategy& s, GraphOptions g) : model(m), strategy(s), graph(g) {}
   const TreeLSTM& model;
   const Strategy& strategy;
   Graph graph;
-
-  Expr loss(std::span<const Tree* const> batch, std::vector<Expr>* roots = nullptr) {
-    graph.clear();
-    return model.sheaf_batch_loss(graph, batch, roots);
-  }
 };
 
 // Root logits [trees, 5] and mean loss per labelled node, for the agreement check.
@@ -61,9 +57,14 @@ double diff(const Outputs& a, const Outputs& b) {
   return std::max((a.logits - b.logits).abs().max().item<double>(), std::abs(a.loss_per_node - b.loss_per_node));
 }
 
-// A forwarded Sheaf run of `batch`: its loss and each tree's root logits, as Outputs.
-Outputs sheaf_outputs(const TreeLSTM& m, std::span<const Tree* const> batch, const Expr& loss,
-                      std::span<const Expr> roots) {
+// A Sheaf run of `batch` with these options: its loss and each tree's root logits.
+Outputs sheaf_outputs(const TreeLSTM& m, std::span<const Tree* const> batch, const GraphOptions& options,
+                      const Strategy& strategy) {
+  c10::NoGradGuard no_grad;
+  Graph g(options);
+  std::vector<Expr> roots;
+  Expr loss = m.sheaf_batch_loss(g, batch, &roots);
+  g.forward(loss, {.strategy = &strategy});
   std::vector<at::Tensor> logits;
   for (const Expr& e : roots) logits.push_back(e.value());
   return {at::stack(logits).cpu(), loss.item() / labelled_nodes(m, batch)};
@@ -114,11 +115,10 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
       for (const Strategy* strategy : spec->strategies) {
         prefetchers.push_back(std::make_unique<Prefetcher>(
             GraphOptions{.device = device, .profile = o.profile, .fuse = spec->fuse},
-            [&](Graph& g, size_t b) {
-              std::vector<Expr> roots;
-              Expr loss = model.sheaf_batch_loss(g, w.batches[b], &roots);
-              roots.insert(roots.begin(), loss);  // targets: the loss, then each tree's root logits
-              return roots;
+            [&, train](Graph& g, size_t b) {
+              // Train: the loss only. Infer: each tree's root logits only (what a user would record).
+              if (train) return std::vector<Expr>{model.sheaf_batch_loss(g, w.batches[b])};
+              return model.sheaf_batch_root_logits(g, w.batches[b]);
             },
             ForwardOptions{.strategy = strategy}));
         Prefetcher* pf = prefetchers.back().get();
@@ -131,13 +131,8 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
           systems[index].counters.add(batch.graph.stats());
           return train ? batch.targets[0].value() : at::Tensor();
         });
-        {
-          c10::NoGradGuard no_grad;
-          Prefetcher::Batch batch = pf->take(0);
-          batch.graph.forward(batch.targets, {.strategy = strategy});
-          s.max_abs_diff =
-              diff(sheaf_outputs(model, w.batches[0], batch.targets[0], batch.targets.subspan(1)), reference);
-        }
+        s.max_abs_diff = diff(sheaf_outputs(model, w.batches[0], {.device = device, .fuse = spec->fuse}, *strategy),
+                              reference);
         systems.push_back(std::move(s));
       }
     } else if (spec) {
@@ -148,20 +143,20 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
         System s{"sheaf", spec->label(*strategy)};
         const size_t index = systems.size();
         s.step = make_step(s, [&, r, index, train](size_t b) {
-          std::vector<Expr> roots;
-          Expr loss = r->loss(w.batches[b], train ? nullptr : &roots);
-          if (train) r->graph.forward(loss, {.strategy = &r->strategy});
-          else r->graph.forward(roots, {.strategy = &r->strategy});
+          r->graph.clear();
+          at::Tensor out;
+          if (train) {
+            Expr loss = model.sheaf_batch_loss(r->graph, w.batches[b]);
+            r->graph.forward(loss, {.strategy = &r->strategy});
+            out = loss.value();
+          } else {
+            r->graph.forward(model.sheaf_batch_root_logits(r->graph, w.batches[b]), {.strategy = &r->strategy});
+          }
           systems[index].counters.add(r->graph.stats());
-          return train ? loss.value() : at::Tensor();
+          return out;
         });
-        {
-          c10::NoGradGuard no_grad;
-          std::vector<Expr> roots;
-          Expr loss = r->loss(w.batches[0], &roots);
-          r->graph.forward(loss, {.strategy = &r->strategy});
-          s.max_abs_diff = diff(sheaf_outputs(model, w.batches[0], loss, roots), reference);
-        }
+        s.max_abs_diff = diff(sheaf_outputs(model, w.batches[0], {.device = device, .fuse = spec->fuse}, *strategy),
+                              reference);
         systems.push_back(std::move(s));
       }
     } else {

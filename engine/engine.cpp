@@ -152,7 +152,7 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate) {
 void Engine::execute_round() {
   const auto t0 = Clock::now();
   exec_config_ = ExecConfig{options_.device, options_.seed, options_.train, options_.profile};
-  Executor exec(trace_.store(), exec_config_, stats_);
+  Executor exec(trace_.store(), lazy_, exec_config_, stats_);
   try {
     exec.run(scheduler_.plan());
   } catch (...) {
@@ -192,13 +192,13 @@ void Engine::finish_aliases() {
   }
 }
 
-at::Tensor Engine::value(NodeId n, Loc loc) const {
-  const NodeStore& s = trace_.store();
+at::Tensor Engine::value(NodeId n, Loc loc) {
+  NodeStore& s = trace_.store();
   const NodeId r = s.resolve(n);
   if (!s.has(r, NodeStore::kComputed))
     throw_user_at(loc, "value() of a node that has not been computed (op '", op_info(s.op[n]).name, "' recorded at ",
                   format_loc(s.loc[n]), "); call forward() after recording it");
-  const at::Tensor& t = s.batch_out[s.value_batch[r]];
+  const at::Tensor& t = lazy_.get(s, s.value_batch[r]);
   const uint32_t row = s.value_row[r];
   return row == kWholeRow ? t : t.select(0, row);
 }
@@ -209,6 +209,7 @@ const Plan* Engine::last_plan() const {
 
 void Engine::clear() {
   trace_.clear();
+  lazy_.clear();
   scheduler_.reset();
   waiters_.clear();
   free_waiters_.clear();
@@ -351,7 +352,7 @@ bool Engine::deliver_waiters() {
 // Groups rows by the batch that holds them: one index_select per batch, one cat,
 // one copy to the host.
 std::vector<at::Tensor> Engine::fetch_to_host(std::span<const NodeId> nodes) {
-  const NodeStore& s = trace_.store();
+  NodeStore& s = trace_.store();
   c10::NoGradGuard no_grad;
   std::vector<at::Tensor> host(nodes.size());
   std::vector<std::pair<uint32_t, size_t>> by_batch;  // (batch, position in nodes)
@@ -368,7 +369,7 @@ std::vector<at::Tensor> Engine::fetch_to_host(std::span<const NodeId> nodes) {
       rows.push_back(s.value_row[r] == kWholeRow ? -1 : s.value_row[r]);
       order.push_back(by_batch[j].second);
     }
-    const at::Tensor& t = s.batch_out[b];
+    const at::Tensor& t = lazy_.get(s, b);
     if (rows[0] < 0) {
       for (size_t q = k; q < j; ++q) flat.push_back(t.detach().reshape({-1}));
     } else {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <sheaf/backend/executor.h>
+#include <sheaf/backend/lazy.h>
 #include <sheaf/scheduler/scheduler.h>
 #include <sheaf/tracer/trace.h>
 
@@ -82,7 +83,7 @@ class Engine {
   // ---- Execution.
   void forward(std::span<const Expr> targets, const ForwardOptions& options, Loc loc);
   void prepare(std::span<const Expr> targets, const ForwardOptions& options, Loc loc);
-  at::Tensor value(NodeId n, Loc loc) const;  // a computed node's value, connected to autograd
+  at::Tensor value(NodeId n, Loc loc);  // a computed node's value, connected to autograd (made now if a fused kernel kept it)
   void clear();
 
   // ---- State for Graph's accessors.
@@ -119,6 +120,7 @@ class Engine {
   GraphOptions options_;
   Trace trace_;
   Scheduler scheduler_;
+  LazyValues lazy_;  // values fused batches left in their kernels
   ExecConfig exec_config_;
   uint32_t slot_;
   uint32_t generation_;

@@ -87,12 +87,17 @@ void Fuser::collect_regions(const NodeStore& s, const RoundDag& dag) {
     at += size[k];
   }
   members_.resize(at);
+  escapes_.resize(at);
   std::vector<uint32_t> fill(regions_.size(), 0);
   region_of_.assign(m, kNone32);
+  for (uint32_t i = 0; i < m; ++i)
+    if (fusible_[i] && id_of_root[find(i)] != kNone32) region_of_[i] = id_of_root[find(i)];
   for (uint32_t i = 0; i < m; ++i) {
-    if (!fusible_[i] || id_of_root[find(i)] == kNone32) continue;
-    const uint32_t k = id_of_root[find(i)];
-    region_of_[i] = k;
+    const uint32_t k = region_of_[i];
+    if (k == kNone32) continue;
+    bool escapes = dag.uses_of(i).empty();
+    for (uint32_t u : dag.uses_of(i)) escapes = escapes || region_of_[u] != k;
+    escapes_[regions_[k].members_begin + fill[k]] = escapes;
     members_[regions_[k].members_begin + fill[k]++] = dag.node[i];
   }
   for (size_t k = 0; k < regions_.size(); ++k) regions_[k].members_len = fill[k];

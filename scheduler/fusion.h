@@ -73,6 +73,9 @@ class Fuser {
   const Region& region(uint32_t r) const { return regions_[r]; }
   std::span<const NodeId> members(const Region& r) const { return {members_.data() + r.members_begin, r.members_len}; }
   std::span<const NodeId> inputs(const Region& r) const { return {inputs_.data() + r.inputs_begin, r.inputs_len}; }
+  // Per member: read outside its region in this round, or by nothing in it (a
+  // target, or read later): its value must leave the kernel.
+  std::span<const uint8_t> escapes(const Region& r) const { return {escapes_.data() + r.members_begin, r.members_len}; }
   size_t num_regions() const { return regions_.size(); }
   size_t num_programs() const { return programs_.size(); }
 
@@ -89,6 +92,7 @@ class Fuser {
   std::vector<SigId> region_sig_;
   std::vector<Region> regions_;
   std::vector<NodeId> members_, inputs_;
+  std::vector<uint8_t> escapes_;
   std::vector<int64_t> key_;
   RoundDag scratch_;
   // Programs of every pattern seen, by the pattern's key.

@@ -70,6 +70,13 @@ class Planner {
       }
       rows_.push_back(b.n);
     }
+    // A member's value leaves the kernel if any region of the batch needs it outside.
+    b.keep_begin = static_cast<uint32_t>(p_.keep.size());
+    p_.keep.resize(p_.keep.size() + b.outputs, 0);
+    for (uint32_t i = 0; i < b.n; ++i) {
+      const std::span<const uint8_t> escapes = fuser_->escapes(fuser_->region(order_[i].second));
+      for (uint32_t k = 0; k < b.outputs; ++k) p_.keep[b.keep_begin + k] |= escapes[k];
+    }
     b.args_begin = static_cast<uint32_t>(p_.args.size());
     b.arity = first.inputs_len;
     for (uint32_t e = 0; e < b.arity; ++e) {
@@ -331,6 +338,7 @@ void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, st
   plan.groups.clear();
   plan.splits.clear();
   plan.indices.clear();
+  plan.keep.clear();
   plan.nodes.reserve(dag.size());
   plan.indices.reserve(3 * dag.size());  // payloads, and gathers for some inputs
   plan.args.reserve(2 * batches.size());

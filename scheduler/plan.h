@@ -55,6 +55,7 @@ struct PlannedBatch {
   // Its args are the program's inputs; member k's rows are batch_out[out + k].
   std::shared_ptr<const FusedProgram> program;
   uint32_t outputs = 1;
+  uint32_t keep_begin = 0;  // plan.keep[keep_begin .. + outputs): members whose values leave the kernel
   uint32_t args_begin;  // plan.args[args_begin .. + arity)
   uint32_t arity;       // inputs; 1 for segmented ops (the flattened list) and stacked ones
   bool stacked = false; // all arguments in one input, node-major (OpTraits::stackable)
@@ -84,6 +85,7 @@ struct Plan {
   std::vector<std::vector<uint32_t>> groups;  // reads served together, all of one batch
   std::vector<SplitGroup> splits;
   std::vector<int64_t> indices;  // gathers, payloads and segment ids for the whole round
+  std::vector<uint8_t> keep;     // fused batches: per member, whether anything outside its region reads it
 
   std::string str() const;
 };

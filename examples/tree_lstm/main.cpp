@@ -112,9 +112,9 @@ void print_stats(const char* split, const std::vector<Tree>& trees) {
 }
 
 // The Sheaf side of a batch: each tree's own program, recorded under its example id.
-Expr record(Graph& g, const TreeLSTM& m, const Batch& batch, std::vector<Expr>* roots = nullptr) {
+Expr record(Graph& g, const TreeLSTM& m, const Batch& batch) {
   g.clear();
-  return m.sheaf_batch_loss(g, batch, roots);
+  return m.sheaf_batch_loss(g, batch);
 }
 
 // Fine-grained root accuracy, batched with Sheaf (inference batches can be large).
@@ -126,8 +126,8 @@ double root_accuracy(Graph& g, const Strategy& s, const TreeLSTM& m, const std::
   for (size_t start = 0; start < trees.size(); start += kEvalBatch) {
     Batch batch;
     for (size_t i = start; i < std::min(trees.size(), start + kEvalBatch); ++i) batch.push_back(&trees[i]);
-    std::vector<Expr> roots;
-    record(g, m, batch, &roots);
+    g.clear();
+    const std::vector<Expr> roots = m.sheaf_batch_root_logits(g, batch);  // no losses: nothing to train
     g.forward(roots, {.strategy = &s});
     std::vector<at::Tensor> logits;
     for (const Expr& r : roots) logits.push_back(r.value());

@@ -65,7 +65,7 @@ void TreeLSTM::load(const std::string& path) {
 // ---------------------------------------------------------------------------
 // Sheaf: written for one tree, recursively.
 
-TreeLSTM::State TreeLSTM::sheaf_node(Graph& g, const data::Tree& t, int n, std::vector<Expr>& losses) const {
+TreeLSTM::State TreeLSTM::sheaf_node(Graph& g, const data::Tree& t, int n, std::vector<Expr>* losses) const {
   const auto k = static_cast<size_t>(n);
   State s;
   if (t.is_leaf(n)) {
@@ -78,14 +78,14 @@ TreeLSTM::State TreeLSTM::sheaf_node(Graph& g, const data::Tree& t, int n, std::
     s.c = dsl::tanh(gate[0]) * dsl::sigmoid(gate[1]) + dsl::sigmoid(gate[2]) * l.c + dsl::sigmoid(gate[3]) * r.c;
     s.h = dsl::sigmoid(gate[4]) * dsl::tanh(s.c);
   }
-  if (options_.all_nodes || n == t.root())
-    losses.push_back(dsl::pick_neg_log_softmax(dsl::affine(V, s.h, v), t.label[k]));
+  if (losses != nullptr && (options_.all_nodes || n == t.root()))
+    losses->push_back(dsl::pick_neg_log_softmax(dsl::affine(V, s.h, v), t.label[k]));
   return s;
 }
 
 Expr TreeLSTM::sheaf_loss(Graph& g, const data::Tree& t, Expr* root_logits) const {
   std::vector<Expr> losses;
-  State root = sheaf_node(g, t, t.root(), losses);
+  State root = sheaf_node(g, t, t.root(), &losses);
   if (root_logits != nullptr) *root_logits = dsl::affine(V, root.h, v);
   return dsl::sum(losses);
 }
@@ -99,6 +99,15 @@ Expr TreeLSTM::sheaf_batch_loss(Graph& g, std::span<const data::Tree* const> tre
     losses.push_back(sheaf_loss(g, *trees[i], root_logits != nullptr ? &(*root_logits)[i] : nullptr));
   }
   return dsl::sum(losses);
+}
+
+std::vector<Expr> TreeLSTM::sheaf_batch_root_logits(Graph& g, std::span<const data::Tree* const> trees) const {
+  std::vector<Expr> logits;
+  for (size_t i = 0; i < trees.size(); ++i) {
+    auto scope = g.example(static_cast<int64_t>(i));
+    logits.push_back(dsl::affine(V, sheaf_node(g, *trees[i], trees[i]->root(), nullptr).h, v));
+  }
+  return logits;
 }
 
 Expr TreeLSTM::sheaf_batch_loss(Graph& g, std::span<const data::Tree> trees) const {

@@ -52,6 +52,8 @@ class TreeLSTM {
   // root_logits, it is resized to the batch and gets each tree's root logits.
   Expr sheaf_batch_loss(Graph& g, std::span<const data::Tree* const> trees, std::vector<Expr>* root_logits = nullptr) const;
   Expr sheaf_batch_loss(Graph& g, std::span<const data::Tree> trees) const;
+  // Inference: tree i recorded as example i, its root logits only (no losses).
+  std::vector<Expr> sheaf_batch_root_logits(Graph& g, std::span<const data::Tree* const> trees) const;
 
   // ---- Eager LibTorch, one tree.
   at::Tensor per_example_loss(const data::Tree& tree) const;
@@ -63,7 +65,8 @@ class TreeLSTM {
   struct State {
     Expr h, c;
   };
-  State sheaf_node(Graph& g, const data::Tree& t, int n, std::vector<Expr>& losses) const;
+  // Records node n's state; its loss goes to *losses unless losses is null.
+  State sheaf_node(Graph& g, const data::Tree& t, int n, std::vector<Expr>* losses) const;
   std::vector<at::Tensor> per_example_states(const data::Tree& t) const;
 
   TreeLSTMOptions options_;

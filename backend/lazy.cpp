@@ -1,0 +1,33 @@
+#include "lazy.h"
+
+#include <sheaf/core/error.h>
+
+#include "fused.h"
+
+namespace sheaf {
+
+void LazyValues::add(uint32_t first, std::shared_ptr<const FusedProgram> program, std::vector<at::Tensor> inputs,
+                     int64_t n) {
+  const auto count = static_cast<uint32_t>(program->code.size());
+  if (record_of_slot_.size() < first + count) record_of_slot_.resize(first + count, -1);
+  for (uint32_t k = 0; k < count; ++k) record_of_slot_[first + k] = static_cast<int32_t>(records_.size());
+  records_.push_back(Record{first, std::move(program), std::move(inputs), n});
+}
+
+const at::Tensor& LazyValues::get(NodeStore& store, uint32_t slot) {
+  at::Tensor& value = store.batch_out[slot];
+  if (value.defined()) return value;
+  SHEAF_ASSERT(slot < record_of_slot_.size() && record_of_slot_[slot] >= 0, "batch ", slot, " has no value");
+  const Record& r = records_[static_cast<size_t>(record_of_slot_[slot])];
+  std::vector<at::Tensor> values = run_fused(r.program, r.inputs, r.n);
+  for (size_t k = 0; k < values.size(); ++k)
+    if (!store.batch_out[r.first + k].defined()) store.batch_out[r.first + k] = std::move(values[k]);
+  return value;
+}
+
+void LazyValues::clear() {
+  records_.clear();
+  record_of_slot_.clear();
+}
+
+}  // namespace sheaf

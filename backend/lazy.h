@@ -1,0 +1,37 @@
+// Values that fused batches computed only inside their kernel (backend/fused.h:
+// members read by nothing outside their region when the batch ran). A later
+// read (a node recorded after forward, Expr::value(), the checker) runs the
+// batch's program again from the inputs it kept, under the reader's grad mode,
+// and fills the missing values in.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include <sheaf/scheduler/fusion.h>
+#include <sheaf/tracer/node_store.h>
+
+namespace sheaf {
+
+class LazyValues {
+ public:
+  // Batch outputs [first, first + count) of a fused batch, some left undefined.
+  void add(uint32_t first, std::shared_ptr<const FusedProgram> program, std::vector<at::Tensor> inputs, int64_t n);
+  // store.batch_out[slot], computed now if a fused batch left it out.
+  const at::Tensor& get(NodeStore& store, uint32_t slot);
+  void clear();
+
+ private:
+  struct Record {
+    uint32_t first;
+    std::shared_ptr<const FusedProgram> program;
+    std::vector<at::Tensor> inputs;
+    int64_t n;
+  };
+  std::vector<Record> records_;
+  std::vector<int32_t> record_of_slot_;
+};
+
+}  // namespace sheaf
