@@ -117,11 +117,12 @@ std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& pro
   std::vector<at::Tensor> values;
   size_t next = 0;
   const std::vector<int64_t> sizes = batched_sizes(n, p.shape);
-  for (const FusedInstr& in : p.code) {
+  for (size_t k = 0; k < p.code.size(); ++k) {
+    const FusedInstr& in = p.code[k];
     at::Tensor v;
-    if (in.slice) {
+    if (in.slice) {  // a view, made only when wanted (views cost a dispatch each)
       const at::Tensor& src = regs[in.a];
-      if (src.defined()) v = src.reshape({n, -1}).narrow(1, in.offset, p.numel).view(sizes);
+      if (src.defined() && (keep.empty() || keep[k])) v = src.reshape({n, -1}).narrow(1, in.offset, p.numel).view(sizes);
     } else {
       const at::Tensor& out = outputs[next++];
       if (out.defined()) v = out.view(sizes);

@@ -134,6 +134,11 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate) {
   const bool launch = scheduler_.schedule(trace_, strategy, validate, options_.fuse);
   if (!launch) finish_aliases();
   stats_.schedule_ms += ms_since(t0);
+  const Scheduler::Times& parts = scheduler_.times();
+  stats_.round_ms = parts.round_ms;
+  stats_.fuse_ms = parts.fuse_ms;
+  stats_.strategy_ms = parts.strategy_ms;
+  stats_.plan_ms = parts.plan_ms;
   if (!launch) return false;
   stats_.split_shared += scheduler_.split_shared();
   if (debug_enabled()) {

@@ -17,7 +17,11 @@ struct Stats : ExecCounters {
   // Wall-clock milliseconds:
   double trace_ms = 0;     // recording: from the first node recorded after clear()/forward() to the next
                            // forward()/prepare(), plus control-flow callbacks (branches, loop bodies, coroutines)
-  double schedule_ms = 0;  // building rounds, running the strategy, planning rows and gathers
+  double schedule_ms = 0;  // building rounds, running the strategy, planning rows and gathers; of which:
+  double round_ms = 0;     //   finding what can run (scheduler/round.h)
+  double fuse_ms = 0;      //   finding fused regions (scheduler/fusion.h)
+  double strategy_ms = 0;  //   grouping into batches (the strategy, with merging)
+  double plan_ms = 0;      //   row orders, views and gathers (scheduler/plan.h)
   double execute_ms = 0;   // launching the batches (on a GPU, mostly queueing: kernels run later)
   double fetch_ms = 0;     // copying awaited values to the host (waits for the device)
   std::string str() const;

@@ -23,11 +23,16 @@ int64_t inner_of(const Shape& s, int axis) {
 
 }  // namespace
 
+Fuser::Fuser() {
+  pointwise_op_.resize(kNumOps);
+  for (OpCode op = 0; op < kNumOps; ++op) pointwise_op_[op] = op_info(op).pointwise != nullptr;
+}
+
 bool Fuser::fusible(const NodeStore& s, NodeId n) const {
   if (s.sig[n] == kNoSig) return false;  // shared: computed once, never batched
-  const OpInfo& info = op_info(s.op[n]);
-  if (info.pointwise != nullptr) return true;
-  if (s.op[n] != code_of<op::Slice>) return false;
+  const OpCode op = s.op[n];
+  if (pointwise_op_[op]) return true;
+  if (op != code_of<op::Slice>) return false;
   // A slice fuses when its rows are contiguous in the input's rows: every
   // dimension before the cut has size 1.
   const NodeId in = s.resolve(s.args_of(n)[0]);
@@ -45,7 +50,8 @@ uint32_t Fuser::find(uint32_t i) {
 }
 
 // Union-find over fusible nodes joined to fusible arguments of the same shape
-// and non-fusible depth; then the regions (two or more members) in local order.
+// and non-fusible depth; then the regions (two or more members) in local order,
+// their members (in local order: a topological order) and which members escape.
 void Fuser::collect_regions(const NodeStore& s, const RoundDag& dag) {
   const auto m = static_cast<uint32_t>(dag.size());
   fusible_.resize(m);
@@ -53,101 +59,147 @@ void Fuser::collect_regions(const NodeStore& s, const RoundDag& dag) {
   parent_.resize(m);
   for (uint32_t i = 0; i < m; ++i) {
     const NodeId n = dag.node[i];
-    fusible_[i] = fusible(s, n);
+    const bool f = fusible(s, n);
+    fusible_[i] = f;
     parent_[i] = i;
     uint32_t d = 0;
     for (uint32_t a : dag.args_of(i)) d = std::max(d, nd_[a] + (fusible_[a] ? 0u : 1u));
     nd_[i] = d;
-    if (!fusible_[i]) continue;
+    if (!f) continue;
+    const ShapeId shape = s.shape[n];
     for (uint32_t a : dag.args_of(i))
-      if (fusible_[a] && nd_[a] == d && s.shape[dag.node[a]] == s.shape[n]) parent_[find(a)] = find(i);
+      if (fusible_[a] && nd_[a] == d && s.shape[dag.node[a]] == shape) parent_[find(a)] = find(i);
   }
-  // Members per root, then region ids for roots with two or more, by first member.
-  std::vector<uint32_t>& count = region_of_;
-  count.assign(m, 0);
+  count_.assign(m, 0);
   for (uint32_t i = 0; i < m; ++i)
-    if (fusible_[i]) ++count[find(i)];
-  std::vector<uint32_t> id_of_root(m, kNone32);
+    if (fusible_[i]) ++count_[parent_[i] = find(i)];
+  // Region ids by first member, members' slots reserved as each region
+  // appears; a member escapes if used by nothing here or by another root.
+  id_of_root_.assign(m, kNone32);
+  region_of_.assign(m, kNone32);
+  member_pos_.resize(m);
+  members_.resize(m);
+  member_local_.resize(m);
+  escapes_.resize(m);
   regions_.clear();
-  members_.clear();
-  std::vector<uint32_t> size;
+  uint32_t at = 0;
   for (uint32_t i = 0; i < m; ++i) {
     if (!fusible_[i]) continue;
-    const uint32_t r = find(i);
-    if (count[r] < 2) continue;
-    if (id_of_root[r] == kNone32) {
-      id_of_root[r] = static_cast<uint32_t>(regions_.size());
-      regions_.push_back(Region{});
-      size.push_back(count[r]);
+    const uint32_t r = parent_[i];
+    if (count_[r] < 2) continue;
+    uint32_t& k = id_of_root_[r];
+    if (k == kNone32) {
+      k = static_cast<uint32_t>(regions_.size());
+      regions_.push_back(Region{at, 0, 0, 0, nullptr});
+      at += count_[r];
     }
-  }
-  uint32_t at = 0;
-  for (size_t k = 0; k < regions_.size(); ++k) {
-    regions_[k].members_begin = at;
-    at += size[k];
-  }
-  members_.resize(at);
-  escapes_.resize(at);
-  std::vector<uint32_t> fill(regions_.size(), 0);
-  region_of_.assign(m, kNone32);
-  for (uint32_t i = 0; i < m; ++i)
-    if (fusible_[i] && id_of_root[find(i)] != kNone32) region_of_[i] = id_of_root[find(i)];
-  for (uint32_t i = 0; i < m; ++i) {
-    const uint32_t k = region_of_[i];
-    if (k == kNone32) continue;
+    region_of_[i] = k;
+    const uint32_t pos = regions_[k].members_len++;
+    member_pos_[i] = pos;
+    const uint32_t slot = regions_[k].members_begin + pos;
     bool escapes = dag.uses_of(i).empty();
-    for (uint32_t u : dag.uses_of(i)) escapes = escapes || region_of_[u] != k;
-    escapes_[regions_[k].members_begin + fill[k]] = escapes;
-    members_[regions_[k].members_begin + fill[k]++] = dag.node[i];
+    for (uint32_t u : dag.uses_of(i)) escapes = escapes || !fusible_[u] || parent_[u] != r;
+    members_[slot] = dag.node[i];
+    member_local_[slot] = i;
+    escapes_[slot] = escapes;
   }
-  for (size_t k = 0; k < regions_.size(); ++k) regions_[k].members_len = fill[k];
 }
 
-// The region's external inputs (first use first) and pattern key; the program
-// of that pattern, built the first time it is seen.
-std::shared_ptr<const FusedProgram> Fuser::program_for(NodeStore& s, uint32_t k, SigId& sig) {
-  Region& region = regions_[k];
-  const std::span<const NodeId> members = this->members(region);
-  region.inputs_begin = static_cast<uint32_t>(inputs_.size());
-  key_.assign({kPatternTag, s.shapes[s.shape[members[0]]].numel(), static_cast<int64_t>(members.size())});
-  auto member_index = [&](NodeId r) -> int64_t {
-    for (size_t j = 0; j < members.size(); ++j)
-      if (members[j] == r) return static_cast<int64_t>(j);
-    return -1;
-  };
-  auto ref_of = [&](NodeId arg) -> int64_t {  // >= 0: a member; < 0: -(1 + input slot)
-    const NodeId r = s.resolve(arg);
-    if (int64_t j = member_index(r); j >= 0) return j;
-    for (uint32_t e = region.inputs_begin; e < inputs_.size(); ++e)
-      if (inputs_[e] == r) return -1 - static_cast<int64_t>(e - region.inputs_begin);
-    inputs_.push_back(r);
-    return -static_cast<int64_t>(inputs_.size() - region.inputs_begin);
-  };
-  for (NodeId n : members) {
-    key_.push_back(s.sig[n]);
-    for (NodeId a : s.args_of(n)) key_.push_back(ref_of(a));
-  }
-  region.inputs_len = static_cast<uint32_t>(inputs_.size()) - region.inputs_begin;
-  sig = s.sigs.intern(key_);
+namespace {
 
+// The operand `arg` of a member of region k: another member, or an external input.
+struct Ref {
+  bool member;
+  uint32_t index;  // member position, or input slot within the region
+};
+
+}  // namespace
+
+// The region's external inputs, first use first.
+void Fuser::find_inputs(const NodeStore& s, const RoundDag& dag, uint32_t k) {
+  Region& region = regions_[k];
+  region.inputs_begin = static_cast<uint32_t>(inputs_.size());
+  for (NodeId n : members(region))
+    for (NodeId a : s.args_of(n)) {
+      const NodeId r = s.resolve(a);
+      if (!s.has(r, NodeStore::kComputed) && region_of_[dag.local_of[r]] == k) continue;
+      bool seen = false;
+      for (size_t e = region.inputs_begin; e < inputs_.size() && !seen; ++e) seen = inputs_[e] == r;
+      if (!seen) inputs_.push_back(r);
+    }
+  region.inputs_len = static_cast<uint32_t>(inputs_.size()) - region.inputs_begin;
+}
+
+// The pattern of region k: its key (member signatures and operand references)
+// interned as a signature, and its program (built the first time it is seen).
+std::shared_ptr<const FusedProgram> Fuser::program_for(NodeStore& s, const RoundDag& dag, uint32_t k, SigId& sig) {
+  const Region& region = regions_[k];
+  const std::span<const NodeId> ins = inputs(region);
+  auto ref_of = [&](NodeId arg) -> Ref {
+    const NodeId r = s.resolve(arg);
+    if (!s.has(r, NodeStore::kComputed)) {
+      const uint32_t la = dag.local_of[r];
+      if (region_of_[la] == k) return {true, member_pos_[la]};
+    }
+    for (uint32_t e = 0; e < ins.size(); ++e)
+      if (ins[e] == r) return {false, e};
+    throw_internal("fused operand %", r, " is neither a member nor an input");
+  };
+  key_.assign({kPatternTag, s.shapes[s.shape[members(region)[0]]].numel(), static_cast<int64_t>(region.members_len),
+               static_cast<int64_t>(region.inputs_len)});
+  for (NodeId n : members(region)) {
+    key_.push_back(s.sig[n]);
+    for (NodeId a : s.args_of(n)) {
+      const Ref ref = ref_of(a);
+      key_.push_back(ref.member ? static_cast<int64_t>(ref.index) : -1 - static_cast<int64_t>(ref.index));
+    }
+  }
+  // Consecutive regions usually share a pattern: skip the interning then.
+  bool same = last_program_ != nullptr && key_.size() == last_key_.size();
+  for (size_t i = 0; same && i < key_.size(); ++i) same = key_[i] == last_key_[i];
+  if (same) {
+    sig = last_sig_;
+    return last_program_;
+  }
+  sig = s.sigs.intern(key_);
   const uint64_t h = hash_words(key_);
   auto& bucket = programs_[h];
-  for (auto& [key, program] : bucket)
-    if (key == key_) return program;
+  std::shared_ptr<const FusedProgram> program;
+  for (auto& [key, p] : bucket)
+    if (key == key_) program = p;
+  if (!program) {
+    program = build_program(s, dag, k);
+    bucket.emplace_back(key_, program);
+  }
+  last_key_ = key_;
+  last_sig_ = sig;
+  last_program_ = program;
+  return program;
+}
+
+std::shared_ptr<const FusedProgram> Fuser::build_program(const NodeStore& s, const RoundDag& dag, uint32_t k) {
+  const Region& region = regions_[k];
+  const std::span<const NodeId> ins = inputs(region);
   auto p = std::make_shared<FusedProgram>();
   p->inputs = region.inputs_len;
-  p->shape = s.shapes[s.shape[members[0]]];
+  p->shape = s.shapes[s.shape[members(region)[0]]];
   p->numel = p->shape.numel();
-  p->hash = h;
-  for (NodeId in : inputs(region)) {
+  p->hash = hash_words(key_);
+  for (NodeId in : ins) {
     p->input_numel.push_back(s.shape_of(in).numel());
     p->input_shared.push_back(s.has(in, NodeStore::kShared));
   }
-  auto reg_of = [&](NodeId arg) {
-    const int64_t ref = ref_of(arg);  // every input is known by now: nothing is appended
-    return static_cast<uint32_t>(ref >= 0 ? p->inputs + ref : -1 - ref);
+  auto reg_of = [&](NodeId arg) -> uint32_t {
+    const NodeId r = s.resolve(arg);
+    if (!s.has(r, NodeStore::kComputed)) {
+      const uint32_t la = dag.local_of[r];
+      if (region_of_[la] == k) return p->inputs + member_pos_[la];
+    }
+    for (uint32_t e = 0; e < ins.size(); ++e)
+      if (ins[e] == r) return e;
+    throw_internal("fused operand %", r, " is neither a member nor an input");
   };
-  for (NodeId n : members) {
+  for (NodeId n : members(region)) {
     FusedInstr in;
     in.op = s.op[n];
     auto args = s.args_of(n);
@@ -164,76 +216,73 @@ std::shared_ptr<const FusedProgram> Fuser::program_for(NodeStore& s, uint32_t k,
     }
     p->code.push_back(in);
   }
-  bucket.emplace_back(key_, p);
   return p;
 }
 
-// Each region becomes one entry of the round; a topological order of the
-// contracted graph (it is acyclic: regions are convex) by Kahn's algorithm.
+// Each region becomes one entry of the round, placed where its last member
+// was. That order is usually topological already (checked as the arguments are
+// listed); when an outside node reads an early member before the region ends,
+// contract_kahn() orders the entries instead (the graph is acyclic either way:
+// regions are convex).
 void Fuser::contract(RoundDag& dag) {
   const auto m = static_cast<uint32_t>(dag.size());
-  std::vector<uint32_t> entry_of(m), first_local;
-  std::vector<uint32_t> entry_of_region(regions_.size(), kNone32);
+  entry_of_.resize(m);
+  std::vector<uint32_t>& entry_of_region = id_of_root_;  // free again: reused
+  entry_of_region.assign(regions_.size(), kNone32);
+  uint32_t e = 0;
   for (uint32_t i = 0; i < m; ++i) {
     const uint32_t k = region_of_[i];
-    if (k != kNone32 && entry_of_region[k] != kNone32) {
-      entry_of[i] = entry_of_region[k];
-      continue;
+    if (k == kNone32) {
+      entry_of_[i] = e++;
+    } else if (member_pos_[i] + 1 == regions_[k].members_len) {
+      entry_of_region[k] = e++;
     }
-    entry_of[i] = static_cast<uint32_t>(first_local.size());
-    if (k != kNone32) entry_of_region[k] = entry_of[i];
-    first_local.push_back(i);
   }
-  const auto e = static_cast<uint32_t>(first_local.size());
-  // Edges between entries, as CSR by source; in-degrees.
-  std::vector<uint32_t> out_begin(e + 1, 0), indeg(e, 0);
   for (uint32_t i = 0; i < m; ++i)
-    for (uint32_t a : dag.args_of(i))
-      if (entry_of[a] != entry_of[i]) ++out_begin[entry_of[a] + 1];
-  for (uint32_t x = 0; x < e; ++x) out_begin[x + 1] += out_begin[x];
-  std::vector<uint32_t> out(out_begin[e]), fill(out_begin.begin(), out_begin.end() - 1);
-  for (uint32_t i = 0; i < m; ++i)
-    for (uint32_t a : dag.args_of(i))
-      if (entry_of[a] != entry_of[i]) {
-        out[fill[entry_of[a]]++] = entry_of[i];
-        ++indeg[entry_of[i]];
-      }
-  std::vector<uint32_t> order, position(e);
-  std::deque<uint32_t> ready;
-  for (uint32_t x = 0; x < e; ++x)
-    if (indeg[x] == 0) ready.push_back(x);
-  while (!ready.empty()) {
-    const uint32_t x = ready.front();
-    ready.pop_front();
-    position[x] = static_cast<uint32_t>(order.size());
-    order.push_back(x);
-    for (uint32_t q = out_begin[x]; q < out_begin[x + 1]; ++q)
-      if (--indeg[out[q]] == 0) ready.push_back(out[q]);
-  }
-  SHEAF_ASSERT(order.size() == e, "fused regions made the round cyclic");
+    if (region_of_[i] != kNone32) entry_of_[i] = entry_of_region[region_of_[i]];
 
-  // The contracted DAG, in that order; arguments are the entries' external producers.
   RoundDag& c = scratch_;
   c.node.resize(e);
   c.region.resize(e);
   c.sig.resize(e);
-  c.arg_begin.assign(1, 0);
+  c.arg_begin.resize(e + 1);
+  c.arg_begin[0] = 0;
   c.args.clear();
-  std::vector<std::vector<uint32_t>> args_of_entry(e);
-  for (uint32_t i = 0; i < m; ++i)
-    for (uint32_t a : dag.args_of(i))
-      if (entry_of[a] != entry_of[i]) args_of_entry[entry_of[i]].push_back(position[entry_of[a]]);
-  for (uint32_t p = 0; p < e; ++p) {
-    const uint32_t x = order[p];
-    const uint32_t i = first_local[x];
+  bool ordered = true;
+  auto add_args = [&](uint32_t i, uint32_t x) {
+    for (uint32_t a : dag.args_of(i)) {
+      const uint32_t ea = entry_of_[a];
+      if (ea == x) continue;
+      ordered = ordered && ea < x;
+      c.args.push_back(ea);
+    }
+  };
+  for (uint32_t i = 0; i < m && ordered; ++i) {
     const uint32_t k = region_of_[i];
-    c.node[p] = k == kNone32 ? dag.node[i] : kNoNode;
-    c.region[p] = k;
-    c.sig[p] = k == kNone32 ? dag.sig[i] : region_sig_[k];
-    c.args.insert(c.args.end(), args_of_entry[x].begin(), args_of_entry[x].end());
-    c.arg_begin.push_back(static_cast<uint32_t>(c.args.size()));
+    if (k == kNone32) {
+      const uint32_t x = entry_of_[i];
+      c.node[x] = dag.node[i];
+      c.region[x] = kNone32;
+      c.sig[x] = dag.sig[i];
+      add_args(i, x);
+      c.arg_begin[x + 1] = static_cast<uint32_t>(c.args.size());
+    } else if (member_pos_[i] + 1 == regions_[k].members_len) {
+      const uint32_t x = entry_of_[i];
+      c.node[x] = kNoNode;
+      c.region[x] = k;
+      c.sig[x] = region_sig_[k];
+      const Region& r = regions_[k];
+      for (uint32_t q = r.members_begin; q < r.members_begin + r.members_len; ++q) add_args(member_local_[q], x);
+      c.arg_begin[x + 1] = static_cast<uint32_t>(c.args.size());
+    }
   }
+  if (!ordered) return contract_kahn(dag);
   link_dag(c);
+  swap_in(dag);
+}
+
+void Fuser::swap_in(RoundDag& dag) {
+  RoundDag& c = scratch_;
   dag.node.swap(c.node);
   dag.region.swap(c.region);
   dag.sig.swap(c.sig);
@@ -245,12 +294,89 @@ void Fuser::contract(RoundDag& dag) {
   std::swap(dag.max_depth, c.max_depth);
 }
 
+// The same by Kahn's algorithm, for any order of the members.
+void Fuser::contract_kahn(RoundDag& dag) {
+  const auto m = static_cast<uint32_t>(dag.size());
+  entry_of_.resize(m);
+  first_local_.clear();
+  std::vector<uint32_t>& entry_of_region = id_of_root_;  // free again: reused
+  entry_of_region.assign(regions_.size(), kNone32);
+  for (uint32_t i = 0; i < m; ++i) {
+    const uint32_t k = region_of_[i];
+    if (k != kNone32 && entry_of_region[k] != kNone32) {
+      entry_of_[i] = entry_of_region[k];
+      continue;
+    }
+    entry_of_[i] = static_cast<uint32_t>(first_local_.size());
+    if (k != kNone32) entry_of_region[k] = entry_of_[i];
+    first_local_.push_back(i);
+  }
+  const auto e = static_cast<uint32_t>(first_local_.size());
+  // Edges between entries (CSR by source) and in-degrees (= argument counts).
+  out_begin_.assign(e + 1, 0);
+  indeg_.assign(e, 0);
+  for (uint32_t i = 0; i < m; ++i)
+    for (uint32_t a : dag.args_of(i))
+      if (entry_of_[a] != entry_of_[i]) {
+        ++out_begin_[entry_of_[a] + 1];
+        ++indeg_[entry_of_[i]];
+      }
+  for (uint32_t x = 0; x < e; ++x) out_begin_[x + 1] += out_begin_[x];
+  out_.resize(out_begin_[e]);
+  fill_.assign(out_begin_.begin(), out_begin_.end() - 1);
+  for (uint32_t i = 0; i < m; ++i)
+    for (uint32_t a : dag.args_of(i))
+      if (entry_of_[a] != entry_of_[i]) out_[fill_[entry_of_[a]]++] = entry_of_[i];
+
+  RoundDag& c = scratch_;
+  c.arg_begin.assign(e + 1, 0);  // argument counts, by entry, before Kahn uses up the in-degrees
+  for (uint32_t x = 0; x < e; ++x) c.arg_begin[x + 1] = indeg_[x];
+  order_.clear();
+  position_.resize(e);
+  for (uint32_t x = 0; x < e; ++x)
+    if (indeg_[x] == 0) order_.push_back(x);
+  for (size_t q = 0; q < order_.size(); ++q) {
+    const uint32_t x = order_[q];
+    position_[x] = static_cast<uint32_t>(q);
+    for (uint32_t o = out_begin_[x]; o < out_begin_[x + 1]; ++o)
+      if (--indeg_[out_[o]] == 0) order_.push_back(out_[o]);
+  }
+  SHEAF_ASSERT(order_.size() == e, "fused regions made the round cyclic");
+
+  // The contracted DAG in that order; arguments are the entries' outside producers.
+  c.node.resize(e);
+  c.region.resize(e);
+  c.sig.resize(e);
+  std::vector<uint32_t>& counts = fill_;  // reused: argument counts by new position
+  counts.assign(e + 1, 0);
+  for (uint32_t x = 0; x < e; ++x) counts[position_[x] + 1] = c.arg_begin[x + 1];
+  for (uint32_t p = 0; p < e; ++p) counts[p + 1] += counts[p];
+  c.arg_begin.assign(counts.begin(), counts.end());
+  c.args.resize(counts[e]);
+  for (uint32_t i = 0; i < m; ++i)
+    for (uint32_t a : dag.args_of(i))
+      if (entry_of_[a] != entry_of_[i]) c.args[counts[position_[entry_of_[i]]]++] = position_[entry_of_[a]];
+  for (uint32_t p = 0; p < e; ++p) {
+    const uint32_t i = first_local_[order_[p]];
+    const uint32_t k = region_of_[i];
+    c.node[p] = k == kNone32 ? dag.node[i] : kNoNode;
+    c.region[p] = k;
+    c.sig[p] = k == kNone32 ? dag.sig[i] : region_sig_[k];
+  }
+  link_dag(c);
+  swap_in(dag);
+}
+
 void Fuser::fuse(NodeStore& store, RoundDag& dag) {
   inputs_.clear();
   collect_regions(store, dag);
   if (regions_.empty()) return;
   region_sig_.resize(regions_.size());
-  for (uint32_t k = 0; k < regions_.size(); ++k) regions_[k].program = program_for(store, k, region_sig_[k]);
+  last_program_ = nullptr;  // signatures are per graph: a clear() may have reset them
+  for (uint32_t k = 0; k < regions_.size(); ++k) {
+    find_inputs(store, dag, k);
+    regions_[k].program = program_for(store, dag, k, region_sig_[k]);
+  }
   contract(dag);
 }
 

@@ -63,6 +63,7 @@ struct Region {
 
 class Fuser {
  public:
+  Fuser();
   // Finds the round's regions (two or more fusible nodes) and rewrites `dag` so
   // that each is one entry: dag.node[i] = kNoNode, dag.region[i] = its index,
   // dag.sig[i] = the pattern's signature. Other entries keep their node (and
@@ -83,17 +84,27 @@ class Fuser {
   bool fusible(const NodeStore& s, NodeId n) const;
   uint32_t find(uint32_t i);
   void collect_regions(const NodeStore& s, const RoundDag& dag);
-  std::shared_ptr<const FusedProgram> program_for(NodeStore& s, uint32_t region, SigId& sig);
+  void find_inputs(const NodeStore& s, const RoundDag& dag, uint32_t region);
+  std::shared_ptr<const FusedProgram> program_for(NodeStore& s, const RoundDag& dag, uint32_t region, SigId& sig);
+  std::shared_ptr<const FusedProgram> build_program(const NodeStore& s, const RoundDag& dag, uint32_t region);
   void contract(RoundDag& dag);
+  void contract_kahn(RoundDag& dag);
+  void swap_in(RoundDag& dag);
 
-  // Per round (reused).
+  // Per round (reused: no allocation per round once warm).
   std::vector<uint8_t> fusible_;
-  std::vector<uint32_t> nd_, parent_, region_of_;
+  std::vector<uint32_t> nd_, parent_, region_of_, member_pos_, count_, id_of_root_;
   std::vector<SigId> region_sig_;
   std::vector<Region> regions_;
   std::vector<NodeId> members_, inputs_;
+  std::vector<uint32_t> member_local_;  // members' local ids (same slots as members_)
+  std::vector<uint8_t> pointwise_op_;
   std::vector<uint8_t> escapes_;
-  std::vector<int64_t> key_;
+  std::vector<int64_t> key_, last_key_;
+  SigId last_sig_ = kNoSig;
+  std::shared_ptr<const FusedProgram> last_program_;
+  // contract()'s scratch.
+  std::vector<uint32_t> entry_of_, first_local_, out_begin_, out_, indeg_, order_, position_, fill_;
   RoundDag scratch_;
   // Programs of every pattern seen, by the pattern's key.
   // Shared: a fused autograd node keeps its program alive after the graph is gone.

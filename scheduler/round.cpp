@@ -22,9 +22,16 @@ uint32_t next_round(const NodeStore& s, RoundDag& dag) {
 
 // What can run now. Passes in index order mark what is ready; only resolved
 // placeholders point forward (to their branch), so a few passes reach the
-// fixpoint. The marking order is a topological order: dag.node gets it.
+// fixpoint. The marking order is a topological order: dag.node gets it, and
+// each node's in-round arguments and depth as it is marked.
 void mark_runnable(const NodeStore& s, std::vector<NodeId>& pending, std::vector<NodeId>& aliases, RoundDag& dag) {
   const uint32_t round = next_round(s, dag);
+  dag.node.clear();
+  dag.sig.clear();
+  dag.depth.clear();
+  dag.arg_begin.assign(1, 0);
+  dag.args.clear();
+  dag.max_depth = 0;
   auto status = [&](NodeId a) -> uint8_t {
     const NodeId r = s.resolve(a);
     if (s.has(r, NodeStore::kComputed)) return kReady;
@@ -66,6 +73,18 @@ void mark_runnable(const NodeStore& s, std::vector<NodeId>& pending, std::vector
       } else {
         dag.local_of[n] = static_cast<uint32_t>(dag.node.size());
         dag.node.push_back(n);
+        dag.sig.push_back(s.sig[n]);
+        uint32_t d = 0;
+        for (NodeId a : s.args_of(n)) {
+          const NodeId r = s.resolve(a);
+          if (s.has(r, NodeStore::kComputed)) continue;
+          const uint32_t la = dag.local_of[r];
+          dag.args.push_back(la);
+          d = std::max(d, dag.depth[la] + 1);
+        }
+        dag.depth.push_back(d);
+        dag.max_depth = std::max(dag.max_depth, d);
+        dag.arg_begin.push_back(static_cast<uint32_t>(dag.args.size()));
       }
     }
     undecided.resize(keep);
@@ -78,7 +97,19 @@ void mark_runnable(const NodeStore& s, std::vector<NodeId>& pending, std::vector
 
 }  // namespace
 
-// Depths from arguments; the CSR lists of uses from those of arguments.
+// The CSR lists of uses from those of arguments.
+void link_uses(RoundDag& dag) {
+  const size_t m = dag.size();
+  dag.use_begin.assign(m + 1, 0);
+  for (uint32_t la : dag.args) ++dag.use_begin[la + 1];
+  for (size_t i = 0; i < m; ++i) dag.use_begin[i + 1] += dag.use_begin[i];
+  dag.uses.resize(dag.args.size());
+  dag.fill.assign(dag.use_begin.begin(), dag.use_begin.end() - 1);
+  for (uint32_t i = 0; i < m; ++i)
+    for (uint32_t la : dag.args_of(i)) dag.uses[dag.fill[la]++] = i;
+}
+
+// Depths from arguments, then the lists of uses.
 void link_dag(RoundDag& dag) {
   const size_t m = dag.size();
   dag.depth.assign(m, 0);
@@ -89,42 +120,13 @@ void link_dag(RoundDag& dag) {
     dag.depth[i] = d;
     dag.max_depth = std::max(dag.max_depth, d);
   }
-  dag.use_begin.assign(m + 1, 0);
-  for (uint32_t la : dag.args) ++dag.use_begin[la + 1];
-  for (size_t i = 0; i < m; ++i) dag.use_begin[i + 1] += dag.use_begin[i];
-  dag.uses.resize(dag.args.size());
-  dag.fill.assign(dag.use_begin.begin(), dag.use_begin.end() - 1);
-  for (uint32_t i = 0; i < m; ++i)
-    for (uint32_t la : dag.args_of(i)) dag.uses[dag.fill[la]++] = i;
+  link_uses(dag);
 }
-
-namespace {
-
-// In-round arguments (local ids) from the store's arguments.
-void link_args(const NodeStore& s, RoundDag& dag) {
-  const size_t m = dag.size();
-  dag.sig.resize(m);
-  dag.region.assign(m, kNone32);
-  dag.arg_begin.assign(1, 0);
-  dag.args.clear();
-  for (size_t i = 0; i < m; ++i) {
-    const NodeId n = dag.node[i];
-    dag.sig[i] = s.sig[n];
-    for (NodeId a : s.args_of(n)) {
-      const NodeId r = s.resolve(a);
-      if (!s.has(r, NodeStore::kComputed)) dag.args.push_back(dag.local_of[r]);
-    }
-    dag.arg_begin.push_back(static_cast<uint32_t>(dag.args.size()));
-  }
-}
-
-}  // namespace
 
 void build_round(const NodeStore& s, std::vector<NodeId>& pending, std::vector<NodeId>& aliases, RoundDag& dag) {
-  dag.node.clear();
   mark_runnable(s, pending, aliases, dag);
-  link_args(s, dag);
-  link_dag(dag);
+  dag.region.assign(dag.size(), kNone32);
+  link_uses(dag);
 }
 
 void build_dag(std::span<const SigId> sigs, std::span<const std::vector<uint32_t>> args, RoundDag& dag) {

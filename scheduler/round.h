@@ -52,7 +52,8 @@ void build_round(const NodeStore& store, std::vector<NodeId>& pending, std::vect
 void build_dag(std::span<const SigId> sigs, std::span<const std::vector<uint32_t>> args, RoundDag& dag);
 
 // Depths, max_depth and the lists of uses, from the entries' argument lists
-// (which must be in a topological order).
+// (which must be in a topological order); or only the uses.
 void link_dag(RoundDag& dag);
+void link_uses(RoundDag& dag);
 
 }  // namespace sheaf

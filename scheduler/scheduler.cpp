@@ -1,6 +1,7 @@
 #include "scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include <sheaf/core/hash.h>
 
@@ -8,11 +9,24 @@
 
 namespace sheaf {
 
+namespace {
+using Clock = std::chrono::steady_clock;
+// Adds the time since `t` to `into` and restarts `t`.
+void lap(Clock::time_point& t, double& into) {
+  const auto now = Clock::now();
+  into += std::chrono::duration<double, std::milli>(now - t).count();
+  t = now;
+}
+}  // namespace
+
 bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, bool fuse) {
+  auto t = Clock::now();
   aliases_.clear();
   build_round(trace.store(), trace.pending(), aliases_, dag_);
+  lap(t, times_.round_ms);
   if (dag_.size() == 0) return false;
   if (fuse) fuser_.fuse(trace.store(), dag_);
+  lap(t, times_.fuse_ms);
   batches_.clear();
   if (memo_owner_ != &strategy) {
     memo_ = StrategyMemo();
@@ -20,8 +34,10 @@ bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, 
   }
   strategy.schedule(dag_, batches_, memo_);
   if (validate) validate_batches(dag_, batches_, strategy.name());
+  lap(t, times_.strategy_ms);
   make_plan(trace.store(), dag_, batches_, strategy.name(), plan_, fuse ? &fuser_ : nullptr);
   count_split_shared(trace);
+  lap(t, times_.plan_ms);
   return true;
 }
 

@@ -21,6 +21,11 @@ namespace sheaf {
 
 class Scheduler {
  public:
+  // Milliseconds spent in each step, accumulated over calls.
+  struct Times {
+    double round_ms = 0, fuse_ms = 0, strategy_ms = 0, plan_ms = 0;
+  };
+
   // Takes the nodes of `trace` that can run now out of its pending list, fuses
   // elementwise regions (if `fuse`: scheduler/fusion.h) and plans them with
   // `strategy` (checking the strategy's batches if `validate`). Returns false
@@ -29,6 +34,7 @@ class Scheduler {
   bool schedule(Trace& trace, const Strategy& strategy, bool validate, bool fuse);
 
   const Plan& plan() const { return plan_; }
+  const Times& times() const { return times_; }
   const RoundDag& dag() const { return dag_; }
   // Resolved placeholders whose values this round makes ready.
   std::vector<NodeId>& aliases() { return aliases_; }
@@ -38,7 +44,10 @@ class Scheduler {
   uint32_t split_shared() const { return split_shared_; }
   NodeId split_shared_example() const { return split_shared_node_; }
   // Forgets the last plan (the graph was cleared); keeps buffers and the memo.
-  void reset() { plan_.batches.clear(); }
+  void reset() {
+    plan_.batches.clear();
+    times_ = {};
+  }
 
  private:
   RoundDag dag_;
@@ -48,6 +57,7 @@ class Scheduler {
   Plan plan_;
   const Strategy* memo_owner_ = nullptr;  // the strategy whose memo this is (kept across clears)
   StrategyMemo memo_;
+  Times times_;
   uint32_t split_shared_ = 0;
   NodeId split_shared_node_ = kNoNode;
   std::vector<std::pair<uint64_t, NodeId>> loose_;  // scratch: (key without shared identities, node)

@@ -35,21 +35,26 @@ void SigTable::clear() {
   index_.clear();
 }
 
+void NodeStore::grow() {
+  capacity_ = capacity_ == 0 ? 1024 : 2 * capacity_;
+  op.resize(capacity_);
+  shape.resize(capacity_);
+  arg_begin.resize(capacity_ + 1);
+  attr_begin.resize(capacity_ + 1);
+  payload.resize(capacity_);
+  example.resize(capacity_);
+  loc.resize(capacity_);
+  sig.resize(capacity_);
+  flags.resize(capacity_);
+  alias.resize(capacity_);
+  value_batch.resize(capacity_);
+  value_row.resize(capacity_);
+}
+
 void NodeStore::clear() {
-  op.clear();
-  shape.clear();
-  arg_begin.assign(1, 0);
+  size_ = 0;
   args.clear();
-  attr_begin.assign(1, 0);
   attrs.clear();
-  payload.clear();
-  example.clear();
-  loc.clear();
-  sig.clear();
-  flags.clear();
-  alias.clear();
-  value_batch.clear();
-  value_row.clear();
   batch_out.clear();
   user_tensors.clear();
   sigs.clear();

@@ -35,7 +35,8 @@ class ShapeTable {
   ShapeId intern_slow(const Shape& s);
   std::vector<Shape> shapes_;
   FlatIndex index_;
-  std::array<ShapeId, 4> recent_{kUnknownShape, kUnknownShape, kUnknownShape, kUnknownShape};
+  std::array<ShapeId, 8> recent_{kUnknownShape, kUnknownShape, kUnknownShape, kUnknownShape,
+                                 kUnknownShape, kUnknownShape, kUnknownShape, kUnknownShape};
   size_t next_ = 0;
 };
 
@@ -62,10 +63,11 @@ struct NodeStore {
     kFailed = 8,       // its launch failed: never retried (what depends on it never runs)
   };
 
-  // Per node.
+  // Per node, sized to the capacity (size() nodes are valid): append() writes
+  // a node with one capacity check, not one per array.
   std::vector<OpCode> op;
   std::vector<ShapeId> shape;
-  std::vector<uint32_t> arg_begin{0};   // CSR into args
+  std::vector<uint32_t> arg_begin{0};   // CSR into args (size() + 1 valid)
   std::vector<NodeId> args;
   std::vector<uint32_t> attr_begin{0};  // CSR into attrs (part of the signature)
   std::vector<int64_t> attrs;
@@ -83,9 +85,31 @@ struct NodeStore {
   std::vector<at::Tensor> user_tensors;  // inputs and parameters the user handed in
   ShapeTable shapes;
   SigTable sigs;
-  std::vector<int64_t> key_scratch;  // signature keys are built here (one node at a time)
 
-  size_t size() const { return op.size(); }
+  size_t size() const { return size_; }
+  // A new node with the given fields; the others start as: no signature, no
+  // alias, no value. Its arguments and attributes are appended to the CSR lists.
+  NodeId append(OpCode o, ShapeId sh, std::span<const NodeId> a, std::span<const int64_t> at, int64_t pay,
+                int64_t ex, std::source_location where, uint8_t fl) {
+    const auto n = static_cast<NodeId>(size_);
+    if (size_ == capacity_) grow();
+    op[n] = o;
+    shape[n] = sh;
+    args.insert(args.end(), a.begin(), a.end());
+    arg_begin[n + 1] = static_cast<uint32_t>(args.size());
+    attrs.insert(attrs.end(), at.begin(), at.end());
+    attr_begin[n + 1] = static_cast<uint32_t>(attrs.size());
+    payload[n] = pay;
+    example[n] = ex;
+    loc[n] = where;
+    sig[n] = kNoSig;
+    flags[n] = fl;
+    alias[n] = kNoNode;
+    value_batch[n] = 0;
+    value_row[n] = 0;
+    ++size_;
+    return n;
+  }
   std::span<const NodeId> args_of(NodeId n) const {
     return {args.data() + arg_begin[n], args.data() + arg_begin[n + 1]};
   }
@@ -100,6 +124,10 @@ struct NodeStore {
   }
   const Shape& shape_of(NodeId n) const { return shapes[shape[n]]; }
   void clear();  // keeps capacity: a graph cleared per batch does not reallocate
+
+ private:
+  void grow();
+  size_t size_ = 0, capacity_ = 0;
 };
 
 }  // namespace sheaf

@@ -1,5 +1,7 @@
 #include "trace.h"
 
+#include <algorithm>
+#include <array>
 #include <sstream>
 
 #include <sheaf/core/hash.h>
@@ -33,19 +35,29 @@ uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
 NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload,
                      std::source_location loc) {
   const OpInfo& info = op_info(op);
-  arg_shapes_.clear();
-  arg_shared_.clear();
+  if (info.traits.arity != OpTraits::kVariadic && args.size() != static_cast<size_t>(info.traits.arity))
+    throw_internal("op ", info.name, " recorded with ", args.size(), " arguments, expects ", info.traits.arity);
+  // The inferer's view of the arguments: on the stack for the usual few.
+  constexpr size_t kInline = 8;
+  std::array<const Shape*, kInline> shapes_inline;
+  std::array<uint8_t, kInline> shared_inline;
+  const Shape** shapes = shapes_inline.data();
+  uint8_t* shared = shared_inline.data();
+  if (args.size() > kInline) {
+    arg_shapes_.resize(args.size());
+    arg_shared_.resize(args.size());
+    shapes = arg_shapes_.data();
+    shared = arg_shared_.data();
+  }
   bool unknown = false;
   int64_t example = kSharedExample;
-  for (NodeId a : args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const NodeId a = args[i];
     const bool is_shared = s_.has(a, NodeStore::kShared);
-    arg_shared_.push_back(is_shared);
-    if (s_.shape[a] == kUnknownShape) {
-      unknown = true;
-      arg_shapes_.push_back(nullptr);
-    } else {
-      arg_shapes_.push_back(&s_.shape_of(a));
-    }
+    shared[i] = is_shared;
+    const ShapeId sh = s_.shape[a];
+    unknown = unknown || sh == kUnknownShape;
+    shapes[i] = sh == kUnknownShape ? nullptr : &s_.shapes[sh];
     if (is_shared) {
       if (a < param_uses_.size()) ++param_uses_[a];
       continue;
@@ -56,36 +68,21 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
   if (info.traits.source) example = current_example_;
   const bool is_shared = example == kSharedExample;
 
-  const Site site{info.name, example, loc};
-  if (info.traits.arity != OpTraits::kVariadic && args.size() != static_cast<size_t>(info.traits.arity))
-    throw_internal("op ", info.name, " recorded with ", args.size(), " arguments, expects ", info.traits.arity);
   ShapeId shape = kUnknownShape;
   if (!unknown) {
-    InferCtx ctx(arg_shapes_, arg_shared_, attrs, payload, site);
+    const Site site{info.name, example, loc};
+    const InferCtx ctx(std::span(shapes, args.size()), std::span(shared, args.size()), attrs, payload, site);
     shape = s_.shapes.intern(info.infer(ctx));
   }
 
   // Checks passed: from here on nothing throws a UserError, so a failed op records nothing.
-  const auto n = static_cast<NodeId>(s_.size());
   if (info.traits.keyed && example >= 0) payload = static_cast<int64_t>(next_key(example));
-  s_.op.push_back(op);
-  s_.shape.push_back(shape);
-  s_.args.insert(s_.args.end(), args.begin(), args.end());
-  s_.arg_begin.push_back(static_cast<uint32_t>(s_.args.size()));
-  s_.attrs.insert(s_.attrs.end(), attrs.begin(), attrs.end());
-  s_.attr_begin.push_back(static_cast<uint32_t>(s_.attrs.size()));
-  s_.payload.push_back(payload);
-  s_.example.push_back(example);
-  s_.loc.push_back(loc);
-  s_.sig.push_back(kNoSig);
-  s_.flags.push_back(is_shared ? NodeStore::kShared : 0);
-  s_.alias.push_back(kNoNode);
-  s_.value_batch.push_back(0);
-  s_.value_row.push_back(0);
+  const NodeId n =
+      s_.append(op, shape, args, attrs, payload, example, loc, is_shared ? uint8_t{NodeStore::kShared} : uint8_t{0});
   if (unknown)
     wait_for_shapes(n);
   else if (!is_shared)
-    s_.sig[n] = signature(n);
+    s_.sig[n] = signature(n, info.traits);
   pending_.push_back(n);
   return n;
 }
@@ -119,9 +116,16 @@ NodeId Trace::input(const at::Tensor& x, std::source_location loc) {
 }
 
 NodeId Trace::param(const at::Tensor& w, std::source_location loc) {
-  // A tensor already recorded has passed the checks below.
+  // A tensor already recorded has passed the checks below. A model reads a few
+  // parameters over and over: the recent ones first.
+  const void* impl = w.defined() ? w.unsafeGetTensorImpl() : nullptr;
+  for (const RecentParam& r : recent_params_)
+    if (r.impl == impl && impl != nullptr) return r.node;
   if (w.defined())
-    if (auto it = param_nodes_.find(w.unsafeGetTensorImpl()); it != param_nodes_.end()) return it->second;
+    if (auto it = param_nodes_.find(impl); it != param_nodes_.end()) {
+      recent_params_[next_recent_++ % recent_params_.size()] = RecentParam{impl, it->second};
+      return it->second;
+    }
   const Site site{"param", kSharedExample, loc};
   if (!w.defined()) throw_user(site, "the tensor is undefined");
   if (w.dim() > kMaxRank) throw_user(site, "shared values have rank at most ", kMaxRank, ", got ", w.dim());
@@ -140,8 +144,9 @@ NodeId Trace::param(const at::Tensor& w, std::source_location loc) {
   s_.value_batch[n] = static_cast<uint32_t>(s_.batch_out.size());
   s_.value_row[n] = kWholeRow;
   s_.batch_out.push_back(w);
-  param_nodes_.emplace(w.unsafeGetTensorImpl(), n);
+  param_nodes_.emplace(impl, n);
   param_uses_.resize(n + 1, 0);
+  recent_params_[next_recent_++ % recent_params_.size()] = RecentParam{impl, n};
   return n;
 }
 
@@ -163,27 +168,47 @@ NodeId Trace::lookup(const at::Tensor& table, int64_t id, bool sparse_grad, std:
 // Signatures: op, output shape, attributes, arity (unless segmented), and per
 // argument the identity of a shared input or the shape of a per-example one.
 
-SigId Trace::signature(NodeId n) {
-  const OpTraits& traits = op_info(s_.op[n]).traits;
-  std::vector<int64_t>& key = s_.key_scratch;
-  key.clear();
+SigId Trace::signature(NodeId n, const OpTraits& traits) {
   auto args = s_.args_of(n);
   auto attrs = s_.attrs_of(n);
-  key.push_back(s_.op[n]);
-  key.push_back(s_.shape[n]);
-  key.push_back(traits.segmented ? -1 : static_cast<int64_t>(args.size()));
-  key.insert(key.end(), attrs.begin(), attrs.end());
+  const size_t len = 3 + attrs.size() + args.size();
+  constexpr size_t kInline = 16;
+  std::array<int64_t, kInline> inline_key;
+  int64_t* key = inline_key.data();
+  if (len > kInline) {
+    key_scratch_.resize(len);
+    key = key_scratch_.data();
+  }
+  size_t k = 0;
+  key[k++] = s_.op[n];
+  key[k++] = s_.shape[n];
+  key[k++] = traits.segmented ? -1 : static_cast<int64_t>(args.size());
+  for (int64_t a : attrs) key[k++] = a;
   for (size_t i = 0; i < args.size(); ++i) {
     // A shared input batches only with the same shared input (the same weight);
     // a per-example input with any input of the same shape. The elements of a
     // segmented list all have one shape (checked when recorded): count it once.
     const NodeId r = s_.resolve(args[i]);
     if (s_.has(r, NodeStore::kShared))
-      key.push_back((int64_t{1} << 40) | r);
+      key[k++] = (int64_t{1} << 40) | r;
     else if (!traits.segmented || i == 0)
-      key.push_back(s_.shape[args[i]]);
+      key[k++] = s_.shape[args[i]];
   }
-  return s_.sigs.intern(key);
+  const std::span<const int64_t> whole(key, k);
+  // The last signature of each op: consecutive nodes of an op usually share it.
+  LastSig& last = last_sig_[s_.op[n] % last_sig_.size()];
+  if (last.sig != kNoSig && last.len == k) {
+    bool same = true;
+    for (size_t i = 0; i < k && same; ++i) same = last.key[i] == key[i];  // a few words: no memcmp call
+    if (same) return last.sig;
+  }
+  const SigId sig = s_.sigs.intern(whole);
+  if (k <= last.key.size()) {
+    std::copy(whole.begin(), whole.end(), last.key.begin());
+    last.len = k;
+    last.sig = sig;
+  }
+  return sig;
 }
 
 // ---------------------------------------------------------------------------
@@ -293,7 +318,7 @@ bool Trace::infer_deferred(NodeId d) {
   const OpInfo& info = op_info(s_.op[d]);
   InferCtx ctx(arg_shapes_, arg_shared_, s_.attrs_of(d), s_.payload[d], site_of(d));
   s_.shape[d] = s_.shapes.intern(info.infer(ctx));
-  if (!s_.has(d, NodeStore::kShared)) s_.sig[d] = signature(d);
+  if (!s_.has(d, NodeStore::kShared)) s_.sig[d] = signature(d, info.traits);
   return true;
 }
 
@@ -301,6 +326,8 @@ bool Trace::infer_deferred(NodeId d) {
 
 void Trace::clear() {
   s_.clear();
+  last_sig_.fill(LastSig{});  // signature ids start again from 0
+  recent_params_.fill(RecentParam{});
   pending_.clear();
   param_nodes_.clear();
   param_uses_.clear();

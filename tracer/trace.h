@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <array>
 #include <cstdint>
 #include <source_location>
 #include <span>
@@ -22,6 +23,8 @@
 #include <sheaf/core/error.h>
 #include <sheaf/core/flat_index.h>
 #include <sheaf/core/ids.h>
+#include <sheaf/ops/op.h>
+
 #include "node_store.h"
 
 namespace sheaf {
@@ -68,7 +71,7 @@ class Trace {
   void expect_known_shape(NodeId n, std::string_view what, std::source_location loc) const;
 
  private:
-  SigId signature(NodeId n);
+  SigId signature(NodeId n, const OpTraits& traits);
   uint64_t next_key(int64_t example);  // a dropout key, unique per (example, node ordinal)
   void wait_for_shapes(NodeId n);
   void shape_became_known(NodeId n);
@@ -90,9 +93,24 @@ class Trace {
   std::vector<uint32_t> dep_head_, dep_next_, missing_;
   std::vector<NodeId> dep_node_;
   std::vector<NodeId> ready_;  // scratch: nodes whose shapes can now be inferred
-  // record()'s scratch.
+  // record()'s scratch, for ops with many arguments.
   std::vector<const Shape*> arg_shapes_;
   std::vector<uint8_t> arg_shared_;
+  std::vector<int64_t> key_scratch_;
+  // The last signature key of each op (by op code): most nodes repeat it.
+  struct LastSig {
+    std::array<int64_t, 12> key{};
+    size_t len = 0;
+    SigId sig = kNoSig;
+  };
+  std::array<LastSig, 64> last_sig_{};
+  // The parameters read last (a model reads a few of them over and over).
+  struct RecentParam {
+    const void* impl = nullptr;
+    NodeId node = kNoNode;
+  };
+  std::array<RecentParam, 8> recent_params_{};
+  size_t next_recent_ = 0;
 };
 
 }  // namespace sheaf
