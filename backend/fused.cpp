@@ -8,8 +8,12 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <cstdio>
+
 #include <sheaf/core/error.h>
 #include <sheaf/ops/op.h>
+
+#include "autograd_node.h"
 
 namespace sheaf {
 
@@ -43,10 +47,31 @@ std::vector<at::Tensor> kernel_inputs(const FusedProgram& p, std::span<const at:
   return out;
 }
 
+// The device's kernels; nullptr where this device has none (the ops run instead).
+struct Kernels {
+  void (*forward)(const FusedProgram&, std::span<const at::Tensor>, std::span<const at::Tensor>, int64_t);
+  void (*backward)(const FusedProgram&, std::span<const at::Tensor>, std::span<const at::Tensor>,
+                   std::span<at::Tensor>, int64_t);
+};
+const Kernels* kernels_for(const c10::Device& device) {
+  static const Kernels cpu{&fused_cpu::forward, &fused_cpu::backward};
+  static const Kernels cuda{&fused_cuda::forward, &fused_cuda::backward};
+  if (device.is_cpu()) return &cpu;
+  if (!device.is_cuda()) return nullptr;
+  static const bool ok = [] {
+    std::string why;
+    if (fused_cuda::available(&why)) return true;
+    std::fprintf(stderr, "sheaf: fused CUDA kernels unavailable (%s): fused groups run op by op\n", why.c_str());
+    return false;
+  }();
+  return ok ? &cuda : nullptr;
+}
+
 // The backward of one fused batch: the kernel recomputes the members from the
 // saved inputs, then writes the gradient of every input that needs one.
 struct FusedBackward : torch::autograd::Node {
   std::shared_ptr<const FusedProgram> program;
+  const Kernels* kernels = nullptr;
   int64_t n = 0;
   std::vector<SavedVariable> inputs;
   std::vector<int> member_of_output;  // this node's outputs are the kept members
@@ -68,7 +93,7 @@ struct FusedBackward : torch::autograd::Node {
       if (should_compute_output(e)) g_in[e] = at::zeros(in[e].sizes(), in[e].options());
     const std::vector<at::Tensor> flat = kernel_inputs(p, in, n);
     c10::AutoGradMode no_grad(false);
-    fused_cpu::backward(p, flat, g_out, g_in, n);
+    kernels->backward(p, flat, g_out, g_in, n);
     return g_in;
   }
 };
@@ -80,7 +105,8 @@ std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& pro
   const FusedProgram& p = *program;
   SHEAF_ASSERT(inputs.size() == p.inputs, "fused program with ", p.inputs, " inputs got ", inputs.size());
   SHEAF_ASSERT(keep.empty() || keep.size() == p.code.size(), "fused keep mask of ", keep.size(), " members");
-  if (!inputs.empty() && !inputs[0].is_cpu()) return run_fused_by_ops(p, inputs, n);
+  const Kernels* kernels = kernels_for(inputs.empty() ? c10::Device(c10::kCPU) : inputs[0].device());
+  if (kernels == nullptr) return run_fused_by_ops(p, inputs, n);
   RECORD_FUNCTION("sheaf::fused", std::vector<c10::IValue>());  // one kernel (bench/launches.h counts it)
 
   const at::TensorOptions opts = inputs.empty() ? at::TensorOptions(at::kFloat) : inputs[0].options();
@@ -90,14 +116,15 @@ std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& pro
       outputs.push_back(keep.empty() || keep[k] ? at::empty({n, p.numel}, opts.requires_grad(false)) : at::Tensor());
   {
     c10::AutoGradMode no_grad(false);
-    fused_cpu::forward(p, kernel_inputs(p, inputs, n), outputs, n);
+    kernels->forward(p, kernel_inputs(p, inputs, n), outputs, n);
   }
 
   bool requires_grad = false;
   for (const at::Tensor& x : inputs) requires_grad = requires_grad || x.requires_grad();
   if (requires_grad && c10::GradMode::is_enabled()) {
-    auto node = std::make_shared<FusedBackward>();
+    auto node = detail::make_node<FusedBackward>();
     node->program = program;
+    node->kernels = kernels;
     node->n = n;
     torch::autograd::edge_list edges;
     for (const at::Tensor& x : inputs) {
@@ -168,5 +195,22 @@ std::vector<at::Tensor> run_fused_by_ops(const FusedProgram& p, std::span<const 
   }
   return values;
 }
+
+#ifndef SHEAF_CUDA_FUSION
+// LibTorch without CUDA: nothing to compile kernels for.
+namespace fused_cuda {
+bool available(std::string* why) {
+  if (why) *why = "this LibTorch has no CUDA";
+  return false;
+}
+void forward(const FusedProgram&, std::span<const at::Tensor>, std::span<const at::Tensor>, int64_t) {
+  throw_internal("fused_cuda::forward without CUDA");
+}
+void backward(const FusedProgram&, std::span<const at::Tensor>, std::span<const at::Tensor>, std::span<at::Tensor>,
+              int64_t) {
+  throw_internal("fused_cuda::backward without CUDA");
+}
+}  // namespace fused_cuda
+#endif
 
 }  // namespace sheaf

@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <sheaf/scheduler/fusion.h>
@@ -43,5 +44,15 @@ void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::sp
 // Which instruction set the kernels use here ("avx2+fma" or "baseline").
 const char* isa();
 }  // namespace fused_cpu
+
+namespace fused_cuda {
+// Whether fused programs can run as generated CUDA kernels here: LibTorch with
+// CUDA, NVRTC and the CUDA driver loadable; `why` says what is missing.
+bool available(std::string* why = nullptr);
+// As fused_cpu's, on the current CUDA stream (backend/fused_cuda.cpp).
+void forward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> outputs, int64_t n);
+void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> grads_out,
+              std::span<at::Tensor> grads_in, int64_t n);
+}  // namespace fused_cuda
 
 }  // namespace sheaf

@@ -76,7 +76,8 @@ void loop_step(const std::shared_ptr<LoopState>& st, std::vector<Expr> state, in
     for (size_t i = 0; i < next.size(); ++i) {
       NodeId n = g.node_of(next[i], "loop", st->site.loc);
       const NodeStore& s = g.store();
-      if (s.shape[n] != kUnknownShape && s.shape[n] != s.shape[st->results[i]])
+      const ShapeId want = s.shape[st->results[i]];
+      if (s.shape[n] != kUnknownShape && want != kUnknownShape && s.shape[n] != want)
         throw_user(st->site, "the body returned shape ", s.shape_of(n).str(), " for state ", i, ", which has shape ",
                    s.shape_of(st->results[i]).str());
     }
@@ -114,9 +115,9 @@ std::vector<Expr> loop(std::vector<Expr> init, std::function<Expr(const std::vec
   auto st = std::make_shared<LoopState>(LoopState{&g, std::move(cond_fn), std::move(body_fn), {}, max_iterations, site});
   std::vector<Expr> out;
   for (const Expr& e : init) {
+    // A state downstream of an unresolved dsl::cond has no shape yet: the
+    // loop's result gets it when the loop ends (Trace::resolve).
     NodeId n = g.node_of(e, "loop", loc);
-    if (g.store().shape[n] == kUnknownShape)
-      throw_user(site, "the initial state must have a known shape (it depends on an unresolved dsl::cond)");
     out.push_back(g.expr(g.trace().placeholder(g.store().shape[n], site.example, loc)));
     st->results.push_back(out.back().id());
   }

@@ -385,7 +385,11 @@ std::string FusedProgram::str() const {
   os << "fused{";
   for (size_t k = 0; k < code.size(); ++k) {
     const FusedInstr& in = code[k];
-    auto reg = [&](uint32_t r) { return (r < inputs ? "i" : "r") + std::to_string(r < inputs ? r : r - inputs); };
+    auto reg = [&](uint32_t r) {
+      std::string name(1, r < inputs ? 'i' : 'r');  // (char + string: a -Wrestrict false positive in GCC 12)
+      name += std::to_string(r < inputs ? r : r - inputs);
+      return name;
+    };
     os << (k ? ", " : "") << "r" << k << "=" << op_name(in.op) << "(" << reg(in.a);
     if (in.slice) os << " @" << in.offset;
     else if (op_info(in.op).pointwise->operands == 2) os << ", " << reg(in.b);

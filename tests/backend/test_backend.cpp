@@ -92,7 +92,7 @@ std::vector<Expr> record_batch(Graph& g, const at::Tensor& W, const at::Tensor& 
 
 }  // namespace
 
-TEST_CASE("prepare schedules the first round; forward then runs it, later records and control flow", "[backend]") {
+TEST_CASE("prepare schedules the first round, forward then runs it, later records and control flow", "[backend]") {
   const at::Tensor W = param({3, 3}, 3), b = param({3}, 4);
   Graph plain, prepared;
   std::vector<Expr> a = record_batch(plain, W, b, 0, 7);
@@ -109,7 +109,7 @@ TEST_CASE("prepare schedules the first round; forward then runs it, later record
   CHECK(prepared.stats().rounds == plain.stats().rounds);
 }
 
-TEST_CASE("Prefetcher: each batch's values and gradients as one graph per batch gives; errors reach take", "[backend]") {
+TEST_CASE("Prefetcher: each batch's values and gradients as one graph per batch gives, errors reach take", "[backend]") {
   const at::Tensor W = param({3, 3}, 5), b = param({3}, 6);
   const size_t n = 6;
   std::vector<at::Tensor> want_values, want_grads;

@@ -18,7 +18,7 @@ uint64_t launches_of(const Graph& g) { return g.stats().batches; }
 
 }  // namespace
 
-TEST_CASE("cond: each example takes its branch; batched equals alone", "[dsl][control][checker]") {
+TEST_CASE("cond: each example takes its branch, batched equals alone", "[dsl][control][checker]") {
   const int n = GENERATE(1, 2, 7, 64);
   P p;
   CheckReport r = check_batched(n, [&](Graph& g, int i) {
@@ -168,7 +168,7 @@ TEST_CASE("tasks: host code following computed values, batched equals alone", "[
   REQUIRE_BATCHED_EQUALS_ALONE(check_batched(n, rec));
 }
 
-TEST_CASE("tasks: one fetch per step for all examples; result() before forward is an error", "[dsl][control][task]") {
+TEST_CASE("tasks: one fetch per step for all examples, result() before forward is an error", "[dsl][control][task]") {
   P p;
   Graph g;
   std::vector<Task<Expr>> tasks;

@@ -208,7 +208,7 @@ TEST_CASE("an input on another device than the graph's is refused when recorded"
   REQUIRE_THROWS_WITH(g.input(at::randn({2}, at::kCUDA)), Contains("op 'input'") && Contains("device"));
 }
 
-TEST_CASE("lookup: any rank >= 1 works; a sparse gradient needs a 2-D table", "[dsl][errors]") {
+TEST_CASE("lookup: any rank >= 1 works, a sparse gradient needs a 2-D table", "[dsl][errors]") {
   Graph g;
   const at::Tensor T3 = at::randn({4, 2, 3});
   Expr row = g.lookup(T3, 2);

@@ -1,6 +1,10 @@
 // Property: for random per-example programs (random DAGs over mixed ops and
-// shapes, a different structure for every example), batched == alone for every
-// node and every parameter gradient, under every strategy.
+// shapes, vectors and matrices, a different structure for every example; with
+// cond, loop and coroutines in the second set), batched == alone for every node
+// and every parameter gradient, under every strategy, fused and unfused.
+#include <algorithm>
+#include <array>
+#include <cstdlib>
 #include <random>
 
 #include "../support.h"
@@ -38,32 +42,48 @@ int dim_index(int64_t d) { return d == 2 ? 0 : d == 3 ? 1 : 2; }
 
 // One random program: values are kept in a pool; each step applies a random op
 // to random pool members (adapting shapes through affine maps) and adds the
-// result. Output: the sum of a few pool members' sums.
-Expr random_program(Graph& g, const Params& p, uint64_t program_seed, int example) {
+// result. With `control`, steps may also branch on computed values (cond),
+// loop until a computed condition fails, or follow an awaited value on the
+// host (a coroutine). Output: the sum of a few pool members' sums.
+Task<Expr> random_program(Graph& g, const Params& p, uint64_t program_seed, int example, bool control) {
   std::mt19937_64 rng(program_seed * 1000003 + static_cast<uint64_t>(example));
   auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
-  std::vector<Expr> pool;
-  auto to_dim = [&](Expr x, int64_t d) {
-    if (x.shape().rank() == 0) x = x * g.constant({kDims[0]}, 1.0);
-    int64_t have = x.shape()[0];
-    if (have == d) return x;
-    return dsl::affine(p.W[dim_index(d)][dim_index(have)], x, p.b[dim_index(d)]);
+  // Pool entries with their size (0: a scalar). Sizes are tracked here, not read
+  // with Expr::shape(): a cond's result has no known shape until forward().
+  struct Value {
+    Expr e;
+    int64_t d;
+    bool known = true;  // its shape is known now (not downstream of a cond)
+  };
+  std::vector<Value> pool;
+  auto to_dim = [&](Value v, int64_t d) {
+    if (v.d == 0) v.e = v.e * g.constant({kDims[0]}, 1.0), v.d = kDims[0];
+    if (v.d == d) return v.e;
+    return dsl::affine(p.W[dim_index(d)][dim_index(v.d)], v.e, p.b[dim_index(d)]);
   };
   const int n_inputs = 1 + static_cast<int>(pick(3));
   for (int k = 0; k < n_inputs; ++k) {
     int64_t d = kDims[pick(3)];
-    pool.push_back(pick(4) == 0 ? g.lookup(p.E[dim_index(d)], static_cast<int64_t>(pick(kVocab)), pick(2) == 0)
-                                : g.input(test::data({d}, example, k)));
+    pool.push_back({pick(4) == 0 ? g.lookup(p.E[dim_index(d)], static_cast<int64_t>(pick(kVocab)), pick(2) == 0)
+                                 : g.input(test::data({d}, example, k)),
+                    d});
   }
   const int steps = 3 + static_cast<int>(pick(18));
   for (int s = 0; s < steps; ++s) {
-    Expr x = pool[pick(pool.size())];
-    if (x.shape().rank() == 0) x = to_dim(x, kDims[pick(3)]);
-    const int64_t d = x.shape()[0];
-    Expr y = pool[pick(pool.size())];
-    y = to_dim(y, d);
+    Value vx = pool[pick(pool.size())];
+    if (vx.d == 0) {
+      const int64_t nd = kDims[pick(3)];
+      vx = {to_dim(vx, nd), nd, vx.known};
+    }
+    const int64_t d = vx.d;
+    const Expr x = vx.e;
+    const Value vy = pool[pick(pool.size())];
+    const Expr y = to_dim(vy, d);
+    const bool known = vx.known && vy.known;
+    int64_t rd = d;  // the result's size (0: scalar)
+    bool is_cond_result = false;
     Expr r;
-    switch (pick(20)) {
+    switch (pick(control ? 28 : 25)) {
       case 0: r = dsl::tanh(x); break;
       case 1: r = dsl::sigmoid(x); break;
       case 2: r = dsl::relu(x) + 0.1; break;
@@ -72,14 +92,14 @@ Expr random_program(Graph& g, const Params& p, uint64_t program_seed, int exampl
       case 5: r = x * dsl::tanh(y); break;
       case 6: r = x / (dsl::exp(y) + 1.0); break;
       case 7: r = dsl::log(dsl::sigmoid(x) + 0.5); break;
-      case 8: r = to_dim(x, kDims[pick(3)]); break;
-      case 9: r = to_dim(dsl::slice(dsl::concat({x, dsl::tanh(y)}), 1, 1 + d), kDims[pick(3)]); break;
+      case 8: rd = kDims[pick(3)], r = to_dim({x, d}, rd); break;
+      case 9: rd = kDims[pick(3)], r = to_dim({dsl::slice(dsl::concat({x, dsl::tanh(y)}), 1, 1 + d), d}, rd); break;
       case 10: r = dsl::softmax(x) * y; break;
       case 11: r = dsl::log_softmax(x); break;
-      case 12: r = dsl::sum(x); break;
-      case 13: r = dsl::mean(x * y); break;
-      case 14: r = dsl::pick(x, static_cast<int64_t>(pick(static_cast<size_t>(d)))); break;
-      case 15: r = dsl::pick_neg_log_softmax(x, static_cast<int64_t>(pick(static_cast<size_t>(d)))); break;
+      case 12: rd = 0, r = dsl::sum(x); break;
+      case 13: rd = 0, r = dsl::mean(x * y); break;
+      case 14: rd = 0, r = dsl::pick(x, static_cast<int64_t>(pick(static_cast<size_t>(d)))); break;
+      case 15: rd = 0, r = dsl::pick_neg_log_softmax(x, static_cast<int64_t>(pick(static_cast<size_t>(d)))); break;
       case 16: r = dsl::dropout(x, 0.25); break;
       case 17: {
         std::vector<Expr> list{x, y};
@@ -88,43 +108,122 @@ Expr random_program(Graph& g, const Params& p, uint64_t program_seed, int exampl
         break;
       }
       case 18: r = x * (y > 0.0) - 1.0 / (dsl::exp(x) + 2.0); break;
-      default: r = dsl::affine(g.input(test::data({d, d}, example, 50 + s)), x, p.b[dim_index(d)]); break;
+      case 19: r = dsl::affine(g.input(test::data({d, d}, example, 50 + s)), x, p.b[dim_index(d)]); break;
+      case 20: {  // chunk: two halves of [x; tanh(y)], one of them kept (split while sizes are unknown)
+        const std::array<int64_t, 2> halves_sizes{d, d};
+        std::vector<Expr> halves = known ? dsl::chunk(dsl::concat({x, dsl::tanh(y)}), 2)
+                                         : dsl::split(dsl::concat({x, dsl::tanh(y)}), halves_sizes);
+        r = halves[pick(2)] * 1.5 + halves[0];
+        break;
+      }
+      case 21: {  // split into uneven pieces, glued back in another order
+        const int64_t cut = 1 + static_cast<int64_t>(pick(static_cast<size_t>(2 * d - 1)));
+        const std::array<int64_t, 2> sizes{cut, 2 * d - cut};
+        std::vector<Expr> parts = dsl::split(dsl::concat({dsl::sigmoid(x), y}), sizes);
+        r = dsl::slice(dsl::concat({parts[1], parts[0]}), 0, d) + x;
+        break;
+      }
+      case 22: {  // a per-example matrix times a vector, and a shared matrix times a matrix
+        Expr m = g.input(test::data({d, 3}, example, 70 + s));
+        Expr mv = dsl::matmul(m, to_dim({x, d}, 3));
+        Expr mm = dsl::matmul(p.W[dim_index(d)][dim_index(d)], dsl::tanh(m));
+        r = mv + dsl::sum(mm) * 0.1;
+        break;
+      }
+      case 23: {  // matrices: concatenated along rows, sliced, through a shared affine, reduced
+        Expr m = dsl::tanh(g.input(test::data({2, d}, example, 90 + s)));
+        Expr stacked = dsl::concat({m, dsl::sigmoid(m)}, 0);  // [4, d]
+        Expr row = dsl::slice(stacked, 1, 2, 0);               // [1, d]
+        Expr rows = dsl::affine(p.W[dim_index(3)][dim_index(d)], stacked, p.b[dim_index(3)]);  // [4, 3]
+        r = x + dsl::sum(rows) * 0.1 + dsl::sum(row);
+        break;
+      }
+      case 24: r = dsl::matmul(p.W[dim_index(d)][dim_index(d)], x * y); break;
+      case 25: {  // a branch on a computed value
+        is_cond_result = true;
+        Expr pred = dsl::sum(x) > 0.0;
+        r = dsl::cond(pred, [=] { return dsl::tanh(x) * 2.0; }, [=] { return dsl::sigmoid(y) - x; });
+        break;
+      }
+      case 26: {  // a loop whose length depends on values (sum decreases: it ends)
+        r = dsl::loop(x, [](Expr v) { return dsl::sum(v) > 0.5; }, [](Expr v) { return v * 0.5 - 0.1; }, 60);
+        break;
+      }
+      default: {  // host code that follows a value
+        const double v = co_await fetch_item(dsl::sum(x));
+        r = v > 0 ? dsl::tanh(x) * v : dsl::sigmoid(y) + x;
+        break;
+      }
     }
-    pool.push_back(r);
+    pool.push_back({r, rd, known && !(control && r.defined() && is_cond_result)});
   }
   std::vector<Expr> outs;
-  for (size_t k = 0; k < 1 + pick(3); ++k) outs.push_back(dsl::sum(pool[pool.size() - 1 - pick(pool.size())]));
-  return dsl::sum(outs);
+  for (size_t k = 0; k < 1 + pick(3); ++k) outs.push_back(dsl::sum(pool[pool.size() - 1 - pick(pool.size())].e));
+  co_return dsl::sum(outs);
+}
+
+// Programs of the dataflow kind record everything at once: run the task now.
+Expr dataflow_program(Graph& g, const Params& p, uint64_t seed, int example) {
+  Task<Expr> t = random_program(g, p, seed, example, false);
+  return t.result();
+}
+
+// How many programs a test runs: `full`, or SHEAF_RANDOM_PROGRAMS percent of it
+// (the sanitizer run uses fewer: everything is ~10x slower there).
+int programs(int full) {
+  const char* pct = std::getenv("SHEAF_RANDOM_PROGRAMS");
+  return pct ? std::max(1, full * std::atoi(pct) / 100) : full;
 }
 
 }  // namespace
 
-TEST_CASE("random programs: batched equals alone under every strategy", "[dsl][property][checker]") {
+// Seeds come from Catch's --rng-seed (0 unless given): a failure names the
+// seed and the program, and `sheaf-tests "[property]" --rng-seed N` replays it.
+TEST_CASE("random programs: batched equals alone, every strategy, fused and unfused", "[dsl][property][checker]") {
   const Params p;
-  const int programs = 300;
+  const uint64_t base = Catch::rngSeed();
+  const int n = programs(650);
   size_t compared = 0;
-  for (int prog = 0; prog < programs; ++prog) {
+  for (int prog = 0; prog < n; ++prog) {
     const int examples = 1 + prog % 9;
-    CheckReport r = check_batched(examples, [&](Graph& g, int i) { return random_program(g, p, prog, i); },
+    const uint64_t seed = base * 7919 + static_cast<uint64_t>(prog);
+    CheckReport r = check_batched(examples, [&](Graph& g, int i) { return dataflow_program(g, p, seed, i); },
                                   {.params = p.all()});
-    INFO("program " << prog << " with " << examples << " examples");
+    INFO("rng seed " << base << ", program " << prog << " (seed " << seed << ") with " << examples << " examples");
     REQUIRE_BATCHED_EQUALS_ALONE(r);
     compared += r.values_compared;
   }
-  CHECK(compared > 10000);
+  CHECK(compared > static_cast<size_t>(30 * n));
+}
+
+TEST_CASE("random programs with control flow: cond, loop and coroutines", "[dsl][property][checker][control]") {
+  const Params p;
+  const uint64_t base = Catch::rngSeed();
+  const int n = programs(400);
+  size_t compared = 0;
+  for (int prog = 0; prog < n; ++prog) {
+    const int examples = 1 + prog % 7;
+    const uint64_t seed = base * 7919 + 100000 + static_cast<uint64_t>(prog);
+    CheckReport r = check_batched(
+        examples, TaskProgram([&](Graph& g, int i) { return random_program(g, p, seed, i, true); }), {.params = p.all()});
+    INFO("rng seed " << base << ", program " << prog << " (seed " << seed << ") with " << examples << " examples");
+    REQUIRE_BATCHED_EQUALS_ALONE(r);
+    compared += r.values_compared;
+  }
+  CHECK(compared > static_cast<size_t>(20 * n));
 }
 
 TEST_CASE("random programs: lazy and auto never take more launches than depth", "[scheduler][property]") {
   const Params p;
-  for (int prog = 0; prog < 100; ++prog) {
+  for (int prog = 0; prog < programs(100); ++prog) {
     uint64_t launches[3];
     const Strategy* strategies[3] = {&depth_strategy(), &lazy_strategy(), &auto_strategy()};
     for (int k = 0; k < 3; ++k) {
-      Graph g;
+      Graph g({.fuse = false});  // the strategies' own batches
       std::vector<Expr> outs;
       for (int i = 0; i < 12; ++i) {
         auto s = g.example(i);
-        outs.push_back(random_program(g, p, 5000 + prog, i));
+        outs.push_back(dataflow_program(g, p, 5000 + prog, i));
       }
       g.forward(outs, {.strategy = strategies[k], .validate = true});
       launches[k] = g.stats().batches;

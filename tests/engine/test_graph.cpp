@@ -9,7 +9,7 @@ using Catch::Contains;
 static_assert(std::is_trivially_copyable_v<Expr>, "Expr must stay a cheap handle");
 static_assert(sizeof(Expr) == 12, "Expr must stay a cheap handle");
 
-TEST_CASE("recording computes nothing; forward computes everything recorded", "[tracer]") {
+TEST_CASE("recording computes nothing, forward computes everything recorded", "[tracer]") {
   Graph g;
   Expr x = g.input(at::full({3}, 2.0));
   Expr y = dsl::tanh(x * 0.5);
@@ -43,7 +43,7 @@ TEST_CASE("forward again after recording more runs only the new part", "[tracer]
   CHECK(at::allclose(z[3].value(), 2.0 * at::sigmoid(at::full({2}, 3.0))));
 }
 
-TEST_CASE("clear forgets nodes and invalidates old handles; the graph is reusable", "[tracer]") {
+TEST_CASE("clear forgets nodes and invalidates old handles, the graph is reusable", "[tracer]") {
   Graph g;
   for (int round = 0; round < 3; ++round) {
     Expr x = g.input(at::full({2}, static_cast<double>(round)));

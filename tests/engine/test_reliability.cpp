@@ -136,7 +136,7 @@ TEST_CASE("C: a runaway dsl::loop stops at max_iterations, naming the example", 
   REQUIRE_THROWS_WITH(g.forward(y), Contains("max_iterations = 50") && Contains("example 4") && Contains("op 'loop'"));
 }
 
-TEST_CASE("D: example ids are any int64; memory follows the examples, not the largest id", "[engine][reliability]") {
+TEST_CASE("D: example ids are any int64, memory follows the examples, not the largest id", "[engine][reliability]") {
   Graph g;
   const double before = rss_mib();
   for (int64_t id : {int64_t{250'000'000}, int64_t{1} << 40, int64_t{7}}) {

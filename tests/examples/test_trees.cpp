@@ -172,7 +172,7 @@ TEST_CASE("read_trees names a missing file", "[trees][files][errors]") {
   REQUIRE_THROWS_WITH(read_trees(dir.path()), Contains(dir.path()));
 }
 
-TEST_CASE("Vocab keeps words seen min_count times; others are <unk>", "[trees][vocab]") {
+TEST_CASE("Vocab keeps words seen min_count times, others are <unk>", "[trees][vocab]") {
   std::vector<Tree> trees = {parse_tree("(2 (2 the) (2 (2 the) (3 film)))"), parse_tree("(2 (2 the) (1 dull))"),
                              parse_tree("(2 (2 a) (3 film))")};
 

@@ -47,7 +47,7 @@ TEST_CASE("fusion: 64 chains of 20 elementwise ops are one launch", "[fusion][la
   CHECK(unfused.stats().fused_batches == 0);
 }
 
-TEST_CASE("fusion: a Tree-LSTM cell is one kernel; values and gradients equal op by op", "[fusion]") {
+TEST_CASE("fusion: a Tree-LSTM cell is one kernel, values and gradients equal op by op", "[fusion]") {
   const at::Tensor U = param({10, 4}, 1);
   auto program = [&](Graph& g, int i) {
     Expr x = g.input(data({4}, i)), cl = g.input(data({2}, i, 1)), cr = g.input(data({2}, i, 2));

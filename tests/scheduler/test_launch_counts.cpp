@@ -85,7 +85,7 @@ TEST_CASE("examples of different structure: launches within the depth bound", "[
   CHECK(launches["agenda"] > 0);
 }
 
-TEST_CASE("agenda and lazy batch losses at different depths in one launch; depth cannot", "[scheduler][launches]") {
+TEST_CASE("agenda and lazy batch losses at different depths in one launch, depth cannot", "[scheduler][launches]") {
   // A loss at the end of chains of different lengths sits at different depths.
   std::map<std::string, uint64_t> loss_launches;
   for (const Strategy* strategy : all_strategies()) {

@@ -47,12 +47,12 @@ TEST_CASE("build_dag: depths, uses and signatures of a hand-built DAG", "[schedu
   CHECK(d.uses_of(6).empty());
 }
 
-TEST_CASE("depth: one batch per (depth, signature); the losses of unequal chains do not meet", "[scheduler]") {
+TEST_CASE("depth: one batch per (depth, signature), the losses of unequal chains do not meet", "[scheduler]") {
   const auto b = batches_of(depth_strategy(), two_chains());
   CHECK(b == std::vector<std::vector<uint32_t>>{{0, 3}, {1, 4}, {2}, {5}, {6}});
 }
 
-TEST_CASE("agenda: shallowest signature first; the losses wait for each other", "[scheduler]") {
+TEST_CASE("agenda: shallowest signature first, the losses wait for each other", "[scheduler]") {
   const auto b = batches_of(agenda_strategy(), two_chains());
   // a (avg depth 0), then b (avg 4/3): {1, 4}, then b again {5}, then L (avg 2.5) together.
   CHECK(b == std::vector<std::vector<uint32_t>>{{0, 3}, {1, 4}, {5}, {2, 6}});

@@ -1,0 +1,24 @@
+// Creating an autograd node of our own, on either side of a LibTorch change:
+// nodes are held by std::shared_ptr up to torch 2.12 and by c10::intrusive_ptr
+// since (torch/csrc/autograd/node.h). set_history and Edge accept what
+// make_node returns in both.
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+namespace sheaf::detail {
+
+inline constexpr bool kIntrusiveNodes = std::is_base_of_v<c10::intrusive_ptr_target, torch::autograd::Node>;
+
+template <class T, class... A>
+auto make_node(A&&... args) {
+  if constexpr (kIntrusiveNodes) return c10::make_intrusive<T>(std::forward<A>(args)...);
+  else return std::make_shared<T>(std::forward<A>(args)...);
+}
+
+}  // namespace sheaf::detail
