@@ -125,7 +125,7 @@ void Executor::run(const Plan& plan) {
   }
 }
 
-LaunchArgs Executor::launch_args(const Plan& plan, const PlannedBatch& b) const {
+LaunchArgs Executor::launch_args(const Plan& plan, const PlannedBatch& b) {
   const NodeId first = plan.nodes[b.nodes_begin];
   LaunchArgs a;
   a.n = b.n;
@@ -142,6 +142,7 @@ LaunchArgs Executor::launch_args(const Plan& plan, const PlannedBatch& b) const 
   a.options = float_opts_;
   a.seed = config_.seed;
   a.train = config_.train;
+  a.weight_grads = config_.batch_weight_grads ? &weight_grads_ : nullptr;
   if (b.segments >= 0) {
     a.segments_off = b.segments;
     a.segments_len = b.total;

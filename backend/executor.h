@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <sheaf/ops/op.h>
+#include <sheaf/ops/weight_grad.h>
 #include <sheaf/scheduler/plan.h>
 #include <sheaf/tracer/node_store.h>
 
@@ -23,6 +24,7 @@ struct ExecConfig {
   uint64_t seed = 0;    // dropout masks
   bool train = true;    // dropout is the identity when false
   bool profile = false; // wait for the device around gathers and ops (ExecCounters' times)
+  bool batch_weight_grads = true;  // one gradient product per shared weight per round (ops/weight_grad.h)
 };
 
 class Executor {
@@ -38,7 +40,7 @@ class Executor {
   void upload_indices(const Plan& plan);
   void launch(const Plan& plan, const PlannedBatch& b);
   void launch_fused(const Plan& plan, const PlannedBatch& b);
-  LaunchArgs launch_args(const Plan& plan, const PlannedBatch& b) const;
+  LaunchArgs launch_args(const Plan& plan, const PlannedBatch& b);
   at::Tensor input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg);
   at::Tensor read(const Plan& plan, uint32_t r);
   at::Tensor split_piece(const Plan& plan, const PlannedBatch& b);
@@ -52,6 +54,7 @@ class Executor {
   ExecCounters& counters_;
   at::TensorOptions float_opts_;
   at::Tensor index_;  // plan.indices on the device
+  WeightGradBatcher weight_grads_;  // one product per shared weight for the round's gradients
   std::vector<std::vector<at::Tensor>> groups_;  // outputs of each read group, made at first use
   std::vector<std::vector<at::Tensor>> splits_;  // pieces of each split group, made at first use
   std::vector<at::Tensor> inputs_;

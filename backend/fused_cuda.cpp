@@ -90,13 +90,13 @@ struct Kernels {
 // which the driver finishes) and loads both kernels.
 Kernels compile(const FusedProgram& p) {
   const Api& a = api();
-  const std::string name = "sheaf_" + std::to_string(p.hash);
+  const std::string name = detail::cat("sheaf_", p.hash);
   const std::string src = fused_cuda_source(p, name);
   int major = 0, minor = 0;
   const int device = c10::cuda::current_device();
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  const std::string arch = "--gpu-architecture=compute_" + std::to_string(major * 10 + minor);
+  const std::string arch = detail::cat("--gpu-architecture=compute_", major * 10 + minor);
   const char* opts[] = {arch.c_str(), "--std=c++17", "-default-device"};
   nvrtcProgram prog = nullptr;
   if (a.nvrtcCreateProgram(&prog, src.c_str(), (name + ".cu").c_str(), 0, nullptr, nullptr) != 0)

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <vector>
 
+#include <sheaf/core/error.h>
 #include <sheaf/ops/op.h>
 
 namespace sheaf {
@@ -62,14 +63,13 @@ struct Gen {
 
   // The value of register r for element (i, j) of the batch.
   std::string value(uint32_t r) const {
-    if (member_of_reg[r] >= 0) return "m" + std::to_string(member_of_reg[r]);
+    // (detail::cat, not string operator+: GCC 12 warns falsely on "x" + to_string)
+    if (member_of_reg[r] >= 0) return detail::cat("m", member_of_reg[r]);
     const int e = input_of_reg[r];
     const auto ue = static_cast<size_t>(e);
-    const std::string in = "in" + std::to_string(e);
-    if (row_broadcast(e)) return p.input_shared[ue] ? in + "[0]" : in + "[i]";
-    const std::string col = "j + " + std::to_string(offset_of_reg[r]);
-    if (p.input_shared[ue]) return in + "[" + col + "]";
-    return in + "[i * " + std::to_string(p.input_numel[ue]) + "LL + " + col + "]";
+    if (row_broadcast(e)) return detail::cat("in", e, p.input_shared[ue] ? "[0]" : "[i]");
+    if (p.input_shared[ue]) return detail::cat("in", e, "[j + ", offset_of_reg[r], "]");
+    return detail::cat("in", e, "[i * ", p.input_numel[ue], "LL + j + ", offset_of_reg[r], "]");
   }
 
   void params(bool backward) {
@@ -125,19 +125,19 @@ struct Gen {
     }
     const int e = input_of_reg[r];
     const auto ue = static_cast<size_t>(e);
-    const std::string gin = "gin" + std::to_string(e);
+    const std::string gin = detail::cat("gin", e);
     std::string at;
     bool atomic = p.input_shared[ue] != 0 || overlapping[ue] != 0;
     if (row_broadcast(e)) {
-      at = p.input_shared[ue] ? gin + " + 0" : gin + " + i";
+      at = detail::cat(gin, p.input_shared[ue] ? " + 0" : " + i");
       atomic = true;
+    } else if (p.input_shared[ue]) {
+      at = detail::cat(gin, " + j + ", offset_of_reg[r]);
     } else {
-      const std::string col = "j + " + std::to_string(offset_of_reg[r]);
-      at = p.input_shared[ue] ? gin + " + " + col
-                              : gin + " + i * " + std::to_string(p.input_numel[ue]) + "LL + " + col;
+      at = detail::cat(gin, " + i * ", p.input_numel[ue], "LL + j + ", offset_of_reg[r]);
     }
-    os << "      if (" << gin << ") " << (atomic ? "atomicAdd(" + at + ", " + expr + ")" : "*(" + at + ") += " + expr)
-       << ";\n";
+    if (atomic) os << "      if (" << gin << ") atomicAdd(" << at << ", " << expr << ");\n";
+    else os << "      if (" << gin << ") *(" << at << ") += " << expr << ";\n";
   }
 
   void backward(std::string_view name) {
@@ -160,8 +160,8 @@ struct Gen {
       if (pw.scalar) os << " const float c = " << literal(static_cast<float>(attr_to_double(in.attr))) << ";";
       os << " const float y = m" << member << ", g = g" << member << ";\n";
       os << "      (void)a; (void)y;\n";
-      add_to(in.a, "g * (" + std::string(pw.cuda_da) + ")");
-      if (pw.operands == 2) add_to(in.b, "g * (" + std::string(pw.cuda_db) + ")");
+      add_to(in.a, detail::cat("g * (", pw.cuda_da, ")"));
+      if (pw.operands == 2) add_to(in.b, detail::cat("g * (", pw.cuda_db, ")"));
       os << "    }\n";
     }
     os << "  }\n}\n";

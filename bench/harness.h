@@ -151,5 +151,6 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
 int run_treelstm(const Options& o);
 int run_shift_reduce(const Options& o);
 int run_host(const Options& o);
+int run_gated_rvnn(const Options& o);
 
 }  // namespace sheaf::bench

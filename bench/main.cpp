@@ -14,8 +14,9 @@ int main(int argc, char** argv) {
   sheaf::bench::Options o;
   CLI::App app{"sheaf-bench: per-example vs Sheaf vs hand-batched, side by side"};
   app.add_option("--workload", o.workload,
-                 "treelstm, shift_reduce, or host (recording and scheduling a TreeLSTM batch, no launch)")
-      ->check(CLI::IsMember({"treelstm", "shift_reduce", "host"}));
+                 "treelstm, shift_reduce, gated_rvnn (a dsl::cond at every tree node), or host (recording and "
+                 "scheduling a TreeLSTM batch, no launch)")
+      ->check(CLI::IsMember({"treelstm", "shift_reduce", "gated_rvnn", "host"}));
   app.add_option("--data", o.data, "SST directory (train.txt, dev.txt, test.txt); default: synthetic trees");
   app.add_option("--hidden", o.hidden, "hidden sizes")->delimiter(',');
   app.add_option("--batch", o.batch, "trees per batch")->check(CLI::PositiveNumber);
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
     sheaf::set_threads(o.threads);
     if (!o.json) std::printf("%s\n", sheaf::runtime_info().c_str());
     if (o.workload == "host") return sheaf::bench::run_host(o);
+    if (o.workload == "gated_rvnn") return sheaf::bench::run_gated_rvnn(o);
     return o.workload == "treelstm" ? sheaf::bench::run_treelstm(o) : sheaf::bench::run_shift_reduce(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sheaf-bench: %s\n", e.what());

@@ -74,10 +74,11 @@ using Recorder = std::function<std::function<Expr()>(Graph&, int)>;
 
 // Records `examples` into a fresh graph, forwards, then backpropagates the weighted outputs.
 Run run_examples(const std::vector<int>& examples, const Recorder& record, const CheckOptions& o,
-                 const Strategy& strategy, bool fuse, GradGuard& grads) {
+                 const Strategy& strategy, bool fuse, GradGuard& grads, bool reference = false) {
   Run run;
   GraphOptions go = o.graph;
   go.fuse = fuse;
+  if (reference) go.batch_weight_grads = false;  // plain autograd, batch by batch
   run.graph = std::make_unique<Graph>(go);
   Graph& g = *run.graph;
   std::vector<std::function<Expr()>> outputs;
@@ -150,7 +151,7 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
   std::vector<at::Tensor> alone_grads;
   for (int i = 0; i < num_examples; ++i) {
     // The reference: op by op (no fusion), unless only fused runs are asked for.
-    alone.push_back(run_examples({i}, program, o, default_strategy(), o.fusion == Fusion::kOn, grads));
+    alone.push_back(run_examples({i}, program, o, default_strategy(), o.fusion == Fusion::kOn, grads, true));
     report.alone_launches += alone.back().graph->stats().batches;
     if (alone_grads.empty()) {
       alone_grads = alone.back().grads;

@@ -31,7 +31,7 @@ struct CheckOptions {
   std::vector<at::Tensor> params;          // gradients of these are compared
   std::vector<const Strategy*> strategies; // empty: every strategy
   // kBoth: every strategy with fusion and without, against each example alone
-  // without fusion (op by op); kOn / kOff: only that (and alone the same).
+  // without fusion (op by op, plain autograd); kOn / kOff: only that (and alone the same).
   Fusion fusion = Fusion::kBoth;
   GraphOptions graph;                      // device, seed, train mode
   double atol = 1e-5;                      // |batched - alone| <= atol + rtol * |alone|

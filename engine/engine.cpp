@@ -156,7 +156,8 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate) {
 
 void Engine::execute_round() {
   const auto t0 = Clock::now();
-  exec_config_ = ExecConfig{options_.device, options_.seed, options_.train, options_.profile};
+  exec_config_ = ExecConfig{options_.device, options_.seed, options_.train, options_.profile,
+                            options_.batch_weight_grads};
   Executor exec(trace_.store(), lazy_, exec_config_, stats_);
   try {
     exec.run(scheduler_.plan());

@@ -50,6 +50,9 @@ struct GraphOptions {
   // Fuse each round's connected elementwise work (the glue of an LSTM or
   // Tree-LSTM cell) into one kernel per batch, forward and backward.
   bool fuse = true;
+  // Compute each shared weight's gradient once per round, as one product over
+  // the rows of every batch that used it (ops/weight_grad.h), not batch by batch.
+  bool batch_weight_grads = true;
 };
 
 struct ForwardOptions {

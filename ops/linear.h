@@ -10,25 +10,16 @@
 #include <ATen/ops/mv.h>
 
 #include "common.h"
+#include "weight_grad.h"
 
 namespace sheaf::op {
 
-// A shared [m, k] weight applied to rows [n, ..., k]. OpenBLAS's GEMM is several
-// times slower than its GEMV for one row, and markedly slower when a small row
-// count is not a multiple of 4 (h=128: 7 rows 104 us, 8 rows 69 us): one row
-// goes through GEMV, a few rows are padded with zero rows (which get a zero
-// gradient) up to a multiple of 4.
-inline at::Tensor shared_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  if (x.dim() == 2 && x.size(0) == 1) {
-    at::Tensor y = b.defined() ? at::addmv(b, w, x[0]) : at::mv(w, x[0]);
-    return y.unsqueeze(0);
-  }
-  const int64_t m = x.dim() == 2 ? x.size(0) : 0;
-  if (m > 0 && m < 64 && m % 4 != 0) {
-    at::Tensor padded = at::constant_pad_nd(x, {0, 0, 0, 4 - m % 4});
-    return at::linear(padded, w, b).narrow(0, 0, m);
-  }
-  return at::linear(x, w, b);
+// A shared weight applied to the batch's rows: one product (GEMV for one row, a
+// few rows padded: ops/weight_grad.h), and with autograd the weight's gradient
+// joins the round's single product for that weight.
+inline at::Tensor shared_linear(RunCtx& c, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  if (WeightGradBatcher* batcher = c.weight_grads()) return batcher->linear(x, w, b);
+  return linear_rows(x, w, b);
 }
 
 // W x + b. W: [m, k] (shared or per example); x: [k] or [t, k]; b: [m].
@@ -52,8 +43,8 @@ struct Affine {
     int rank = c.out_shape().rank();
     at::Tensor y;
     if (c.shared(0)) {
-      if (c.shared(2)) return shared_linear(c.batched(1), c.in(0), c.in(2));
-      y = shared_linear(c.batched(1), c.in(0), at::Tensor());
+      if (c.shared(2)) return shared_linear(c, c.batched(1), c.in(0), c.in(2));
+      y = shared_linear(c, c.batched(1), c.in(0), at::Tensor());
     } else {
       at::Tensor x = c.batched(1);
       y = x.dim() == 2 ? at::bmm(c.in(0), x.unsqueeze(2)).squeeze(2) : at::bmm(x, c.in(0).transpose(1, 2));
@@ -78,7 +69,7 @@ struct Matmul {
     const at::Tensor& a = c.in(0);
     const at::Tensor& b = c.in(1);
     const bool vec = c.out_shape().rank() == 1;
-    if (c.shared(0)) return vec ? shared_linear(b, a, at::Tensor()) : at::matmul(a, b);
+    if (c.shared(0)) return vec ? shared_linear(c, b, a, at::Tensor()) : at::matmul(a, b);
     if (c.shared(1)) return at::matmul(a, b);
     return vec ? at::bmm(a, b.unsqueeze(2)).squeeze(2) : at::bmm(a, b);
   }

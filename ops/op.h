@@ -25,6 +25,8 @@
 
 namespace sheaf {
 
+class WeightGradBatcher;  // ops/weight_grad.h
+
 struct OpTraits {
   static constexpr int kVariadic = -1;
   int arity = 1;           // number of Expr arguments, or kVariadic
@@ -92,6 +94,7 @@ struct LaunchArgs {
   at::TensorOptions options;
   uint64_t seed = 0;
   bool train = true;
+  WeightGradBatcher* weight_grads = nullptr;  // the round's (ops/weight_grad.h); null: plain autograd
 };
 
 class RunCtx {
@@ -124,6 +127,7 @@ class RunCtx {
   const at::TensorOptions& options() const { return a_.options; }  // float on the graph's device
   uint64_t seed() const { return a_.seed; }
   bool train() const { return a_.train; }
+  WeightGradBatcher* weight_grads() const { return a_.weight_grads; }
 
  private:
   const LaunchArgs& a_;

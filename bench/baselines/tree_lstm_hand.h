@@ -22,7 +22,7 @@ class HandBatched {
 
  private:
   struct Run;
-  Run run(std::span<const data::Tree* const> trees) const;
+  Run run(std::span<const data::Tree* const> trees, bool want_roots) const;
   const TreeLSTM& m_;
 };
 

@@ -1,0 +1,115 @@
+// The cond-heavy workload: a recursive network over SST trees that picks one of
+// two cells at every node by a computed gate (examples/gated_rvnn/model.h).
+// Per example (a host decision per node), with Sheaf (dsl::cond at every node:
+// a tree takes as many rounds as it is high), and hand-batched with a mask
+// (both cells for every node of a level), interleaved in one process run.
+#include <c10/core/GradMode.h>
+#include <ATen/ATen.h>
+
+#include <memory>
+
+#include <baselines/gated_rvnn_hand.h>
+#include <data/trees.h>
+#include <gated_rvnn/model.h>
+
+#include "harness.h"
+
+namespace sheaf::bench {
+
+namespace {
+
+using data::Tree;
+using models::GatedRvNN;
+using models::HandGatedRvNN;
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a.cpu() - b.cpu()).abs().max().item<double>(); }
+
+void run_mode(const Options& o, const std::string& mode, int64_t hidden, const Workload& w) {
+  const bool train = mode == "train";
+  const c10::Device device(o.device);
+  GatedRvNN model({.vocab = w.vocab, .hidden = hidden}, 11);
+  model.to(device);
+  const double scale = 1.0 / static_cast<double>(o.batch);
+  at::Tensor reference;  // root logits of the first batch, per example
+  {
+    c10::NoGradGuard no_grad;
+    std::vector<at::Tensor> rows;
+    for (const Tree* t : w.batches[0]) rows.push_back(model.per_example_root_logits(*t));
+    reference = at::stack(rows);
+  }
+  StepMaker make_step(o, train, model.parameters(), scale);
+  std::vector<std::unique_ptr<Graph>> graphs;
+  std::vector<System> systems;
+  for (const std::string& name : o.systems) {
+    if (name == "per-example") {
+      System s{name, ""};
+      s.step = make_step(s, [&](size_t b) {
+        at::Tensor total;
+        for (const Tree* t : w.batches[b]) {
+          at::Tensor l = train ? model.per_example_loss(*t) : model.per_example_root_logits(*t);
+          total = total.defined() && train ? total + l : l;
+        }
+        return train ? total : at::Tensor();
+      });
+      systems.push_back(std::move(s));
+    } else if (name == "hand") {
+      System s{name, ""};
+      s.step = make_step(s, [&](size_t b) {
+        const HandGatedRvNN hand(model);
+        if (train) return hand.loss(w.batches[b]);
+        hand.root_logits(w.batches[b]);
+        return at::Tensor();
+      });
+      c10::NoGradGuard no_grad;
+      s.max_abs_diff = max_diff(HandGatedRvNN(model).root_logits(w.batches[0]), reference);
+      systems.push_back(std::move(s));
+    } else if (auto spec = parse_sheaf_system(name); spec && !spec->prefetch) {
+      for (const Strategy* strategy : spec->strategies) {
+        graphs.push_back(std::make_unique<Graph>(
+            GraphOptions{.device = device, .profile = o.profile, .strategy = strategy, .fuse = spec->fuse}));
+        Graph* g = graphs.back().get();
+        System s{"sheaf", spec->label(*strategy)};
+        const size_t index = systems.size();
+        s.step = make_step(s, [&, g, index](size_t b) {
+          g->clear();
+          at::Tensor out;
+          if (train) {
+            Expr loss = model.sheaf_batch_loss(*g, w.batches[b]);
+            g->forward(loss);
+            out = loss.value();
+          } else {
+            g->forward(model.sheaf_batch_root_logits(*g, w.batches[b]));
+          }
+          systems[index].counters.add(g->stats());
+          return out;
+        });
+        {
+          c10::NoGradGuard no_grad;
+          g->clear();
+          const std::vector<Expr> roots = model.sheaf_batch_root_logits(*g, w.batches[0]);
+          g->forward(roots);
+          std::vector<at::Tensor> rows;
+          for (const Expr& e : roots) rows.push_back(e.value());
+          s.max_abs_diff = max_diff(at::stack(rows), reference);
+        }
+        systems.push_back(std::move(s));
+      }
+    } else {
+      throw UserError("unknown system '" + name + "' for gated_rvnn (per-example, hand, sheaf[:<strategy>][/unfused])");
+    }
+  }
+  const double items = static_cast<double>(w.batches.size() * static_cast<size_t>(o.batch));
+  auto runs = measure(o, systems, w.batches.size(), items);
+  report(o, mode, hidden, static_cast<int64_t>(items), systems, runs);
+}
+
+}  // namespace
+
+int run_gated_rvnn(const Options& o) {
+  const Workload w = load_trees(o);
+  for (int64_t hidden : o.hidden)
+    for (const std::string& mode : o.modes) run_mode(o, mode, hidden, w);
+  return 0;
+}
+
+}  // namespace sheaf::bench

@@ -1,0 +1,109 @@
+#include "model.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace sheaf::models {
+
+namespace {
+at::Tensor init(std::vector<int64_t> shape, double scale) { return (at::rand(shape) * 2 - 1) * scale; }
+}  // namespace
+
+GatedRvNN::GatedRvNN(const GatedRvNNOptions& o, uint64_t seed) : options_(o) {
+  if (o.vocab <= 0 || o.hidden <= 0) throw UserError("GatedRvNN: vocab and hidden must be positive");
+  at::manual_seed(seed);
+  const int64_t h = o.hidden;
+  const double s = 1.0 / std::sqrt(2.0 * h);
+  E = init({o.vocab, h}, 0.5).requires_grad_();
+  A = init({1, 2 * h}, s).requires_grad_();
+  a = at::zeros({1}).requires_grad_();
+  W1 = init({h, 2 * h}, s).requires_grad_();
+  b1 = at::zeros({h}).requires_grad_();
+  W2 = init({h, 2 * h}, s).requires_grad_();
+  b2 = at::zeros({h}).requires_grad_();
+  V = init({kClasses, h}, 1.0 / std::sqrt(static_cast<double>(h))).requires_grad_();
+  v = at::zeros({kClasses}).requires_grad_();
+}
+
+void GatedRvNN::to(const c10::Device& device) {
+  for (at::Tensor* p : {&E, &A, &a, &W1, &b1, &W2, &b2, &V, &v}) *p = p->detach().to(device).requires_grad_();
+}
+
+// ---------------------------------------------------------------------------
+// Sheaf: written for one tree; the choice at each node is a dsl::cond on a value
+// computed from the children (so a tree takes as many rounds as it is high).
+
+Expr GatedRvNN::sheaf_root(Graph& g, const data::Tree& t) const {
+  std::vector<Expr> h(static_cast<size_t>(t.size()));
+  for (int n = 0; n < t.size(); ++n) {  // post-order: children first
+    const auto k = static_cast<size_t>(n);
+    if (t.is_leaf(n)) {
+      h[k] = g.lookup(E, t.word[k], options_.sparse_embedding_grad);
+      continue;
+    }
+    const Expr hl = h[static_cast<size_t>(t.left[k])];
+    const Expr x = dsl::concat({hl, h[static_cast<size_t>(t.right[k])]});
+    const Expr gate = dsl::sum(dsl::affine(A, x, a));
+    h[k] = dsl::cond(gate > 0.0, [=, this] { return dsl::tanh(dsl::affine(W1, x, b1)); },
+                     [=, this] { return dsl::relu(dsl::affine(W2, x, b2)) * 0.5 + hl * 0.5; });
+  }
+  return h.back();
+}
+
+Expr GatedRvNN::sheaf_loss(Graph& g, const data::Tree& t) const {
+  return dsl::pick_neg_log_softmax(dsl::affine(V, sheaf_root(g, t), v), t.label.back());
+}
+
+Expr GatedRvNN::sheaf_batch_loss(Graph& g, std::span<const data::Tree* const> trees) const {
+  std::vector<Expr> losses;
+  for (size_t i = 0; i < trees.size(); ++i) {
+    auto scope = g.example(static_cast<int64_t>(i));
+    losses.push_back(sheaf_loss(g, *trees[i]));
+  }
+  return dsl::sum(losses);
+}
+
+std::vector<Expr> GatedRvNN::sheaf_batch_root_logits(Graph& g, std::span<const data::Tree* const> trees) const {
+  std::vector<Expr> logits;
+  for (size_t i = 0; i < trees.size(); ++i) {
+    auto scope = g.example(static_cast<int64_t>(i));
+    logits.push_back(dsl::affine(V, sheaf_root(g, *trees[i]), v));
+  }
+  return logits;
+}
+
+// ---------------------------------------------------------------------------
+// Eager, one tree: the decision is a host read per node, as per-example code must.
+
+at::Tensor GatedRvNN::per_example_root(const data::Tree& t) const {
+  std::vector<int64_t> ids;
+  for (int n = 0; n < t.size(); ++n)
+    if (t.is_leaf(n)) ids.push_back(t.word[static_cast<size_t>(n)]);
+  const at::Tensor emb =
+      at::embedding(E, at::tensor(ids, at::kLong).to(E.device()), -1, false, options_.sparse_embedding_grad);
+  std::vector<at::Tensor> h(static_cast<size_t>(t.size()));
+  int64_t leaf = 0;
+  for (int n = 0; n < t.size(); ++n) {
+    const auto k = static_cast<size_t>(n);
+    if (t.is_leaf(n)) {
+      h[k] = emb[leaf++];
+      continue;
+    }
+    const at::Tensor& hl = h[static_cast<size_t>(t.left[k])];
+    const at::Tensor x = at::cat({hl, h[static_cast<size_t>(t.right[k])]});
+    const bool plain = at::addmv(a, A, x).item<float>() > 0;
+    h[k] = plain ? at::tanh(at::addmv(b1, W1, x)) : at::relu(at::addmv(b2, W2, x)) * 0.5 + hl * 0.5;
+  }
+  return h.back();
+}
+
+at::Tensor GatedRvNN::per_example_root_logits(const data::Tree& t) const {
+  return at::addmv(v, V, per_example_root(t));
+}
+
+at::Tensor GatedRvNN::per_example_loss(const data::Tree& t) const {
+  return -at::log_softmax(per_example_root_logits(t), 0)[t.label.back()];
+}
+
+}  // namespace sheaf::models

@@ -1,0 +1,144 @@
+#include "weight_grad.h"
+
+#include <ATen/ops/addmv.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/mv.h>
+#include <ATen/ops/sum.h>
+#include <ATen/record_function.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+
+#include <type_traits>
+
+namespace sheaf {
+
+namespace {
+
+using torch::autograd::SavedVariable;
+using torch::autograd::variable_list;
+
+inline constexpr bool kIntrusiveNodes = std::is_base_of_v<c10::intrusive_ptr_target, torch::autograd::Node>;
+
+// Nodes are std::shared_ptr up to torch 2.12 and c10::intrusive_ptr since.
+template <class T>
+auto make_node() {
+  if constexpr (kIntrusiveNodes) return c10::make_intrusive<T>();
+  else return std::make_shared<T>();
+}
+
+// What the linears of one weight leave for its gradient: (dY, X) per batch.
+struct Rows {
+  std::vector<std::pair<at::Tensor, at::Tensor>> pending;
+};
+
+// Runs after every linear of its weight has had its backward: dW and db at once.
+struct WeightGradNode : torch::autograd::Node {
+  std::shared_ptr<Rows> rows;
+  bool has_bias = false;
+  std::string name() const override { return "sheaf::WeightGradBackward"; }
+  variable_list apply(variable_list&&) override {
+    variable_list out(has_bias ? 2 : 1);
+    if (rows->pending.empty()) return out;
+    RECORD_FUNCTION("sheaf::weight_grad", std::vector<c10::IValue>());
+    std::vector<at::Tensor> dys, xs;
+    for (auto& [dy, x] : rows->pending) {
+      dys.push_back(dy);
+      xs.push_back(x);
+    }
+    rows->pending.clear();
+    const at::Tensor dy = dys.size() == 1 ? dys[0] : at::cat(dys);
+    const at::Tensor x = xs.size() == 1 ? xs[0] : at::cat(xs);
+    if (should_compute_output(0)) out[0] = at::mm(dy.t(), x);
+    if (has_bias && should_compute_output(1)) out[1] = at::sum(dy, 0);
+    return out;
+  }
+};
+
+// One batch's x W^T + b: dX now, (dY, X) for the weight's node.
+struct LinearNode : torch::autograd::Node {
+  std::shared_ptr<Rows> rows;
+  SavedVariable x, w;
+  std::vector<int64_t> x_sizes;
+  std::string name() const override { return "sheaf::LinearBackward"; }
+  void release_variables() override {
+    x.reset_data();
+    w.reset_data();
+  }
+  variable_list apply(variable_list&& grads) override {
+    variable_list out(3);
+    if (!grads[0].defined()) return out;
+    const at::Tensor weight = w.unpack();
+    const at::Tensor dy = grads[0].reshape({-1, weight.size(0)});
+    if (should_compute_output(0)) out[0] = at::mm(dy, weight).view(x_sizes);
+    rows->pending.emplace_back(dy, x.unpack().reshape({-1, weight.size(1)}));
+    return out;  // the weight's and the bias's gradients come from WeightGradNode
+  }
+};
+
+}  // namespace
+
+struct WeightGradBatcher::Tap {
+  std::shared_ptr<Rows> rows = std::make_shared<Rows>();
+  decltype(make_node<WeightGradNode>()) node;
+};
+
+WeightGradBatcher::WeightGradBatcher() = default;
+WeightGradBatcher::~WeightGradBatcher() = default;
+
+at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  if (x.dim() == 2 && x.size(0) == 1) {
+    at::Tensor y = b.defined() ? at::addmv(b, w, x[0]) : at::mv(w, x[0]);
+    return y.unsqueeze(0);
+  }
+  const int64_t m = x.dim() == 2 ? x.size(0) : 0;
+  if (m > 0 && m < 64 && m % 4 != 0) {
+    at::Tensor padded = at::constant_pad_nd(x, {0, 0, 0, 4 - m % 4});
+    return at::linear(padded, w, b).narrow(0, 0, m);
+  }
+  return at::linear(x, w, b);
+}
+
+at::Tensor WeightGradBatcher::linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  const bool track = c10::GradMode::is_enabled() && (w.requires_grad() || (b.defined() && b.requires_grad()));
+  if (!track) return linear_rows(x, w, b);
+  at::Tensor y;
+  {
+    c10::AutoGradMode no_grad(false);
+    y = linear_rows(x, w, b);
+  }
+  // The weight's node, made at its first use in this round.
+  const std::pair<const void*, const void*> key{w.unsafeGetTensorImpl(), b.defined() ? b.unsafeGetTensorImpl() : nullptr};
+  std::shared_ptr<Tap> tap;
+  for (auto& [k, t] : taps_)
+    if (k == key) tap = t;
+  if (!tap) {
+    tap = std::make_shared<Tap>();
+    tap->node = make_node<WeightGradNode>();
+    tap->node->rows = tap->rows;
+    tap->node->has_bias = b.defined();
+    torch::autograd::edge_list edges{torch::autograd::impl::gradient_edge(w)};
+    tap->node->add_input_metadata(w);
+    if (b.defined()) {
+      edges.push_back(torch::autograd::impl::gradient_edge(b));
+      tap->node->add_input_metadata(b);
+    }
+    tap->node->set_next_edges(std::move(edges));
+    taps_.emplace_back(key, tap);
+  }
+  auto node = make_node<LinearNode>();
+  node->rows = tap->rows;
+  node->x = SavedVariable(x, /*is_output=*/false);
+  node->w = SavedVariable(w, /*is_output=*/false);
+  node->x_sizes = x.sizes().vec();
+  node->set_next_edges({torch::autograd::impl::gradient_edge(x), torch::autograd::Edge(tap->node, 0),
+                        b.defined() ? torch::autograd::Edge(tap->node, 1) : torch::autograd::Edge()});
+  torch::autograd::set_history(y, node);
+  return y;
+}
+
+}  // namespace sheaf
