@@ -139,6 +139,8 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate) {
   stats_.fuse_ms = parts.fuse_ms;
   stats_.strategy_ms = parts.strategy_ms;
   stats_.plan_ms = parts.plan_ms;
+  stats_.round_visits = parts.visits;
+  stats_.deferred_inferences = trace_.deferred_inferences();
   if (!launch) return false;
   stats_.split_shared += scheduler_.split_shared();
   if (debug_enabled()) {
@@ -163,21 +165,19 @@ void Engine::execute_round() {
     exec.run(scheduler_.plan());
   } catch (...) {
     // The failed batch is marked failed (never retried); nodes that did not run
-    // go back to pending, so the rest of the graph stays usable.
+    // are looked at again next round, so the rest of the graph stays usable.
     NodeStore& s = trace_.store();
     bool first_uncomputed = true;
     for (const PlannedBatch& b : scheduler_.plan().batches) {
       if (s.has(scheduler_.plan().nodes[b.nodes_begin], NodeStore::kComputed)) continue;
-      for (uint32_t i = 0; i < b.n; ++i) {
+      for (uint32_t i = 0; i < b.n * b.outputs; ++i) {
         const NodeId n = scheduler_.plan().nodes[b.nodes_begin + i];
         if (first_uncomputed) s.flags[n] |= NodeStore::kFailed;
-        trace_.pending().push_back(n);
+        trace_.ready().add(n);
       }
       first_uncomputed = false;
     }
-    auto& aliases = scheduler_.aliases();
-    trace_.pending().insert(trace_.pending().end(), aliases.begin(), aliases.end());
-    std::sort(trace_.pending().begin(), trace_.pending().end());
+    for (NodeId p : scheduler_.aliases()) trace_.ready().add(p);
     stats_.execute_ms += ms_since(t0);
     throw;
   }

@@ -14,6 +14,11 @@ struct Stats : ExecCounters {
   uint64_t rounds = 0;   // schedule+execute rounds; > 1 only with control flow
   uint64_t fetches = 0;  // device->host copies of values awaited by control flow (one per round at most)
   uint64_t split_shared = 0;  // batches split only because a "shared" operand was a different tensor (see docs)
+  // Host work that control flow costs, counted (not timed): nodes the rounds
+  // looked at, and shapes inferred once a dsl::cond resolved. Both grow with
+  // the nodes recorded, not with nodes x rounds.
+  uint64_t round_visits = 0;
+  uint64_t deferred_inferences = 0;
   // Wall-clock milliseconds:
   double trace_ms = 0;     // recording: from the first node recorded after clear()/forward() to the next
                            // forward()/prepare(), plus control-flow callbacks (branches, loop bodies, coroutines)

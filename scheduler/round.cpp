@@ -6,7 +6,7 @@ namespace sheaf {
 
 namespace {
 
-constexpr uint8_t kUndecided = 0, kReady = 1, kBlocked = 2;
+constexpr uint8_t kReady = 1;
 
 // Starts a round's marks: stamps from earlier rounds become stale.
 uint32_t next_round(const NodeStore& s, RoundDag& dag) {
@@ -20,11 +20,15 @@ uint32_t next_round(const NodeStore& s, RoundDag& dag) {
   return dag.round;
 }
 
-// What can run now. Passes in index order mark what is ready; only resolved
-// placeholders point forward (to their branch), so a few passes reach the
-// fixpoint. The marking order is a topological order: dag.node gets it, and
-// each node's in-round arguments and depth as it is marked.
-void mark_runnable(const NodeStore& s, std::vector<NodeId>& pending, std::vector<NodeId>& aliases, RoundDag& dag) {
+// What can run now, looking only at the queue's candidates (new nodes and nodes
+// woken since the last round), in index order: arguments come first, so one
+// pass decides them. A node that cannot run parks on the node that stops it; a
+// node found ready wakes its waiters into this same pass (they come after it,
+// so the order stays topological: dag.node gets it, with each node's in-round
+// arguments and depth). An unresolved placeholder, a node whose shape waits on
+// a cond, and a failed node are dropped: resolving, inferring the shape, and
+// nothing, respectively, bring them back.
+void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& aliases, RoundDag& dag, uint64_t& visits) {
   const uint32_t round = next_round(s, dag);
   dag.node.clear();
   dag.sig.clear();
@@ -32,67 +36,57 @@ void mark_runnable(const NodeStore& s, std::vector<NodeId>& pending, std::vector
   dag.arg_begin.assign(1, 0);
   dag.args.clear();
   dag.max_depth = 0;
-  auto status = [&](NodeId a) -> uint8_t {
-    const NodeId r = s.resolve(a);
-    if (s.has(r, NodeStore::kComputed)) return kReady;
-    return dag.stamp[r] == round ? dag.mark[r] : kUndecided;
-  };
-  auto& undecided = dag.undecided;
-  undecided.clear();
-  undecided.swap(pending);
-  for (bool progress = true; progress && !undecided.empty();) {
-    progress = false;
-    size_t keep = 0;
-    for (NodeId n : undecided) {
-      uint8_t st = kReady;
-      if (s.has(n, NodeStore::kPlaceholder)) {
-        st = s.alias[n] == kNoNode ? kBlocked : status(n);
-      } else if (s.shape[n] == kUnknownShape || s.has(n, NodeStore::kFailed)) {
-        st = kBlocked;
-      } else {
-        for (NodeId a : s.args_of(n)) {
-          const uint8_t sa = status(a);
-          if (sa == kBlocked) {
-            st = kBlocked;
-            break;
-          }
-          if (sa == kUndecided) st = kUndecided;
+  auto& work = dag.undecided;
+  work.clear();
+  work.swap(q.candidates());
+  if (!std::is_sorted(work.begin(), work.end())) std::sort(work.begin(), work.end());
+  auto ready = [&](NodeId r) { return s.has(r, NodeStore::kComputed) || (dag.stamp[r] == round && dag.mark[r] == kReady); };
+  for (size_t i = 0; i < work.size(); ++i) {
+    const NodeId n = work[i];
+    ++visits;
+    if (s.has(n, NodeStore::kComputed) || dag.stamp[n] == round) continue;  // done, or seen this round
+    NodeId blocker = kNoNode;
+    if (s.has(n, NodeStore::kPlaceholder)) {
+      if (s.alias[n] == kNoNode) continue;  // Trace::resolve brings it back
+      const NodeId r = s.resolve(n);
+      if (!ready(r)) blocker = r;
+    } else if (s.shape[n] == kUnknownShape || s.has(n, NodeStore::kFailed)) {
+      continue;  // its shape's inference brings it back; a failed node never runs
+    } else {
+      for (NodeId a : s.args_of(n)) {
+        const NodeId r = s.resolve(a);
+        if (!ready(r)) {
+          blocker = r;
+          break;
         }
-      }
-      if (st == kUndecided) {
-        undecided[keep++] = n;
-        continue;
-      }
-      progress = true;
-      dag.mark[n] = st;
-      dag.stamp[n] = round;
-      if (st == kBlocked) {
-        pending.push_back(n);
-      } else if (s.has(n, NodeStore::kPlaceholder)) {
-        aliases.push_back(n);
-      } else {
-        dag.local_of[n] = static_cast<uint32_t>(dag.node.size());
-        dag.node.push_back(n);
-        dag.sig.push_back(s.sig[n]);
-        uint32_t d = 0;
-        for (NodeId a : s.args_of(n)) {
-          const NodeId r = s.resolve(a);
-          if (s.has(r, NodeStore::kComputed)) continue;
-          const uint32_t la = dag.local_of[r];
-          dag.args.push_back(la);
-          d = std::max(d, dag.depth[la] + 1);
-        }
-        dag.depth.push_back(d);
-        dag.max_depth = std::max(dag.max_depth, d);
-        dag.arg_begin.push_back(static_cast<uint32_t>(dag.args.size()));
       }
     }
-    undecided.resize(keep);
+    if (blocker != kNoNode) {
+      q.park(n, blocker);
+      continue;
+    }
+    dag.mark[n] = kReady;
+    dag.stamp[n] = round;
+    if (s.has(n, NodeStore::kPlaceholder)) {
+      aliases.push_back(n);
+    } else {
+      dag.local_of[n] = static_cast<uint32_t>(dag.node.size());
+      dag.node.push_back(n);
+      dag.sig.push_back(s.sig[n]);
+      uint32_t d = 0;
+      for (NodeId a : s.args_of(n)) {
+        const NodeId r = s.resolve(a);
+        if (s.has(r, NodeStore::kComputed)) continue;
+        const uint32_t la = dag.local_of[r];
+        dag.args.push_back(la);
+        d = std::max(d, dag.depth[la] + 1);
+      }
+      dag.depth.push_back(d);
+      dag.max_depth = std::max(dag.max_depth, d);
+      dag.arg_begin.push_back(static_cast<uint32_t>(dag.args.size()));
+    }
+    q.wake(n, work);
   }
-  // Whatever is still undecided waits on a cycle through placeholders: impossible
-  // unless a branch returned its own placeholder; keep it pending (it never runs).
-  pending.insert(pending.end(), undecided.begin(), undecided.end());
-  std::sort(pending.begin(), pending.end());
 }
 
 }  // namespace
@@ -123,8 +117,9 @@ void link_dag(RoundDag& dag) {
   link_uses(dag);
 }
 
-void build_round(const NodeStore& s, std::vector<NodeId>& pending, std::vector<NodeId>& aliases, RoundDag& dag) {
-  mark_runnable(s, pending, aliases, dag);
+void build_round(const NodeStore& s, ReadyQueue& queue, std::vector<NodeId>& aliases, RoundDag& dag,
+                 uint64_t& visits) {
+  mark_runnable(s, queue, aliases, dag, visits);
   dag.region.assign(dag.size(), kNone32);
   link_uses(dag);
 }

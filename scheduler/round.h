@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <sheaf/tracer/node_store.h>
+#include <sheaf/tracer/ready.h>
 
 namespace sheaf {
 
@@ -28,7 +29,7 @@ struct RoundDag {
   uint32_t round = 0;
   std::vector<uint32_t> local_of;
   std::vector<uint32_t> fill;
-  std::vector<NodeId> undecided;
+  std::vector<NodeId> undecided;  // the round's work list
   size_t size() const { return node.size(); }
   // Signatures are dense ids: a table indexed by signature needs this many entries.
   uint32_t num_sigs() const {
@@ -41,11 +42,13 @@ struct RoundDag {
   std::span<const uint32_t> uses_of(uint32_t i) const { return {uses.data() + use_begin[i], uses.data() + use_begin[i + 1]}; }
 };
 
-// Splits `pending` into the nodes that can run now (returned as a DAG) and those
-// that wait on an unresolved dsl::cond/loop (left in `pending`). Resolved
-// placeholders whose value is ready are moved to `aliases`: they need no launch.
-// `dag` is overwritten; its buffers are reused.
-void build_round(const NodeStore& store, std::vector<NodeId>& pending, std::vector<NodeId>& aliases, RoundDag& dag);
+// The nodes that can run now, as a DAG, from the queue's candidates (the rest
+// park in the queue until what they wait for is ready; a round's work follows
+// what changed). Resolved placeholders whose value is ready go to `aliases`:
+// they need no launch. `visits` counts the nodes looked at. `dag` is
+// overwritten; its buffers are reused.
+void build_round(const NodeStore& store, ReadyQueue& queue, std::vector<NodeId>& aliases, RoundDag& dag,
+                 uint64_t& visits);
 
 // A DAG built by hand (tests, tools): nodes 0..n-1 with the given signatures and
 // in-round arguments (each argument's id below its user's).

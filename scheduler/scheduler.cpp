@@ -22,7 +22,7 @@ void lap(Clock::time_point& t, double& into) {
 bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, bool fuse) {
   auto t = Clock::now();
   aliases_.clear();
-  build_round(trace.store(), trace.pending(), aliases_, dag_);
+  build_round(trace.store(), trace.ready(), aliases_, dag_, times_.visits);
   lap(t, times_.round_ms);
   if (dag_.size() == 0) return false;
   if (fuse) fuser_.fuse(trace.store(), dag_);

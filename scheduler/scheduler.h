@@ -24,9 +24,10 @@ class Scheduler {
   // Milliseconds spent in each step, accumulated over calls.
   struct Times {
     double round_ms = 0, fuse_ms = 0, strategy_ms = 0, plan_ms = 0;
+    uint64_t visits = 0;  // nodes build_round looked at
   };
 
-  // Takes the nodes of `trace` that can run now out of its pending list, fuses
+  // Takes the nodes of `trace` that can run now (its ready queue), fuses
   // elementwise regions (if `fuse`: scheduler/fusion.h) and plans them with
   // `strategy` (checking the strategy's batches if `validate`). Returns false
   // when the round has nothing to launch (it only resolved placeholders: see

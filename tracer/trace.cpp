@@ -83,7 +83,7 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
     wait_for_shapes(n);
   else if (!is_shared)
     s_.sig[n] = signature(n, info.traits);
-  pending_.push_back(n);
+  ready_.add(n);
   return n;
 }
 
@@ -138,7 +138,7 @@ NodeId Trace::param(const at::Tensor& w, std::source_location loc) {
   const NodeId n = record(code_of<op::Param>, {}, shape_attrs(w), slot, loc);
   s_.user_tensors.push_back(w);
   // A parameter needs no launch: its value is the tensor itself.
-  pending_.pop_back();
+  ready_.candidates().pop_back();
   s_.flags[n] |= NodeStore::kShared | NodeStore::kComputed;
   s_.example[n] = kSharedExample;
   s_.value_batch[n] = static_cast<uint32_t>(s_.batch_out.size());
@@ -235,6 +235,7 @@ void Trace::resolve(NodeId p, NodeId value) {
     throw_user(site_of(p), "the body returned shape ", s_.shapes[got].str(), " but the loop state has shape ",
                s_.shapes[want].str());
   s_.alias[p] = value;
+  ready_.add(p);  // the scheduler dropped it while unresolved
   if (got == kUnknownShape) {
     // The value itself waits on another cond: p follows it when it is known.
     wait_for_shapes(p);
@@ -272,18 +273,22 @@ void Trace::wait_for_shapes(NodeId n) {
 // in one of them is rethrown after the others are done, so one example's
 // mistake leaves the other examples' shapes right.
 void Trace::shape_became_known(NodeId n) {
-  ready_.clear();
-  ready_.push_back(n);
+  known_.clear();
+  known_.push_back(n);
   std::exception_ptr first_error;
-  while (!ready_.empty()) {
-    const NodeId k = ready_.back();
-    ready_.pop_back();
+  while (!known_.empty()) {
+    const NodeId k = known_.back();
+    known_.pop_back();
     if (k >= dep_head_.size()) continue;
     for (uint32_t e = std::exchange(dep_head_[k], kNone32); e != kNone32; e = dep_next_[e]) {
       const NodeId d = dep_node_[e];
       if (--missing_[d] != 0) continue;
       try {
-        if (infer_deferred(d)) ready_.push_back(d);
+        ++deferred_inferences_;
+        if (infer_deferred(d)) {
+          known_.push_back(d);
+          ready_.add(d);  // the scheduler dropped it while its shape was unknown
+        }
       } catch (const UserError&) {
         if (!first_error) first_error = std::current_exception();
       }
@@ -328,7 +333,8 @@ void Trace::clear() {
   s_.clear();
   last_sig_.fill(LastSig{});  // signature ids start again from 0
   recent_params_.fill(RecentParam{});
-  pending_.clear();
+  ready_.clear();
+  deferred_inferences_ = 0;
   param_nodes_.clear();
   param_uses_.clear();
   example_ids_.clear();

@@ -26,6 +26,7 @@
 #include <sheaf/ops/op.h>
 
 #include "node_store.h"
+#include "ready.h"
 
 namespace sheaf {
 
@@ -56,9 +57,12 @@ class Trace {
   int64_t current_example() const { return current_example_; }
   void set_current_example(int64_t id) { current_example_ = id; }
 
-  // Recorded and not yet computed: the scheduler takes its rounds from here.
-  std::vector<NodeId>& pending() { return pending_; }
-  const std::vector<NodeId>& pending() const { return pending_; }
+  // What the next round looks at (new nodes, and nodes no longer waiting); the
+  // scheduler takes its rounds from here and parks what cannot run yet.
+  ReadyQueue& ready() { return ready_; }
+  // Shape inferences made after a dsl::cond resolved (work that a round's
+  // control flow costs; it grows with the nodes that depend on the cond).
+  uint64_t deferred_inferences() const { return deferred_inferences_; }
 
   void clear();
   std::string dump() const;
@@ -80,7 +84,8 @@ class Trace {
   NodeStore s_;
   c10::Device device_;
   int64_t current_example_ = 0;
-  std::vector<NodeId> pending_;
+  ReadyQueue ready_;
+  uint64_t deferred_inferences_ = 0;
   std::unordered_map<const void*, NodeId> param_nodes_;
   std::vector<uint32_t> param_uses_;  // per node (parameters only)
   // Per example: nodes recorded so far (dropout keys). Indexed through a hash
@@ -92,7 +97,7 @@ class Trace {
   // through dep_next_), and per waiting node how many of its arguments are unknown.
   std::vector<uint32_t> dep_head_, dep_next_, missing_;
   std::vector<NodeId> dep_node_;
-  std::vector<NodeId> ready_;  // scratch: nodes whose shapes can now be inferred
+  std::vector<NodeId> known_;  // scratch: nodes whose shapes became known, to propagate from
   // record()'s scratch, for ops with many arguments.
   std::vector<const Shape*> arg_shapes_;
   std::vector<uint8_t> arg_shared_;

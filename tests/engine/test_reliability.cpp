@@ -181,3 +181,26 @@ TEST_CASE("F: a shared operand made per example is counted as a split batch", "[
   CHECK(copies.batches == same.batches + 7);
   CHECK_THAT(copies.str(), Contains("8 batches split by distinct shared operands"));
 }
+
+TEST_CASE("control flow costs host work in proportion to the nodes recorded, not nodes x rounds",
+          "[engine][control][linear]") {
+  // Each example: a chain of 20 conds, each deciding on the previous one's result.
+  auto work_for = [](int examples) {
+    Graph g;
+    std::vector<Expr> outs;
+    for (int i = 0; i < examples; ++i) {
+      auto scope = g.example(i);
+      Expr x = g.input(data({4}, i));
+      for (int k = 0; k < 20; ++k)
+        x = dsl::cond(dsl::sum(x) > 0.0, [=] { return x * 0.9 - 0.05; }, [=] { return x * 1.1 + 0.05; });
+      outs.push_back(dsl::sum(x));
+    }
+    g.forward(outs);
+    CHECK(g.stats().rounds >= 20);
+    return static_cast<double>(g.stats().round_visits + g.stats().deferred_inferences);
+  };
+  const double small = work_for(32), large = work_for(256);
+  INFO("counted work: 32 examples " << small << ", 256 examples " << large);
+  CHECK(large <= 12 * small);  // 8x the examples: linear is 8x; a rescan per round was ~64x
+  CHECK(large >= 6 * small);   // and the counters do count
+}

@@ -35,7 +35,8 @@ struct Fixture {
   Plan plan(const std::vector<std::vector<NodeId>>& batches) {
     RoundDag dag;
     std::vector<NodeId> aliases;
-    build_round(t.store(), t.pending(), aliases, dag);
+    uint64_t visits = 0;
+    build_round(t.store(), t.ready(), aliases, dag, visits);
     Batches b;
     for (const auto& batch : batches) {
       for (NodeId n : batch) b.nodes.push_back(dag.local_of[n]);
