@@ -11,9 +11,9 @@ namespace {
 using detail::Engine;
 
 // Predicates are per-example scalars; a host value of any other size is a mistake.
-bool truth(const at::Tensor& v, const Site& site) {
+bool truth(const HostValue& v, const Site& site) {
   if (v.numel() != 1) throw_user(site, "the predicate must be a scalar, got ", v.numel(), " elements");
-  return v.item<double>() != 0.0;
+  return v.data[0] != 0.0f;
 }
 
 Engine& engine_for(const Expr& e, const Site& site) {
@@ -60,7 +60,7 @@ void loop_step(const std::shared_ptr<LoopState>& st, std::vector<Expr> state, in
   Engine& g = *st->g;
   Expr c = in_example(g, st->site.example, [&] { return st->cond_fn(state); });
   expect_scalar(g, c, st->site, "the loop condition");
-  g.when_computed(c.id(), [st, state = std::move(state), iteration](const at::Tensor& v) {
+  g.when_computed(c.id(), [st, state = std::move(state), iteration](const HostValue& v) {
     Engine& g = *st->g;
     if (!truth(v, st->site)) {
       for (size_t i = 0; i < state.size(); ++i)
@@ -95,7 +95,7 @@ Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_f
   if (!then_fn || !else_fn) throw_user(site, "both branches must be callable");
   Expr result = g.expr(g.trace().placeholder(kUnknownShape, site.example, loc));
   g.when_computed(pred.id(), [&g, site, result, then_fn = std::move(then_fn), else_fn = std::move(else_fn)](
-                                 const at::Tensor& v) {
+                                 const HostValue& v) {
     const bool taken = truth(v, site);
     Expr r = in_example(g, site.example, [&] { return taken ? then_fn() : else_fn(); });
     g.trace().resolve(result.id(), g.node_of(r, "cond", site.loc));

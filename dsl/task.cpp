@@ -6,11 +6,11 @@ namespace sheaf {
 
 namespace detail {
 
-AwaitToken await_value(const Expr& expr, std::function<void(const at::Tensor&)> resume, std::source_location loc) {
+AwaitToken await_value(const Expr& expr, std::function<void(const HostValue&)> resume, std::source_location loc) {
   Engine& g = Engine::of(expr, loc);
   const NodeId n = g.node_of(expr, "co_await", loc);
   const int64_t example = g.trace().current_example();
-  const WaiterId id = g.when_computed(n, [&g, example, resume = std::move(resume)](const at::Tensor& v) {
+  const WaiterId id = g.when_computed(n, [&g, example, resume = std::move(resume)](const HostValue& v) {
     Trace& t = g.trace();
     const int64_t saved = t.current_example();
     t.set_current_example(example);
@@ -34,14 +34,22 @@ void report_task_failure(std::exception_ptr error) {
 
 }  // namespace detail
 
-double host_item(const at::Tensor& v, std::source_location loc) {
+double host_item(const HostValue& v, std::source_location loc) {
   if (v.numel() != 1) throw_user_at(loc, "fetch_item() of a value with ", v.numel(), " elements; it needs a scalar");
-  return v.item<double>();
+  return v.data[0];
 }
 
-int64_t host_argmax(const at::Tensor& v, std::source_location loc) {
-  if (v.numel() == 0) throw_user_at(loc, "fetch_argmax() of an empty value");
-  return v.reshape({-1}).argmax().item<int64_t>();
+// The first largest element, as at::argmax; a NaN counts as the largest.
+int64_t host_argmax(const HostValue& v, std::source_location loc) {
+  const int64_t n = v.numel();
+  if (n == 0) throw_user_at(loc, "fetch_argmax() of an empty value");
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    const float x = v.data[i], b = v.data[best];
+    if (b != b) break;
+    if (x != x || x > b) best = i;
+  }
+  return best;
 }
 
 }  // namespace sheaf

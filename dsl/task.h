@@ -40,6 +40,7 @@
 
 #include <sheaf/core/error.h>
 #include <sheaf/engine/expr.h>
+#include <sheaf/engine/host_value.h>
 
 namespace sheaf {
 
@@ -51,7 +52,7 @@ struct AwaitToken {
   Expr expr;  // names the graph (and sees it cleared or gone)
   uint32_t index = kNone32, generation = 0;
 };
-AwaitToken await_value(const Expr& expr, std::function<void(const at::Tensor&)> resume, std::source_location loc);
+AwaitToken await_value(const Expr& expr, std::function<void(const HostValue&)> resume, std::source_location loc);
 // Withdraws a registration that has not been delivered (no-op otherwise, or if
 // the graph is gone or cleared).
 void cancel_await(const AwaitToken& token);
@@ -70,7 +71,7 @@ void mark_suspended(std::coroutine_handle<P> h) noexcept {
 struct ValueAwaiter {
   Expr expr;
   std::source_location loc;
-  at::Tensor value;
+  HostValue value;  // valid while the task runs on from its co_await (until it suspends again)
   AwaitToken token;
   bool waiting = false;
 
@@ -83,7 +84,7 @@ struct ValueAwaiter {
   bool await_ready() const noexcept { return false; }
   template <class P>
   void await_suspend(std::coroutine_handle<P> h) {
-    token = await_value(expr, [this, h](const at::Tensor& v) {
+    token = await_value(expr, [this, h](const HostValue& v) {
       waiting = false;
       value = v;
       h.resume();
@@ -210,12 +211,12 @@ struct Promise<void> : PromiseOf<void> {
 inline auto fetch(Expr e, std::source_location loc = std::source_location::current()) {
   struct A : detail::ValueAwaiter {
     using ValueAwaiter::ValueAwaiter;
-    at::Tensor await_resume() { return value; }
+    at::Tensor await_resume() { return value.tensor(); }
   };
   return A{e, loc};
 }
 // co_await fetch_item(e): a scalar e's value as a double.
-double host_item(const at::Tensor& v, std::source_location loc);
+double host_item(const HostValue& v, std::source_location loc);
 inline auto fetch_item(Expr e, std::source_location loc = std::source_location::current()) {
   struct A : detail::ValueAwaiter {
     using ValueAwaiter::ValueAwaiter;
@@ -224,7 +225,7 @@ inline auto fetch_item(Expr e, std::source_location loc = std::source_location::
   return A{e, loc};
 }
 // co_await fetch_argmax(e): the index of the largest element of e (flattened).
-int64_t host_argmax(const at::Tensor& v, std::source_location loc);
+int64_t host_argmax(const HostValue& v, std::source_location loc);
 inline auto fetch_argmax(Expr e, std::source_location loc = std::source_location::current()) {
   struct A : detail::ValueAwaiter {
     using ValueAwaiter::ValueAwaiter;

@@ -330,7 +330,7 @@ bool Engine::deliver_waiters() {
   const auto t0 = Clock::now();
   std::vector<NodeId> nodes;
   for (uint32_t i : ready) nodes.push_back(waiters_[i].node);
-  std::vector<at::Tensor> host = fetch_to_host(nodes);
+  const std::vector<HostValue> host = fetch_to_host(nodes);
   stats_.fetch_ms += ms_since(t0);
 
   // Take the callbacks out first: they register new waiters (slots get reused).
@@ -351,16 +351,39 @@ bool Engine::deliver_waiters() {
     }
   }
   t_delivering = outer;
+  fetched_.clear();
   stats_.trace_ms += ms_since(t1);
   return true;
 }
 
-// Groups rows by the batch that holds them: one index_select per batch, one cat,
-// one copy to the host.
-std::vector<at::Tensor> Engine::fetch_to_host(std::span<const NodeId> nodes) {
+// On the CPU the values are read where they are (a batch made contiguous at
+// most once). On a device, rows are grouped by the batch that holds them: one
+// index_select per batch, one cat, one copy to the host for the whole round.
+std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
   NodeStore& s = trace_.store();
   c10::NoGradGuard no_grad;
-  std::vector<at::Tensor> host(nodes.size());
+  ++stats_.fetches;
+  std::vector<HostValue> host(nodes.size());
+  fetched_.clear();
+  if (options_.device.is_cpu()) {
+    std::vector<std::pair<uint32_t, size_t>> seen;  // batch -> its contiguous tensor in fetched_
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const NodeId r = s.resolve(nodes[i]);
+      const uint32_t b = s.value_batch[r];
+      size_t slot = fetched_.size();
+      for (const auto& [batch, k] : seen)
+        if (batch == b) slot = k;
+      if (slot == fetched_.size()) {
+        const at::Tensor& t = lazy_.get(s, b);
+        fetched_.push_back(t.is_contiguous() ? t.detach() : t.detach().contiguous());
+        seen.emplace_back(b, slot);
+      }
+      const Shape& shape = s.shape_of(r);
+      const uint32_t row = s.value_row[r];
+      host[i] = HostValue{fetched_[slot].data_ptr<float>() + (row == kWholeRow ? 0 : row * shape.numel()), &shape};
+    }
+    return host;
+  }
   std::vector<std::pair<uint32_t, size_t>> by_batch;  // (batch, position in nodes)
   for (size_t i = 0; i < nodes.size(); ++i) by_batch.emplace_back(s.value_batch[s.resolve(nodes[i])], i);
   std::stable_sort(by_batch.begin(), by_batch.end());
@@ -379,19 +402,17 @@ std::vector<at::Tensor> Engine::fetch_to_host(std::span<const NodeId> nodes) {
     if (rows[0] < 0) {
       for (size_t q = k; q < j; ++q) flat.push_back(t.detach().reshape({-1}));
     } else {
-      at::Tensor idx = at::tensor(rows, at::TensorOptions().dtype(at::kLong));
-      if (t.is_cuda()) idx = idx.pin_memory().to(t.device(), /*non_blocking=*/true);
-      flat.push_back(t.detach().index_select(0, idx).reshape({-1}));
+      at::Tensor idx = at::tensor(rows, at::TensorOptions().dtype(at::kLong)).pin_memory();
+      flat.push_back(t.detach().index_select(0, idx.to(t.device(), /*non_blocking=*/true)).reshape({-1}));
     }
     k = j;
   }
-  const at::Tensor all = (flat.size() == 1 ? flat[0] : at::cat(flat)).to(at::kCPU).contiguous();
-  ++stats_.fetches;
+  fetched_.push_back((flat.size() == 1 ? flat[0] : at::cat(flat)).to(at::kCPU).contiguous());
+  const float* all = fetched_.back().data_ptr<float>();
   int64_t off = 0;
   for (size_t q = 0; q < order.size(); ++q) {
     const Shape& shape = s.shape_of(s.resolve(nodes[order[q]]));
-    host[order[q]] =
-        all.narrow(0, off, shape.numel()).view(std::vector<int64_t>(shape.dims().begin(), shape.dims().end()));
+    host[order[q]] = HostValue{all + off, &shape};
     off += shape.numel();
   }
   return host;

@@ -28,13 +28,14 @@
 
 #include "expr.h"
 #include "graph.h"
+#include "host_value.h"
 
 namespace sheaf::detail {
 
 // Something waiting for the computed value of a node (a dsl::cond, a dsl::loop
 // step, a suspended coroutine). Called with the value on the CPU, after the
 // round that computed it; it may record more nodes.
-using ValueCallback = std::function<void(const at::Tensor& host_value)>;
+using ValueCallback = std::function<void(const HostValue& value)>;
 
 // A registered waiter, to cancel it (a coroutine destroyed while it waits).
 struct WaiterId {
@@ -109,7 +110,7 @@ class Engine {
   void execute_round();
   void finish_aliases();
   bool deliver_waiters();
-  std::vector<at::Tensor> fetch_to_host(std::span<const NodeId> nodes);
+  std::vector<HostValue> fetch_to_host(std::span<const NodeId> nodes);
   void check_targets(std::span<const Expr> targets, Loc loc) const;
   [[noreturn]] void throw_runaway(int max_rounds, Loc loc) const;
   void throw_failures(Loc loc);
@@ -130,6 +131,7 @@ class Engine {
   size_t live_waiters_ = 0;
   uint64_t next_order_ = 0;
   std::vector<Failure> failures_;
+  std::vector<at::Tensor> fetched_;  // what the current delivery's HostValues point into
   bool prepared_ = false;  // the scheduler holds a planned round that forward() runs first
   bool recording_ = false; // a node was recorded since the last forward()/prepare()/clear()
   std::chrono::steady_clock::time_point trace_start_;

@@ -1,6 +1,8 @@
 // Graph and Expr: the public facade over the engine.
 #include "graph.h"
 
+#include <ATen/ops/from_blob.h>
+
 #include <sstream>
 
 #include "engine.h"
@@ -76,6 +78,13 @@ double Expr::item(Loc loc) const {
 }
 
 // ---------------------------------------------------------------------------
+
+at::Tensor HostValue::tensor() const {
+  const auto dims = shape->dims();
+  return at::from_blob(const_cast<float*>(data), std::vector<int64_t>(dims.begin(), dims.end()),
+                       at::TensorOptions().dtype(at::kFloat))
+      .clone();
+}
 
 std::string Stats::str() const {
   std::ostringstream os;

@@ -1,0 +1,24 @@
+// A computed value on the host, handed to whatever awaited it (a dsl::cond, a
+// dsl::loop step, a coroutine). Valid only during that call: it points into
+// the round's values (on the CPU, the batch output itself: nothing is copied)
+// or into the round's one device->host copy.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+#include <sheaf/core/shape.h>
+
+namespace sheaf {
+
+struct HostValue {
+  const float* data = nullptr;
+  const Shape* shape = nullptr;
+
+  int64_t numel() const { return shape->numel(); }
+  // A CPU tensor of the value that the caller owns (one copy).
+  at::Tensor tensor() const;
+};
+
+}  // namespace sheaf
