@@ -378,9 +378,9 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
         fetched_.push_back(t.is_contiguous() ? t.detach() : t.detach().contiguous());
         seen.emplace_back(b, slot);
       }
-      const Shape& shape = s.shape_of(r);
+      const Shape shape = s.shape_of(r);
       const uint32_t row = s.value_row[r];
-      host[i] = HostValue{fetched_[slot].data_ptr<float>() + (row == kWholeRow ? 0 : row * shape.numel()), &shape};
+      host[i] = HostValue{fetched_[slot].data_ptr<float>() + (row == kWholeRow ? 0 : row * shape.numel()), shape};
     }
     return host;
   }
@@ -412,7 +412,7 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
   int64_t off = 0;
   for (size_t q = 0; q < order.size(); ++q) {
     const Shape& shape = s.shape_of(s.resolve(nodes[order[q]]));
-    host[order[q]] = HostValue{all + off, &shape};
+    host[order[q]] = HostValue{all + off, shape};
     off += shape.numel();
   }
   return host;

@@ -80,7 +80,7 @@ double Expr::item(Loc loc) const {
 // ---------------------------------------------------------------------------
 
 at::Tensor HostValue::tensor() const {
-  const auto dims = shape->dims();
+  const auto dims = shape.dims();
   return at::from_blob(const_cast<float*>(data), std::vector<int64_t>(dims.begin(), dims.end()),
                        at::TensorOptions().dtype(at::kFloat))
       .clone();

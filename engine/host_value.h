@@ -14,9 +14,10 @@ namespace sheaf {
 
 struct HostValue {
   const float* data = nullptr;
-  const Shape* shape = nullptr;
+  // By value: the graph's shape table may grow while callbacks record nodes.
+  Shape shape;
 
-  int64_t numel() const { return shape->numel(); }
+  int64_t numel() const { return shape.numel(); }
   // A CPU tensor of the value that the caller owns (one copy).
   at::Tensor tensor() const;
 };

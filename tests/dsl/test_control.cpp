@@ -215,3 +215,29 @@ TEST_CASE("tasks: an error before a task's first co_await surfaces from the call
     CHECK(t.result().value().item<double>() == 4.0);
   }
 }
+
+TEST_CASE("tasks: values fetched in one round stay valid while earlier callbacks record new shapes",
+          "[dsl][control][task]") {
+  // Every example's callback records a node of a shape never seen before, which
+  // grows the graph's shape table while later examples' fetched values are
+  // still to be handed over (a dangling shape once read garbage here).
+  Graph g;
+  auto body = [](Graph& g, int64_t i) -> Task<Expr> {
+    Expr x = g.input(at::arange(3 + i, at::kFloat));
+    at::Tensor v = co_await fetch(x);
+    if (v.numel() != 3 + i || v[v.numel() - 1].item<double>() != 2.0 + static_cast<double>(i))
+      throw std::runtime_error("fetched a wrong value");
+    Expr grown = g.zeros({static_cast<int64_t>(100 + i)});  // a new shape per example
+    co_return dsl::sum(x) + dsl::sum(grown);
+  };
+  std::vector<Task<Expr>> tasks;
+  for (int64_t i = 0; i < 40; ++i) {
+    auto scope = g.example(i);
+    tasks.push_back(body(g, i));
+  }
+  g.forward();
+  for (int64_t i = 0; i < 40; ++i) {
+    REQUIRE(tasks[static_cast<size_t>(i)].done());
+    CHECK(tasks[static_cast<size_t>(i)].result().item() == Approx((2.0 + static_cast<double>(i)) * (3.0 + static_cast<double>(i)) / 2));
+  }
+}
