@@ -10,10 +10,11 @@ build=${BUILD_DIR:-build-asan}
 start=$SECONDS
 flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1"
 if [ ! -f "$build/CMakeCache.txt" ]; then
+  mkdir -p "$build"
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="$flags" \
     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
-    -DSHEAF_BUILD_EXAMPLES=OFF -DSHEAF_BUILD_BENCH=OFF > "$build.configure.log" 2>&1 ||
-    { cat "$build.configure.log"; exit 1; }
+    -DSHEAF_BUILD_EXAMPLES=OFF -DSHEAF_BUILD_BENCH=OFF > "$build/configure.log" 2>&1 ||
+    { cat "$build/configure.log"; exit 1; }
 fi
 cmake --build "$build" -j"$(nproc)"
 # LibTorch's own allocations at exit are not ours to report; everything else is.

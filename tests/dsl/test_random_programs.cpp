@@ -83,7 +83,10 @@ Task<Expr> random_program(Graph& g, const Params& p, uint64_t program_seed, int 
     int64_t rd = d;  // the result's size (0: scalar)
     bool is_cond_result = false;
     Expr r;
-    switch (pick(control ? 28 : 25)) {
+    // With control, the second step always branches, loops or awaits: every
+    // program of that set has control flow (others follow with odds 3 in 28).
+    const size_t choice = control && s == 1 ? 25 + pick(3) : pick(control ? 28 : 25);
+    switch (choice) {
       case 0: r = dsl::tanh(x); break;
       case 1: r = dsl::sigmoid(x); break;
       case 2: r = dsl::relu(x) + 0.1; break;
@@ -187,9 +190,10 @@ TEST_CASE("random programs: batched equals alone, every strategy, fused and unfu
   for (int prog = 0; prog < n; ++prog) {
     const int examples = 1 + prog % 9;
     const uint64_t seed = base * 7919 + static_cast<uint64_t>(prog);
+    // Before the check: a program that throws or crashes is named too.
+    INFO("rng seed " << base << ", program " << prog << " (seed " << seed << ") with " << examples << " examples");
     CheckReport r = check_batched(examples, [&](Graph& g, int i) { return dataflow_program(g, p, seed, i); },
                                   {.params = p.all()});
-    INFO("rng seed " << base << ", program " << prog << " (seed " << seed << ") with " << examples << " examples");
     REQUIRE_BATCHED_EQUALS_ALONE(r);
     compared += r.values_compared;
   }
@@ -204,9 +208,9 @@ TEST_CASE("random programs with control flow: cond, loop and coroutines", "[dsl]
   for (int prog = 0; prog < n; ++prog) {
     const int examples = 1 + prog % 7;
     const uint64_t seed = base * 7919 + 100000 + static_cast<uint64_t>(prog);
+    INFO("rng seed " << base << ", program " << prog << " (seed " << seed << ") with " << examples << " examples");
     CheckReport r = check_batched(
         examples, TaskProgram([&](Graph& g, int i) { return random_program(g, p, seed, i, true); }), {.params = p.all()});
-    INFO("rng seed " << base << ", program " << prog << " (seed " << seed << ") with " << examples << " examples");
     REQUIRE_BATCHED_EQUALS_ALONE(r);
     compared += r.values_compared;
   }

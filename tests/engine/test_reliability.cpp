@@ -1,6 +1,7 @@
 // What a graph guarantees when user code throws, runs away, or uses large ids
 // (docs/reliability.md): no example lost, no freed memory touched, clear errors.
 #include <fstream>
+#include <memory>
 
 #include "../support.h"
 
@@ -109,6 +110,40 @@ TEST_CASE("B: an exception in one example's cond branch leaves the others resolv
   for (int i : {0, 1, 3}) CHECK(at::allclose(ys[static_cast<size_t>(i)].value(), at::full({2}, 2.0 * (i + 1))));
   REQUIRE_THROWS_WITH(g.forward(ys[2]), Contains("could not be computed"));
   g.clear();  // and after clear() the graph is as new
+  Expr z = g.input(at::ones({2})) * 3.0;
+  g.forward(z);
+  CHECK(at::allclose(z.value(), at::full({2}, 3.0)));
+}
+
+TEST_CASE("B: an exception in one example's loop body or condition leaves the others resolved",
+          "[engine][reliability]") {
+  const bool in_condition = GENERATE(false, true);
+  Graph g;
+  std::vector<Expr> ys;
+  for (int i = 0; i < 4; ++i) {
+    auto scope = g.example(i);
+    Expr x = g.input(at::full({2}, static_cast<double>(i + 2)));
+    auto calls = std::make_shared<int>(0);  // the first condition is recorded by dsl::loop itself
+    ys.push_back(dsl::loop(
+        x,
+        [=](Expr v) {
+          if (in_condition && i == 1 && ++*calls == 2) throw std::runtime_error("condition of example 1");
+          return dsl::sum(v) > 1.0;
+        },
+        [=](Expr v) {
+          if (!in_condition && i == 1) throw std::runtime_error("body of example 1");
+          return v * 0.5;
+        }));
+  }
+  REQUIRE_THROWS_WITH(g.forward(ys), Contains(in_condition ? "condition of example 1" : "body of example 1"));
+  for (int i : {0, 2, 3}) {
+    INFO("example " << i);
+    const at::Tensor v = ys[static_cast<size_t>(i)].value();
+    CHECK(v.sum().item<double>() <= 1.0);  // ran to its own end
+    CHECK(v.sum().item<double>() > 0.5);
+  }
+  REQUIRE_THROWS_WITH(g.forward(ys[1]), Contains("could not be computed"));
+  g.clear();
   Expr z = g.input(at::ones({2})) * 3.0;
   g.forward(z);
   CHECK(at::allclose(z.value(), at::full({2}, 3.0)));
