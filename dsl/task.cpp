@@ -34,6 +34,8 @@ void report_task_failure(std::exception_ptr error) {
 
 }  // namespace detail
 
+std::vector<float> host_values(const HostValue& v) { return std::vector<float>(v.data, v.data + v.numel()); }
+
 double host_item(const HostValue& v, std::source_location loc) {
   if (v.numel() != 1) throw_user_at(loc, "fetch_item() of a value with ", v.numel(), " elements; it needs a scalar");
   return v.data[0];

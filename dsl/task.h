@@ -37,6 +37,7 @@
 #include <source_location>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <sheaf/core/error.h>
 #include <sheaf/engine/expr.h>
@@ -212,6 +213,17 @@ inline auto fetch(Expr e, std::source_location loc = std::source_location::curre
   struct A : detail::ValueAwaiter {
     using ValueAwaiter::ValueAwaiter;
     at::Tensor await_resume() { return value.tensor(); }
+  };
+  return A{e, loc};
+}
+// co_await fetch_values(e): e's elements, flattened in row-major order, as host
+// floats: what host code reads a few numbers from (a parser's scores) without
+// making a tensor per example.
+std::vector<float> host_values(const HostValue& v);
+inline auto fetch_values(Expr e, std::source_location loc = std::source_location::current()) {
+  struct A : detail::ValueAwaiter {
+    using ValueAwaiter::ValueAwaiter;
+    std::vector<float> await_resume() { return host_values(value); }
   };
   return A{e, loc};
 }

@@ -70,8 +70,8 @@ Task<ParseResult> ShiftReduce::parse(Graph& g, const data::Tree& tree, bool pred
 
     int action = gold[step];
     if (predict) {
-      at::Tensor s = co_await fetch(scores);
-      action = choose_transition(s[kShift].item<float>(), s[kReduce].item<float>(), stack.size(), buffer.size() - next);
+      const std::vector<float> s = co_await fetch_values(scores);
+      action = choose_transition(s[kShift], s[kReduce], stack.size(), buffer.size() - next);
     } else {
       losses.push_back(dsl::pick_neg_log_softmax(scores, action));
     }
@@ -123,8 +123,10 @@ ShiftReduce::EagerResult ShiftReduce::parse_eager(const data::Tree& tree, bool p
     at::Tensor scores = at::addmv(a, A, track.h);
     int action = gold[step];
     if (predict) {
-      at::Tensor s = scores.detach().cpu();  // one sync per step: per-example code has no way around it
-      action = choose_transition(s[kShift].item<float>(), s[kReduce].item<float>(), stack.size(), ids.size() - next);
+      // One sync per step: per-example code has no way around it.
+      const at::Tensor s = scores.detach().cpu();
+      const float* p = s.data_ptr<float>();
+      action = choose_transition(p[kShift], p[kReduce], stack.size(), ids.size() - next);
     } else {
       losses.push_back(-at::log_softmax(scores, 0)[action]);
     }
