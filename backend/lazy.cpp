@@ -19,6 +19,7 @@ const at::Tensor& LazyValues::get(NodeStore& store, uint32_t slot) {
   if (value.defined()) return value;
   SHEAF_ASSERT(slot < record_of_slot_.size() && record_of_slot_[slot] >= 0, "batch ", slot, " has no value");
   const Record& r = records_[static_cast<size_t>(record_of_slot_[slot])];
+  r.program->read_later[slot - r.first] = 1;  // keep it in this pattern's next batches
   std::vector<at::Tensor> values = run_fused(r.program, r.inputs, r.n);
   for (size_t k = 0; k < values.size(); ++k)
     if (!store.batch_out[r.first + k].defined()) store.batch_out[r.first + k] = std::move(values[k]);

@@ -216,6 +216,7 @@ std::shared_ptr<const FusedProgram> Fuser::build_program(const NodeStore& s, con
     }
     p->code.push_back(in);
   }
+  p->read_later.assign(p->code.size(), 0);
   return p;
 }
 

@@ -50,6 +50,10 @@ struct FusedProgram {
   int64_t numel = 0;
   Shape shape;  // every member's per-example shape (numel elements)
   uint64_t hash = 0;  // of the pattern: names the program in kernel caches
+  // Per instruction: a later round read this member of a batch that did not
+  // keep it (control flow records its readers after the round ran), so it had
+  // to be recomputed. Learned per pattern; batches planned from then on keep it.
+  mutable std::vector<uint8_t> read_later;
   std::string str() const;  // "fused{tanh(i0), sigmoid(i1), mul(r2, r3)}"
 };
 

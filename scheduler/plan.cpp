@@ -70,9 +70,12 @@ class Planner {
       }
       rows_.push_back(b.n);
     }
-    // A member's value leaves the kernel if any region of the batch needs it outside.
+    // A member's value leaves the kernel if any region of the batch needs it
+    // outside, or if a later round read it in an earlier batch of this pattern.
     b.keep_begin = static_cast<uint32_t>(p_.keep.size());
     p_.keep.resize(p_.keep.size() + b.outputs, 0);
+    const std::vector<uint8_t>& read_later = first.program->read_later;
+    for (uint32_t k = 0; k < b.outputs; ++k) p_.keep[b.keep_begin + k] = read_later[k];
     for (uint32_t i = 0; i < b.n; ++i) {
       const std::span<const uint8_t> escapes = fuser_->escapes(fuser_->region(order_[i].second));
       for (uint32_t k = 0; k < b.outputs; ++k) p_.keep[b.keep_begin + k] |= escapes[k];
