@@ -6,6 +6,7 @@
 #include <ATen/ops/split_with_sizes.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <set>
@@ -15,15 +16,50 @@
 
 #include "fused.h"
 #include "gather.h"
+#include "row_gather.h"
 #include "runtime.h"
 
 namespace sheaf {
+
+// On the CPU, a gathered input is one tensor written by row copies
+// (backend/row_gather.h); undefined when a source cannot be read that way (a
+// shared value in a list, a view whose rows are not contiguous).
+at::Tensor Executor::copy_rows(const Plan& plan, uint32_t reads_begin, uint32_t reads_end, int64_t perm) {
+  if (!config_.device.is_cpu()) return {};
+  row_sources_.clear();
+  row_batches_.clear();
+  picks_.clear();
+  for (uint32_t q = reads_begin; q < reads_end; ++q) {
+    const Read& rd = plan.reads[q];
+    if (rd.start == kWholeRow) return {};
+    const at::Tensor& src = lazy_.get(s_, rd.batch);
+    if (!RowGathers::readable(src)) return {};
+    const auto found = std::find(row_batches_.begin(), row_batches_.end(), rd.batch);
+    const auto k = static_cast<uint32_t>(found - row_batches_.begin());
+    if (found == row_batches_.end()) {
+      row_batches_.push_back(rd.batch);
+      row_sources_.push_back(&src);
+    }
+    for (uint32_t j = 0; j < rd.len; ++j)
+      picks_.push_back(RowPick{k, static_cast<uint32_t>(rd.index >= 0 ? plan.indices[rd.index + j] : rd.start + j)});
+  }
+  if (perm >= 0) {
+    permuted_.resize(picks_.size());
+    for (size_t i = 0; i < picks_.size(); ++i) permuted_[i] = picks_[plan.indices[perm + static_cast<int64_t>(i)]];
+    picks_.swap(permuted_);
+  }
+  ++counters_.gather_launches;
+  return row_gathers_.gather(row_sources_, row_batches_, picks_);
+}
 
 at::Tensor Executor::read(const Plan& plan, uint32_t r) {
   const Read& rd = plan.reads[r];
   const at::Tensor& src = lazy_.get(s_, rd.batch);
   if (rd.start == kWholeRow) return src.unsqueeze(0);  // a shared value inside a shared computation
   if (rd.group >= 0) {
+    // One of several partial reads of this batch: on the CPU a row copy whose
+    // gradient joins the batch's one gradient of the round.
+    if (at::Tensor x = copy_rows(plan, r, r + 1, -1); x.defined()) return x;
     auto& outs = groups_[static_cast<size_t>(rd.group)];
     if (outs.empty()) {
       std::vector<RowRead> reads;
@@ -57,6 +93,11 @@ at::Tensor Executor::input(const Plan& plan, const PlannedBatch& b, const BatchA
       return read(plan, arg.reads_begin);
     case BatchArg::kGather: {
       shared_.push_back(0);
+      if (at::Tensor x = copy_rows(plan, arg.reads_begin, arg.reads_end, arg.perm); x.defined()) {
+        ++counters_.gathered_inputs;
+        counters_.gathered_bytes += static_cast<uint64_t>(x.numel()) * x.element_size();
+        return x;
+      }
       std::vector<at::Tensor> pieces;
       pieces.reserve(arg.reads_end - arg.reads_begin);
       for (uint32_t q = arg.reads_begin; q < arg.reads_end; ++q) pieces.push_back(read(plan, q));

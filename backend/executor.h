@@ -16,6 +16,7 @@
 
 #include "counters.h"
 #include "lazy.h"
+#include "row_gather.h"
 
 namespace sheaf {
 
@@ -43,6 +44,7 @@ class Executor {
   LaunchArgs launch_args(const Plan& plan, const PlannedBatch& b);
   at::Tensor input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg);
   at::Tensor read(const Plan& plan, uint32_t r);
+  at::Tensor copy_rows(const Plan& plan, uint32_t reads_begin, uint32_t reads_end, int64_t perm);
   at::Tensor split_piece(const Plan& plan, const PlannedBatch& b);
   void check_output(const Plan& plan, const PlannedBatch& b, const at::Tensor& out) const;
   [[noreturn]] void rethrow(const Plan& plan, const PlannedBatch& b, const std::exception& e) const;
@@ -56,6 +58,10 @@ class Executor {
   at::Tensor index_;  // plan.indices on the device
   WeightGradBatcher weight_grads_;  // one product per shared weight for the round's gradients
   std::vector<std::vector<at::Tensor>> groups_;  // outputs of each read group, made at first use
+  RowGathers row_gathers_;                       // CPU gathers, one gradient per source for the round
+  std::vector<const at::Tensor*> row_sources_;   // copy_rows' scratch
+  std::vector<uint32_t> row_batches_;
+  std::vector<RowPick> picks_, permuted_;
   std::vector<std::vector<at::Tensor>> splits_;  // pieces of each split group, made at first use
   std::vector<at::Tensor> inputs_;
   std::vector<uint8_t> shared_;

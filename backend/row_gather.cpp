@@ -1,0 +1,164 @@
+#include "row_gather.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include <sheaf/core/error.h>
+
+#include "autograd_node.h"
+
+namespace sheaf {
+
+namespace {
+
+using torch::autograd::variable_list;
+
+int64_t row_numel(const at::Tensor& t) {
+  int64_t n = 1;
+  for (int64_t d = 1; d < t.dim(); ++d) n *= t.size(d);
+  return n;
+}
+
+// The source's gradient for one round: every reader adds its rows here.
+struct HubNode : torch::autograd::Node {
+  std::mutex mutex;
+  at::Tensor grad;  // allocated by the first reader with a gradient to add
+  std::vector<int64_t> sizes;
+  at::TensorOptions options;
+
+  std::string name() const override { return "sheaf::GatherHub"; }
+  float* buffer() {  // with `mutex` held
+    if (!grad.defined()) grad = at::zeros(sizes, options);
+    return grad.data_ptr<float>();
+  }
+  variable_list apply(variable_list&& /*nothing: readers write into `grad`*/) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    variable_list out{std::move(grad)};
+    grad = at::Tensor();
+    return out;
+  }
+};
+
+using HubPtr = decltype(detail::make_node<HubNode>());
+
+struct ReaderNode : torch::autograd::Node {
+  std::vector<HubPtr> hubs;  // per source; null where the source needs no gradient
+  std::vector<RowPick> rows;
+  int64_t row_numel = 0;
+
+  std::string name() const override { return "sheaf::GatherRowsBackward"; }
+  variable_list apply(variable_list&& grads) override {
+    variable_list none(hubs.size());
+    if (grads.empty() || !grads[0].defined()) return none;
+    RECORD_FUNCTION("sheaf::gather", std::vector<c10::IValue>());  // one kernel (bench/launches.h counts it)
+    const at::Tensor g = grads[0].contiguous();
+    const float* gp = g.data_ptr<float>();
+    // Hubs in address order: two readers never wait on each other crosswise.
+    std::vector<HubNode*> order;
+    for (const HubPtr& h : hubs)
+      if (h) order.push_back(h.get());
+    std::sort(order.begin(), order.end());
+    order.erase(std::unique(order.begin(), order.end()), order.end());
+    std::vector<std::unique_lock<std::mutex>> locks;
+    for (HubNode* h : order) locks.emplace_back(h->mutex);
+    std::vector<float*> buf(hubs.size(), nullptr);
+    for (size_t k = 0; k < hubs.size(); ++k)
+      if (hubs[k]) buf[k] = hubs[k]->buffer();
+    const int64_t d = row_numel;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      float* dst = buf[rows[i].source];
+      if (dst == nullptr) continue;
+      float* __restrict y = dst + static_cast<int64_t>(rows[i].row) * d;
+      const float* __restrict x = gp + static_cast<int64_t>(i) * d;
+      for (int64_t j = 0; j < d; ++j) y[j] += x[j];
+    }
+    return none;
+  }
+};
+
+}  // namespace
+
+struct RowGathers::Hub {
+  HubPtr node;
+  at::Tensor dummy;  // 0 elements; the hub's only output: readers' edges point here
+};
+
+RowGathers::RowGathers() = default;
+RowGathers::~RowGathers() = default;
+
+bool RowGathers::readable(const at::Tensor& t) {
+  if (!t.defined() || !t.device().is_cpu() || t.scalar_type() != at::kFloat || t.dim() < 1) return false;
+  int64_t expected = 1;
+  for (int64_t d = t.dim() - 1; d >= 1; --d) {
+    if (t.size(d) != 1 && t.stride(d) != expected) return false;
+    expected *= t.size(d);
+  }
+  return true;
+}
+
+std::shared_ptr<RowGathers::Hub> RowGathers::hub_for(uint32_t batch, const at::Tensor& source) {
+  for (const auto& [b, hub] : hubs_)
+    if (b == batch) return hub;
+  auto hub = std::make_shared<Hub>();
+  hub->node = detail::make_node<HubNode>();
+  hub->node->sizes = source.sizes().vec();
+  hub->node->options = source.options().requires_grad(false);
+  hub->node->set_next_edges({torch::autograd::impl::gradient_edge(source)});
+  hub->dummy = at::empty({0}, hub->node->options);
+  torch::autograd::set_history(hub->dummy, hub->node);
+  hubs_.emplace_back(batch, hub);
+  return hub;
+}
+
+at::Tensor RowGathers::gather(std::span<const at::Tensor* const> sources, std::span<const uint32_t> batches,
+                              std::span<const RowPick> rows) {
+  SHEAF_ASSERT(!sources.empty() && sources.size() == batches.size(), "row gather without sources");
+  RECORD_FUNCTION("sheaf::gather", std::vector<c10::IValue>());  // one kernel (bench/launches.h counts it)
+  const at::Tensor& first = *sources[0];
+  const int64_t d = row_numel(first);
+  std::vector<const float*> base(sources.size());
+  std::vector<int64_t> stride(sources.size());
+  bool needs_grad = false;
+  for (size_t k = 0; k < sources.size(); ++k) {
+    const at::Tensor& s = *sources[k];
+    SHEAF_ASSERT(readable(s) && row_numel(s) == d, "row gather source ", k, " is ", s.sizes(), ", rows of ", d);
+    base[k] = s.data_ptr<float>();
+    stride[k] = s.stride(0);
+    needs_grad = needs_grad || s.requires_grad();
+  }
+  std::vector<int64_t> sizes = first.sizes().vec();
+  sizes[0] = static_cast<int64_t>(rows.size());
+  at::Tensor out = at::empty(sizes, first.options().requires_grad(false));
+  float* o = out.data_ptr<float>();
+  const auto bytes = static_cast<size_t>(d) * sizeof(float);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const RowPick& r = rows[i];
+    std::memcpy(o + static_cast<int64_t>(i) * d, base[r.source] + static_cast<int64_t>(r.row) * stride[r.source], bytes);
+  }
+  if (!needs_grad || !at::GradMode::is_enabled()) return out;
+
+  auto node = detail::make_node<ReaderNode>();
+  node->row_numel = d;
+  node->rows.assign(rows.begin(), rows.end());
+  node->hubs.resize(sources.size());
+  torch::autograd::edge_list edges(sources.size());
+  for (size_t k = 0; k < sources.size(); ++k) {
+    if (!sources[k]->requires_grad()) continue;
+    std::shared_ptr<Hub> hub = hub_for(batches[k], *sources[k]);
+    node->hubs[k] = hub->node;
+    edges[k] = torch::autograd::impl::gradient_edge(hub->dummy);
+  }
+  node->set_next_edges(std::move(edges));
+  torch::autograd::set_history(out, node);
+  return out;
+}
+
+}  // namespace sheaf

@@ -1,0 +1,57 @@
+// Gathers on the CPU as plain row copies, with one gradient per source per round.
+//
+// A batched input whose rows come from several earlier batches (children of a
+// tree level, a parser's stack) is, through LibTorch ops, one index_select or
+// narrow per source, a cat, and an index_select for the row order: each a
+// dispatch, an allocation and an autograd node, forward and backward. Here it
+// is one output tensor written by memcpy of rows, and one autograd node.
+//
+// Gradients: a reader node's backward adds its rows' gradients straight into
+// ONE buffer per source batch per round (a "hub" node), which hands the whole
+// buffer to the source's autograd edge once every reader has run. So a batch
+// read by many later batches (a tree level read by every level above it)
+// costs one zero-filled gradient, not one per reader. The readers reach the
+// hub through a 0-element tensor (the hub's only output): autograd then runs
+// the hub after all its readers, and nothing but the buffer carries data.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace sheaf {
+
+struct RowPick {
+  uint32_t source;  // index into the sources given to gather()
+  uint32_t row;
+};
+
+class RowGathers {
+ public:
+  RowGathers();
+  ~RowGathers();
+  RowGathers(const RowGathers&) = delete;
+  RowGathers& operator=(const RowGathers&) = delete;
+
+  // Whether gather() can read rows of t: a float CPU tensor whose rows are
+  // contiguous (any stride between rows).
+  static bool readable(const at::Tensor& t);
+
+  // out[i] = sources[rows[i].source][rows[i].row], shape [rows.size(), row shape
+  // of the sources]. `batches[k]` names source k (its hub is shared by every
+  // gather of the round from that batch). Sources must be readable() and share
+  // one row shape.
+  at::Tensor gather(std::span<const at::Tensor* const> sources, std::span<const uint32_t> batches,
+                    std::span<const RowPick> rows);
+
+ private:
+  struct Hub;
+  std::shared_ptr<Hub> hub_for(uint32_t batch, const at::Tensor& source);
+  std::vector<std::pair<uint32_t, std::shared_ptr<Hub>>> hubs_;  // by source batch, this round
+};
+
+}  // namespace sheaf

@@ -1,0 +1,78 @@
+// Row gathers on the CPU on their own: values equal index_select, gradients
+// equal those of plain reads, and every gather of a round from one source
+// shares ONE gradient buffer (the hub) that reaches the source once.
+#include <sheaf/backend/row_gather.h>
+
+#include <torch/csrc/autograd/function.h>
+
+#include "../support.h"
+
+using namespace sheaf;
+
+namespace {
+
+at::Tensor rows_of(const at::Tensor& src, std::vector<int64_t> rows) {
+  return src.index_select(0, at::tensor(rows, at::kLong));
+}
+
+}  // namespace
+
+TEST_CASE("row gathers: values and gradients equal index_select reads, sources shared across gathers",
+          "[backend][gather]") {
+  at::manual_seed(5);
+  const at::Tensor a0 = at::randn({6, 2, 3}), b0 = at::randn({4, 2, 3});
+  const at::Tensor wx = at::randn({5, 2, 3}), wy = at::randn({3, 2, 3});
+
+  at::Tensor a = a0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+  // Non-leaf sources, as batch outputs are: their gradient goes through a node.
+  const at::Tensor sa = a * 1.0, sb = b * 1.0;
+  RowGathers gathers;
+  const std::vector<const at::Tensor*> both{&sa, &sb};
+  const std::vector<uint32_t> batches{10, 11};
+  // x: rows a5, b0, a1, a5 (a repeat accumulates), b3; y: rows b1, a0, a2.
+  const std::vector<RowPick> px{{0, 5}, {1, 0}, {0, 1}, {0, 5}, {1, 3}};
+  const std::vector<const at::Tensor*> ba{&sb, &sa};
+  const std::vector<uint32_t> batches_ba{11, 10};
+  const std::vector<RowPick> py{{0, 1}, {1, 0}, {1, 2}};
+  const at::Tensor x = gathers.gather(both, batches, px);
+  const at::Tensor y = gathers.gather(ba, batches_ba, py);
+  REQUIRE(x.sizes() == at::IntArrayRef({5, 2, 3}));
+  CHECK(at::equal(x.detach(), at::stack({sa[5], sb[0], sa[1], sa[5], sb[3]}).detach()));
+  CHECK(at::equal(y.detach(), at::stack({sb[1], sa[0], sa[2]}).detach()));
+  ((x * wx).sum() + (y * wy).sum()).backward();
+
+  at::Tensor a2 = a0.clone().requires_grad_(), b2 = b0.clone().requires_grad_();
+  const at::Tensor xr = at::stack({a2[5], b2[0], a2[1], a2[5], b2[3]});
+  const at::Tensor yr = at::cat({rows_of(b2, {1}), rows_of(a2, {0, 2})});
+  ((xr * wx).sum() + (yr * wy).sum()).backward();
+  CHECK(at::allclose(a.grad(), a2.grad(), 1e-6, 1e-6));
+  CHECK(at::allclose(b.grad(), b2.grad(), 1e-6, 1e-6));
+
+  // Both gathers reach source a through the same node: one gradient for a.
+  auto hub_of = [](const at::Tensor& g, size_t k) { return g.grad_fn()->next_edges()[k].function.get(); };
+  CHECK(hub_of(x, 0) == hub_of(y, 1));
+  CHECK(hub_of(x, 1) == hub_of(y, 0));
+  CHECK(hub_of(x, 0)->name() == "sheaf::GatherHub");
+}
+
+TEST_CASE("row gathers: no autograd node without a gradient; strided rows; backward twice", "[backend][gather]") {
+  RowGathers gathers;
+  const at::Tensor src = at::arange(24, at::kFloat).view({4, 6});
+  const at::Tensor strided = src.narrow(1, 2, 3);  // rows of 3 contiguous floats, 6 apart
+  REQUIRE(RowGathers::readable(strided));
+  CHECK_FALSE(RowGathers::readable(src.t()));
+  const std::vector<const at::Tensor*> one{&strided};
+  const std::vector<uint32_t> batch{0};
+  const at::Tensor x = gathers.gather(one, batch, std::vector<RowPick>{{0, 3}, {0, 0}});
+  CHECK_FALSE(x.requires_grad());
+  CHECK(at::equal(x, at::stack({strided[3], strided[0]})));
+
+  const at::Tensor leaf = at::randn({3, 2}).requires_grad_();
+  const std::vector<const at::Tensor*> l{&leaf};
+  RowGathers round;
+  const at::Tensor y = round.gather(l, batch, std::vector<RowPick>{{0, 2}, {0, 2}});
+  const at::Tensor loss = y.sum();
+  loss.backward({}, /*retain_graph=*/true);
+  loss.backward();
+  CHECK(at::equal(leaf.grad(), at::tensor({0.f, 0.f, 0.f, 0.f, 4.f, 4.f}).view({3, 2})));
+}
