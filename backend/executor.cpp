@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include <sheaf/ops/op.h>
+#include <sheaf/ops/op_list.h>
 
 #include "fused.h"
 #include "gather.h"
@@ -22,18 +23,16 @@
 namespace sheaf {
 
 // On the CPU, a gathered input is one tensor written by row copies
-// (backend/row_gather.h); undefined when a source cannot be read that way (a
-// shared value in a list, a view whose rows are not contiguous).
-at::Tensor Executor::copy_rows(const Plan& plan, uint32_t reads_begin, uint32_t reads_end, int64_t perm) {
-  if (!config_.device.is_cpu()) return {};
-  row_sources_.clear();
-  row_batches_.clear();
-  picks_.clear();
+// (backend/row_gather.h). Appends the rows of reads [begin, end), permuted by
+// `perm`, to picks_; false when a source cannot be read that way (a shared
+// value in a list, a view whose rows are not contiguous).
+bool Executor::pick_rows(const Plan& plan, uint32_t reads_begin, uint32_t reads_end, int64_t perm) {
+  const size_t first = picks_.size();
   for (uint32_t q = reads_begin; q < reads_end; ++q) {
     const Read& rd = plan.reads[q];
-    if (rd.start == kWholeRow) return {};
+    if (rd.start == kWholeRow) return false;
     const at::Tensor& src = lazy_.get(s_, rd.batch);
-    if (!RowGathers::readable(src)) return {};
+    if (!RowGathers::readable(src)) return false;
     const auto found = std::find(row_batches_.begin(), row_batches_.end(), rd.batch);
     const auto k = static_cast<uint32_t>(found - row_batches_.begin());
     if (found == row_batches_.end()) {
@@ -44,12 +43,47 @@ at::Tensor Executor::copy_rows(const Plan& plan, uint32_t reads_begin, uint32_t 
       picks_.push_back(RowPick{k, static_cast<uint32_t>(rd.index >= 0 ? plan.indices[rd.index + j] : rd.start + j)});
   }
   if (perm >= 0) {
-    permuted_.resize(picks_.size());
-    for (size_t i = 0; i < picks_.size(); ++i) permuted_[i] = picks_[plan.indices[perm + static_cast<int64_t>(i)]];
-    picks_.swap(permuted_);
+    const std::span<const RowPick> in_order(picks_.data() + first, picks_.size() - first);
+    permuted_.resize(in_order.size());
+    for (size_t i = 0; i < in_order.size(); ++i) permuted_[i] = in_order[plan.indices[perm + static_cast<int64_t>(i)]];
+    std::copy(permuted_.begin(), permuted_.end(), picks_.begin() + static_cast<std::ptrdiff_t>(first));
   }
+  return true;
+}
+
+void Executor::clear_picks() {
+  row_sources_.clear();
+  row_batches_.clear();
+  picks_.clear();
+}
+
+at::Tensor Executor::copy_rows(const Plan& plan, uint32_t reads_begin, uint32_t reads_end, int64_t perm) {
+  if (!config_.device.is_cpu()) return {};
+  clear_picks();
+  if (!pick_rows(plan, reads_begin, reads_end, perm)) return {};
   ++counters_.gather_launches;
   return row_gathers_.gather(row_sources_, row_batches_, picks_);
+}
+
+// A concat whose rows are its arguments' rows side by side (vectors, or any
+// shape cut along its first axis of size > 1), on the CPU: one row gather
+// writes the output from wherever the arguments live, instead of a gather per
+// argument and a cat. Undefined when that does not apply.
+at::Tensor Executor::concat_rows(const Plan& plan, const PlannedBatch& b) {
+  if (!config_.device.is_cpu() || b.op != code_of<op::Concat> || b.stacked || b.shared || b.program) return {};
+  const NodeId first = plan.nodes[b.nodes_begin];
+  const Shape& shape = s_.shape_of(first);
+  const int axis = shape.axis(static_cast<int>(s_.attrs_of(first)[0]));
+  for (int d = 0; d < axis; ++d)
+    if (shape[d] != 1) return {};
+  clear_picks();
+  for (uint32_t k = 0; k < b.arity; ++k) {
+    const BatchArg& arg = plan.args[b.args_begin + k];
+    if (arg.kind == BatchArg::kShared || !pick_rows(plan, arg.reads_begin, arg.reads_end, arg.perm)) return {};
+  }
+  std::vector<int64_t> sizes{b.n};
+  sizes.insert(sizes.end(), shape.dims().begin(), shape.dims().end());
+  return row_gathers_.gather(row_sources_, row_batches_, picks_, b.arity, sizes);
 }
 
 at::Tensor Executor::read(const Plan& plan, uint32_t r) {
@@ -195,7 +229,9 @@ LaunchArgs Executor::launch_args(const Plan& plan, const PlannedBatch& b) {
 void Executor::launch(const Plan& plan, const PlannedBatch& b) {
   inputs_.clear();
   shared_.clear();
-  for (uint32_t k = 0; k < b.arity; ++k) inputs_.push_back(input(plan, b, plan.args[b.args_begin + k]));
+  at::Tensor out = concat_rows(plan, b);  // a concat that is one gather needs no inputs
+  if (!out.defined())
+    for (uint32_t k = 0; k < b.arity; ++k) inputs_.push_back(input(plan, b, plan.args[b.args_begin + k]));
   const double gather_ms = lap(&counters_.gather_ms);
   if (config_.profile) {
     ExecCounters::OpTime& t = counters_.by_op[b.program ? std::string("fused") : std::string(op_info(b.op).name)];
@@ -203,8 +239,9 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
     t.gather_ms += gather_ms;
   }
   if (b.program) return launch_fused(plan, b);
-  at::Tensor out;
-  if (b.split >= 0) {
+  if (out.defined()) {
+    // the concat, gathered
+  } else if (b.split >= 0) {
     out = split_piece(plan, b);
   } else {
     const LaunchArgs args = launch_args(plan, b);

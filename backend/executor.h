@@ -44,7 +44,10 @@ class Executor {
   LaunchArgs launch_args(const Plan& plan, const PlannedBatch& b);
   at::Tensor input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg);
   at::Tensor read(const Plan& plan, uint32_t r);
+  bool pick_rows(const Plan& plan, uint32_t reads_begin, uint32_t reads_end, int64_t perm);
+  void clear_picks();
   at::Tensor copy_rows(const Plan& plan, uint32_t reads_begin, uint32_t reads_end, int64_t perm);
+  at::Tensor concat_rows(const Plan& plan, const PlannedBatch& b);
   at::Tensor split_piece(const Plan& plan, const PlannedBatch& b);
   void check_output(const Plan& plan, const PlannedBatch& b, const at::Tensor& out) const;
   [[noreturn]] void rethrow(const Plan& plan, const PlannedBatch& b, const std::exception& e) const;

@@ -51,8 +51,9 @@ using HubPtr = decltype(detail::make_node<HubNode>());
 
 struct ReaderNode : torch::autograd::Node {
   std::vector<HubPtr> hubs;  // per source; null where the source needs no gradient
-  std::vector<RowPick> rows;
-  int64_t row_numel = 0;
+  std::vector<RowPick> rows;  // segment-major: segments runs of n
+  std::vector<int64_t> width;  // per source: floats per row
+  size_t segments = 1;
 
   std::string name() const override { return "sheaf::GatherRowsBackward"; }
   variable_list apply(variable_list&& grads) override {
@@ -68,17 +69,25 @@ struct ReaderNode : torch::autograd::Node {
     std::sort(order.begin(), order.end());
     order.erase(std::unique(order.begin(), order.end()), order.end());
     std::vector<std::unique_lock<std::mutex>> locks;
+    locks.reserve(order.size());
     for (HubNode* h : order) locks.emplace_back(h->mutex);
     std::vector<float*> buf(hubs.size(), nullptr);
     for (size_t k = 0; k < hubs.size(); ++k)
       if (hubs[k]) buf[k] = hubs[k]->buffer();
-    const int64_t d = row_numel;
-    for (size_t i = 0; i < rows.size(); ++i) {
-      float* dst = buf[rows[i].source];
-      if (dst == nullptr) continue;
-      float* __restrict y = dst + static_cast<int64_t>(rows[i].row) * d;
-      const float* __restrict x = gp + static_cast<int64_t>(i) * d;
-      for (int64_t j = 0; j < d; ++j) y[j] += x[j];
+    const size_t n = rows.size() / segments;
+    const int64_t out_width = g.numel() / static_cast<int64_t>(std::max<size_t>(n, 1));
+    int64_t col = 0;
+    for (size_t seg = 0; seg < segments; ++seg) {
+      const RowPick* picks = rows.data() + seg * n;
+      const int64_t d = n ? width[picks[0].source] : 0;
+      for (size_t i = 0; i < n; ++i) {
+        float* dst = buf[picks[i].source];
+        if (dst == nullptr) continue;
+        float* __restrict y = dst + static_cast<int64_t>(picks[i].row) * d;
+        const float* __restrict x = gp + static_cast<int64_t>(i) * out_width + col;
+        for (int64_t j = 0; j < d; ++j) y[j] += x[j];
+      }
+      col += d;
     }
     return none;
   }
@@ -120,34 +129,53 @@ std::shared_ptr<RowGathers::Hub> RowGathers::hub_for(uint32_t batch, const at::T
 
 at::Tensor RowGathers::gather(std::span<const at::Tensor* const> sources, std::span<const uint32_t> batches,
                               std::span<const RowPick> rows) {
-  SHEAF_ASSERT(!sources.empty() && sources.size() == batches.size(), "row gather without sources");
+  SHEAF_ASSERT(!sources.empty(), "row gather without sources");
+  std::vector<int64_t> sizes = sources[0]->sizes().vec();
+  sizes[0] = static_cast<int64_t>(rows.size());
+  return gather(sources, batches, rows, 1, sizes);
+}
+
+at::Tensor RowGathers::gather(std::span<const at::Tensor* const> sources, std::span<const uint32_t> batches,
+                              std::span<const RowPick> rows, size_t segments, std::span<const int64_t> out_sizes) {
+  SHEAF_ASSERT(!sources.empty() && sources.size() == batches.size() && segments > 0 && rows.size() % segments == 0,
+               "row gather without sources");
   RECORD_FUNCTION("sheaf::gather", std::vector<c10::IValue>());  // one kernel (bench/launches.h counts it)
-  const at::Tensor& first = *sources[0];
-  const int64_t d = row_numel(first);
+  const size_t n = rows.size() / segments;
   std::vector<const float*> base(sources.size());
-  std::vector<int64_t> stride(sources.size());
+  std::vector<int64_t> stride(sources.size()), width(sources.size());
   bool needs_grad = false;
   for (size_t k = 0; k < sources.size(); ++k) {
     const at::Tensor& s = *sources[k];
-    SHEAF_ASSERT(readable(s) && row_numel(s) == d, "row gather source ", k, " is ", s.sizes(), ", rows of ", d);
+    SHEAF_ASSERT(readable(s), "row gather source ", k, " is not readable by rows: ", s.sizes(), " ", s.strides());
     base[k] = s.data_ptr<float>();
     stride[k] = s.stride(0);
+    width[k] = row_numel(s);
     needs_grad = needs_grad || s.requires_grad();
   }
-  std::vector<int64_t> sizes = first.sizes().vec();
-  sizes[0] = static_cast<int64_t>(rows.size());
-  at::Tensor out = at::empty(sizes, first.options().requires_grad(false));
+  at::Tensor out = at::empty(at::IntArrayRef(out_sizes.data(), out_sizes.size()), sources[0]->options().requires_grad(false));
+  SHEAF_ASSERT(out.size(0) == static_cast<int64_t>(n), "row gather of ", n, " rows into ", out.sizes());
   float* o = out.data_ptr<float>();
-  const auto bytes = static_cast<size_t>(d) * sizeof(float);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const RowPick& r = rows[i];
-    std::memcpy(o + static_cast<int64_t>(i) * d, base[r.source] + static_cast<int64_t>(r.row) * stride[r.source], bytes);
+  const int64_t out_width = row_numel(out);
+  int64_t col = 0;
+  for (size_t seg = 0; seg < segments; ++seg) {
+    const RowPick* picks = rows.data() + seg * n;
+    const int64_t d = n ? width[picks[0].source] : 0;
+    const auto bytes = static_cast<size_t>(d) * sizeof(float);
+    for (size_t i = 0; i < n; ++i) {
+      const RowPick& r = picks[i];
+      SHEAF_ASSERT(width[r.source] == d, "row gather segment ", seg, " mixes rows of ", d, " and ", width[r.source]);
+      std::memcpy(o + static_cast<int64_t>(i) * out_width + col, base[r.source] + static_cast<int64_t>(r.row) * stride[r.source],
+                  bytes);
+    }
+    col += d;
   }
+  SHEAF_ASSERT(col == out_width, "row gather segments cover ", col, " of ", out_width, " columns");
   if (!needs_grad || !at::GradMode::is_enabled()) return out;
 
   auto node = detail::make_node<ReaderNode>();
-  node->row_numel = d;
   node->rows.assign(rows.begin(), rows.end());
+  node->width = std::move(width);
+  node->segments = segments;
   node->hubs.resize(sources.size());
   torch::autograd::edge_list edges(sources.size());
   for (size_t k = 0; k < sources.size(); ++k) {

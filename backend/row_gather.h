@@ -47,6 +47,12 @@ class RowGathers {
   // one row shape.
   at::Tensor gather(std::span<const at::Tensor* const> sources, std::span<const uint32_t> batches,
                     std::span<const RowPick> rows);
+  // Several gathers side by side, each row their concatenation (a batched
+  // concat whose per-example rows are its arguments' rows one after another):
+  // rows holds `segments` runs of n = rows.size() / segments picks; within a
+  // run the sources share a row size. out_sizes: [n, the concat's shape...].
+  at::Tensor gather(std::span<const at::Tensor* const> sources, std::span<const uint32_t> batches,
+                    std::span<const RowPick> rows, size_t segments, std::span<const int64_t> out_sizes);
 
  private:
   struct Hub;

@@ -76,3 +76,26 @@ TEST_CASE("row gathers: no autograd node without a gradient; strided rows; backw
   loss.backward();
   CHECK(at::equal(leaf.grad(), at::tensor({0.f, 0.f, 0.f, 0.f, 4.f, 4.f}).view({3, 2})));
 }
+
+TEST_CASE("row gathers side by side: a concat of gathered rows, values and gradients", "[backend][gather]") {
+  at::manual_seed(9);
+  const at::Tensor a0 = at::randn({4, 3}), b0 = at::randn({3, 2});
+  at::Tensor a = a0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+  const at::Tensor sa = a * 1.0, sb = b * 1.0;
+  RowGathers gathers;
+  const std::vector<const at::Tensor*> srcs{&sa, &sb};
+  const std::vector<uint32_t> batches{1, 2};
+  // Rows [a3 | b0 | a1], [a0 | b2 | a1]: three segments of two rows.
+  const std::vector<RowPick> picks{{0, 3}, {0, 0}, {1, 0}, {1, 2}, {0, 1}, {0, 1}};
+  const std::vector<int64_t> sizes{2, 8};
+  const at::Tensor y = gathers.gather(srcs, batches, picks, 3, sizes);
+  const at::Tensor w = at::randn({2, 8});
+  (y * w).sum().backward();
+
+  at::Tensor a2 = a0.clone().requires_grad_(), b2 = b0.clone().requires_grad_();
+  const at::Tensor ref = at::stack({at::cat({a2[3], b2[0], a2[1]}), at::cat({a2[0], b2[2], a2[1]})});
+  CHECK(at::equal(y.detach(), ref.detach()));
+  (ref * w).sum().backward();
+  CHECK(at::allclose(a.grad(), a2.grad(), 1e-6, 1e-6));
+  CHECK(at::allclose(b.grad(), b2.grad(), 1e-6, 1e-6));
+}
