@@ -23,6 +23,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include <data/trees.h>
@@ -49,6 +50,7 @@ struct Config {
   double lr = 0.05;
   uint64_t seed = 1;
   bool root_only = false, quiet = false;
+  bool prefetch = true;  // record batch i+1 on a worker thread while batch i trains
 };
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -153,41 +155,61 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c, const T
   return std::make_unique<torch::optim::Adagrad>(m.parameters(), torch::optim::AdagradOptions(c.lr));
 }
 
+// Batch i+1 is recorded and scheduled on a worker thread while batch i runs
+// forward, backward and the update (sheaf::Prefetcher), unless --no-prefetch.
 void train_epoch(const Config& c, int epoch, Graph& g, const Strategy& s, const TreeLSTM& m,
                  torch::optim::Optimizer& opt, const std::vector<Tree>& train, std::mt19937_64& rng) {
   std::vector<size_t> order(train.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::shuffle(order.begin(), order.end(), rng);
+  std::vector<Batch> batches;
+  double nodes = 0;
+  for (size_t start = 0; start < order.size(); start += static_cast<size_t>(c.batch)) {
+    batches.emplace_back();
+    for (size_t i = start; i < std::min(order.size(), start + static_cast<size_t>(c.batch)); ++i) {
+      batches.back().push_back(&train[order[i]]);
+      nodes += m.options().all_nodes ? batches.back().back()->size() : 1;
+    }
+  }
 
-  double loss = 0, nodes = 0, launches = 0, trace = 0, schedule = 0, execute = 0, backward = 0;
-  size_t batches = 0;
+  Prefetcher prefetch({.device = c10::Device(c.device)},
+                      [&](Graph& pg, size_t b) { return std::vector<Expr>{m.sheaf_batch_loss(pg, batches[b])}; },
+                      {.strategy = &s});
+  double loss = 0, launches = 0, trace = 0, schedule = 0, execute = 0, backward = 0;
+  size_t done = 0;
   Progress progress(!c.quiet, epoch, train.size());
   const auto t0 = Clock::now();
-  for (size_t start = 0; start < order.size(); start += static_cast<size_t>(c.batch), ++batches) {
-    Batch batch;
-    for (size_t i = start; i < std::min(order.size(), start + static_cast<size_t>(c.batch)); ++i) {
-      batch.push_back(&train[order[i]]);
-      nodes += m.options().all_nodes ? batch.back()->size() : 1;
+  for (size_t b = 0; b < batches.size(); ++b) {
+    Graph* graph = &g;
+    Expr total;
+    if (c.prefetch) {
+      const Prefetcher::Batch next = prefetch.take(b, b + 1 < batches.size() ? std::optional(b + 1) : std::nullopt);
+      graph = &next.graph;
+      total = next.targets[0];
+    } else {
+      total = record(g, m, batches[b]);
     }
-    Expr total = record(g, m, batch);
-    g.forward(total, {.strategy = &s});
+    graph->forward(total, {.strategy = &s});
     const auto b0 = Clock::now();
     opt.zero_grad();
-    (total.value() / static_cast<double>(batch.size())).backward();
+    (total.value() / static_cast<double>(batches[b].size())).backward();
     opt.step();
     backward += seconds_since(b0) * 1e3;
     loss += total.item();
-    const Stats& st = g.stats();
+    const Stats& st = graph->stats();
     launches += static_cast<double>(st.batches);
     trace += st.trace_ms, schedule += st.schedule_ms, execute += st.execute_ms;
-    progress.update(start + batch.size());
+    done += batches[b].size();
+    progress.update(done);
   }
-  const double seconds = seconds_since(t0), n = static_cast<double>(batches);
+  const double seconds = seconds_since(t0), n = static_cast<double>(batches.size());
   progress.finish();
   std::printf("epoch %d: loss %.4f per labelled node, %.0f trees/s (%.1f s)\n", epoch, loss / nodes,
               static_cast<double>(train.size()) / seconds, seconds);
-  std::printf("  sheaf per batch: %.0f launches; trace %.2f ms, schedule %.2f ms, execute %.2f ms; backward+update %.2f ms\n",
-              launches / n, trace / n, schedule / n, execute / n, backward / n);
+  std::printf("  sheaf per batch: %.0f launches; trace %.2f ms, schedule %.2f ms%s, execute %.2f ms; "
+              "backward+update %.2f ms\n",
+              launches / n, trace / n, schedule / n, c.prefetch ? " (both on the prefetch thread)" : "", execute / n,
+              backward / n);
 }
 
 double median(std::vector<double> v) {
@@ -196,7 +218,8 @@ double median(std::vector<double> v) {
 }
 
 // The same batches, the same model, the same training step (forward, backward,
-// update), three ways; interleaved so that machine noise hits all three alike.
+// update), per example, hand-batched, with Sheaf, and with Sheaf and its
+// Prefetcher; interleaved so that machine noise hits all alike.
 void compare_speed(const Config& c, TreeLSTM& m, const std::vector<Tree>& train, Graph& g, const Strategy& s) {
   std::vector<Batch> batches;
   for (size_t start = 0; batches.size() < static_cast<size_t>(c.compare_batches) &&
@@ -206,42 +229,63 @@ void compare_speed(const Config& c, TreeLSTM& m, const std::vector<Tree>& train,
   }
   if (batches.empty()) return void(std::printf("speed: skipped (fewer trees than one batch)\n"));
 
-  using Forward = std::function<at::Tensor(const Batch&)>;
-  const std::vector<Forward> systems = {
-      [&](const Batch& b) {
-        at::Tensor total = m.per_example_loss(*b[0]);
-        for (size_t i = 1; i < b.size(); ++i) total = total + m.per_example_loss(*b[i]);
-        return total;
-      },
-      [&](const Batch& b) { return models::HandBatched(m).loss(b); },
-      [&](const Batch& b) {
-        Expr total = record(g, m, b);
-        g.forward(total, {.strategy = &s});
-        return total.value();
-      },
-  };
   std::vector<std::unique_ptr<torch::optim::Optimizer>> opts;
-  auto step = [&](size_t k, const Batch& b) {
+  auto update = [&](size_t k, const at::Tensor& total, size_t trees) {
     opts[k]->zero_grad();
-    (systems[k](b) / static_cast<double>(b.size())).backward();
+    (total / static_cast<double>(trees)).backward();
     opts[k]->step();
+  };
+  // One timed pass over the batches each (k: the system's optimizer).
+  using Pass = std::function<void(size_t k)>;
+  const std::vector<Pass> systems = {
+      [&](size_t k) {
+        for (const Batch& b : batches) {
+          at::Tensor total = m.per_example_loss(*b[0]);
+          for (size_t i = 1; i < b.size(); ++i) total = total + m.per_example_loss(*b[i]);
+          update(k, total, b.size());
+        }
+      },
+      [&](size_t k) {
+        for (const Batch& b : batches) update(k, models::HandBatched(m).loss(b), b.size());
+      },
+      [&](size_t k) {
+        for (const Batch& b : batches) {
+          Expr total = record(g, m, b);
+          g.forward(total, {.strategy = &s});
+          update(k, total.value(), b.size());
+        }
+      },
+      [&](size_t k) {
+        Prefetcher prefetch({.device = c10::Device(c.device)},
+                            [&](Graph& pg, size_t i) { return std::vector<Expr>{m.sheaf_batch_loss(pg, batches[i])}; },
+                            {.strategy = &s});
+        for (size_t i = 0; i < batches.size(); ++i) {
+          const Prefetcher::Batch b = prefetch.take(i, i + 1 < batches.size() ? std::optional(i + 1) : std::nullopt);
+          b.graph.forward(b.targets);
+          update(k, b.targets[0].value(), batches[i].size());
+        }
+      },
   };
   for (size_t k = 0; k < systems.size(); ++k) {
     opts.push_back(make_optimizer(c, m));
-    step(k, batches[0]);  // warm-up: allocator caches, optimizer state
+    systems[k](k);  // warm-up: allocator caches, optimizer state
   }
   std::vector<std::vector<double>> rates(systems.size());
   for (int repeat = 0; repeat < 3; ++repeat)
     for (size_t k = 0; k < systems.size(); ++k) {
       const auto t0 = Clock::now();
-      for (const Batch& b : batches) step(k, b);
+      systems[k](k);
       rates[k].push_back(static_cast<double>(batches.size() * static_cast<size_t>(c.batch)) / seconds_since(t0));
     }
-  const double per_example = median(rates[0]), hand = median(rates[1]), sheaf = median(rates[2]);
-  std::printf("speed (train, batch %d, hidden %lld, %d thread(s), %zu batches, median of 3): per-example %.0f trees/s, "
-              "hand-batched %.0f trees/s, sheaf %.0f trees/s (%.1fx per-example, %.2fx hand)\n",
+  const double per_example = median(rates[0]), hand = median(rates[1]), sheaf = median(rates[2]),
+               prefetched = median(rates[3]);
+  std::printf("speed (train, batch %d, hidden %lld, %d thread(s), %zu batches, median of 3):\n"
+              "  per-example    %6.0f trees/s\n"
+              "  hand-batched   %6.0f trees/s\n"
+              "  sheaf          %6.0f trees/s  (%.1fx per-example, %.2fx hand)\n"
+              "  sheaf+prefetch %6.0f trees/s  (%.1fx per-example, %.2fx hand; records on a second host thread)\n",
               c.batch, static_cast<long long>(c.hidden), c.threads, batches.size(), per_example, hand, sheaf,
-              sheaf / per_example, sheaf / hand);
+              sheaf / per_example, sheaf / hand, prefetched, prefetched / per_example, prefetched / hand);
 }
 
 // CLI11's own PositiveNumber names its range as "0.000000 to 1797693134862315...".
@@ -323,6 +367,8 @@ int main(int argc, char** argv) {
   app.add_option("--compare-batches", c.compare_batches, "batches for the closing speed comparison (0: none)")
       ->check(kNonNegative);
   app.add_flag("--quiet", c.quiet, "no progress bar, runtime or data summary");
+  app.add_flag("!--no-prefetch", c.prefetch, "record and schedule each batch on the training thread (default: the "
+                                             "next batch is recorded on a worker thread while one trains)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
