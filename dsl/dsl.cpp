@@ -144,6 +144,26 @@ Expr slice(Expr x, int64_t begin, int64_t end, int axis, Loc loc) {
   return apply(code_of<op::Slice>, {x}, attrs, 0, loc);
 }
 
+namespace {
+
+// The slices of x along `axis` (normalised, or as given while x's shape waits
+// on a dsl::cond): the engine and x's node are found once for all pieces.
+std::vector<Expr> slices(Expr x, std::span<const int64_t> sizes, int axis, std::string_view op, Loc loc) {
+  Engine& g = Engine::of(x, loc);
+  const NodeId n = g.node_of(x, op, loc);
+  std::vector<Expr> out;
+  out.reserve(sizes.size());
+  int64_t at = 0;
+  for (int64_t k : sizes) {
+    const std::array<int64_t, 3> attrs{axis, at, at + k};
+    out.push_back(g.record(code_of<op::Slice>, std::span(&n, 1), attrs, 0, loc));
+    at += k;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<Expr> split(Expr x, std::span<const int64_t> sizes, int axis, Loc loc) {
   const int a = normalise_axis(x, axis, "split", loc);
   if (a >= 0) {  // else the slices' own inference checks their ranges
@@ -154,23 +174,18 @@ std::vector<Expr> split(Expr x, std::span<const int64_t> sizes, int axis, Loc lo
       throw_user(Site{"split", x.example(loc), loc}, "sizes add up to ", total, " but axis ", a, " of ", s.str(),
                  " has ", s[a]);
   }
-  std::vector<Expr> out;
-  int64_t at = 0;
-  for (int64_t k : sizes) {
-    out.push_back(slice(x, at, at + k, a, loc));
-    at += k;
-  }
-  return out;
+  return slices(x, sizes, a, "split", loc);
 }
 
 std::vector<Expr> chunk(Expr x, int n, int axis, Loc loc) {
   const Shape& s = known_shape(x, "chunk", loc);
-  const int a = normalise_axis(x, axis, "chunk", loc);
+  const int a = s.axis(axis);
+  if (a < 0) throw_user(Site{"chunk", x.example(loc), loc}, "axis ", axis, " is out of range for shape ", s.str());
   const int64_t d = s[a];
   if (n <= 0 || d % n != 0)
     throw_user(Site{"chunk", x.example(loc), loc}, "cannot cut axis ", a, " of size ", d, " into ", n, " equal chunks");
   const std::vector<int64_t> sizes(static_cast<size_t>(n), d / n);
-  return split(x, sizes, a, loc);
+  return slices(x, sizes, a, "chunk", loc);
 }
 
 Expr sum(std::span<const Expr> xs, Loc loc) { return apply_list(code_of<op::SumList>, xs, {}, loc); }
