@@ -37,14 +37,18 @@ void report_task_failure(std::exception_ptr error) {
 std::vector<float> host_values(const HostValue& v) { return std::vector<float>(v.data, v.data + v.numel()); }
 
 double host_item(const HostValue& v, std::source_location loc) {
-  if (v.numel() != 1) throw_user_at(loc, "fetch_item() of a value with ", v.numel(), " elements; it needs a scalar");
+  if (v.numel() != 1)
+    throw_user_at(loc, "fetch_item() of a value with ", v.numel(), " elements (op '", v.recorded.op, "', example ",
+                  v.recorded.example, ", recorded at ", detail::format_loc(v.recorded.loc), "); it needs a scalar");
   return v.data[0];
 }
 
 // The first largest element, as at::argmax; a NaN counts as the largest.
 int64_t host_argmax(const HostValue& v, std::source_location loc) {
   const int64_t n = v.numel();
-  if (n == 0) throw_user_at(loc, "fetch_argmax() of an empty value");
+  if (n == 0)
+    throw_user_at(loc, "fetch_argmax() of an empty value (op '", v.recorded.op, "', example ", v.recorded.example,
+                  ", recorded at ", detail::format_loc(v.recorded.loc), ")");
   int64_t best = 0;
   for (int64_t i = 1; i < n; ++i) {
     const float x = v.data[i], b = v.data[best];

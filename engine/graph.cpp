@@ -72,8 +72,13 @@ const Shape& Expr::shape(Loc loc) const {
 int64_t Expr::example(Loc loc) const { return detail::Engine::of(*this, loc).store().example[node_]; }
 at::Tensor Expr::value(Loc loc) const { return detail::Engine::of(*this, loc).value(node_, loc); }
 double Expr::item(Loc loc) const {
+  const detail::Engine& e = detail::Engine::of(*this, loc);
   at::Tensor v = value(loc);
-  if (v.numel() != 1) throw_user_at(loc, "item() of a value with ", v.numel(), " elements; it needs a scalar");
+  if (v.numel() != 1) {
+    const Site site = e.trace().site_of(node_);
+    throw_user_at(loc, "item() of a value with ", v.numel(), " elements (op '", site.op, "', example ", site.example,
+                  ", recorded at ", detail::format_loc(site.loc), "); it needs a scalar");
+  }
   return v.item<double>();
 }
 

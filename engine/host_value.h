@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include <sheaf/core/error.h>
 #include <sheaf/core/shape.h>
 
 namespace sheaf {
@@ -16,6 +17,7 @@ struct HostValue {
   const float* data = nullptr;
   // By value: the graph's shape table may grow while callbacks record nodes.
   Shape shape;
+  Site recorded;  // the op, example and line that recorded the value (for errors about it)
 
   int64_t numel() const { return shape.numel(); }
   // A CPU tensor of the value that the caller owns (one copy).

@@ -137,6 +137,7 @@ auto at_line(int line) { return Contains("test_errors.cpp:" + std::to_string(lin
 TEST_CASE("errors from forward, prepare, value, shape and item name the caller's line", "[dsl][errors]") {
   Graph g, other;
   Expr x = g.input(at::randn({4}));
+  const int recorded = __LINE__ - 1;
   Expr elsewhere = other.input(at::randn({4}));
   int line = __LINE__ + 1;
   REQUIRE_THROWS_WITH(g.forward(elsewhere), at_line(line) && Contains("op 'forward'") && Contains("different"));
@@ -146,7 +147,8 @@ TEST_CASE("errors from forward, prepare, value, shape and item name the caller's
   REQUIRE_THROWS_WITH(x.value(), at_line(line) && Contains("not been computed") && Contains("op 'input'"));
   g.forward(x);
   line = __LINE__ + 1;
-  REQUIRE_THROWS_WITH(x.item(), at_line(line) && Contains("4 elements"));
+  REQUIRE_THROWS_WITH(x.item(), at_line(line) && Contains("4 elements") &&
+                                    Contains("test_errors.cpp:" + std::to_string(recorded) + ")"));
   g.clear();
   line = __LINE__ + 1;
   REQUIRE_THROWS_WITH(x.value(), at_line(line) && Contains("cleared or destroyed"));
@@ -179,6 +181,26 @@ TEST_CASE("a target that cannot be computed names its op and line", "[dsl][error
   const int line = __LINE__ + 1;
   REQUIRE_THROWS_WITH(g.forward(y), at_line(line) && Contains("could not be computed") && Contains("op 'placeholder'") &&
                                         Contains("test_errors.cpp:" + std::to_string(recorded)));
+}
+
+TEST_CASE("fetch_item and fetch_argmax of a wrong value name the co_await's line and the recording line",
+          "[dsl][errors]") {
+  Graph g;
+  int line = 0, recorded = 0;
+  auto item = [&](Graph& g) -> Task<double> {
+    Expr v = g.input(at::ones({3}));
+    recorded = __LINE__ - 1;
+    line = __LINE__ + 1;
+    co_return co_await fetch_item(v);
+  };
+  Task<double> t = item(g);
+  try {
+    g.forward();
+    FAIL("no error");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), at_line(line) && Contains("3 elements") && Contains("op 'input'") &&
+                             Contains("test_errors.cpp:" + std::to_string(recorded) + ")"));
+  }
 }
 
 TEST_CASE("co_await on a value of a cleared graph names the co_await's line", "[dsl][errors]") {
