@@ -140,6 +140,7 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate) {
   stats_.strategy_ms = parts.strategy_ms;
   stats_.plan_ms = parts.plan_ms;
   stats_.round_visits = parts.visits;
+  if (launch) stats_.strategy_used = scheduler_.chosen();
   stats_.deferred_inferences = trace_.deferred_inferences();
   if (!launch) return false;
   stats_.split_shared += scheduler_.split_shared();
@@ -353,6 +354,7 @@ bool Engine::deliver_waiters() {
   t_delivering = outer;
   fetched_.clear();
   stats_.trace_ms += ms_since(t1);
+  recording_ = false;  // what the callbacks recorded is timed above, not until the next forward()
   return true;
 }
 
@@ -380,7 +382,8 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
       }
       const Shape shape = s.shape_of(r);
       const uint32_t row = s.value_row[r];
-      host[i] = HostValue{fetched_[slot].data_ptr<float>() + (row == kWholeRow ? 0 : row * shape.numel()), shape};
+      host[i] = HostValue{fetched_[slot].data_ptr<float>() + (row == kWholeRow ? 0 : row * shape.numel()), shape,
+                          trace_.site_of(nodes[i])};
     }
     return host;
   }
@@ -412,7 +415,7 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
   int64_t off = 0;
   for (size_t q = 0; q < order.size(); ++q) {
     const Shape& shape = s.shape_of(s.resolve(nodes[order[q]]));
-    host[order[q]] = HostValue{all + off, shape};
+    host[order[q]] = HostValue{all + off, shape, trace_.site_of(nodes[order[q]])};
     off += shape.numel();
   }
   return host;

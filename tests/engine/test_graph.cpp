@@ -1,4 +1,6 @@
 // The graph store: handles, incremental forward, clear, dump.
+#include <chrono>
+#include <thread>
 #include <type_traits>
 
 #include "../support.h"
@@ -111,4 +113,22 @@ TEST_CASE("stats report nodes, batches, zero-copy inputs and times", "[tracer][b
   CHECK(st.gathered_inputs == 0);
   CHECK(st.execute_ms > 0);
   CHECK_THAT(st.str(), Contains("batches 2"));
+}
+
+TEST_CASE("trace_ms counts recording and control-flow callbacks, not the time after forward", "[tracer]") {
+  // A coroutine records inside forward; what it records must not leave the
+  // recording clock running until the next forward().
+  Graph g;
+  auto body = [](Graph& g) -> Task<Expr> {
+    Expr x = g.input(at::ones({3}));
+    const double v = co_await fetch_item(dsl::sum(x));
+    co_return x * v;
+  };
+  Task<Expr> t = body(g);
+  g.forward();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the user's own work, not recording
+  Expr more = g.input(at::ones({2})) * 2.0;
+  g.forward(more);
+  CHECK(g.stats().trace_ms < 250.0);
+  CHECK(g.stats().trace_ms > 0.0);
 }
