@@ -48,6 +48,10 @@ void System::Counters::add(const Stats& s) {
   gather_ms += s.gather_ms;
   op_ms += s.op_ms;
   rounds += static_cast<double>(s.rounds);
+  gathered_bytes += static_cast<double>(s.gathered_bytes);
+  gathered_inputs += static_cast<double>(s.gathered_inputs);
+  zero_copy_inputs += static_cast<double>(s.zero_copy_inputs);
+  if (!s.strategy_used.empty()) ++strategy_used[std::string(s.strategy_used)];
   steps += 1;
   for (const auto& [op, t] : s.by_op) {
     ExecCounters::OpTime& mine = by_op[op];
@@ -190,7 +194,16 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
           .add("trace_ms_per_batch", s.counters.trace_ms / steps)
           .add("sched_ms_per_batch", s.counters.sched_ms / steps)
           .add("exec_ms_per_batch", s.counters.exec_ms / steps)
+          .add("gathered_bytes_per_batch", s.counters.gathered_bytes / steps)
+          .add("gathered_inputs_per_batch", s.counters.gathered_inputs / steps)
+          .add("zero_copy_inputs_per_batch", s.counters.zero_copy_inputs / steps)
           .add("max_abs_diff_vs_per_example", s.max_abs_diff);
+      if (!s.counters.strategy_used.empty()) {  // the schedule most batches used (auto: what it picked)
+        auto most = s.counters.strategy_used.begin();
+        for (auto it = most; it != s.counters.strategy_used.end(); ++it)
+          if (it->second > most->second) most = it;
+        j.add("strategy_used", most->first);
+      }
       if (o.profile) {
         const double ph = std::max(1.0, s.phases->steps);
         j.add("profile", 1).add("forward_ms_per_batch", s.phases->forward / ph)

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include <sheaf/backend/counters.h>
 
@@ -19,6 +20,8 @@ struct Stats : ExecCounters {
   // the nodes recorded, not with nodes x rounds.
   uint64_t round_visits = 0;
   uint64_t deferred_inferences = 0;
+  // The schedule of the last round: the strategy's name, or the one `auto` picked.
+  std::string_view strategy_used;
   // Wall-clock milliseconds:
   double trace_ms = 0;     // recording: from the first node recorded after clear()/forward() to the next
                            // forward()/prepare(), plus control-flow callbacks (branches, loop bodies, coroutines)

@@ -36,6 +36,8 @@ class Scheduler {
 
   const Plan& plan() const { return plan_; }
   const Times& times() const { return times_; }
+  // The schedule the last round used (auto: the strategy it picked).
+  std::string_view chosen() const { return memo_owner_ ? memo_owner_->chosen(memo_) : std::string_view(); }
   const RoundDag& dag() const { return dag_; }
   // Resolved placeholders whose values this round makes ready.
   std::vector<NodeId>& aliases() { return aliases_; }

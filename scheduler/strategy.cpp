@@ -155,6 +155,9 @@ class AutoStrategy final : public Strategy {
     if (memo.choice == 1) out = std::move(agenda);
     memo.rounds_left = kRecheck - 1;
   }
+  std::string_view chosen(const StrategyMemo& memo) const override {
+    return memo.choice == 1 ? "agenda" : memo.choice == 0 ? "lazy" : "auto";
+  }
 
  private:
   static void run(int choice, const RoundDag& dag, Batches& out) {

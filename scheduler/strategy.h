@@ -23,6 +23,9 @@ class Strategy {
   virtual void schedule(const RoundDag& dag, Batches& out) const = 0;
   // The same, with what this strategy remembered of the graph's earlier rounds.
   virtual void schedule(const RoundDag& dag, Batches& out, StrategyMemo&) const { schedule(dag, out); }
+  // The schedule used in the last round scheduled with this memo: the name, or,
+  // for a strategy that picks among others (auto), the one it picked.
+  virtual std::string_view chosen(const StrategyMemo&) const { return name(); }
 };
 
 // TensorFlow Fold: nodes at the same depth (longest path from the inputs) with the
