@@ -55,7 +55,7 @@ TEST_CASE("row gathers: values and gradients equal index_select reads, sources s
   CHECK(hub_of(x, 0)->name() == "sheaf::GatherHub");
 }
 
-TEST_CASE("row gathers: no autograd node without a gradient; strided rows; backward twice", "[backend][gather]") {
+TEST_CASE("row gathers: no autograd node without a gradient, strided rows, backward twice", "[backend][gather]") {
   RowGathers gathers;
   const at::Tensor src = at::arange(24, at::kFloat).view({4, 6});
   const at::Tensor strided = src.narrow(1, 2, 3);  // rows of 3 contiguous floats, 6 apart
