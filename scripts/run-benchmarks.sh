@@ -12,10 +12,14 @@ args=(--device "$device" --threads 1 --repeat 5 --json)
 [ -f "$data/train.txt" ] && args+=(--data "$data")
 out=docs/results-$device.jsonl
 {
-  # lazy+prefetch: Sheaf with sheaf::Prefetcher, which uses a second host thread.
+  # auto+prefetch: Sheaf with sheaf::Prefetcher, which records and schedules the
+  # next batch on a second host thread (ranked apart in the report).
   "$bench" --workload treelstm --hidden 128,256 --batch 64 --trees 1024 "${args[@]}" \
-    --systems per-example,sheaf,sheaf:lazy+prefetch,hand
+    --systems per-example,sheaf,sheaf:auto+prefetch,hand
   "$bench" --workload shift_reduce --hidden 128 --batch 64 --trees 512 "${args[@]}"
+  "$bench" --workload gated_rvnn --hidden 128 --batch 64 --trees 512 "${args[@]}"
+  # Host work alone (ns per node for recording and each scheduling step).
+  "$bench" --workload host --hidden 128 --batch 64 --trees 1024 "${args[@]}" --systems sheaf
 } > "$out"
 machine="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $("$bench" --info --threads 1)"
 python3 bench/report.py docs/results-*.jsonl --markdown docs/benchmark-results.md --plot docs/benchmark-results.png \
