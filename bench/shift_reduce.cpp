@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <optional>
 
@@ -48,7 +49,26 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
 
   StepMaker make_step(o, train, model.parameters(), scale);
 
+  // Records batch b into g, runs it (every round), returns the loss and the root logits.
+  auto run_sheaf = [&](Graph& g, const Strategy& strategy, size_t b, std::vector<at::Tensor>* logits) {
+    g.clear();
+    std::vector<Task<ParseResult>> tasks;
+    for (size_t i = 0; i < batches[b].size(); ++i) {
+      auto scope = g.example(static_cast<int>(i));
+      tasks.push_back(model.parse(g, *batches[b][i], !train));
+    }
+    g.forward({}, {.strategy = &strategy});
+    std::vector<Expr> losses;
+    for (auto& t : tasks) losses.push_back(t.result().loss);
+    Expr total = dsl::sum(losses);
+    g.forward(total, {.strategy = &strategy});
+    if (logits)
+      for (auto& t : tasks) logits->push_back(t.result().logits.value().detach().cpu());
+    return total.value();
+  };
+
   std::vector<std::unique_ptr<Graph>> graphs;
+  std::vector<std::unique_ptr<Prefetcher>> prefetchers;
   std::vector<System> systems;
   // Sequential transition steps per batch: one sentence after another, or all in lock-step.
   double transitions = 0;
@@ -72,22 +92,8 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
         graphs.push_back(std::make_unique<Graph>(GraphOptions{.device = device, .profile = o.profile, .fuse = spec->fuse}));
         Graph* g = graphs.back().get();
         const size_t index = systems.size();
-        // Records the batch, runs it (every round), returns the loss and the root logits.
         auto run = [&, g, strategy](size_t b, std::vector<at::Tensor>* logits) {
-          g->clear();
-          std::vector<Task<ParseResult>> tasks;
-          for (size_t i = 0; i < batches[b].size(); ++i) {
-            auto scope = g->example(static_cast<int>(i));
-            tasks.push_back(model.parse(*g, *batches[b][i], !train));
-          }
-          g->forward({}, {.strategy = strategy});
-          std::vector<Expr> losses;
-          for (auto& t : tasks) losses.push_back(t.result().loss);
-          Expr total = dsl::sum(losses);
-          g->forward(total, {.strategy = strategy});
-          if (logits)
-            for (auto& t : tasks) logits->push_back(t.result().logits.value().detach().cpu());
-          return total.value();
+          return run_sheaf(*g, *strategy, b, logits);
         };
         System s{"sheaf", spec->label(*strategy)};
         s.step = make_step(s, [&, run, g, index](size_t b) {
@@ -99,6 +105,46 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
           c10::NoGradGuard no_grad;
           std::vector<at::Tensor> logits;
           run(0, &logits);
+          s.max_abs_diff = diff_to_reference(logits);
+        }
+        systems.push_back(std::move(s));
+      }
+    } else if (auto spec = parse_sheaf_system(name); spec && spec->prefetch) {
+      // Training only: with gold transitions a batch records completely before
+      // forward (no task waits), so batch b+1 can be recorded on a worker while
+      // batch b runs. Parsing follows its own predictions inside forward.
+      if (!train) {
+        std::fprintf(stderr, "sheaf-bench: %s skipped in infer mode (a parse records as it runs)\n", name.c_str());
+        continue;
+      }
+      for (const Strategy* strategy : spec->strategies) {
+        prefetchers.push_back(std::make_unique<Prefetcher>(
+            GraphOptions{.device = device, .profile = o.profile, .fuse = spec->fuse},
+            [&](Graph& g, size_t b) {
+              std::vector<Expr> losses;
+              for (size_t i = 0; i < batches[b].size(); ++i) {
+                auto scope = g.example(static_cast<int>(i));
+                Task<ParseResult> t = model.parse(g, *batches[b][i], /*predict=*/false);
+                losses.push_back(t.result().loss);  // done: gold transitions never wait
+              }
+              return std::vector<Expr>{dsl::sum(losses)};
+            },
+            ForwardOptions{.strategy = strategy}));
+        Prefetcher* pf = prefetchers.back().get();
+        System s{"sheaf", spec->label(*strategy)};
+        const size_t index = systems.size();
+        const size_t n = batches.size();
+        s.step = make_step(s, [&, pf, strategy, index, n](size_t b) {
+          Prefetcher::Batch batch = pf->take(b, b + 1 < n ? std::optional(b + 1) : std::nullopt);
+          batch.graph.forward(batch.targets, {.strategy = strategy});
+          systems[index].counters.add(batch.graph.stats());
+          return batch.targets[0].value();
+        });
+        {
+          c10::NoGradGuard no_grad;
+          Graph check({.device = device, .fuse = spec->fuse});
+          std::vector<at::Tensor> logits;
+          run_sheaf(check, *strategy, 0, &logits);
           s.max_abs_diff = diff_to_reference(logits);
         }
         systems.push_back(std::move(s));
@@ -126,7 +172,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
       }
       systems.push_back(std::move(s));
     } else {
-      throw UserError("unknown system '" + name + "' for shift_reduce (per-example, hand, sheaf[:<strategy>][/unfused])");
+      throw UserError("unknown system '" + name + "' for shift_reduce (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused])");
     }
   }
 

@@ -16,7 +16,8 @@ out=docs/results-$device.jsonl
   # next batch on a second host thread (ranked apart in the report).
   "$bench" --workload treelstm --hidden 128,256 --batch 64 --trees 1024 "${args[@]}" \
     --systems per-example,sheaf,sheaf:auto+prefetch,hand
-  "$bench" --workload shift_reduce --hidden 128 --batch 64 --trees 512 "${args[@]}"
+  "$bench" --workload shift_reduce --hidden 128 --batch 64 --trees 512 "${args[@]}" \
+    --systems per-example,sheaf,sheaf:auto+prefetch,hand
   "$bench" --workload gated_rvnn --hidden 128 --batch 64 --trees 512 "${args[@]}"
   # Host work alone (ns per node for recording and each scheduling step).
   "$bench" --workload host --hidden 128 --batch 64 --trees 1024 "${args[@]}" --systems sheaf
