@@ -53,7 +53,12 @@ void Scheduler::count_split_shared(const Trace& trace) {
   for (size_t k = 0; k < batches_.size(); ++k) {
     if (batches_[k].size() != 1) continue;
     const NodeId n = dag_.node[batches_[k][0]];
-    if (n == kNoNode || dag_.sig[batches_[k][0]] == kNoSig) continue;  // a fused region, or a shared node
+    if (n == kNoNode) {  // a fused region: its pattern names its shared inputs
+      const uint32_t r = dag_.region[batches_[k][0]];
+      if (r != kNone32) count_split_region(trace, fuser_.region(r), key);
+      continue;
+    }
+    if (dag_.sig[batches_[k][0]] == kNoSig) continue;  // a shared node
     bool lone_shared = false;
     key.assign({s.op[n], s.shape[n]});
     key.insert(key.end(), s.attrs_of(n).begin(), s.attrs_of(n).end());
@@ -71,6 +76,28 @@ void Scheduler::count_split_shared(const Trace& trace) {
     split_shared_ += static_cast<uint32_t>(j - i);
     if (split_shared_node_ == kNoNode) split_shared_node_ = loose_[i].second;
   }
+}
+
+}  // namespace sheaf
+
+namespace sheaf {
+
+// A lone fused region with a shared input read by it only: keyed by its
+// members' ops and shapes and its shared inputs' shapes (not identities).
+void Scheduler::count_split_region(const Trace& trace, const Region& region, std::vector<int64_t>& key) {
+  const NodeStore& s = trace.store();
+  bool lone_shared = false;
+  key.assign({-2});
+  for (NodeId in : fuser_.inputs(region)) {
+    if (!s.has(in, NodeStore::kShared)) continue;
+    key.push_back(s.shape[in]);
+    lone_shared = lone_shared || trace.param_uses(in) == 1;
+  }
+  for (NodeId m : fuser_.members(region)) {
+    key.push_back(s.op[m]);
+    key.push_back(s.shape[m]);
+  }
+  if (lone_shared) loose_.emplace_back(hash_words(key), fuser_.members(region)[0]);
 }
 
 }  // namespace sheaf

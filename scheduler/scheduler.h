@@ -66,6 +66,7 @@ class Scheduler {
   std::vector<std::pair<uint64_t, NodeId>> loose_;  // scratch: (key without shared identities, node)
 
   void count_split_shared(const Trace& trace);
+  void count_split_region(const Trace& trace, const Region& region, std::vector<int64_t>& key);
 };
 
 }  // namespace sheaf

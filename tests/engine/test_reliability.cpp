@@ -217,6 +217,26 @@ TEST_CASE("F: a shared operand made per example is counted as a split batch", "[
   CHECK_THAT(copies.str(), Contains("8 batches split by distinct shared operands"));
 }
 
+TEST_CASE("F: a shared operand made per example inside fused elementwise work is counted too",
+          "[engine][reliability]") {
+  const at::Tensor V = at::randn({3});
+  auto run = [&](bool per_example_copy) {
+    Graph g;
+    std::vector<Expr> ys;
+    for (int i = 0; i < 8; ++i) {
+      auto scope = g.example(i);
+      const at::Tensor v = per_example_copy ? V * 1.0 : V;
+      ys.push_back(dsl::tanh(g.input(data({3}, i)) * v));  // mul and tanh: one fused region per example
+    }
+    g.forward(ys);
+    return g.stats();
+  };
+  const Stats same = run(false), copies = run(true);
+  CHECK(same.split_shared == 0);
+  CHECK(copies.split_shared == 8);
+  CHECK(copies.batches == same.batches + 7);
+}
+
 TEST_CASE("control flow costs host work in proportion to the nodes recorded, not nodes x rounds",
           "[engine][control][linear]") {
   // Each example: a chain of 20 conds, each deciding on the previous one's result.
