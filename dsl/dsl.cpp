@@ -89,6 +89,12 @@ Expr relu(At x) { return unary(code_of<op::Relu>, x); }
 Expr exp(At x) { return unary(code_of<op::Exp>, x); }
 Expr log(At x) { return unary(code_of<op::Log>, x); }
 Expr neg(At x) { return unary(code_of<op::Neg>, x); }
+Expr abs(At x) { return unary(code_of<op::Abs>, x); }
+Expr sqrt(At x) { return unary(code_of<op::Sqrt>, x); }
+Expr softplus(At x) { return unary(code_of<op::Softplus>, x); }
+Expr log_sigmoid(At x) { return unary(code_of<op::LogSigmoid>, x); }
+Expr maximum(Operand a, Operand b, Loc loc) { return binary(code_of<op::Maximum>, a, b, loc); }
+Expr minimum(Operand a, Operand b, Loc loc) { return binary(code_of<op::Minimum>, a, b, loc); }
 Expr sum(At x) { return unary(code_of<op::Sum>, x); }
 Expr mean(At x) { return unary(code_of<op::Mean>, x); }
 Expr softmax(At x) { return unary(code_of<op::Softmax>, x); }

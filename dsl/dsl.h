@@ -78,6 +78,14 @@ Expr relu(At x);
 Expr exp(At x);
 Expr log(At x);
 Expr neg(At x);
+Expr abs(At x);
+Expr sqrt(At x);
+Expr softplus(At x);     // log(1 + e^x)
+Expr log_sigmoid(At x);  // log(sigmoid(x)), stable for large |x|
+// Elementwise larger / smaller (equal shapes, or a scalar on either side); at
+// ties the gradient is split evenly, as LibTorch's.
+Expr maximum(Operand a, Operand b, Loc loc = Loc::current());
+Expr minimum(Operand a, Operand b, Loc loc = Loc::current());
 
 // W x + b. W: [out, in], shared (a parameter) or per example; x: [in] or [t, in]; b: [out].
 Expr affine(Operand W, Operand x, Operand b, Loc loc = Loc::current());

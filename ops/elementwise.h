@@ -2,6 +2,7 @@
 // argument (a parameter) broadcasts over the batch axis.
 #pragma once
 
+#include <ATen/ops/abs.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/bitwise_and.h>
@@ -12,12 +13,17 @@
 #include <ATen/ops/ge.h>
 #include <ATen/ops/gt.h>
 #include <ATen/ops/log.h>
+#include <ATen/ops/log_sigmoid.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/minimum.h>
 #include <ATen/ops/lt.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/neg.h>
 #include <ATen/ops/reciprocal.h>
 #include <ATen/ops/relu.h>
 #include <ATen/ops/sigmoid.h>
+#include <ATen/ops/softplus.h>
+#include <ATen/ops/sqrt.h>
 #include <ATen/ops/sub.h>
 #include <ATen/ops/tanh.h>
 
@@ -76,6 +82,35 @@ struct Div : Binary<div2> {
     static float fwd(float a, float b, float) { return a / b; }
     static float da(float, float b, float, float) { return 1.0f / b; }
     static float db(float a, float b, float, float) { return -a / (b * b); }
+  };
+};
+inline at::Tensor max2(const at::Tensor& a, const at::Tensor& b) { return at::maximum(a, b); }
+inline at::Tensor min2(const at::Tensor& a, const at::Tensor& b) { return at::minimum(a, b); }
+
+// Elementwise larger / smaller; where a == b the gradient is split evenly (as
+// LibTorch's maximum/minimum do).
+struct Maximum : Binary<max2> {
+  static constexpr std::string_view name = "maximum";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.operands = 2,
+                                        .cuda_fwd = "(a > b || a != a ? a : b)",
+                                        .cuda_da = "(a > b ? 1.f : (a == b ? 0.5f : 0.f))",
+                                        .cuda_db = "(b > a ? 1.f : (a == b ? 0.5f : 0.f))"};
+    static float fwd(float a, float b, float) { return a > b || a != a ? a : b; }
+    static float da(float a, float b, float, float) { return a > b ? 1.0f : (a == b ? 0.5f : 0.0f); }
+    static float db(float a, float b, float, float) { return b > a ? 1.0f : (a == b ? 0.5f : 0.0f); }
+  };
+};
+struct Minimum : Binary<min2> {
+  static constexpr std::string_view name = "minimum";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.operands = 2,
+                                        .cuda_fwd = "(a < b || a != a ? a : b)",
+                                        .cuda_da = "(a < b ? 1.f : (a == b ? 0.5f : 0.f))",
+                                        .cuda_db = "(b < a ? 1.f : (a == b ? 0.5f : 0.f))"};
+    static float fwd(float a, float b, float) { return a < b || a != a ? a : b; }
+    static float da(float a, float b, float, float) { return a < b ? 1.0f : (a == b ? 0.5f : 0.0f); }
+    static float db(float a, float b, float, float) { return b < a ? 1.0f : (a == b ? 0.5f : 0.0f); }
   };
 };
 struct Greater : Binary<gt2> {
@@ -207,6 +242,53 @@ struct Log : Unary<log1> {
     static constexpr PointwiseInfo info{.cuda_fwd = "logf(a)", .cuda_da = "1.f / a"};
     static float fwd(float a, float, float) { return pw::log(a); }
     static float da(float a, float, float, float) { return 1.0f / a; }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
+
+inline at::Tensor abs1(const at::Tensor& x) { return at::abs(x); }
+inline at::Tensor sqrt1(const at::Tensor& x) { return at::sqrt(x); }
+inline at::Tensor softplus1(const at::Tensor& x) { return at::softplus(x); }
+inline at::Tensor log_sigmoid1(const at::Tensor& x) { return at::log_sigmoid(x); }
+
+struct Abs : Unary<abs1> {
+  static constexpr std::string_view name = "abs";
+  struct Pointwise {  // gradient 0 at 0, as LibTorch's
+    static constexpr PointwiseInfo info{.cuda_fwd = "fabsf(a)", .cuda_da = "(a > 0.f ? 1.f : (a < 0.f ? -1.f : 0.f))"};
+    static float fwd(float a, float, float) { return a < 0.0f ? -a : a; }
+    static float da(float a, float, float, float) { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : 0.0f); }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
+struct Sqrt : Unary<sqrt1> {
+  static constexpr std::string_view name = "sqrt";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.cuda_fwd = "sqrtf(a)", .cuda_da = "0.5f / y"};
+    static float fwd(float a, float, float) { return pw::sqrt(a); }
+    static float da(float, float, float y, float) { return 0.5f / y; }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
+// log(1 + e^x); as LibTorch's (beta 1, threshold 20): x itself above 20.
+struct Softplus : Unary<softplus1> {
+  static constexpr std::string_view name = "softplus";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{
+        .cuda_fwd = "(a > 20.f ? a : fmaxf(a, 0.f) + logf(1.f + expf(-fabsf(a))))",
+        .cuda_da = "(a > 20.f ? 1.f : 1.f / (1.f + expf(-a)))"};
+    static float fwd(float a, float, float) { return a > 20.0f ? a : pw::softplus(a); }
+    static float da(float a, float, float, float) { return a > 20.0f ? 1.0f : pw::sigmoid(a); }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
+// log(sigmoid(x)) = -softplus(-x), without overflow either way.
+struct LogSigmoid : Unary<log_sigmoid1> {
+  static constexpr std::string_view name = "log_sigmoid";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.cuda_fwd = "(fminf(a, 0.f) - logf(1.f + expf(-fabsf(a))))",
+                                        .cuda_da = "1.f / (1.f + expf(a))"};
+    static float fwd(float a, float, float) { return -pw::softplus(-a); }
+    static float da(float a, float, float, float) { return pw::sigmoid(-a); }
     static float db(float, float, float, float) { return 0.0f; }
   };
 };

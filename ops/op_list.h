@@ -35,6 +35,8 @@ struct Div;
 struct AddScalar;
 struct MulScalar;
 struct RDivScalar;   // c / x
+struct Maximum;      // elementwise larger of x and y
+struct Minimum;
 struct Greater;      // 1.0 where x > y, else 0.0 (no gradient)
 struct GreaterScalar;
 struct LessScalar;
@@ -44,6 +46,10 @@ struct Sigmoid;
 struct Relu;
 struct Exp;
 struct Log;
+struct Abs;
+struct Sqrt;
+struct Softplus;     // log(1 + e^x)
+struct LogSigmoid;   // log(sigmoid(x))
 struct Dropout;
 // Linear algebra.
 struct Affine;       // W x + b
@@ -67,8 +73,9 @@ struct Placeholder;
 inline constexpr auto kOpList = boost::hana::tuple_t<
     op::Input, op::Constant, op::Param, op::Lookup,
     op::Add, op::Sub, op::Mul, op::Div, op::AddScalar, op::MulScalar, op::RDivScalar,
-    op::Greater, op::GreaterScalar, op::LessScalar,
-    op::Neg, op::Tanh, op::Sigmoid, op::Relu, op::Exp, op::Log, op::Dropout,
+    op::Maximum, op::Minimum, op::Greater, op::GreaterScalar, op::LessScalar,
+    op::Neg, op::Tanh, op::Sigmoid, op::Relu, op::Exp, op::Log, op::Abs, op::Sqrt, op::Softplus, op::LogSigmoid,
+    op::Dropout,
     op::Affine, op::Matmul,
     op::Concat, op::Slice,
     op::Sum, op::Mean, op::SumList, op::MeanList, op::Softmax, op::LogSoftmax, op::Pick,

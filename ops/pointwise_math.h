@@ -60,6 +60,9 @@ inline float tanh(float x) {
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + pw::exp(-x)); }
 
+// The sqrt instruction; a negative x gives NaN, as the C library's.
+inline float sqrt(float x) { return __builtin_sqrtf(x); }
+
 inline float log(float x) {
   const int32_t bits = std::bit_cast<int32_t>(x);
   float e = static_cast<float>(((bits >> 23) & 0xFF) - 126);
@@ -87,6 +90,12 @@ inline float log(float x) {
   out = select(x == 0.0f, -inf, out);
   out = select(x < 0.0f || x != x, nan, out);
   return out;
+}
+
+// log(1 + e^x) = max(x, 0) + log(1 + e^-|x|): no overflow for large |x|.
+inline float softplus(float x) {
+  const float ax = x < 0.0f ? -x : x;
+  return (x > 0.0f ? x : 0.0f) + pw::log(1.0f + pw::exp(-ax));
 }
 
 }  // namespace sheaf::pw

@@ -59,6 +59,15 @@ std::vector<FusedProgram> programs() {
     p.hash = 2;
     out.push_back(p);
   }
+  {  // abs, sqrt, softplus, log_sigmoid, maximum and minimum, with a shared operand
+    FusedProgram p;
+    p.inputs = 2, p.input_numel = {4, 4}, p.input_shared = {0, 1}, p.numel = 4, p.shape = Shape{4};
+    uint32_t x = op(p, code_of<op::Sqrt>, op(p, code_of<op::AddScalar>, op(p, code_of<op::Abs>, 0), 0, 0.1));
+    x = op(p, code_of<op::Maximum>, op(p, code_of<op::Softplus>, x), op(p, code_of<op::LogSigmoid>, 1));
+    op(p, code_of<op::Minimum>, x, 1);
+    p.hash = 3;
+    out.push_back(p);
+  }
   return out;
 }
 

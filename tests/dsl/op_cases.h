@@ -65,6 +65,14 @@ inline const std::vector<OpCase>& cases() {
       {"sigmoid", [](Graph&, Expr h, int, const Params&) { return dsl::sigmoid(h); }},
       {"relu", [](Graph&, Expr h, int, const Params&) { return dsl::relu(h) - 0.5; }},
       {"exp/log", [](Graph&, Expr h, int, const Params&) { return dsl::log(dsl::exp(h) + 1.0); }},
+      {"abs/sqrt", [](Graph&, Expr h, int, const Params&) { return dsl::sqrt(dsl::abs(h) + 0.1) - dsl::abs(h * 0.5); }},
+      {"softplus/log_sigmoid",
+       [](Graph&, Expr h, int, const Params&) { return dsl::softplus(h * 30.0) * 0.05 + dsl::log_sigmoid(h * 40.0) * 0.05; }},
+      {"maximum/minimum",
+       [](Graph& g, Expr h, int i, const Params& p) {
+         const Expr y = g.input(p.data({kD}, i, 10));
+         return dsl::maximum(h, y) - dsl::minimum(h, p.v) + dsl::maximum(h, h) * 0.5;  // a tie: half each way
+       }},
       {"affine shared W", [](Graph&, Expr h, int, const Params& p) { return dsl::affine(p.W, h, p.b); }},
       {"affine per-example W",
        [](Graph& g, Expr h, int i, const Params& p) { return dsl::affine(g.input(p.data({kD, kD}, i, 4)), h, p.b); }},
