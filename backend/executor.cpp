@@ -83,7 +83,11 @@ at::Tensor Executor::concat_rows(const Plan& plan, const PlannedBatch& b) {
   }
   std::vector<int64_t> sizes{b.n};
   sizes.insert(sizes.end(), shape.dims().begin(), shape.dims().end());
-  return row_gathers_.gather(row_sources_, row_batches_, picks_, b.arity, sizes);
+  at::Tensor out = row_gathers_.gather(row_sources_, row_batches_, picks_, b.arity, sizes);
+  ++counters_.gather_launches;
+  counters_.gathered_inputs += b.arity;
+  counters_.gathered_bytes += static_cast<uint64_t>(out.numel()) * out.element_size();
+  return out;
 }
 
 at::Tensor Executor::read(const Plan& plan, uint32_t r) {
