@@ -197,20 +197,27 @@ TEST_CASE("D: example ids are any int64, memory follows the examples, not the la
   CHECK(at::equal(mask_of(int64_t{1} << 40, 3), mask_of(int64_t{1} << 40, 250'000'000)));
 }
 
+namespace {
+
+// Stats of 8 examples that apply `model` to their input and a shared tensor
+// `w`: the same tensor for all, or a copy made per example (no batching).
+Stats split_stats(const at::Tensor& w, bool per_example_copy, Expr (*model)(const at::Tensor&, Expr)) {
+  Graph g;
+  std::vector<Expr> ys;
+  for (int i = 0; i < 8; ++i) {
+    auto scope = g.example(i);
+    ys.push_back(model(per_example_copy ? w * 1.0 : w, g.input(data({3}, i))));
+  }
+  g.forward(ys);
+  return g.stats();
+}
+
+}  // namespace
+
 TEST_CASE("F: a shared operand made per example is counted as a split batch", "[engine][reliability]") {
+  auto model = [](const at::Tensor& w, Expr x) { return dsl::matmul(w, x); };
   const at::Tensor W = at::randn({3, 3});
-  auto run = [&](bool per_example_copy) {
-    Graph g;
-    std::vector<Expr> ys;
-    for (int i = 0; i < 8; ++i) {
-      auto scope = g.example(i);
-      const at::Tensor w = per_example_copy ? W * 1.0 : W;  // a new tensor per example: no batching
-      ys.push_back(dsl::matmul(w, g.input(data({3}, i))));
-    }
-    g.forward(ys);
-    return g.stats();
-  };
-  const Stats same = run(false), copies = run(true);
+  const Stats same = split_stats(W, false, model), copies = split_stats(W, true, model);
   CHECK(same.split_shared == 0);
   CHECK(copies.split_shared == 8);
   CHECK(copies.batches == same.batches + 7);
@@ -219,19 +226,9 @@ TEST_CASE("F: a shared operand made per example is counted as a split batch", "[
 
 TEST_CASE("F: a shared operand made per example inside fused elementwise work is counted too",
           "[engine][reliability]") {
+  auto model = [](const at::Tensor& v, Expr x) { return dsl::tanh(x * v); };  // mul and tanh: one fused region
   const at::Tensor V = at::randn({3});
-  auto run = [&](bool per_example_copy) {
-    Graph g;
-    std::vector<Expr> ys;
-    for (int i = 0; i < 8; ++i) {
-      auto scope = g.example(i);
-      const at::Tensor v = per_example_copy ? V * 1.0 : V;
-      ys.push_back(dsl::tanh(g.input(data({3}, i)) * v));  // mul and tanh: one fused region per example
-    }
-    g.forward(ys);
-    return g.stats();
-  };
-  const Stats same = run(false), copies = run(true);
+  const Stats same = split_stats(V, false, model), copies = split_stats(V, true, model);
   CHECK(same.split_shared == 0);
   CHECK(copies.split_shared == 8);
   CHECK(copies.batches == same.batches + 7);
