@@ -97,6 +97,43 @@ std::function<void(size_t)> StepMaker::operator()(const System& s, std::function
   };
 }
 
+std::vector<size_t> add_sheaf_systems(const Options& o, const SheafSystem& spec, bool train, size_t n_batches,
+                                      StepMaker& make_step, const Prefetcher::Record& record,
+                                      std::vector<System>& systems, SheafOwners& owners) {
+  const GraphOptions graph{.device = c10::Device(o.device), .profile = o.profile, .fuse = spec.fuse};
+  std::vector<size_t> added;
+  for (const Strategy* strategy : spec.strategies) {
+    System s{"sheaf", spec.label(*strategy)};
+    const size_t index = systems.size();
+    auto finish = [&systems, index, train](Graph& g, std::span<const Expr> targets) {
+      systems[index].counters.add(g.stats());
+      return train ? targets[0].value() : at::Tensor();
+    };
+    if (spec.prefetch) {
+      // Batch b+1 is recorded and scheduled on a worker thread while batch b runs.
+      owners.prefetchers.push_back(std::make_unique<Prefetcher>(graph, record, ForwardOptions{.strategy = strategy}));
+      Prefetcher* pf = owners.prefetchers.back().get();
+      s.step = make_step(s, [pf, strategy, n_batches, finish](size_t b) {
+        Prefetcher::Batch batch = pf->take(b, b + 1 < n_batches ? std::optional(b + 1) : std::nullopt);
+        batch.graph.forward(batch.targets, {.strategy = strategy});
+        return finish(batch.graph, batch.targets);
+      });
+    } else {
+      owners.graphs.push_back(std::make_unique<Graph>(graph));
+      Graph* g = owners.graphs.back().get();
+      s.step = make_step(s, [g, strategy, record, finish](size_t b) {
+        g->clear();
+        const std::vector<Expr> targets = record(*g, b);
+        g->forward(targets, {.strategy = strategy});
+        return finish(*g, targets);
+      });
+    }
+    added.push_back(index);
+    systems.push_back(std::move(s));
+  }
+  return added;
+}
+
 std::vector<std::vector<double>> measure(const Options& o, std::vector<System>& systems, size_t n_batches,
                                          double items_per_pass) {
   using Clock = std::chrono::steady_clock;

@@ -139,6 +139,19 @@ class StepMaker {
   std::vector<std::unique_ptr<torch::optim::Adagrad>> optimizers_;
 };
 
+// Sheaf systems built by add_sheaf_systems, owned here for the run.
+struct SheafOwners {
+  std::vector<std::unique_ptr<Graph>> graphs;
+  std::vector<std::unique_ptr<Prefetcher>> prefetchers;
+};
+// For each strategy of `spec`, appends a System whose step records batch b with
+// `record` (train: its first target is the loss to back-propagate), runs it
+// (through a Prefetcher for +prefetch) and adds the graph's Stats. Returns the
+// new systems' indices (for their max_abs_diff).
+std::vector<size_t> add_sheaf_systems(const Options& o, const SheafSystem& spec, bool train, size_t n_batches,
+                                      StepMaker& make_step, const Prefetcher::Record& record,
+                                      std::vector<System>& systems, SheafOwners& owners);
+
 // Runs every system over batches [0, n_batches) `repeat` times, interleaved
 // (system A, B, C, then A, B, C again...) after one warm-up pass; returns the
 // per-repeat throughputs in items/s for each system. A pass ends when the device
@@ -154,5 +167,6 @@ int run_treelstm(const Options& o);
 int run_shift_reduce(const Options& o);
 int run_host(const Options& o);
 int run_gated_rvnn(const Options& o);
+int run_tagger(const Options& o);  // tagger and tagger-char
 
 }  // namespace sheaf::bench

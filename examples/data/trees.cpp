@@ -10,7 +10,15 @@
 
 #include <sheaf/core/error.h>
 
+#include "text.h"
+
 namespace sheaf::data {
+
+using detail::is_blank;
+using detail::is_space;
+using detail::Rng;
+using detail::splitmix64;
+using detail::ZipfSampler;
 
 // ---------------------------------------------------------------------------
 // Tree
@@ -90,7 +98,6 @@ namespace {
 
 // Only ASCII whitespace separates: SST tokens can hold UTF-8 bytes, e.g. a
 // no-break space (0xC2 0xA0) inside "8 1\/2", and those belong to the word.
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; }
 bool is_word_char(char c) { return !is_space(c) && c != '(' && c != ')'; }
 
 // An explicit stack rather than recursion, so a deeply nested (or hostile)
@@ -235,15 +242,6 @@ class Parser {
   std::vector<Open> open_;
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  // A directory opens fine on Linux and then reads as empty; report it instead.
-  if (!in || std::filesystem::is_directory(path)) throw UserError("cannot open tree file '" + path + "'");
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-bool is_blank(std::string_view line) { return std::all_of(line.begin(), line.end(), is_space); }
-
 }  // namespace
 
 Tree parse_tree(std::string_view text, std::string_view source, int line) {
@@ -251,17 +249,11 @@ Tree parse_tree(std::string_view text, std::string_view source, int line) {
 }
 
 std::vector<Tree> read_trees(const std::string& path) {
-  const std::string text = read_file(path);
-  const std::string_view file(text);
+  const std::string text = detail::read_file(path, "tree file");
   std::vector<Tree> trees;
-  int line = 1;
-  for (size_t start = 0; start < file.size(); ++line) {
-    size_t end = file.find('\n', start);
-    if (end == std::string_view::npos) end = file.size();
-    const std::string_view content = file.substr(start, end - start);
+  detail::for_each_line(text, [&](std::string_view content, int line) {
     if (!is_blank(content)) trees.push_back(parse_tree(content, path, line));
-    start = end + 1;
-  }
+  });
   return trees;
 }
 
@@ -290,27 +282,8 @@ Treebank load_treebank(const std::string& dir, int min_count, Vocab& vocab) {
 
 namespace {
 
-// The std distributions are implementation-defined; mapping the engine's raw
-// bits ourselves gives the same trees for a seed with any standard library.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : engine_(seed) {}
-  double uniform() { return static_cast<double>(engine_() >> 11) * 0x1.0p-53; }  // [0, 1)
-  int below(int n) { return static_cast<int>(uniform() * n); }                   // [0, n)
-
- private:
-  std::mt19937_64 engine_;
-};
-
 constexpr double kLeafNoise = 0.2;  // chance that a leaf's label ignores its word's polarity
 constexpr double kPeelWord = 0.55;  // chance that a span splits off one word at an end
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // Independent of the seed, so train/dev/test drawn with different seeds agree.
 int8_t polarity(int32_t word) { return static_cast<int8_t>(splitmix64(static_cast<uint64_t>(word)) % 5); }
@@ -332,22 +305,6 @@ double beta_2_4(Rng& rng) {
   std::nth_element(u, u + 1, u + 5);
   return u[1];
 }
-
-class ZipfSampler {
- public:
-  explicit ZipfSampler(int vocab_size) {
-    double total = 0;
-    for (int id = 1; id < vocab_size; ++id) cdf_.push_back(total += 1.0 / id);
-  }
-  int32_t operator()(Rng& rng) const {
-    const double u = rng.uniform() * cdf_.back();
-    // u < cdf_.back(), so the bound is always a real entry.
-    return static_cast<int32_t>(std::upper_bound(cdf_.begin(), cdf_.end(), u) - cdf_.begin()) + 1;
-  }
-
- private:
-  std::vector<double> cdf_;  // cdf_[i]: unnormalised P(id <= i + 1)
-};
 
 class SyntheticTreeBuilder {
  public:
@@ -444,6 +401,13 @@ TreeStats stats_of(const std::vector<Tree>& trees) {
   s.mean_words = words / static_cast<double>(trees.size());
   s.mean_height = height / static_cast<double>(trees.size());
   return s;
+}
+
+std::string detail::read_file(const std::string& path, std::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  // A directory opens fine on Linux and then reads as empty; report it instead.
+  if (!in || std::filesystem::is_directory(path)) throw UserError("cannot open " + std::string(what) + " '" + path + "'");
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 }  // namespace sheaf::data

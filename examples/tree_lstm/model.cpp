@@ -1,12 +1,11 @@
 #include "model.h"
 
-#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
-#include <torch/serialize.h>
 
 #include <algorithm>
 
 #include <common/linear_rows.h>
+#include <common/parameter_file.h>
 
 namespace sheaf::models {
 
@@ -38,29 +37,9 @@ void TreeLSTM::to(const c10::Device& device) {
   for (at::Tensor* p : {&E, &U, &b, &V, &v}) *p = p->detach().to(device).requires_grad_();
 }
 
-void TreeLSTM::save(const std::string& path) const {
-  std::vector<at::Tensor> ps;
-  for (const at::Tensor& p : parameters()) ps.push_back(p.detach().cpu());
-  torch::save(ps, path);
-}
+void TreeLSTM::save(const std::string& path) const { save_parameters(parameters(), path); }
 
-void TreeLSTM::load(const std::string& path) {
-  std::vector<at::Tensor> ps;
-  try {
-    torch::load(ps, path);
-  } catch (const std::exception& e) {
-    throw UserError("TreeLSTM::load: cannot read '" + path + "': " + e.what());
-  }
-  auto mine = parameters();
-  if (ps.size() != mine.size()) throw UserError("TreeLSTM::load: '" + path + "' is not a TreeLSTM parameter file");
-  c10::NoGradGuard no_grad;
-  for (size_t i = 0; i < ps.size(); ++i) {
-    if (ps[i].sizes() != mine[i].sizes())
-      throw UserError(detail::cat("TreeLSTM::load: parameter ", i, " in '", path, "' has shape ", ps[i].sizes(),
-                                  ", the model has ", mine[i].sizes(), " (different --hidden or vocabulary?)"));
-    mine[i].copy_(ps[i]);
-  }
-}
+void TreeLSTM::load(const std::string& path) { load_parameters(parameters(), path, "TreeLSTM"); }
 
 // ---------------------------------------------------------------------------
 // Sheaf: written for one tree, recursively.

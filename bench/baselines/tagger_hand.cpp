@@ -1,0 +1,317 @@
+#include "tagger_hand.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+namespace sheaf::models {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Sequences packed time-major as at::lstm wants them: longest first, step t
+// holds the sequences longer than t. Built on the host, once per batch.
+struct Packing {
+  std::vector<int64_t> batch_sizes;
+  std::vector<size_t> order;  // sequences by decreasing length (stable)
+  // Position in the packed rows of element t of sequence order[k]: offset[t] + k.
+  std::vector<int64_t> offset;
+
+  Packing() = default;
+  explicit Packing(const std::vector<size_t>& lengths) : order(lengths.size()) {
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return lengths[a] > lengths[b]; });
+    const size_t longest = lengths.empty() ? 0 : lengths[order[0]];
+    int64_t rows = 0;
+    for (size_t t = 0; t < longest; ++t) {
+      int64_t n = 0;
+      while (n < static_cast<int64_t>(order.size()) && lengths[order[static_cast<size_t>(n)]] > t) ++n;
+      offset.push_back(rows);
+      batch_sizes.push_back(n);
+      rows += n;
+    }
+  }
+  int64_t rows() const { return offset.empty() ? 0 : offset.back() + batch_sizes.back(); }
+};
+
+at::Tensor longs(const std::vector<int64_t>& v, const c10::Device& d) { return at::tensor(v, at::kLong).to(d); }
+
+// A BiLSTM over packed rows [rows, in] with at::lstm: (outputs [rows, 2h],
+// final states [2, sequences, h]).
+std::pair<at::Tensor, at::Tensor> lstm_call(const LstmWeights& f, const LstmWeights& b, const at::Tensor& data,
+                                            const Packing& p) {
+  const at::Tensor h0 = at::zeros({2, p.batch_sizes.empty() ? 0 : p.batch_sizes[0], f.hidden()},
+                                  data.options().requires_grad(false));
+  auto [out, hn, cn] = at::lstm(data, at::tensor(p.batch_sizes, at::kLong), {h0, h0}, lstm_params(f, b),
+                                /*has_biases=*/true, /*num_layers=*/1, /*dropout=*/0.0,
+                                /*train=*/c10::GradMode::is_enabled(), /*bidirectional=*/true);
+  return {out, hn};
+}
+
+// One direction as a loop over time steps on packed rows: the input projection
+// of every row in one GEMM, then per step one GEMM on the active rows (a prefix,
+// sequences being sorted longest first) and the cell's elementwise ops. Returns
+// the outputs in packed order [rows, h] and the final states [sequences, h].
+std::pair<at::Tensor, at::Tensor> loop_direction(const LstmWeights& w, const at::Tensor& data, const Packing& p,
+                                                 bool reverse) {
+  const at::Tensor projected = at::addmm(w.b, data, w.ih.t());
+  const size_t steps = p.batch_sizes.size();
+  std::vector<at::Tensor> outputs(steps), finals;  // finals: rows that end at a step (forward: in order of ending)
+  at::Tensor h, c;
+  for (size_t k = 0; k < steps; ++k) {
+    const size_t t = reverse ? steps - 1 - k : k;
+    const int64_t active = p.batch_sizes[t];
+    at::Tensor gates = projected.narrow(0, p.offset[t], active);
+    if (k > 0) {
+      const int64_t carried = h.size(0);
+      if (carried > active) {  // forward: the shortest sequences ended at the previous step
+        finals.push_back(h.narrow(0, active, carried - active));
+        h = h.narrow(0, 0, active), c = c.narrow(0, 0, active);
+      } else if (carried < active) {  // backward: sequences that end at t start here, from zero
+        const at::Tensor zeros = at::zeros({active - carried, h.size(1)}, h.options().requires_grad(false));
+        h = at::cat({h, zeros}), c = at::cat({c, zeros});
+      }
+      gates = at::addmm(gates, h, w.hh.t());
+    }
+    const std::vector<at::Tensor> g = gates.chunk(4, 1);  // i, f, g, o
+    const at::Tensor input = at::sigmoid(g[0]) * at::tanh(g[2]);
+    c = k == 0 ? input : at::sigmoid(g[1]) * c + input;
+    h = outputs[t] = at::sigmoid(g[3]) * at::tanh(c);
+  }
+  finals.push_back(h);
+  // Forward: finals hold sequences longest-last in reverse ending order; rebuild sorted order.
+  at::Tensor last = reverse ? h : at::cat(std::vector<at::Tensor>(finals.rbegin(), finals.rend()));
+  return {at::cat(outputs), last};
+}
+
+// The same contract as lstm_call, one direction at a time.
+std::pair<at::Tensor, at::Tensor> loop_call(const LstmWeights& f, const LstmWeights& b, const at::Tensor& data,
+                                            const Packing& p) {
+  auto [of, hf] = loop_direction(f, data, p, false);
+  auto [ob, hb] = loop_direction(b, data, p, true);
+  return {at::cat({of, ob}, 1), at::stack({hf, hb})};
+}
+
+// One direction over packed rows as ONE autograd node with a hand-written
+// backward (as the parser's baseline): per step a GEMM on the active rows and
+// the cell's math in place; backward through time per step, then every
+// weight's gradient as one GEMM over all rows (not one per step).
+struct PackedLstmFn : torch::autograd::Function<PackedLstmFn> {
+  // Rows of step t: [offset[t], offset[t] + sizes[t]); a step's first
+  // min(active, previous active) rows continue the previous step's sequences.
+  static std::vector<int64_t> order(const std::vector<int64_t>& sizes, bool reverse) {
+    std::vector<int64_t> ts(sizes.size());
+    for (size_t k = 0; k < ts.size(); ++k) ts[k] = static_cast<int64_t>(reverse ? ts.size() - 1 - k : k);
+    return ts;
+  }
+
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& ih, const at::Tensor& hh,
+                            const at::Tensor& b, const Packing* p, bool reverse) {
+    const int64_t h = hh.size(1);
+    at::Tensor A = at::addmm(b, x, ih.t());  // pre-activations, then activations [i, f, g, o]
+    at::Tensor C = at::empty({x.size(0), h}, x.options()), H = at::empty_like(C), Hprev = at::zeros_like(C);
+    int64_t prev = -1;
+    for (int64_t t : order(p->batch_sizes, reverse)) {
+      const auto tt = static_cast<size_t>(t);
+      const int64_t active = p->batch_sizes[tt], row = p->offset[tt];
+      at::Tensor a = A.narrow(0, row, active), c = C.narrow(0, row, active);
+      const int64_t carried = prev < 0 ? 0 : std::min(active, p->batch_sizes[static_cast<size_t>(prev)]);
+      if (carried > 0) {
+        const at::Tensor hp = H.narrow(0, p->offset[static_cast<size_t>(prev)], carried);
+        Hprev.narrow(0, row, carried).copy_(hp);
+        a.narrow(0, 0, carried).addmm_(hp, hh.t());
+      }
+      a.narrow(1, 0, 2 * h).sigmoid_();
+      a.narrow(1, 2 * h, h).tanh_();
+      a.narrow(1, 3 * h, h).sigmoid_();
+      at::mul_out(c, a.narrow(1, 0, h), a.narrow(1, 2 * h, h));
+      if (carried > 0)
+        c.narrow(0, 0, carried).addcmul_(a.narrow(0, 0, carried).narrow(1, h, h),
+                                         C.narrow(0, p->offset[static_cast<size_t>(prev)], carried));
+      at::Tensor out = H.narrow(0, row, active);
+      at::mul_out(out, a.narrow(1, 3 * h, h), at::tanh(c));
+      prev = t;
+    }
+    ctx->save_for_backward({x, ih, hh, A, C, Hprev});
+    ctx->saved_data["sizes"] = p->batch_sizes;
+    ctx->saved_data["offset"] = p->offset;
+    ctx->saved_data["reverse"] = reverse;
+    return H;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &ih = saved[1], &hh = saved[2], &A = saved[3], &C = saved[4], &Hprev = saved[5];
+    const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
+    const std::vector<int64_t> offset = ctx->saved_data["offset"].toIntVector();
+    const std::vector<int64_t> ts = order(sizes, ctx->saved_data["reverse"].toBool());
+    const int64_t h = hh.size(1);
+    const at::Tensor dH = grads[0].contiguous();
+    at::Tensor dA = at::empty_like(A), Cprev = at::zeros_like(C);
+    at::Tensor dh_carry, dc_carry;  // into the previous step's rows, from the step after it
+    for (size_t k = ts.size(); k-- > 0;) {
+      const auto t = static_cast<size_t>(ts[k]);
+      const int64_t active = sizes[t], row = offset[t];
+      const at::Tensor a = A.narrow(0, row, active), c = C.narrow(0, row, active);
+      at::Tensor dh = dH.narrow(0, row, active).clone();
+      at::Tensor dc_in = at::zeros({active, h}, A.options());
+      if (dh_carry.defined()) {
+        dh.narrow(0, 0, dh_carry.size(0)).add_(dh_carry);
+        dc_in.narrow(0, 0, dc_carry.size(0)).copy_(dc_carry);
+      }
+      const at::Tensor i = a.narrow(1, 0, h), f = a.narrow(1, h, h), g = a.narrow(1, 2 * h, h), o = a.narrow(1, 3 * h, h);
+      const at::Tensor tc = at::tanh(c);
+      const at::Tensor dc = dc_in.addcmul_(dh * o, 1 - tc * tc);
+      at::Tensor da = dA.narrow(0, row, active);
+      const int64_t carried = k == 0 ? 0 : std::min(active, sizes[static_cast<size_t>(ts[k - 1])]);
+      at::Tensor cprev = Cprev.narrow(0, row, active);
+      if (carried > 0) cprev.narrow(0, 0, carried).copy_(C.narrow(0, offset[static_cast<size_t>(ts[k - 1])], carried));
+      da.narrow(1, 0, h).copy_(dc * g * i * (1 - i));
+      da.narrow(1, h, h).copy_(dc * cprev * f * (1 - f));
+      da.narrow(1, 2 * h, h).copy_(dc * i * (1 - g * g));
+      da.narrow(1, 3 * h, h).copy_(dh * tc * o * (1 - o));
+      if (carried > 0) {
+        dh_carry = at::mm(da.narrow(0, 0, carried), hh);
+        dc_carry = (dc * f).narrow(0, 0, carried);
+      } else {
+        dh_carry = dc_carry = at::Tensor();
+      }
+    }
+    return {at::mm(dA, ih), at::mm(dA.t(), x), at::mm(dA.t(), Hprev), dA.sum(0), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The same contract as lstm_call with PackedLstmFn; final states picked from
+// the outputs (forward: each sequence's last row; backward: step 0's rows).
+std::pair<at::Tensor, at::Tensor> fused_call(const LstmWeights& f, const LstmWeights& b, const at::Tensor& data,
+                                             const Packing& p) {
+  const at::Tensor of = PackedLstmFn::apply(data, f.ih, f.hh, f.b, &p, false);
+  const at::Tensor ob = PackedLstmFn::apply(data, b.ih, b.hh, b.b, &p, true);
+  std::vector<int64_t> last(p.order.size());
+  for (size_t j = 0; j < last.size(); ++j) {
+    size_t steps = 0;
+    while (steps < p.batch_sizes.size() && p.batch_sizes[steps] > static_cast<int64_t>(j)) ++steps;
+    last[j] = p.offset[steps - 1] + static_cast<int64_t>(j);
+  }
+  const at::Tensor hf = of.index_select(0, at::tensor(last, at::kLong).to(data.device()));
+  const at::Tensor hb = ob.narrow(0, 0, static_cast<int64_t>(p.order.size()));
+  return {at::cat({of, ob}, 1), at::stack({hf, hb})};
+}
+
+std::pair<at::Tensor, at::Tensor> packed_bilstm(HandTagger::Kernel kernel, const LstmWeights& f, const LstmWeights& b,
+                                                const at::Tensor& data, const Packing& p) {
+  switch (kernel) {
+    case HandTagger::Kernel::kLstmCall: return lstm_call(f, b, data, p);
+    case HandTagger::Kernel::kLoop: return loop_call(f, b, data, p);
+    case HandTagger::Kernel::kFused: break;
+  }
+  return fused_call(f, b, data, p);
+}
+
+}  // namespace
+
+struct HandTagger::Packed {
+  Packing words;
+  std::vector<int64_t> ids, tags;   // packed order
+  std::vector<int64_t> sentence_order;  // packed row of each token, sentences in batch order
+  // Char tagger: the rare tokens' characters, packed, and where the rows go.
+  Packing chars;
+  std::vector<int64_t> char_ids, frequent_ids;
+  std::vector<int64_t> place;  // packed token row -> row of [frequent embeddings; rare spellings]
+
+  Packed(std::span<const data::Sentence* const> batch, bool use_chars) : words(lengths(batch)) {
+    const int64_t n = words.rows();
+    ids.resize(static_cast<size_t>(n));
+    tags.resize(static_cast<size_t>(n));
+    std::vector<int64_t> row_of(batch.size() + 1, 0);  // first sentence-order index of each sentence
+    for (size_t i = 0; i < batch.size(); ++i) row_of[i + 1] = row_of[i] + batch[i]->size();
+    sentence_order.resize(static_cast<size_t>(n));
+    for (size_t k = 0; k < words.order.size(); ++k) {
+      const size_t i = words.order[k];
+      const data::Sentence& s = *batch[i];
+      for (size_t t = 0; t < s.word.size(); ++t) {
+        const int64_t row = words.offset[t] + static_cast<int64_t>(k);
+        ids[static_cast<size_t>(row)] = s.word[t];
+        tags[static_cast<size_t>(row)] = s.tag[t];
+        sentence_order[static_cast<size_t>(row_of[i]) + t] = row;
+      }
+    }
+    if (!use_chars) return;
+    std::vector<const std::vector<int64_t>*> spellings;  // rare tokens, packed row order
+    // Walk packed rows in order; a token's (sentence, t) is recovered from the packing.
+    std::vector<std::pair<size_t, size_t>> token(static_cast<size_t>(n));
+    for (size_t k = 0; k < words.order.size(); ++k)
+      for (size_t t = 0; t < batch[words.order[k]]->word.size(); ++t)
+        token[static_cast<size_t>(words.offset[t] + static_cast<int64_t>(k))] = {words.order[k], t};
+    place.resize(static_cast<size_t>(n));
+    std::vector<int64_t> rare_place;
+    for (size_t row = 0; row < token.size(); ++row) {
+      const auto [i, t] = token[row];
+      const data::Sentence& s = *batch[i];
+      if (s.rare[t]) {
+        rare_place.push_back(static_cast<int64_t>(row));
+        spellings.push_back(&s.chars[t]);
+      } else {
+        place[row] = static_cast<int64_t>(frequent_ids.size());
+        frequent_ids.push_back(s.word[t]);
+      }
+    }
+    std::vector<size_t> char_lengths;
+    for (const auto* sp : spellings) char_lengths.push_back(sp->size());
+    chars = Packing(char_lengths);
+    // at::lstm returns final states in packed (sorted) order.
+    for (size_t k = 0; k < chars.order.size(); ++k)
+      place[static_cast<size_t>(rare_place[chars.order[k]])] = static_cast<int64_t>(frequent_ids.size() + k);
+    char_ids.resize(static_cast<size_t>(chars.rows()));
+    for (size_t k = 0; k < chars.order.size(); ++k) {
+      const std::vector<int64_t>& sp = *spellings[chars.order[k]];
+      for (size_t j = 0; j < sp.size(); ++j) char_ids[static_cast<size_t>(chars.offset[j] + static_cast<int64_t>(k))] = sp[j];
+    }
+  }
+
+  static std::vector<size_t> lengths(std::span<const data::Sentence* const> batch) {
+    std::vector<size_t> out;
+    for (const data::Sentence* s : batch) out.push_back(s->word.size());
+    return out;
+  }
+};
+
+at::Tensor HandTagger::run(const Packed& p) const {
+  const Tagger& m = m_;
+  const c10::Device d = m.E.device();
+  const bool sparse = m.options().sparse_embedding_grad;
+  at::Tensor x;
+  if (!m.options().use_chars || p.chars.rows() == 0) {
+    x = at::embedding(m.E, longs(p.ids, d), -1, false, sparse);
+  } else {
+    const at::Tensor chars = at::embedding(m.C, longs(p.char_ids, d));
+    const at::Tensor hn = packed_bilstm(kernel_, m.char_fwd, m.char_bwd, chars, p.chars).second;  // [2, rare, embed / 2]
+    const at::Tensor spelled = at::cat({hn[0], hn[1]}, 1);
+    const at::Tensor frequent = at::embedding(m.E, longs(p.frequent_ids, d), -1, false, sparse);
+    x = at::cat({frequent, spelled}).index_select(0, longs(p.place, d));
+  }
+  const at::Tensor h = packed_bilstm(kernel_, m.fwd, m.bwd, x, p.words).first;
+  return at::addmm(m.m2, at::tanh(at::addmm(m.m1, h, m.M1.t())), m.M2.t());
+}
+
+at::Tensor HandTagger::logits(std::span<const data::Sentence* const> batch) const {
+  return run(Packed(batch, m_.options().use_chars));
+}
+
+at::Tensor HandTagger::loss(std::span<const data::Sentence* const> batch) const {
+  const Packed p(batch, m_.options().use_chars);
+  return at::nll_loss(at::log_softmax(run(p), 1), longs(p.tags, m_.E.device()), {}, at::Reduction::Sum);
+}
+
+at::Tensor HandTagger::logits_in_sentence_order(std::span<const data::Sentence* const> batch) const {
+  const Packed p(batch, m_.options().use_chars);
+  return run(p).index_select(0, longs(p.sentence_order, m_.E.device()));
+}
+
+}  // namespace sheaf::models

@@ -1,0 +1,156 @@
+// The BiLSTM tagger workloads of DyNet's benchmark (examples/tagger/model.h):
+// `tagger` (word embeddings) and `tagger-char` (rare words spelled by a char
+// BiLSTM). The SAME model on the SAME sentences, per example (at::lstm per
+// sentence and per rare word), with Sheaf, and hand-batched (packed at::lstm),
+// interleaved in one process run.
+#include <c10/core/GradMode.h>
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include <baselines/tagger_hand.h>
+#include <data/tagging.h>
+#include <tagger/model.h>
+
+#include "harness.h"
+
+namespace sheaf::bench {
+
+namespace {
+
+using data::Sentence;
+using models::HandTagger;
+using models::Tagger;
+
+struct Corpus {
+  data::TaggingVocab vocab;
+  std::vector<Sentence> sentences;
+  std::vector<std::vector<const Sentence*>> batches;
+  double tokens_per_sentence = 0, rare_fraction = 0;
+};
+
+// Sentences from --data (a word|TAG file, or a directory holding train.txt) or
+// synthetic ones with DyNet's benchmark sizes; the vocabulary (and so which
+// words are rare) comes from a training set of at least 5,000 sentences.
+Corpus load(const Options& o) {
+  std::vector<data::TaggedSentence> train;
+  if (o.data.empty()) {
+    train = data::synthetic_tagged({.count = std::max<int>(5000, static_cast<int>(o.trees)), .seed = 1});
+  } else {
+    const std::filesystem::path p(o.data);
+    train = data::read_tagged(std::filesystem::is_directory(p) ? (p / "train.txt").string() : o.data);
+  }
+  Corpus c{data::TaggingVocab::build(train, 1), {}, {}};
+  train.resize(std::min(train.size(), static_cast<size_t>(o.trees)));
+  c.sentences = c.vocab.encode(train);
+  const auto batch = static_cast<size_t>(o.batch);
+  for (size_t start = 0; start + batch <= c.sentences.size(); start += batch) {
+    c.batches.emplace_back();
+    for (size_t i = start; i < start + batch; ++i) c.batches.back().push_back(&c.sentences[i]);
+  }
+  if (c.batches.empty()) throw UserError("fewer sentences than one batch");
+  const data::TaggingStats st = data::stats_of(c.sentences);
+  c.tokens_per_sentence = st.mean_words;
+  c.rare_fraction = static_cast<double>(st.rare_tokens) / static_cast<double>(st.tokens);
+  if (!o.json)
+    std::printf("sentences: %zu (%s), mean %.1f words (max %d), %.1f%% rare tokens, vocab %zu words, %zu chars, %zu "
+                "tags; %zu batches of %lld\n",
+                st.sentences, o.data.empty() ? "synthetic" : o.data.c_str(), st.mean_words, st.max_words,
+                100 * c.rare_fraction, c.vocab.words.size(), c.vocab.chars.size(), c.vocab.tags.size(),
+                c.batches.size(), static_cast<long long>(o.batch));
+  return c;
+}
+
+// Every token's logits of a batch in sentence order, per example: the reference.
+at::Tensor per_example_logits(const Tagger& m, std::span<const Sentence* const> batch) {
+  std::vector<at::Tensor> out;
+  for (const Sentence* s : batch) out.push_back(m.per_example_logits(*s));
+  return at::cat(out).cpu();
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a.cpu() - b).abs().max().item<double>(); }
+
+void run_mode(const Options& o, const std::string& mode, int64_t hidden, const Corpus& c) {
+  const bool train = mode == "train";
+  const bool chars = o.workload == "tagger-char";
+  const c10::Device device(o.device);
+  Tagger model({.words = static_cast<int64_t>(c.vocab.words.size()), .chars = static_cast<int64_t>(c.vocab.chars.size()),
+                .tags = static_cast<int64_t>(c.vocab.tags.size()), .hidden = hidden, .use_chars = chars},
+               13);
+  model.to(device);
+  at::Tensor reference;
+  {
+    c10::NoGradGuard no_grad;
+    reference = per_example_logits(model, c.batches[0]);
+  }
+  StepMaker make_step(o, train, model.parameters(), 1.0 / static_cast<double>(o.batch));
+  SheafOwners owners;
+  std::vector<System> systems;
+  for (const std::string& name : o.systems) {
+    if (name == "per-example") {
+      System s{name, ""};
+      s.step = make_step(s, [&, train](size_t b) {
+        at::Tensor total;
+        for (const Sentence* x : c.batches[b]) {
+          if (!train) {
+            model.per_example_logits(*x);
+            continue;
+          }
+          const at::Tensor l = model.per_example_loss(*x);
+          total = total.defined() ? total + l : l;
+        }
+        return total;
+      });
+      systems.push_back(std::move(s));
+    } else if (name == "hand" || name == "hand:lstm" || name == "hand:loop" || name == "hand:fused") {
+      // "hand" is the fastest of the three on this machine's CPU (docs/benchmarks.md).
+      const auto kernel = name == "hand:lstm"  ? HandTagger::Kernel::kLstmCall
+                          : name == "hand:loop" ? HandTagger::Kernel::kLoop
+                                                : HandTagger::Kernel::kFused;
+      System s{name == "hand" ? name : "hand-alt", name == "hand" ? "" : name.substr(5)};
+      s.step = make_step(s, [&, train, kernel](size_t b) {
+        const HandTagger hand(model, kernel);
+        return train ? hand.loss(c.batches[b]) : hand.logits(c.batches[b]);
+      });
+      c10::NoGradGuard no_grad;
+      s.max_abs_diff = max_diff(HandTagger(model, kernel).logits_in_sentence_order(c.batches[0]), reference);
+      systems.push_back(std::move(s));
+    } else if (auto spec = parse_sheaf_system(name)) {
+      auto record = [&, train](Graph& g, size_t b) {
+        if (train) return std::vector<Expr>{model.sheaf_batch_loss(g, c.batches[b])};
+        return model.sheaf_batch_logits(g, c.batches[b]);
+      };
+      for (size_t k : add_sheaf_systems(o, *spec, train, c.batches.size(), make_step, record, systems, owners)) {
+        c10::NoGradGuard no_grad;
+        Graph g({.device = device, .fuse = spec->fuse});
+        const std::vector<Expr> logits = model.sheaf_batch_logits(g, c.batches[0]);
+        g.forward(logits);
+        std::vector<at::Tensor> rows;
+        for (const Expr& e : logits) rows.push_back(e.value());
+        systems[k].max_abs_diff = max_diff(at::stack(rows), reference);
+      }
+    } else {
+      throw UserError("unknown system '" + name + "' for " + o.workload +
+                      " (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused])");
+    }
+  }
+  const double items = static_cast<double>(c.batches.size() * static_cast<size_t>(o.batch));
+  auto runs = measure(o, systems, c.batches.size(), items);
+  for (size_t k = 0; k < systems.size(); ++k) {
+    systems[k].extra["tokens_per_sec"] = median(runs[k]) * c.tokens_per_sentence;
+    if (chars) systems[k].extra["rare_token_percent"] = 100 * c.rare_fraction;
+  }
+  report(o, mode, hidden, static_cast<int64_t>(items), systems, runs);
+}
+
+}  // namespace
+
+int run_tagger(const Options& o) {
+  const Corpus c = load(o);
+  for (int64_t hidden : o.hidden)
+    for (const std::string& mode : o.modes) run_mode(o, mode, hidden, c);
+  return 0;
+}
+
+}  // namespace sheaf::bench

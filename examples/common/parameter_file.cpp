@@ -1,0 +1,35 @@
+#include "parameter_file.h"
+
+#include <c10/core/GradMode.h>
+#include <torch/serialize.h>
+
+#include <sheaf/core/error.h>
+
+namespace sheaf::models {
+
+void save_parameters(const std::vector<at::Tensor>& params, const std::string& path) {
+  std::vector<at::Tensor> ps;
+  for (const at::Tensor& p : params) ps.push_back(p.detach().cpu());
+  torch::save(ps, path);
+}
+
+void load_parameters(const std::vector<at::Tensor>& params, const std::string& path, const std::string& model) {
+  std::vector<at::Tensor> ps;
+  try {
+    torch::load(ps, path);
+  } catch (const std::exception& e) {
+    throw UserError(model + "::load: cannot read '" + path + "': " + e.what());
+  }
+  if (ps.size() != params.size())
+    throw UserError(detail::cat(model, "::load: '", path, "' holds ", ps.size(), " tensors, a ", model, " has ",
+                                params.size(), " (another model, or another option that adds parameters?)"));
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (ps[i].sizes() != params[i].sizes())
+      throw UserError(detail::cat(model, "::load: parameter ", i, " in '", path, "' has shape ", ps[i].sizes(),
+                                  ", the model has ", params[i].sizes(), " (different sizes or vocabulary?)"));
+    at::Tensor(params[i]).copy_(ps[i]);
+  }
+}
+
+}  // namespace sheaf::models

@@ -1,0 +1,19 @@
+// Saving and loading a model's parameter list (torch::save of CPU copies),
+// shared by the examples' models.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace sheaf::models {
+
+void save_parameters(const std::vector<at::Tensor>& params, const std::string& path);
+
+// Copies the file's tensors into `params` (in place, any device). A file that
+// cannot be read, or holds another number or shape of tensors, is a UserError
+// naming `model` and what differs.
+void load_parameters(const std::vector<at::Tensor>& params, const std::string& path, const std::string& model);
+
+}  // namespace sheaf::models

@@ -1,0 +1,188 @@
+#include "model.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <tuple>
+
+#include <common/parameter_file.h>
+
+namespace sheaf::models {
+
+namespace {
+
+at::Tensor init(std::vector<int64_t> shape, double scale) {
+  return ((at::rand(shape) * 2 - 1) * scale).requires_grad_();
+}
+
+// LibTorch's LSTM initialisation: U(-1/sqrt(h), 1/sqrt(h)).
+LstmWeights lstm_weights(int64_t in, int64_t h) {
+  const double s = 1.0 / std::sqrt(static_cast<double>(h));
+  return {init({4 * h, in}, s), init({4 * h, h}, s), init({4 * h}, s), at::zeros({4 * h})};
+}
+
+void move(LstmWeights& w, const c10::Device& device) {
+  for (at::Tensor* p : {&w.ih, &w.hh, &w.b}) *p = p->detach().to(device).requires_grad_();
+  w.zero = w.zero.to(device);
+}
+
+// Sheaf: one LSTM direction over xs; the hidden state at every position, in
+// the order of xs. The input projections do not depend on the recurrence, so
+// the scheduler runs all of them (every sentence, every position) as one GEMM.
+std::vector<Expr> sheaf_lstm(const LstmWeights& w, std::span<const Expr> xs, bool reverse) {
+  const size_t n = xs.size();
+  std::vector<Expr> hs(n);
+  Expr h, c;
+  for (size_t k = 0; k < n; ++k) {
+    const size_t t = reverse ? n - 1 - k : k;
+    Expr gates = dsl::affine(w.ih, xs[t], w.b);
+    if (k > 0) gates = gates + dsl::matmul(w.hh, h);
+    const std::vector<Expr> g = dsl::chunk(gates, 4);  // i, f, g, o
+    const Expr input = dsl::sigmoid(g[0]) * dsl::tanh(g[2]);
+    c = k == 0 ? input : dsl::sigmoid(g[1]) * c + input;
+    h = hs[t] = dsl::sigmoid(g[3]) * dsl::tanh(c);
+  }
+  return hs;
+}
+
+at::Tensor ids_tensor(const std::vector<int64_t>& ids, const c10::Device& device) {
+  return at::tensor(ids, at::kLong).to(device);
+}
+
+// Eager: at::lstm over one sequence [n, in], both directions; (outputs [n, 2h],
+// final states [2h]: the forward direction's last and the backward's first).
+std::pair<at::Tensor, at::Tensor> eager_bilstm(const LstmWeights& f, const LstmWeights& b, const at::Tensor& xs) {
+  const at::Tensor h0 = at::zeros({2, 1, f.hidden()}, xs.options().requires_grad(false));
+  auto [out, hn, cn] = at::lstm(xs.unsqueeze(1), {h0, h0}, lstm_params(f, b), /*has_biases=*/true, /*num_layers=*/1,
+                                /*dropout=*/0.0, /*train=*/c10::GradMode::is_enabled(), /*bidirectional=*/true,
+                                /*batch_first=*/false);
+  return {out.squeeze(1), hn.reshape({-1})};
+}
+
+}  // namespace
+
+std::vector<at::Tensor> lstm_params(const LstmWeights& fwd, const LstmWeights& bwd) {
+  return {fwd.ih, fwd.hh, fwd.b, fwd.zero, bwd.ih, bwd.hh, bwd.b, bwd.zero};
+}
+
+Tagger::Tagger(const TaggerOptions& o, uint64_t seed) : options_(o) {
+  if (o.words <= 0 || o.tags <= 0 || o.embed <= 0 || o.hidden <= 0 || o.mlp <= 0)
+    throw UserError("Tagger: vocabulary and layer sizes must be positive");
+  if (o.use_chars && (o.chars <= 0 || o.char_embed <= 0 || o.embed % 2 != 0))
+    throw UserError("Tagger: the char tagger needs chars > 0, char_embed > 0 and an even embed (its char BiLSTM "
+                    "gives embed / 2 per direction)");
+  at::manual_seed(seed);
+  E = init({o.words, o.embed}, 0.1);
+  fwd = lstm_weights(o.embed, o.hidden);
+  bwd = lstm_weights(o.embed, o.hidden);
+  M1 = init({o.mlp, 2 * o.hidden}, 1.0 / std::sqrt(2.0 * static_cast<double>(o.hidden)));
+  m1 = at::zeros({o.mlp}).requires_grad_();
+  M2 = init({o.tags, o.mlp}, 1.0 / std::sqrt(static_cast<double>(o.mlp)));
+  m2 = at::zeros({o.tags}).requires_grad_();
+  if (o.use_chars) {
+    C = init({o.chars, o.char_embed}, 0.1);
+    char_fwd = lstm_weights(o.char_embed, o.embed / 2);
+    char_bwd = lstm_weights(o.char_embed, o.embed / 2);
+  }
+}
+
+std::vector<at::Tensor> Tagger::parameters() const {
+  std::vector<at::Tensor> ps{E, fwd.ih, fwd.hh, fwd.b, bwd.ih, bwd.hh, bwd.b, M1, m1, M2, m2};
+  if (options_.use_chars)
+    for (const at::Tensor& p : {C, char_fwd.ih, char_fwd.hh, char_fwd.b, char_bwd.ih, char_bwd.hh, char_bwd.b})
+      ps.push_back(p);
+  return ps;
+}
+
+void Tagger::to(const c10::Device& device) {
+  for (at::Tensor* p : {&E, &M1, &m1, &M2, &m2}) *p = p->detach().to(device).requires_grad_();
+  move(fwd, device);
+  move(bwd, device);
+  if (options_.use_chars) {
+    C = C.detach().to(device).requires_grad_();
+    move(char_fwd, device);
+    move(char_bwd, device);
+  }
+}
+
+void Tagger::save(const std::string& path) const { save_parameters(parameters(), path); }
+
+void Tagger::load(const std::string& path) { load_parameters(parameters(), path, "Tagger"); }
+
+// ---------------------------------------------------------------------------
+// Sheaf: written for one sentence.
+
+Expr Tagger::sheaf_word(Graph& g, const data::Sentence& s, size_t t) const {
+  if (!options_.use_chars || !s.rare[t]) return g.lookup(E, s.word[t], options_.sparse_embedding_grad);
+  std::vector<Expr> chars;
+  for (int64_t c : s.chars[t]) chars.push_back(g.lookup(C, c));
+  const std::vector<Expr> f = sheaf_lstm(char_fwd, chars, false), b = sheaf_lstm(char_bwd, chars, true);
+  return dsl::concat({f.back(), b.front()});
+}
+
+std::vector<Expr> Tagger::sheaf_logits(Graph& g, const data::Sentence& s) const {
+  std::vector<Expr> xs;
+  for (size_t t = 0; t < s.word.size(); ++t) xs.push_back(sheaf_word(g, s, t));
+  const std::vector<Expr> hf = sheaf_lstm(fwd, xs, false), hb = sheaf_lstm(bwd, xs, true);
+  std::vector<Expr> logits;
+  for (size_t t = 0; t < xs.size(); ++t)
+    logits.push_back(dsl::affine(M2, dsl::tanh(dsl::affine(M1, dsl::concat({hf[t], hb[t]}), m1)), m2));
+  return logits;
+}
+
+Expr Tagger::sheaf_loss(Graph& g, const data::Sentence& s) const {
+  const std::vector<Expr> logits = sheaf_logits(g, s);
+  std::vector<Expr> losses;
+  for (size_t t = 0; t < logits.size(); ++t) losses.push_back(dsl::pick_neg_log_softmax(logits[t], s.tag[t]));
+  return dsl::sum(losses);
+}
+
+Expr Tagger::sheaf_batch_loss(Graph& g, std::span<const data::Sentence* const> batch) const {
+  std::vector<Expr> losses;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto scope = g.example(static_cast<int64_t>(i));
+    losses.push_back(sheaf_loss(g, *batch[i]));
+  }
+  return dsl::sum(losses);
+}
+
+std::vector<Expr> Tagger::sheaf_batch_logits(Graph& g, std::span<const data::Sentence* const> batch) const {
+  std::vector<Expr> out;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto scope = g.example(static_cast<int64_t>(i));
+    for (const Expr& e : sheaf_logits(g, *batch[i])) out.push_back(e);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Eager, one sentence.
+
+at::Tensor Tagger::per_example_inputs(const data::Sentence& s) const {
+  const at::Tensor emb = at::embedding(E, ids_tensor(s.word, E.device()), -1, false, options_.sparse_embedding_grad);
+  if (!options_.use_chars) return emb;
+  std::vector<at::Tensor> rows;
+  bool any_rare = false;
+  for (size_t t = 0; t < s.word.size(); ++t) {
+    if (!s.rare[t]) {
+      rows.push_back(emb[static_cast<int64_t>(t)]);
+      continue;
+    }
+    any_rare = true;
+    const at::Tensor chars = at::embedding(C, ids_tensor(s.chars[t], C.device()));
+    rows.push_back(eager_bilstm(char_fwd, char_bwd, chars).second);
+  }
+  return any_rare ? at::stack(rows) : emb;
+}
+
+at::Tensor Tagger::per_example_logits(const data::Sentence& s) const {
+  const at::Tensor h = eager_bilstm(fwd, bwd, per_example_inputs(s)).first;
+  return at::addmm(m2, at::tanh(at::addmm(m1, h, M1.t())), M2.t());
+}
+
+at::Tensor Tagger::per_example_loss(const data::Sentence& s) const {
+  return at::nll_loss(at::log_softmax(per_example_logits(s), 1), ids_tensor(s.tag, E.device()), {}, at::Reduction::Sum);
+}
+
+}  // namespace sheaf::models
