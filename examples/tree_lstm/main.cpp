@@ -11,7 +11,6 @@
 #include <CLI/CLI.hpp>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -26,6 +25,7 @@
 #include <optional>
 #include <random>
 
+#include <common/progress.h>
 #include <data/trees.h>
 #include <sheaf/sheaf.h>
 #include <baselines/tree_lstm_hand.h>
@@ -33,6 +33,7 @@
 
 using namespace sheaf;
 using data::Tree;
+using models::Progress;
 using models::TreeLSTM;
 using Clock = std::chrono::steady_clock;
 using Batch = std::vector<const Tree*>;
@@ -54,33 +55,6 @@ struct Config {
 };
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// For a person watching: only on a terminal, and redrawn at most 10 times a
-// second so that drawing never shows up in the trees/s it reports.
-class Progress {
- public:
-  Progress(bool enabled, int epoch, size_t total) : on_(enabled && isatty(2)), epoch_(epoch), total_(total) {}
-  ~Progress() { finish(); }
-  void finish() {  // before anything else is printed
-    if (on_) std::fprintf(stderr, "\r%79s\r", "");
-    on_ = false;
-  }
-  void update(size_t done) {
-    if (!on_ || Clock::now() - last_ < std::chrono::milliseconds(100)) return;
-    last_ = Clock::now();
-    constexpr size_t kWidth = 30;
-    const size_t filled = kWidth * done / std::max<size_t>(total_, 1);
-    std::fprintf(stderr, "\repoch %d [%s%s] %zu/%zu trees, %.0f trees/s ", epoch_, std::string(filled, '#').c_str(),
-                 std::string(kWidth - filled, '.').c_str(), done, total_, static_cast<double>(done) / seconds_since(start_));
-    std::fflush(stderr);
-  }
-
- private:
-  bool on_;
-  int epoch_;
-  size_t total_;
-  Clock::time_point start_ = Clock::now(), last_{};
-};
 
 struct Dataset {
   std::vector<Tree> train, dev, test;
@@ -177,7 +151,7 @@ void train_epoch(const Config& c, int epoch, Graph& g, const Strategy& s, const 
                       {.strategy = &s});
   double loss = 0, launches = 0, trace = 0, schedule = 0, execute = 0, backward = 0;
   size_t done = 0;
-  Progress progress(!c.quiet, epoch, train.size());
+  Progress progress(!c.quiet, epoch, train.size(), "trees");
   const auto t0 = Clock::now();
   for (size_t b = 0; b < batches.size(); ++b) {
     Graph* graph = &g;
