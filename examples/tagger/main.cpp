@@ -97,17 +97,11 @@ double accuracy(Graph& g, const Strategy& s, const Tagger& m, const std::vector<
   for (size_t start = 0; start < sentences.size(); start += kEvalBatch) {
     Batch batch;
     for (size_t i = start; i < std::min(sentences.size(), start + kEvalBatch); ++i) batch.push_back(&sentences[i]);
-    g.clear();
-    const std::vector<Expr> logits = m.sheaf_batch_logits(g, batch);
-    g.forward(logits, {.strategy = &s});
-    std::vector<at::Tensor> rows;
-    for (const Expr& e : logits) rows.push_back(e.value());
-    const at::Tensor predicted = at::stack(rows).argmax(1).cpu();
-    const auto p = predicted.accessor<int64_t, 1>();
-    int64_t row = 0;  // this batch's token
-    for (const Sentence* x : batch)
-      for (const int64_t tag : x->tag) correct += p[row++] == tag;
-    tokens += static_cast<size_t>(row);
+    const std::vector<std::vector<int64_t>> predicted = m.predict(g, batch, &s);
+    for (size_t k = 0; k < batch.size(); ++k) {
+      tokens += predicted[k].size();
+      for (size_t t = 0; t < predicted[k].size(); ++t) correct += predicted[k][t] == batch[k]->tag[t];
+    }
   }
   return static_cast<double>(correct) / static_cast<double>(std::max<size_t>(tokens, 1));
 }

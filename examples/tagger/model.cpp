@@ -156,6 +156,23 @@ std::vector<Expr> Tagger::sheaf_batch_logits(Graph& g, std::span<const data::Sen
   return out;
 }
 
+std::vector<std::vector<int64_t>> Tagger::predict(Graph& g, std::span<const data::Sentence* const> batch,
+                                                  const Strategy* strategy) const {
+  g.clear();
+  const std::vector<Expr> logits = sheaf_batch_logits(g, batch);
+  g.forward(logits, {.strategy = strategy});
+  std::vector<at::Tensor> rows;
+  for (const Expr& e : logits) rows.push_back(e.value());
+  const at::Tensor predicted = at::stack(rows).argmax(1).cpu();
+  const int64_t* p = predicted.data_ptr<int64_t>();
+  std::vector<std::vector<int64_t>> out;
+  for (const data::Sentence* s : batch) {
+    out.emplace_back(p, p + s->size());
+    p += s->size();
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------------------
 // Eager, one sentence.
 

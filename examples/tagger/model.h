@@ -65,6 +65,9 @@ class Tagger {
   // token's logits in sentence order.
   Expr sheaf_batch_loss(Graph& g, std::span<const data::Sentence* const> batch) const;
   std::vector<Expr> sheaf_batch_logits(Graph& g, std::span<const data::Sentence* const> batch) const;
+  // Each sentence's predicted tags (argmax per token), run batched on g (cleared first).
+  std::vector<std::vector<int64_t>> predict(Graph& g, std::span<const data::Sentence* const> batch,
+                                            const Strategy* strategy = nullptr) const;
 
   // ---- Eager LibTorch, one sentence: logits [n, tags], the summed loss.
   at::Tensor per_example_logits(const data::Sentence& s) const;

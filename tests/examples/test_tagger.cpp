@@ -178,6 +178,24 @@ TEST_CASE("tagger: Sheaf, per-example and hand-batched agree, values and gradien
   }
 }
 
+TEST_CASE("tagger: predicted tags are the argmax of each token's logits, batch after batch", "[examples][tagger]") {
+  const Corpus c = corpus(12, 13);
+  const Tagger m = model(c.vocab, true);
+  c10::NoGradGuard no_grad;
+  const auto all = pointers(c.sentences);
+  Graph g;
+  for (size_t start : {0, 5}) {  // the second batch starts mid-corpus: rows must restart per batch
+    const std::vector<const Sentence*> batch(all.begin() + static_cast<std::ptrdiff_t>(start), all.end());
+    const auto predicted = m.predict(g, batch);
+    REQUIRE(predicted.size() == batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const at::Tensor expected = m.per_example_logits(*batch[i]).argmax(1);
+      REQUIRE(predicted[i].size() == static_cast<size_t>(expected.size(0)));
+      for (size_t t = 0; t < predicted[i].size(); ++t) CHECK(predicted[i][t] == expected[static_cast<int64_t>(t)].item<int64_t>());
+    }
+  }
+}
+
 TEST_CASE("tagger: batched equals alone under every strategy", "[examples][tagger]") {
   const bool chars = GENERATE(false, true);
   const Corpus c = corpus(6, 7);
