@@ -37,7 +37,7 @@ std::vector<Expr> sheaf_lstm(const LstmWeights& w, std::span<const Expr> xs, boo
   for (size_t k = 0; k < n; ++k) {
     const size_t t = reverse ? n - 1 - k : k;
     Expr gates = dsl::affine(w.ih, xs[t], w.b);
-    if (k > 0) gates = gates + dsl::matmul(w.hh, h);
+    if (k > 0) gates = dsl::affine(w.hh, h, gates);  // the input's projection as the bias: one GEMM, no add
     const std::vector<Expr> g = dsl::chunk(gates, 4);  // i, f, g, o
     const Expr input = dsl::sigmoid(g[0]) * dsl::tanh(g[2]);
     c = k == 0 ? input : dsl::sigmoid(g[1]) * c + input;
