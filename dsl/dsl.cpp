@@ -194,6 +194,44 @@ std::vector<Expr> chunk(Expr x, int n, int axis, Loc loc) {
   return slices(x, sizes, a, "chunk", loc);
 }
 
+Expr reshape(Expr x, Shape shape, Loc loc) {
+  std::array<int64_t, 1 + kMaxRank> attrs{shape.rank()};
+  for (int d = 0; d < shape.rank(); ++d) attrs[static_cast<size_t>(d) + 1] = shape[d];
+  return apply(code_of<op::Reshape>, {x}, std::span(attrs.data(), static_cast<size_t>(shape.rank()) + 1), 0, loc);
+}
+
+Expr transpose(Expr x, int axis0, int axis1, Loc loc) {
+  const std::array<int64_t, 2> attrs{normalise_axis(x, axis0, "transpose", loc), normalise_axis(x, axis1, "transpose", loc)};
+  return apply(code_of<op::Transpose>, {x}, attrs, 0, loc);
+}
+
+Expr stack(std::span<const Expr> xs, int axis, Loc loc) {
+  if (xs.empty()) throw_user(Site{"stack", kSharedExample, loc}, "needs a non-empty list of Exprs");
+  // The new axis counts from the end of the result (rank + 1 axes): -1 is last.
+  int64_t a = axis;
+  if (a < 0) a += known_shape(xs[0], "stack", loc).rank() + 1;
+  return apply_list(code_of<op::Stack>, xs, std::span(&a, 1), loc);
+}
+
+namespace {
+Expr reduce_dim(OpCode op, Expr x, int axis, Loc loc) {
+  const int64_t a = normalise_axis(x, axis, op_info(op).name, loc);
+  return apply(op, {x}, std::span(&a, 1), 0, loc);
+}
+}  // namespace
+
+Expr sum_dim(Expr x, int axis, Loc loc) { return reduce_dim(code_of<op::SumDim>, x, axis, loc); }
+Expr mean_dim(Expr x, int axis, Loc loc) { return reduce_dim(code_of<op::MeanDim>, x, axis, loc); }
+Expr max_dim(Expr x, int axis, Loc loc) { return reduce_dim(code_of<op::MaxDim>, x, axis, loc); }
+Expr min_dim(Expr x, int axis, Loc loc) { return reduce_dim(code_of<op::MinDim>, x, axis, loc); }
+Expr logsumexp_dim(Expr x, int axis, Loc loc) { return reduce_dim(code_of<op::LogSumExpDim>, x, axis, loc); }
+Expr dot(Operand a, Operand b, Loc loc) { return binary(code_of<op::Dot>, a, b, loc); }
+
+Expr layer_norm(Expr x, Operand gain, Operand bias, double eps, Loc loc) {
+  const int64_t e = attr_of(eps);
+  return apply(code_of<op::LayerNorm>, {x, gain, bias}, std::span(&e, 1), 0, loc);
+}
+
 Expr sum(std::span<const Expr> xs, Loc loc) { return apply_list(code_of<op::SumList>, xs, {}, loc); }
 Expr mean(std::span<const Expr> xs, Loc loc) { return apply_list(code_of<op::MeanList>, xs, {}, loc); }
 

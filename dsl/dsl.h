@@ -105,8 +105,27 @@ std::vector<Expr> chunk(Expr x, int n, int axis = -1, Loc loc = Loc::current());
 std::vector<Expr> split(Expr x, std::span<const int64_t> sizes, int axis = -1, Loc loc = Loc::current());
 
 // Sum / mean of all elements of x: a scalar.
+// Shape: reshape (one dim may be -1), swap two axes, stack a list along a new axis.
+Expr reshape(Expr x, Shape shape, Loc loc = Loc::current());
+Expr transpose(Expr x, int axis0 = 0, int axis1 = 1, Loc loc = Loc::current());
+Expr stack(std::span<const Expr> xs, int axis = 0, Loc loc = Loc::current());
+inline Expr stack(std::initializer_list<Expr> xs, int axis = 0, Loc loc = Loc::current()) {
+  return stack(std::span(xs.begin(), xs.size()), axis, loc);
+}
+inline Expr stack(const std::vector<Expr>& xs, int axis = 0, Loc loc = Loc::current()) {
+  return stack(std::span(xs), axis, loc);
+}
 Expr sum(At x);
 Expr mean(At x);
+// One axis reduced away (DyNet's names): [3, 4] along axis 1 -> [3].
+Expr sum_dim(Expr x, int axis, Loc loc = Loc::current());
+Expr mean_dim(Expr x, int axis, Loc loc = Loc::current());
+Expr max_dim(Expr x, int axis, Loc loc = Loc::current());
+Expr min_dim(Expr x, int axis, Loc loc = Loc::current());
+Expr logsumexp_dim(Expr x, int axis, Loc loc = Loc::current());
+Expr dot(Operand a, Operand b, Loc loc = Loc::current());  // two vectors -> a scalar
+// Normalised over the last axis, times `gain` plus `bias` (shared [d] tensors).
+Expr layer_norm(Expr x, Operand gain, Operand bias, double eps = 1e-5, Loc loc = Loc::current());
 // Elementwise sum / mean of a list of equal-shaped values (e.g. losses of all examples).
 Expr sum(std::span<const Expr> xs, Loc loc = Loc::current());
 Expr mean(std::span<const Expr> xs, Loc loc = Loc::current());

@@ -57,6 +57,9 @@ struct Matmul;       // A x or A B
 // Structure.
 struct Concat;
 struct Slice;
+struct Reshape;
+struct Transpose;
+struct Stack;    // a list of equal-shaped values -> one value with a new axis
 // Reductions and losses.
 struct Sum;          // all elements of one value
 struct Mean;
@@ -66,6 +69,13 @@ struct Softmax;
 struct LogSoftmax;
 struct Pick;         // x[id]
 struct PickNegLogSoftmax;  // -log softmax(x)[label]
+struct SumDim;       // one axis reduced
+struct MeanDim;
+struct MaxDim;
+struct MinDim;
+struct LogSumExpDim;
+struct Dot;
+struct LayerNorm;
 // Control flow: the result of a dsl::cond or dsl::loop before its branch is known.
 struct Placeholder;
 }  // namespace op
@@ -77,9 +87,9 @@ inline constexpr auto kOpList = boost::hana::tuple_t<
     op::Neg, op::Tanh, op::Sigmoid, op::Relu, op::Exp, op::Log, op::Abs, op::Sqrt, op::Softplus, op::LogSigmoid,
     op::Dropout,
     op::Affine, op::Matmul,
-    op::Concat, op::Slice,
+    op::Concat, op::Slice, op::Reshape, op::Transpose, op::Stack,
     op::Sum, op::Mean, op::SumList, op::MeanList, op::Softmax, op::LogSoftmax, op::Pick,
-    op::PickNegLogSoftmax,
+    op::PickNegLogSoftmax, op::SumDim, op::MeanDim, op::MaxDim, op::MinDim, op::LogSumExpDim, op::Dot, op::LayerNorm,
     op::Placeholder>;
 
 inline constexpr size_t kNumOps = decltype(boost::hana::length(kOpList))::value;

@@ -3,6 +3,7 @@
 
 #include <ATen/ops/gather.h>
 #include <ATen/ops/index_add.h>
+#include <ATen/ops/layer_norm.h>
 #include <ATen/ops/log_softmax.h>
 #include <ATen/ops/mean.h>
 #include <ATen/ops/nll_loss.h>
@@ -38,6 +39,74 @@ inline at::Tensor mean_axes(const at::Tensor& x, at::IntArrayRef axes) { return 
 
 struct Sum : ReduceAll<sum_axes> { static constexpr std::string_view name = "sum"; };
 struct Mean : ReduceAll<mean_axes> { static constexpr std::string_view name = "mean"; };
+
+// One axis of a value reduced (DyNet's sum_dim, max_dim, ...): attr 0 is the
+// axis (normalised at recording when the shape was known).
+template <at::Tensor (*F)(const at::Tensor&, int64_t)>
+struct ReduceDim {
+  static constexpr OpTraits traits{.arity = 1};
+  static Shape infer(const InferCtx& c) {
+    const Shape& s = c.shape(0);
+    const int axis = s.axis(static_cast<int>(c.attr(0)));
+    if (axis < 0) c.fail("axis ", c.attr(0), " is out of range for shape ", s.str());
+    Shape out;
+    for (int d = 0; d < s.rank(); ++d)
+      if (d != axis) out.push(s[d]);
+    return out;
+  }
+  static at::Tensor run(RunCtx& c) {
+    const int64_t a = c.attr(0);
+    return F(c.in(0), (a < 0 ? a + c.in(0).dim() - 1 : a) + 1);
+  }
+};
+
+inline at::Tensor sum_dim(const at::Tensor& x, int64_t d) { return x.sum(d); }
+inline at::Tensor mean_dim(const at::Tensor& x, int64_t d) { return x.mean(d); }
+// amax/amin: the gradient is shared evenly between tied maxima (max(dim) would
+// give it all to one of them).
+inline at::Tensor max_dim(const at::Tensor& x, int64_t d) { return x.amax(d); }
+inline at::Tensor min_dim(const at::Tensor& x, int64_t d) { return x.amin(d); }
+inline at::Tensor logsumexp_dim(const at::Tensor& x, int64_t d) { return x.logsumexp(d); }
+
+struct SumDim : ReduceDim<sum_dim> { static constexpr std::string_view name = "sum_dim"; };
+struct MeanDim : ReduceDim<mean_dim> { static constexpr std::string_view name = "mean_dim"; };
+struct MaxDim : ReduceDim<max_dim> { static constexpr std::string_view name = "max_dim"; };
+struct MinDim : ReduceDim<min_dim> { static constexpr std::string_view name = "min_dim"; };
+struct LogSumExpDim : ReduceDim<logsumexp_dim> { static constexpr std::string_view name = "logsumexp_dim"; };
+
+// Two vectors of one length -> their dot product (a scalar).
+struct Dot {
+  static constexpr std::string_view name = "dot";
+  static constexpr OpTraits traits{.arity = 2};
+  static Shape infer(const InferCtx& c) {
+    if (c.shape(0).rank() != 1 || !(c.shape(0) == c.shape(1)))
+      c.fail("needs two vectors of one length, got ", c.shape(0).str(), " and ", c.shape(1).str());
+    return Shape{};
+  }
+  static at::Tensor run(RunCtx& c) { return (c.batched(0) * c.batched(1)).sum(1); }
+};
+
+// Normalised over the last axis, then scaled and shifted by shared [d] tensors
+// (LibTorch's layer_norm); attr 0: epsilon (a double, attr_of).
+struct LayerNorm {
+  static constexpr std::string_view name = "layer_norm";
+  static constexpr OpTraits traits{.arity = 3};
+  static Shape infer(const InferCtx& c) {
+    const Shape& s = c.shape(0);
+    if (s.rank() < 1) c.fail("needs a value of rank >= 1, got a scalar");
+    for (size_t i : {size_t{1}, size_t{2}}) {
+      c.expect_shared(i, i == 1 ? "the gain" : "the bias");
+      if (!(c.shape(i) == Shape{s[s.rank() - 1]}))
+        c.fail(i == 1 ? "the gain" : "the bias", " has shape ", c.shape(i).str(), "; the last axis of ", s.str(),
+               " needs [", s[s.rank() - 1], "]");
+    }
+    return s;
+  }
+  static at::Tensor run(RunCtx& c) {
+    const int64_t d = c.in(0).size(-1);
+    return at::layer_norm(c.in(0), {d}, c.in(1), c.in(2), c.attr_f(0));
+  }
+};
 
 // Lists of equal-shaped values, reduced elementwise. Lists of different lengths
 // share one launch: every element arrives in in(0) = [total, S...], in node order.

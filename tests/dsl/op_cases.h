@@ -97,6 +97,26 @@ inline const std::vector<OpCase>& cases() {
          auto parts = dsl::chunk(h, 4);
          return dsl::concat({parts[3], parts[2] * parts[1], dsl::sigmoid(parts[0]), parts[1]});
        }},
+      {"reshape/transpose", [](Graph&, Expr h, int, const Params&) {
+         return dsl::reshape(dsl::tanh(dsl::transpose(dsl::reshape(h, {2, -1}))), {kD});  // [2, 4] -> [4, 2] -> [8]
+       }},
+      {"matmul of per-example matrices", [](Graph&, Expr h, int, const Params&) {
+         const Expr m = dsl::reshape(h, {2, kD / 2});
+         const Expr gram = dsl::matmul(dsl::transpose(m), m);  // [4, 4]
+         return dsl::concat({dsl::sum_dim(gram, 0), dsl::slice(h, 0, kD / 2)});
+       }},
+      {"stack (all per-example: one stacked input)", [](Graph&, Expr h, int, const Params&) {
+         return dsl::sum_dim(dsl::stack({h, dsl::tanh(h), h * 0.5}), 0);
+       }},
+      {"stack on the last axis, with a shared value", [](Graph& g, Expr h, int, const Params& p) {
+         return dsl::max_dim(dsl::stack({h, g.param(p.v)}, -1), 1);  // [8, 2] -> [8]
+       }},
+      {"mean_dim/min_dim/logsumexp_dim", [](Graph&, Expr h, int, const Params& p) {
+         const Expr m = dsl::stack({h, dsl::sigmoid(h), p.v * 1.0 + h});  // [3, 8]
+         return dsl::mean_dim(m, 0) + dsl::min_dim(m, 0) * 0.5 - dsl::logsumexp_dim(m, -2) * 0.25;
+       }},
+      {"dot", [](Graph&, Expr h, int, const Params& p) { return h * dsl::dot(h, p.v) + dsl::dot(p.v, dsl::tanh(h)); }},
+      {"layer_norm", [](Graph&, Expr h, int, const Params& p) { return dsl::layer_norm(h, p.v, p.b); }},
       {"sum/mean", [](Graph&, Expr h, int, const Params&) { return h * dsl::sum(h) + dsl::mean(h); }},
       {"sum list", [](Graph&, Expr h, int i, const Params&) {
          std::vector<Expr> xs{h};

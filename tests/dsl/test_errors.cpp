@@ -35,6 +35,15 @@ TEST_CASE("shape mismatch names op, example and line", "[dsl][errors]") {
   REQUIRE_THROWS_WITH(dsl::pick_neg_log_softmax(x, -1), Contains("label -1"));
   REQUIRE_THROWS_WITH(dsl::softmax(dsl::sum(x)), Contains("op 'softmax'") && Contains("scalar"));
   REQUIRE_THROWS_WITH(dsl::dropout(x, 1.5), Contains("op 'dropout'") && Contains("p must be"));
+  REQUIRE_THROWS_WITH(dsl::reshape(x, {2, 3}), Contains("op 'reshape'") && Contains("cannot reshape [5]"));
+  REQUIRE_THROWS_WITH(dsl::reshape(x, {-1, 2}), Contains("op 'reshape'") && Contains("not a multiple of 2"));
+  REQUIRE_THROWS_WITH(dsl::transpose(x), Contains("op 'transpose'") && Contains("out of range"));
+  REQUIRE_THROWS_WITH(dsl::stack({x, y}), Contains("op 'stack'") && Contains("argument 1 has shape [4]"));
+  REQUIRE_THROWS_WITH(dsl::sum_dim(x, 1), Contains("op 'sum_dim'") && Contains("out of range"));
+  REQUIRE_THROWS_WITH(dsl::dot(x, y), Contains("op 'dot'") && Contains("[5] and [4]"));
+  REQUIRE_THROWS_WITH(dsl::layer_norm(x, at::ones({4}), at::zeros({5})), Contains("op 'layer_norm'") &&
+                      Contains("the gain has shape [4]"));
+  REQUIRE_THROWS_WITH(dsl::layer_norm(x, x, at::zeros({5})), Contains("op 'layer_norm'") && Contains("gain"));
 }
 
 TEST_CASE("the source line is the user's line, also through operators", "[dsl][errors]") {

@@ -61,3 +61,31 @@ TEST_CASE("dropout masks agree alone and batched, and differ across examples", "
   g.forward(z);
   CHECK(at::equal(z.value(), at::ones({4})));
 }
+
+TEST_CASE("shape, axis-reduction, dot and layer_norm ops give LibTorch's values", "[dsl][ops]") {
+  Graph g;
+  const at::Tensor x = test::data({2, 3, 4}, 0), v = test::data({4}, 1), gain = test::data({4}, 2), bias = test::data({4}, 3);
+  std::vector<std::pair<Expr, at::Tensor>> checks;
+  for (int i = 0; i < 3; ++i) {  // three examples: the same values batched
+    auto scope = g.example(i);
+    const Expr X = g.input(x), V = g.input(v);
+    checks.emplace_back(dsl::reshape(X, {4, -1}), x.reshape({4, 6}));
+    checks.emplace_back(dsl::transpose(X, 0, 2), x.transpose(0, 2));
+    checks.emplace_back(dsl::stack({V, V * 2.0}, 1), at::stack({v, v * 2}, 1));
+    checks.emplace_back(dsl::sum_dim(X, 1), x.sum(1));
+    checks.emplace_back(dsl::mean_dim(X, -1), x.mean(-1));
+    checks.emplace_back(dsl::max_dim(X, 0), x.amax(0));
+    checks.emplace_back(dsl::min_dim(X, 2), x.amin(2));
+    checks.emplace_back(dsl::logsumexp_dim(X, 1), x.logsumexp(1));
+    checks.emplace_back(dsl::dot(V, gain), (v * gain).sum());
+    checks.emplace_back(dsl::layer_norm(X, gain, bias), at::layer_norm(x, {4}, gain, bias));
+  }
+  std::vector<Expr> targets;
+  for (const auto& [e, expected] : checks) targets.push_back(e);
+  g.forward(targets);
+  for (size_t k = 0; k < checks.size(); ++k) {
+    INFO("check " << k % 10);
+    CHECK(checks[k].first.value().sizes() == checks[k].second.sizes());
+    CHECK(at::allclose(checks[k].first.value(), checks[k].second, 1e-5, 1e-6));
+  }
+}
