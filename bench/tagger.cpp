@@ -104,10 +104,13 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const C
       });
       systems.push_back(std::move(s));
     } else if (name == "hand" || name == "hand:lstm" || name == "hand:loop" || name == "hand:fused") {
-      // "hand" is the fastest of the three on this machine's CPU (docs/benchmarks.md).
-      const auto kernel = name == "hand:lstm"  ? HandTagger::Kernel::kLstmCall
-                          : name == "hand:loop" ? HandTagger::Kernel::kLoop
-                                                : HandTagger::Kernel::kFused;
+      // "hand" is the fastest kernel for the mode on this machine's CPU
+      // (docs/benchmarks.md): our one-node LSTM to train, at::lstm to infer.
+      const auto kernel = name == "hand:lstm"    ? HandTagger::Kernel::kLstmCall
+                          : name == "hand:loop"  ? HandTagger::Kernel::kLoop
+                          : name == "hand:fused" ? HandTagger::Kernel::kFused
+                          : train                ? HandTagger::Kernel::kFused
+                                                 : HandTagger::Kernel::kLstmCall;
       System s{name == "hand" ? name : "hand-alt", name == "hand" ? "" : name.substr(5)};
       s.step = make_step(s, [&, train, kernel](size_t b) {
         const HandTagger hand(model, kernel);

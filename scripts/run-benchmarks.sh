@@ -19,6 +19,14 @@ out=docs/results-$device.jsonl
   "$bench" --workload shift_reduce --hidden 128 --batch 64 --trees 512 "${args[@]}" \
     --systems per-example,sheaf,sheaf:auto+prefetch,hand
   "$bench" --workload gated_rvnn --hidden 128 --batch 64 --trees 512 "${args[@]}"
+  # DyNet's tagger workloads, on synthetic sentences with DyNet's sizes (SST has
+  # no tags). hand is the faster kernel per mode (training: one custom autograd
+  # node per LSTM direction; inference: LibTorch's at::lstm on the packed batch);
+  # hand:fused, hand:lstm, hand:loop name one (bench/baselines/tagger_hand.h).
+  for w in tagger tagger-char; do
+    "$bench" --workload "$w" --hidden 128 --batch 64 --trees 512 --device "$device" --threads 1 --repeat 5 --json \
+      --systems per-example,sheaf:auto,sheaf:auto+prefetch,hand,hand:fused,hand:lstm
+  done
   # Host work alone (ns per node for recording and each scheduling step).
   "$bench" --workload host --hidden 128 --batch 64 --trees 1024 "${args[@]}" --systems sheaf
 } > "$out"
