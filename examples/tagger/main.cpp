@@ -23,6 +23,7 @@
 #include <random>
 
 #include <common/progress.h>
+#include <common/train_loop.h>
 #include <data/tagging.h>
 #include <sheaf/sheaf.h>
 #include <tagger/model.h>
@@ -110,44 +111,25 @@ double accuracy(Graph& g, const Strategy& s, const Tagger& m, const std::vector<
 // forward, backward and the update (sheaf::Prefetcher), unless --no-prefetch.
 void train_epoch(const Config& c, int epoch, Graph& g, const Strategy& s, const Tagger& m,
                  torch::optim::Optimizer& opt, const std::vector<Sentence>& train, std::mt19937_64& rng) {
-  std::vector<size_t> order(train.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::shuffle(order.begin(), order.end(), rng);
-  std::vector<Batch> batches;
-  double tokens = 0;
-  for (size_t start = 0; start < order.size(); start += static_cast<size_t>(c.batch)) {
-    batches.emplace_back();
-    for (size_t i = start; i < std::min(order.size(), start + static_cast<size_t>(c.batch)); ++i) {
-      batches.back().push_back(&train[order[i]]);
-      tokens += static_cast<double>(train[order[i]].size());
-    }
-  }
-  Prefetcher prefetch({}, [&](Graph& pg, size_t b) { return std::vector<Expr>{m.sheaf_batch_loss(pg, batches[b])}; },
-                      {.strategy = &s});
-  double loss = 0, launches = 0;
+  const std::vector<Batch> batches = models::shuffled_batches(train, static_cast<size_t>(c.batch), rng);
+  double tokens = 0, loss = 0, launches = 0;
+  for (const Sentence& x : train) tokens += static_cast<double>(x.size());
   size_t done = 0;
   models::Progress progress(!c.quiet, epoch, train.size(), "sentences");
   const auto t0 = Clock::now();
-  for (size_t b = 0; b < batches.size(); ++b) {
-    Graph* graph = &g;
-    Expr total;
-    if (c.prefetch) {
-      const Prefetcher::Batch next = prefetch.take(b, b + 1 < batches.size() ? std::optional(b + 1) : std::nullopt);
-      graph = &next.graph;
-      total = next.targets[0];
-    } else {
-      g.clear();
-      total = m.sheaf_batch_loss(g, batches[b]);
-    }
-    graph->forward(total, {.strategy = &s});
-    opt.zero_grad();
-    (total.value() / static_cast<double>(batches[b].size())).backward();
-    opt.step();
-    loss += total.item();
-    launches += static_cast<double>(graph->stats().batches);
-    done += batches[b].size();
-    progress.update(done);
-  }
+  models::train_pass(
+      {.batches = batches.size(),
+       .record = [&](Graph& pg, size_t b) { return m.sheaf_batch_loss(pg, batches[b]); },
+       .size = [&](size_t b) { return batches[b].size(); },
+       .prefetch = c.prefetch,
+       .strategy = &s,
+       .after =
+           [&](size_t b, const Expr& total, const Graph& graph, double) {
+             loss += total.item();
+             launches += static_cast<double>(graph.stats().batches);
+             progress.update(done += batches[b].size());
+           }},
+      g, opt);
   const double seconds = seconds_since(t0);
   progress.finish();
   std::printf("epoch %d: loss %.4f per token, %.0f sentences/s, %.0f tokens/s (%.1f s), %.0f launches per batch\n",

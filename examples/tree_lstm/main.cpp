@@ -26,6 +26,7 @@
 #include <random>
 
 #include <common/progress.h>
+#include <common/train_loop.h>
 #include <data/trees.h>
 #include <sheaf/sheaf.h>
 #include <baselines/tree_lstm_hand.h>
@@ -133,49 +134,30 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c, const T
 // forward, backward and the update (sheaf::Prefetcher), unless --no-prefetch.
 void train_epoch(const Config& c, int epoch, Graph& g, const Strategy& s, const TreeLSTM& m,
                  torch::optim::Optimizer& opt, const std::vector<Tree>& train, std::mt19937_64& rng) {
-  std::vector<size_t> order(train.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::shuffle(order.begin(), order.end(), rng);
-  std::vector<Batch> batches;
+  const std::vector<Batch> batches = models::shuffled_batches(train, static_cast<size_t>(c.batch), rng);
   double nodes = 0;
-  for (size_t start = 0; start < order.size(); start += static_cast<size_t>(c.batch)) {
-    batches.emplace_back();
-    for (size_t i = start; i < std::min(order.size(), start + static_cast<size_t>(c.batch)); ++i) {
-      batches.back().push_back(&train[order[i]]);
-      nodes += m.options().all_nodes ? batches.back().back()->size() : 1;
-    }
-  }
-
-  Prefetcher prefetch({.device = c10::Device(c.device)},
-                      [&](Graph& pg, size_t b) { return std::vector<Expr>{m.sheaf_batch_loss(pg, batches[b])}; },
-                      {.strategy = &s});
+  for (const Tree& t : train) nodes += m.options().all_nodes ? t.size() : 1;
   double loss = 0, launches = 0, trace = 0, schedule = 0, execute = 0, backward = 0;
   size_t done = 0;
   Progress progress(!c.quiet, epoch, train.size(), "trees");
   const auto t0 = Clock::now();
-  for (size_t b = 0; b < batches.size(); ++b) {
-    Graph* graph = &g;
-    Expr total;
-    if (c.prefetch) {
-      const Prefetcher::Batch next = prefetch.take(b, b + 1 < batches.size() ? std::optional(b + 1) : std::nullopt);
-      graph = &next.graph;
-      total = next.targets[0];
-    } else {
-      total = record(g, m, batches[b]);
-    }
-    graph->forward(total, {.strategy = &s});
-    const auto b0 = Clock::now();
-    opt.zero_grad();
-    (total.value() / static_cast<double>(batches[b].size())).backward();
-    opt.step();
-    backward += seconds_since(b0) * 1e3;
-    loss += total.item();
-    const Stats& st = graph->stats();
-    launches += static_cast<double>(st.batches);
-    trace += st.trace_ms, schedule += st.schedule_ms, execute += st.execute_ms;
-    done += batches[b].size();
-    progress.update(done);
-  }
+  models::train_pass(
+      {.batches = batches.size(),
+       .record = [&](Graph& pg, size_t b) { return m.sheaf_batch_loss(pg, batches[b]); },
+       .size = [&](size_t b) { return batches[b].size(); },
+       .prefetch = c.prefetch,
+       .graph = {.device = c10::Device(c.device)},
+       .strategy = &s,
+       .after =
+           [&](size_t b, const Expr& total, const Graph& graph, double backward_ms) {
+             backward += backward_ms;
+             loss += total.item();
+             const Stats& st = graph.stats();
+             launches += static_cast<double>(st.batches);
+             trace += st.trace_ms, schedule += st.schedule_ms, execute += st.execute_ms;
+             progress.update(done += batches[b].size());
+           }},
+      g, opt);
   const double seconds = seconds_since(t0), n = static_cast<double>(batches.size());
   progress.finish();
   std::printf("epoch %d: loss %.4f per labelled node, %.0f trees/s (%.1f s)\n", epoch, loss / nodes,
