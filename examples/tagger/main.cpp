@@ -22,6 +22,7 @@
 #include <optional>
 #include <random>
 
+#include <common/cli.h>
 #include <common/progress.h>
 #include <common/train_loop.h>
 #include <data/tagging.h>
@@ -206,18 +207,6 @@ int main(int argc, char** argv) {
   app.add_flag("--quiet", c.quiet, "no progress bar, runtime or data summary");
   app.add_flag("!--no-prefetch", c.prefetch, "record each batch on the training thread (default: the next batch "
                                              "is recorded on a worker thread while one trains)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::fprintf(stderr, "tagger: %s (see --help)\n", e.what());
-    return 1;
-  }
-  try {
-    return run(c);
-  } catch (const std::exception& e) {
-    const std::string what = e.what();  // LibTorch's errors carry a backtrace after the first line
-    std::fprintf(stderr, "tagger: %s\n", what.substr(0, what.find('\n')).c_str());
-    return 1;
-  }
+  if (const int status = models::parse_cli(app, argc, argv, "tagger"); status >= 0) return status;
+  return models::run_cli("tagger", [&] { return run(c); });
 }

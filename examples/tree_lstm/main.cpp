@@ -25,6 +25,7 @@
 #include <optional>
 #include <random>
 
+#include <common/cli.h>
 #include <common/progress.h>
 #include <common/train_loop.h>
 #include <data/trees.h>
@@ -325,21 +326,9 @@ int main(int argc, char** argv) {
   app.add_flag("--quiet", c.quiet, "no progress bar, runtime or data summary");
   app.add_flag("!--no-prefetch", c.prefetch, "record and schedule each batch on the training thread (default: the "
                                              "next batch is recorded on a worker thread while one trains)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::fprintf(stderr, "tree_lstm: %s (see --help)\n", e.what());
-    return 1;
-  }
+  if (const int status = models::parse_cli(app, argc, argv, "tree_lstm"); status >= 0) return status;
   // Adam's steps are about lr from the first one on; Adagrad's shrink as squared gradients add up.
   if (c.optimizer == "adam" && lr->count() == 0) c.lr = 0.002;
 
-  try {
-    return run(c);
-  } catch (const std::exception& e) {
-    const std::string what = e.what();  // LibTorch's errors carry a backtrace after the first line
-    std::fprintf(stderr, "tree_lstm: %s\n", what.substr(0, what.find('\n')).c_str());
-    return 1;
-  }
+  return models::run_cli("tree_lstm", [&] { return run(c); });
 }
