@@ -2,6 +2,8 @@
 // synthetic corpus; Sheaf, per-example (at::lstm) and hand-batched (packed
 // at::lstm) agree on logits, losses and gradients; batched equals alone under
 // every strategy; save/load.
+#include <c10/core/GradMode.h>
+
 #include <baselines/tagger_hand.h>
 #include <data/tagging.h>
 #include <tagger/model.h>
