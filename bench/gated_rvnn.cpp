@@ -6,7 +6,6 @@
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
-#include <memory>
 
 #include <baselines/gated_rvnn_hand.h>
 #include <data/trees.h>
@@ -38,7 +37,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
     reference = at::stack(rows);
   }
   StepMaker make_step(o, train, model.parameters(), scale);
-  std::vector<std::unique_ptr<Graph>> graphs;
+  SheafOwners owners;
   std::vector<System> systems;
   for (const std::string& name : o.systems) {
     if (name == "per-example") {
@@ -64,35 +63,20 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
       s.max_abs_diff = max_diff(HandGatedRvNN(model).root_logits(w.batches[0]), reference);
       systems.push_back(std::move(s));
     } else if (auto spec = parse_sheaf_system(name); spec && !spec->prefetch) {
-      for (const Strategy* strategy : spec->strategies) {
-        graphs.push_back(std::make_unique<Graph>(
-            GraphOptions{.device = device, .profile = o.profile, .strategy = strategy, .fuse = spec->fuse}));
-        Graph* g = graphs.back().get();
-        System s{"sheaf", spec->label(*strategy)};
-        const size_t index = systems.size();
-        s.step = make_step(s, [&, g, index](size_t b) {
-          g->clear();
-          at::Tensor out;
-          if (train) {
-            Expr loss = model.sheaf_batch_loss(*g, w.batches[b]);
-            g->forward(loss);
-            out = loss.value();
-          } else {
-            g->forward(model.sheaf_batch_root_logits(*g, w.batches[b]));
-          }
-          systems[index].counters.add(g->stats());
-          return out;
-        });
-        {
-          c10::NoGradGuard no_grad;
-          g->clear();
-          const std::vector<Expr> roots = model.sheaf_batch_root_logits(*g, w.batches[0]);
-          g->forward(roots);
-          std::vector<at::Tensor> rows;
-          for (const Expr& e : roots) rows.push_back(e.value());
-          s.max_abs_diff = max_diff(at::stack(rows), reference);
-        }
-        systems.push_back(std::move(s));
+      auto record = [&, train](Graph& g, size_t b) {
+        if (train) return std::vector<Expr>{model.sheaf_batch_loss(g, w.batches[b])};
+        return model.sheaf_batch_root_logits(g, w.batches[b]);
+      };
+      const std::vector<size_t> added =
+          add_sheaf_systems(o, *spec, train, w.batches.size(), make_step, record, systems, owners);
+      for (size_t q = 0; q < added.size(); ++q) {
+        c10::NoGradGuard no_grad;
+        Graph g({.device = device, .fuse = spec->fuse});
+        const std::vector<Expr> roots = model.sheaf_batch_root_logits(g, w.batches[0]);
+        g.forward(roots, {.strategy = spec->strategies[q]});
+        std::vector<at::Tensor> rows;
+        for (const Expr& e : roots) rows.push_back(e.value());
+        systems[added[q]].max_abs_diff = max_diff(at::stack(rows), reference);
       }
     } else {
       throw UserError("unknown system '" + name + "' for gated_rvnn (per-example, hand, sheaf[:<strategy>][/unfused])");

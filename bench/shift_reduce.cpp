@@ -68,7 +68,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
   };
 
   std::vector<std::unique_ptr<Graph>> graphs;
-  std::vector<std::unique_ptr<Prefetcher>> prefetchers;
+  SheafOwners owners;  // the +prefetch systems
   std::vector<System> systems;
   // Sequential transition steps per batch: one sentence after another, or all in lock-step.
   double transitions = 0;
@@ -92,19 +92,16 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
         graphs.push_back(std::make_unique<Graph>(GraphOptions{.device = device, .profile = o.profile, .fuse = spec->fuse}));
         Graph* g = graphs.back().get();
         const size_t index = systems.size();
-        auto run = [&, g, strategy](size_t b, std::vector<at::Tensor>* logits) {
-          return run_sheaf(*g, *strategy, b, logits);
-        };
         System s{"sheaf", spec->label(*strategy)};
-        s.step = make_step(s, [&, run, g, index](size_t b) {
-          at::Tensor loss = run(b, nullptr);
+        s.step = make_step(s, [&, g, strategy, index](size_t b) {
+          at::Tensor loss = run_sheaf(*g, *strategy, b, nullptr);
           systems[index].counters.add(g->stats());
           return loss;
         });
         {
           c10::NoGradGuard no_grad;
           std::vector<at::Tensor> logits;
-          run(0, &logits);
+          run_sheaf(*g, *strategy, 0, &logits);
           s.max_abs_diff = diff_to_reference(logits);
         }
         systems.push_back(std::move(s));
@@ -117,37 +114,23 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
         std::fprintf(stderr, "sheaf-bench: %s skipped in infer mode (a parse records as it runs)\n", name.c_str());
         continue;
       }
-      for (const Strategy* strategy : spec->strategies) {
-        prefetchers.push_back(std::make_unique<Prefetcher>(
-            GraphOptions{.device = device, .profile = o.profile, .fuse = spec->fuse},
-            [&](Graph& g, size_t b) {
-              std::vector<Expr> losses;
-              for (size_t i = 0; i < batches[b].size(); ++i) {
-                auto scope = g.example(static_cast<int>(i));
-                Task<ParseResult> t = model.parse(g, *batches[b][i], /*predict=*/false);
-                losses.push_back(t.result().loss);  // done: gold transitions never wait
-              }
-              return std::vector<Expr>{dsl::sum(losses)};
-            },
-            ForwardOptions{.strategy = strategy}));
-        Prefetcher* pf = prefetchers.back().get();
-        System s{"sheaf", spec->label(*strategy)};
-        const size_t index = systems.size();
-        const size_t n = batches.size();
-        s.step = make_step(s, [&, pf, strategy, index, n](size_t b) {
-          Prefetcher::Batch batch = pf->take(b, b + 1 < n ? std::optional(b + 1) : std::nullopt);
-          batch.graph.forward(batch.targets, {.strategy = strategy});
-          systems[index].counters.add(batch.graph.stats());
-          return batch.targets[0].value();
-        });
-        {
-          c10::NoGradGuard no_grad;
-          Graph check({.device = device, .fuse = spec->fuse});
-          std::vector<at::Tensor> logits;
-          run_sheaf(check, *strategy, 0, &logits);
-          s.max_abs_diff = diff_to_reference(logits);
+      auto record = [&](Graph& g, size_t b) {
+        std::vector<Expr> losses;
+        for (size_t i = 0; i < batches[b].size(); ++i) {
+          auto scope = g.example(static_cast<int>(i));
+          Task<ParseResult> t = model.parse(g, *batches[b][i], /*predict=*/false);
+          losses.push_back(t.result().loss);  // done: gold transitions never wait
         }
-        systems.push_back(std::move(s));
+        return std::vector<Expr>{dsl::sum(losses)};
+      };
+      const std::vector<size_t> added =
+          add_sheaf_systems(o, *spec, train, batches.size(), make_step, record, systems, owners);
+      for (size_t q = 0; q < added.size(); ++q) {
+        c10::NoGradGuard no_grad;
+        Graph check({.device = device, .fuse = spec->fuse});
+        std::vector<at::Tensor> logits;
+        run_sheaf(check, *spec->strategies[q], 0, &logits);
+        systems[added[q]].max_abs_diff = diff_to_reference(logits);
       }
     } else if (name == "hand") {
       const HandShiftReduce hand(model);

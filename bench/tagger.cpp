@@ -124,14 +124,16 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const C
         if (train) return std::vector<Expr>{model.sheaf_batch_loss(g, c.batches[b])};
         return model.sheaf_batch_logits(g, c.batches[b]);
       };
-      for (size_t k : add_sheaf_systems(o, *spec, train, c.batches.size(), make_step, record, systems, owners)) {
+      const std::vector<size_t> added =
+          add_sheaf_systems(o, *spec, train, c.batches.size(), make_step, record, systems, owners);
+      for (size_t q = 0; q < added.size(); ++q) {
         c10::NoGradGuard no_grad;
         Graph g({.device = device, .fuse = spec->fuse});
         const std::vector<Expr> logits = model.sheaf_batch_logits(g, c.batches[0]);
-        g.forward(logits);
+        g.forward(logits, {.strategy = spec->strategies[q]});
         std::vector<at::Tensor> rows;
         for (const Expr& e : logits) rows.push_back(e.value());
-        systems[k].max_abs_diff = max_diff(at::stack(rows), reference);
+        systems[added[q]].max_abs_diff = max_diff(at::stack(rows), reference);
       }
     } else {
       throw UserError("unknown system '" + name + "' for " + o.workload +

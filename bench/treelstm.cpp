@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 
 #include <cstdio>
-#include <memory>
 #include <string_view>
 
 #include <data/trees.h>
@@ -20,15 +19,6 @@ namespace {
 using data::Tree;
 using models::HandBatched;
 using models::TreeLSTM;
-
-// Sheaf's per-batch work: record every tree of the batch (train: the loss;
-// infer: each tree's root logits, as a user would record them).
-struct SheafRunner {
-  SheafRunner(const TreeLSTM& m, const Strategy& s, GraphOptions g) : model(m), strategy(s), graph(g) {}
-  const TreeLSTM& model;
-  const Strategy& strategy;
-  Graph graph;
-};
 
 // Root logits [trees, 5] and mean loss per labelled node, for the agreement check.
 struct Outputs {
@@ -80,8 +70,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
 
   StepMaker make_step(o, train, model.parameters(), scale);
 
-  std::vector<std::unique_ptr<SheafRunner>> runners;
-  std::vector<std::unique_ptr<Prefetcher>> prefetchers;
+  SheafOwners owners;
   std::vector<System> systems;
   for (const std::string& name : o.systems) {
     if (name == "per-example") {
@@ -110,55 +99,17 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
         s.max_abs_diff = diff(out, reference);
       }
       systems.push_back(std::move(s));
-    } else if (auto spec = parse_sheaf_system(name); spec && spec->prefetch) {
-      // Batch b+1 is recorded and scheduled on a worker thread while batch b runs.
-      for (const Strategy* strategy : spec->strategies) {
-        prefetchers.push_back(std::make_unique<Prefetcher>(
-            GraphOptions{.device = device, .profile = o.profile, .fuse = spec->fuse},
-            [&, train](Graph& g, size_t b) {
-              // Train: the loss only. Infer: each tree's root logits only (what a user would record).
-              if (train) return std::vector<Expr>{model.sheaf_batch_loss(g, w.batches[b])};
-              return model.sheaf_batch_root_logits(g, w.batches[b]);
-            },
-            ForwardOptions{.strategy = strategy}));
-        Prefetcher* pf = prefetchers.back().get();
-        System s{"sheaf", spec->label(*strategy)};
-        const size_t index = systems.size();
-        const size_t n = w.batches.size();
-        s.step = make_step(s, [&, pf, strategy, index, train, n](size_t b) {
-          Prefetcher::Batch batch = pf->take(b, b + 1 < n ? std::optional(b + 1) : std::nullopt);
-          batch.graph.forward(batch.targets, {.strategy = strategy});
-          systems[index].counters.add(batch.graph.stats());
-          return train ? batch.targets[0].value() : at::Tensor();
-        });
-        s.max_abs_diff = diff(sheaf_outputs(model, w.batches[0], {.device = device, .fuse = spec->fuse}, *strategy),
-                              reference);
-        systems.push_back(std::move(s));
-      }
-    } else if (spec) {
-      for (const Strategy* strategy : spec->strategies) {
-        runners.push_back(std::make_unique<SheafRunner>(
-            model, *strategy, GraphOptions{.device = device, .profile = o.profile, .fuse = spec->fuse}));
-        SheafRunner* r = runners.back().get();
-        System s{"sheaf", spec->label(*strategy)};
-        const size_t index = systems.size();
-        s.step = make_step(s, [&, r, index, train](size_t b) {
-          r->graph.clear();
-          at::Tensor out;
-          if (train) {
-            Expr loss = model.sheaf_batch_loss(r->graph, w.batches[b]);
-            r->graph.forward(loss, {.strategy = &r->strategy});
-            out = loss.value();
-          } else {
-            r->graph.forward(model.sheaf_batch_root_logits(r->graph, w.batches[b]), {.strategy = &r->strategy});
-          }
-          systems[index].counters.add(r->graph.stats());
-          return out;
-        });
-        s.max_abs_diff = diff(sheaf_outputs(model, w.batches[0], {.device = device, .fuse = spec->fuse}, *strategy),
-                              reference);
-        systems.push_back(std::move(s));
-      }
+    } else if (auto spec = parse_sheaf_system(name)) {
+      // Train: the loss only. Infer: each tree's root logits only (what a user would record).
+      auto record = [&, train](Graph& g, size_t b) {
+        if (train) return std::vector<Expr>{model.sheaf_batch_loss(g, w.batches[b])};
+        return model.sheaf_batch_root_logits(g, w.batches[b]);
+      };
+      const std::vector<size_t> added =
+          add_sheaf_systems(o, *spec, train, w.batches.size(), make_step, record, systems, owners);
+      for (size_t q = 0; q < added.size(); ++q)
+        systems[added[q]].max_abs_diff = diff(
+            sheaf_outputs(model, w.batches[0], {.device = device, .fuse = spec->fuse}, *spec->strategies[q]), reference);
     } else {
       throw UserError("unknown system '" + name + "' (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused])");
     }
