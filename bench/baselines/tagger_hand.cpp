@@ -19,7 +19,8 @@ using torch::autograd::variable_list;
 // holds the sequences longer than t. Built on the host, once per batch.
 struct Packing {
   std::vector<int64_t> batch_sizes;
-  std::vector<size_t> order;  // sequences by decreasing length (stable)
+  std::vector<size_t> order;   // sequences by decreasing length (stable)
+  std::vector<size_t> length;  // length[k]: of sequence order[k]
   // Position in the packed rows of element t of sequence order[k]: offset[t] + k.
   std::vector<int64_t> offset;
 
@@ -27,17 +28,24 @@ struct Packing {
   explicit Packing(const std::vector<size_t>& lengths) : order(lengths.size()) {
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return lengths[a] > lengths[b]; });
-    const size_t longest = lengths.empty() ? 0 : lengths[order[0]];
+    for (size_t i : order) length.push_back(lengths[i]);
     int64_t rows = 0;
-    for (size_t t = 0; t < longest; ++t) {
+    for (size_t t = 0; t < (length.empty() ? 0 : length[0]); ++t) {
       int64_t n = 0;
-      while (n < static_cast<int64_t>(order.size()) && lengths[order[static_cast<size_t>(n)]] > t) ++n;
+      while (n < static_cast<int64_t>(length.size()) && length[static_cast<size_t>(n)] > t) ++n;
       offset.push_back(rows);
       batch_sizes.push_back(n);
       rows += n;
     }
   }
   int64_t rows() const { return offset.empty() ? 0 : offset.back() + batch_sizes.back(); }
+  int64_t row(size_t k, size_t t) const { return offset[t] + static_cast<int64_t>(k); }
+  // f(sequence, t, packed row) for every element.
+  template <class F>
+  void for_each(F&& f) const {
+    for (size_t k = 0; k < order.size(); ++k)
+      for (size_t t = 0; t < length[k]; ++t) f(order[k], t, row(k, t));
+  }
 };
 
 at::Tensor longs(const std::vector<int64_t>& v, const c10::Device& d) { return at::tensor(v, at::kLong).to(d); }
@@ -194,11 +202,7 @@ std::pair<at::Tensor, at::Tensor> fused_call(const LstmWeights& f, const LstmWei
   const at::Tensor of = PackedLstmFn::apply(data, f.ih, f.hh, f.b, &p, false);
   const at::Tensor ob = PackedLstmFn::apply(data, b.ih, b.hh, b.b, &p, true);
   std::vector<int64_t> last(p.order.size());
-  for (size_t j = 0; j < last.size(); ++j) {
-    size_t steps = 0;
-    while (steps < p.batch_sizes.size() && p.batch_sizes[steps] > static_cast<int64_t>(j)) ++steps;
-    last[j] = p.offset[steps - 1] + static_cast<int64_t>(j);
-  }
+  for (size_t k = 0; k < last.size(); ++k) last[k] = p.row(k, p.length[k] - 1);
   const at::Tensor hf = of.index_select(0, at::tensor(last, at::kLong).to(data.device()));
   const at::Tensor hb = ob.narrow(0, 0, static_cast<int64_t>(p.order.size()));
   return {at::cat({of, ob}, 1), at::stack({hf, hb})};
@@ -226,36 +230,29 @@ struct HandTagger::Packed {
   std::vector<int64_t> place;  // packed token row -> row of [frequent embeddings; rare spellings]
 
   Packed(std::span<const data::Sentence* const> batch, bool use_chars) : words(lengths(batch)) {
-    const int64_t n = words.rows();
-    ids.resize(static_cast<size_t>(n));
-    tags.resize(static_cast<size_t>(n));
-    std::vector<int64_t> row_of(batch.size() + 1, 0);  // first sentence-order index of each sentence
-    for (size_t i = 0; i < batch.size(); ++i) row_of[i + 1] = row_of[i] + batch[i]->size();
-    sentence_order.resize(static_cast<size_t>(n));
-    for (size_t k = 0; k < words.order.size(); ++k) {
-      const size_t i = words.order[k];
-      const data::Sentence& s = *batch[i];
-      for (size_t t = 0; t < s.word.size(); ++t) {
-        const int64_t row = words.offset[t] + static_cast<int64_t>(k);
-        ids[static_cast<size_t>(row)] = s.word[t];
-        tags[static_cast<size_t>(row)] = s.tag[t];
-        sentence_order[static_cast<size_t>(row_of[i]) + t] = row;
-      }
-    }
+    const auto n = static_cast<size_t>(words.rows());
+    ids.resize(n);
+    tags.resize(n);
+    sentence_order.resize(n);
+    std::vector<int64_t> first(batch.size() + 1, 0);  // sentence-order index of each sentence's first token
+    for (size_t i = 0; i < batch.size(); ++i) first[i + 1] = first[i] + batch[i]->size();
+    std::vector<std::pair<size_t, size_t>> token(n);  // packed row -> (sentence, position)
+    words.for_each([&](size_t i, size_t t, int64_t row) {
+      const auto r = static_cast<size_t>(row);
+      token[r] = {i, t};
+      ids[r] = batch[i]->word[t];
+      tags[r] = batch[i]->tag[t];
+      sentence_order[static_cast<size_t>(first[i]) + t] = row;
+    });
     if (!use_chars) return;
     std::vector<const std::vector<int64_t>*> spellings;  // rare tokens, packed row order
-    // Walk packed rows in order; a token's (sentence, t) is recovered from the packing.
-    std::vector<std::pair<size_t, size_t>> token(static_cast<size_t>(n));
-    for (size_t k = 0; k < words.order.size(); ++k)
-      for (size_t t = 0; t < batch[words.order[k]]->word.size(); ++t)
-        token[static_cast<size_t>(words.offset[t] + static_cast<int64_t>(k))] = {words.order[k], t};
-    place.resize(static_cast<size_t>(n));
-    std::vector<int64_t> rare_place;
-    for (size_t row = 0; row < token.size(); ++row) {
+    std::vector<int64_t> rare_row;
+    place.resize(n);
+    for (size_t row = 0; row < n; ++row) {
       const auto [i, t] = token[row];
       const data::Sentence& s = *batch[i];
       if (s.rare[t]) {
-        rare_place.push_back(static_cast<int64_t>(row));
+        rare_row.push_back(static_cast<int64_t>(row));
         spellings.push_back(&s.chars[t]);
       } else {
         place[row] = static_cast<int64_t>(frequent_ids.size());
@@ -267,12 +264,9 @@ struct HandTagger::Packed {
     chars = Packing(char_lengths);
     // at::lstm returns final states in packed (sorted) order.
     for (size_t k = 0; k < chars.order.size(); ++k)
-      place[static_cast<size_t>(rare_place[chars.order[k]])] = static_cast<int64_t>(frequent_ids.size() + k);
+      place[static_cast<size_t>(rare_row[chars.order[k]])] = static_cast<int64_t>(frequent_ids.size() + k);
     char_ids.resize(static_cast<size_t>(chars.rows()));
-    for (size_t k = 0; k < chars.order.size(); ++k) {
-      const std::vector<int64_t>& sp = *spellings[chars.order[k]];
-      for (size_t j = 0; j < sp.size(); ++j) char_ids[static_cast<size_t>(chars.offset[j] + static_cast<int64_t>(k))] = sp[j];
-    }
+    chars.for_each([&](size_t w, size_t j, int64_t row) { char_ids[static_cast<size_t>(row)] = (*spellings[w])[j]; });
   }
 
   static std::vector<size_t> lengths(std::span<const data::Sentence* const> batch) {
