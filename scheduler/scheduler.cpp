@@ -78,10 +78,6 @@ void Scheduler::count_split_shared(const Trace& trace) {
   }
 }
 
-}  // namespace sheaf
-
-namespace sheaf {
-
 // A lone fused region with a shared input read by it only: keyed by its
 // members' ops and shapes and its shared inputs' shapes (not identities).
 void Scheduler::count_split_region(const Trace& trace, const Region& region, std::vector<int64_t>& key) {
