@@ -45,7 +45,7 @@ for step in "${steps[@]}"; do
       generator=(); keep_going=(-k)  # keep building the other targets past a failure
       command -v ninja >/dev/null && generator=(-G Ninja) && keep_going=(-k 0)
       if cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
-           -DSHEAF_HANA_INCLUDE_DIR="$hdr" -DSHEAF_CLI11_INCLUDE_DIR="$hdr" -DSHEAF_CATCH2_INCLUDE_DIR="$hdr" \
+           -DSHEAF_HANA_INCLUDE_DIR="$hdr" -DSHEAF_CLI11_INCLUDE_DIR="$hdr" -DSHEAF_CATCH2_INCLUDE_DIR="$hdr" -DSHEAF_GLOO_INCLUDE_DIR="$hdr" \
            >"$out/build.log" 2>&1 &&
          cmake --build "$build" -j"$(nproc)" -- "${keep_going[@]}" >>"$out/build.log" 2>&1; then
         echo "built"

@@ -9,7 +9,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake \
-  libtorch-dev libopenblas0-pthread \
+  libtorch-dev libopenblas0-pthread libgloo-dev \
   libboost-dev librange-v3-dev catch2 libcli11-dev \
   gnuplot-nox > /dev/null
 echo "dependencies installed"

@@ -1,0 +1,409 @@
+#include "data_parallel.h"
+
+#include <c10/core/GradMode.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sparse_coo_tensor.h>
+#include <ATen/ops/zeros.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <sheaf/core/error.h>
+
+#include "store.h"
+
+namespace sheaf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+// Each rank's heartbeat and phase live in the store, so that when a collective
+// fails the survivors can tell a dead worker from a hung one.
+constexpr auto kBeat = std::chrono::milliseconds(300);
+
+std::string signature_of(std::span<const at::Tensor> params, const std::vector<bool>& sparse) {
+  std::ostringstream os;
+  os << params.size() << " parameters";
+  for (size_t i = 0; i < params.size(); ++i)
+    os << "\n  " << i << ": " << params[i].sizes() << " " << params[i].dtype() << (sparse[i] ? " sparse" : "");
+  return os.str();
+}
+
+std::string as_string(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+std::vector<uint8_t> as_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+}  // namespace
+
+struct DataParallel::Impl {
+  Rendezvous where;
+  DataParallelOptions o;
+  std::vector<at::Tensor> params;
+  std::vector<bool> sparse;
+  std::vector<detail::Bucket> buckets;
+  std::vector<size_t> bucket_of;   // per parameter
+  std::vector<int64_t> offset_of;  // per dense parameter: elements into its bucket's flat tensor
+
+  struct Live {
+    std::vector<at::Tensor> tensors;  // what the collective reduces (one tensor)
+    size_t missing = 0;               // gradients not yet arrived this step
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::vector<Live> live;
+  std::vector<at::Tensor> flats;      // per dense bucket, kept between steps
+  std::vector<bool> got;
+  std::vector<at::Tensor> sparse_grads;
+  size_t next_launch = 0;
+  bool armed = false;
+  std::mutex mu;  // hooks may run on autograd's device threads
+
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  std::vector<unsigned> hooks;
+  int64_t step = 0;
+  DataParallelStats stats;
+
+  std::thread beat;
+  std::mutex beat_mu;
+  std::condition_variable beat_cv;
+  bool stopping = false;
+
+  std::string who() const { return "sheaf::DataParallel (" + where.describe() + ")"; }
+  std::string key(const char* what, int r) const { return detail::cat("sheaf/", what, "/", r); }
+  void put(const char* what, int64_t value) { store->set(key(what, where.rank), as_bytes(std::to_string(value))); }
+  std::vector<int64_t> read_all(const char* what) {
+    std::vector<int64_t> out;
+    for (int r = 0; r < where.world_size; ++r) out.push_back(std::stoll(as_string(store->get(key(what, r)))));
+    return out;
+  }
+
+  void join() {
+    store = detail::open_store(where, o.timeout);
+    put("beat", 0);
+    put("phase", 0);
+    beat = std::thread([this] {
+      int64_t n = 0;
+      std::unique_lock lock(beat_mu);
+      while (!beat_cv.wait_for(lock, kBeat, [this] { return stopping; })) {
+        try {
+          put("beat", ++n);
+        } catch (const std::exception&) {
+          return;  // the store is gone: the main thread finds out at its next collective
+        }
+      }
+    });
+    check_same_model();
+    try {
+      auto options = c10d::ProcessGroupGloo::Options::create();
+      options->timeout = o.timeout;
+      options->devices.push_back(gloo_device());
+      pg = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store),
+                                                       where.rank, where.world_size, options);
+    } catch (const std::exception& e) {
+      throw DistributedError(who() + ": Gloo could not connect the workers: " + e.what());
+    }
+  }
+
+  // GLOO_SOCKET_IFNAME names the interface, as in PyTorch; a world on one
+  // machine (a file store, or a loopback MASTER_ADDR) stays on loopback;
+  // otherwise Gloo picks the address this host's name resolves to.
+  std::shared_ptr<::gloo::transport::Device> gloo_device() const {
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != 0)
+      return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+    const std::string& a = where.master_addr;
+    if (!where.file.empty() || a == "localhost" || a.starts_with("127.") || a == "::1")
+      return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+    return c10d::ProcessGroupGloo::createDefaultDevice();
+  }
+
+  // Every rank publishes its parameter list and compares it with everyone's,
+  // so that all of them stop with the same message.
+  void check_same_model() {
+    const std::string mine = signature_of(params, sparse);
+    store->set(key("model", where.rank), as_bytes(mine));
+    std::vector<std::string> theirs;
+    for (int r = 0; r < where.world_size; ++r) theirs.push_back(as_string(store->get(key("model", r))));
+    // Rank 0 serves the store: it stays until every rank has read every model.
+    const std::string read = "sheaf/models-read";
+    store->add(read, 1);
+    const auto deadline = Clock::now() + o.timeout;
+    while (where.rank == 0 && store->add(read, 0) < where.world_size && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    for (int r = 0; r < where.world_size; ++r)
+      if (theirs[static_cast<size_t>(r)] != mine)
+        throw UserError(detail::cat(who(), ": the workers' models differ (were they all started with the same "
+                                    "flags, e.g. --hidden?)\nrank ", r, " has ", theirs[static_cast<size_t>(r)],
+                                    "\nrank ", where.rank, " (this one) has ", mine));
+  }
+
+  void plan() {
+    std::vector<int64_t> bytes;
+    std::vector<bool> flags(params.size(), false);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& p = params[i];
+      if (!p.defined() || !p.requires_grad() || !p.is_leaf())
+        throw UserError(detail::cat(who(), ": parameter ", i, " is not a leaf tensor that requires a gradient"));
+      for (const at::Tensor& s : o.sparse) flags[i] = flags[i] || s.is_same(p);
+      bytes.push_back(static_cast<int64_t>(p.numel() * p.element_size()));
+    }
+    for (const at::Tensor& s : o.sparse)
+      if (std::none_of(params.begin(), params.end(), [&](const at::Tensor& p) { return s.is_same(p); }))
+        throw UserError(who() + ": a tensor in DataParallelOptions::sparse is not one of the parameters");
+    sparse = flags;
+    buckets = detail::plan_buckets(bytes, sparse, static_cast<int64_t>(o.bucket_mb * (1 << 20)));
+    bucket_of.assign(params.size(), 0);
+    offset_of.assign(params.size(), 0);
+    live.resize(buckets.size());
+    flats.resize(buckets.size());
+    sparse_grads.resize(params.size());
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      int64_t n = 0;
+      for (size_t i : buckets[k].params) {
+        bucket_of[i] = k;
+        offset_of[i] = n;
+        n += params[i].numel();
+        if (!buckets[k].sparse && params[i].options().dtype() != params[buckets[k].params[0]].options().dtype())
+          throw UserError(detail::cat(who(), ": parameters ", buckets[k].params[0], " and ", i,
+                                      " share a gradient bucket but differ in type (bucket_mb smaller than either "
+                                      "keeps them apart)"));
+      }
+      if (!buckets[k].sparse) flats[k] = at::empty({n}, params[buckets[k].params[0]].options());
+    }
+  }
+
+  void on_grad(size_t i, const at::Tensor& grad) {
+    std::lock_guard lock(mu);
+    if (!armed) return;
+    const size_t k = bucket_of[i];
+    if (sparse[i]) {
+      if (!grad.is_sparse())
+        throw UserError(detail::cat(who(), ": parameter ", i, " is listed in DataParallelOptions::sparse but got a "
+                                    "dense gradient (a lookup without sparse gradients?)"));
+      sparse_grads[i] = sparse_grads[i].defined() ? sparse_grads[i] + grad : grad;
+    } else {
+      if (grad.is_sparse())
+        throw UserError(detail::cat(who(), ": parameter ", i, " ", params[i].sizes(), " got a sparse gradient: "
+                                    "list it in DataParallelOptions::sparse"));
+      at::Tensor slot = flats[k].narrow(0, offset_of[i], params[i].numel());
+      if (got[i]) slot.add_(grad.reshape(-1));
+      else slot.copy_(grad.reshape(-1));
+    }
+    if (!got[i]) {
+      got[i] = true;
+      --live[k].missing;
+    }
+    if (o.overlap) launch_ready(true);
+  }
+
+  // Buckets go out strictly in order: a collective is matched across ranks by
+  // its position in the sequence.
+  void launch_ready(bool in_backward) {
+    while (next_launch < buckets.size() && live[next_launch].missing == 0) launch(next_launch++, in_backward);
+  }
+
+  void launch(size_t k, bool in_backward) {
+    const detail::Bucket& b = buckets[k];
+    Live& l = live[k];
+    c10::NoGradGuard no_grad;
+    if (!b.sparse) {
+      for (size_t i : b.params)
+        if (!got[i]) flats[k].narrow(0, offset_of[i], params[i].numel()).zero_();
+      l.tensors = {flats[k]};
+    } else {
+      const size_t i = b.params[0];
+      const at::Tensor& p = params[i];
+      at::Tensor g = sparse_grads[i];
+      if (!g.defined()) {  // no rows from this rank
+        std::vector<int64_t> rows(p.sizes().begin(), p.sizes().end());
+        rows[0] = 0;
+        g = at::sparse_coo_tensor(at::empty({1, 0}, p.options().dtype(at::kLong)), at::empty(rows, p.options()),
+                                  p.sizes());
+      }
+      g = g.coalesce();
+      sparse_grads[i] = at::Tensor();
+      l.tensors = {o.sparse_mode == DataParallelOptions::Sparse::densify ? g.to_dense() : g};
+    }
+    stats.bytes += l.tensors[0].is_sparse()
+                       ? (l.tensors[0]._indices().numel() * 8 + l.tensors[0]._values().numel() *
+                                                                    l.tensors[0].element_size())
+                       : l.tensors[0].numel() * l.tensors[0].element_size();
+    ++stats.collectives;
+    stats.launched_in_backward += in_backward;
+    try {
+      l.work = pg->allreduce(l.tensors);
+    } catch (const std::exception& e) {
+      fail("launching a gradient allreduce", e);
+    }
+  }
+
+  void backward(const at::Tensor& loss) {
+    ++stats.steps;
+    const auto t0 = Clock::now();
+    const bool runs = loss.defined() && loss.requires_grad();
+    if (where.world_size == 1) {
+      if (runs) loss.backward();
+      stats.backward_ms += ms_since(t0);
+      return;
+    }
+    ++step;
+    put("phase", 2 * step);
+    {
+      std::lock_guard lock(mu);
+      got.assign(params.size(), false);
+      for (size_t k = 0; k < buckets.size(); ++k) live[k].missing = buckets[k].params.size();
+      next_launch = 0;
+      armed = true;
+    }
+    try {
+      if (runs) loss.backward();
+    } catch (...) {
+      std::lock_guard lock(mu);
+      armed = false;
+      throw;
+    }
+    stats.backward_ms += ms_since(t0);
+    const auto t1 = Clock::now();
+    put("phase", 2 * step + 1);
+    {
+      std::lock_guard lock(mu);
+      armed = false;
+      for (auto& l : live) l.missing = 0;  // whatever did not arrive is zero
+      launch_ready(false);
+    }
+    c10::NoGradGuard no_grad;
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      try {
+        live[k].work->wait();
+      } catch (const std::exception& e) {
+        fail("a gradient allreduce", e);
+      }
+      write_back(k);
+    }
+    stats.wait_ms += ms_since(t1);
+  }
+
+  void write_back(size_t k) {
+    const detail::Bucket& b = buckets[k];
+    // Gloo's sparse allreduce returns a new tensor; a dense one sums in place.
+    at::Tensor reduced = b.sparse && live[k].tensors[0].is_sparse() ? live[k].work->result()[0] : live[k].tensors[0];
+    live[k].work.reset();
+    if (o.average) reduced = reduced / static_cast<double>(where.world_size);
+    for (size_t i : b.params) {
+      at::Tensor& grad = params[i].mutable_grad();
+      at::Tensor value = b.sparse ? reduced : reduced.narrow(0, offset_of[i], params[i].numel()).view(params[i].sizes());
+      if (!b.sparse && grad.defined() && !grad.is_sparse() && grad.sizes() == params[i].sizes()) grad.copy_(value);
+      else grad = b.sparse ? value : value.clone();
+    }
+  }
+
+  // Names the rank that stopped (its heartbeat ended) or that is behind (it
+  // has not reached this step's phase), when the store can still tell.
+  [[noreturn]] void fail(const char* what, const std::exception& e) {
+    std::string cause;
+    try {
+      const std::vector<int64_t> beat0 = read_all("beat"), phase = read_all("phase");
+      std::this_thread::sleep_for(4 * kBeat);
+      const std::vector<int64_t> beat1 = read_all("beat");
+      const int64_t mine = phase[static_cast<size_t>(where.rank)];
+      for (int r = 0; r < where.world_size; ++r) {
+        const size_t ri = static_cast<size_t>(r);
+        if (r == where.rank) continue;
+        if (beat1[ri] == beat0[ri])
+          cause += detail::cat("; rank ", r, " stopped (no heartbeat: the process died or was killed) during step ",
+                               (phase[ri] + 1) / 2);
+        else if (phase[ri] < mine)
+          cause += detail::cat("; rank ", r, " is alive but ",
+                               phase[ri] % 2 == 0 ? "still in step " + std::to_string(phase[ri] / 2) + "'s backward"
+                                                  : "has not started step " + std::to_string(step),
+                               " (hung, or slower than the timeout of ",
+                               std::chrono::duration<double>(o.timeout).count(), " s)");
+      }
+      if (cause.empty()) cause = "; every rank is alive and reached this step";
+    } catch (const std::exception&) {
+      cause = where.rank == 0 ? "; the rendezvous store does not answer"
+                              : "; rank 0 stopped (its rendezvous store does not answer: the process died or was "
+                                "killed)";
+    }
+    throw DistributedError(detail::cat(who(), ": ", what, " failed in step ", step, cause.substr(1), " [", e.what(),
+                                       "]"));
+  }
+
+  void broadcast(std::span<const at::Tensor> tensors) {
+    if (where.world_size == 1) return;
+    c10::NoGradGuard no_grad;
+    for (const at::Tensor& t : tensors) {
+      std::vector<at::Tensor> one{t.is_contiguous() ? t : t.contiguous()};
+      try {
+        pg->broadcast(one)->wait();
+      } catch (const std::exception& e) {
+        fail("a broadcast", e);
+      }
+      if (!one[0].is_same(t)) at::Tensor(t).copy_(one[0]);
+    }
+  }
+
+  ~Impl() {
+    for (size_t i = 0; i < hooks.size(); ++i) params[i].remove_hook(hooks[i]);
+    if (pg && std::uncaught_exceptions() == 0) {
+      // The store's server is rank 0: it stays until every rank is done with it.
+      try {
+        pg->barrier()->wait();
+      } catch (const std::exception&) {
+      }
+    }
+    {
+      std::lock_guard lock(beat_mu);
+      stopping = true;
+    }
+    beat_cv.notify_all();
+    if (beat.joinable()) beat.join();
+  }
+};
+
+DataParallel::DataParallel(std::vector<at::Tensor> params, const Rendezvous& where, DataParallelOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.where = where;
+  m.o = std::move(options);
+  m.params = std::move(params);
+  if (m.o.bucket_mb <= 0) throw UserError(m.who() + ": bucket_mb must be positive");
+  m.plan();
+  if (where.world_size == 1) return;
+  m.join();
+  m.broadcast(m.params);
+  for (size_t i = 0; i < m.params.size(); ++i)
+    m.hooks.push_back(m.params[i].register_hook([&m, i](const at::Tensor& grad) { m.on_grad(i, grad); }));
+}
+
+DataParallel::~DataParallel() = default;
+
+int DataParallel::rank() const { return impl_->where.rank; }
+int DataParallel::world_size() const { return impl_->where.world_size; }
+
+std::vector<size_t> DataParallel::shard(std::span<const double> work) const {
+  return balanced_shards(work, world_size())[static_cast<size_t>(rank())];
+}
+
+void DataParallel::backward(const at::Tensor& loss) { impl_->backward(loss); }
+void DataParallel::broadcast(std::span<const at::Tensor> tensors) { impl_->broadcast(tensors); }
+void DataParallel::barrier() {
+  if (world_size() == 1) return;
+  try {
+    impl_->pg->barrier()->wait();
+  } catch (const std::exception& e) {
+    impl_->fail("a barrier", e);
+  }
+}
+const DataParallelStats& DataParallel::stats() const { return impl_->stats; }
+void DataParallel::reset_stats() { impl_->stats = {}; }
+
+}  // namespace sheaf

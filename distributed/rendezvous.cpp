@@ -1,0 +1,109 @@
+#include "rendezvous.h"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <charconv>
+#include <cstdlib>
+#include <optional>
+
+#include <sheaf/core/error.h>
+
+#include "store.h"
+
+namespace sheaf {
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+
+int env_int(const char* name, int min, int max, std::optional<int> fallback = std::nullopt) {
+  const std::optional<std::string> text = env(name);
+  if (!text) {
+    if (fallback) return *fallback;
+    throw UserError(detail::cat("sheaf::Rendezvous: ", name, " is not set (scripts/launch.sh and torchrun set RANK, "
+                                "WORLD_SIZE, MASTER_ADDR and MASTER_PORT)"));
+  }
+  int value = 0;
+  const char* end = text->data() + text->size();
+  const auto [ptr, ec] = std::from_chars(text->data(), end, value);
+  if (ec != std::errc() || ptr != end || value < min || value > max)
+    throw UserError(detail::cat("sheaf::Rendezvous: ", name, "='", *text, "' is not an integer from ", min, " to ",
+                                max));
+  return value;
+}
+
+void check(const Rendezvous& r) {
+  if (r.world_size < 1) throw UserError(detail::cat("sheaf::Rendezvous: world size ", r.world_size, " (needs >= 1)"));
+  if (r.rank < 0 || r.rank >= r.world_size)
+    throw UserError(detail::cat("sheaf::Rendezvous: rank ", r.rank, " is not in 0..", r.world_size - 1));
+}
+
+}  // namespace
+
+Rendezvous Rendezvous::from_env() {
+  Rendezvous r;
+  if (!env("WORLD_SIZE")) return r;
+  r.world_size = env_int("WORLD_SIZE", 1, 1 << 20);
+  r.rank = env_int("RANK", 0, r.world_size - 1, r.world_size == 1 ? std::optional(0) : std::nullopt);
+  r.local_rank = env_int("LOCAL_RANK", 0, 1 << 20, r.rank);
+  if (r.world_size > 1) {
+    r.master_addr = env("MASTER_ADDR").value_or("");
+    if (r.master_addr.empty()) throw UserError("sheaf::Rendezvous: MASTER_ADDR is not set (rank 0's host name or address)");
+    r.master_port = env_int("MASTER_PORT", 1, 65535);
+  }
+  return r;
+}
+
+Rendezvous Rendezvous::file_store(std::string path, int rank, int world_size) {
+  Rendezvous r;
+  r.rank = r.local_rank = rank;
+  r.world_size = world_size;
+  r.file = std::move(path);
+  check(r);
+  return r;
+}
+
+std::string Rendezvous::describe() const {
+  std::string via = !file.empty() ? "file " + file : master_addr + ":" + std::to_string(master_port);
+  return detail::cat("rank ", rank, " of ", world_size, " via ", via);
+}
+
+namespace detail {
+
+c10::intrusive_ptr<c10d::Store> open_store(const Rendezvous& where, std::chrono::milliseconds timeout) {
+  check(where);
+  const double seconds = std::chrono::duration<double>(timeout).count();
+  if (!where.file.empty()) {
+    try {
+      auto store = c10::make_intrusive<c10d::FileStore>(where.file, where.world_size);
+      store->setTimeout(timeout);
+      return store;
+    } catch (const std::exception& e) {
+      throw UserError(cat("sheaf::DataParallel (", where.describe(), "): cannot use the rendezvous file: ", e.what()));
+    }
+  }
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(where.master_port);
+  o.isServer = where.rank == 0;
+  o.numWorkers = where.world_size;
+  o.waitWorkers = true;
+  o.timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(where.master_addr, o);
+  } catch (const std::exception& e) {
+    const std::string hint =
+        where.rank == 0 ? cat("rank 0 could not listen on port ", where.master_port,
+                              " or not every worker arrived within ", seconds, " s (port in use? all ",
+                              where.world_size, " workers started with the same MASTER_ADDR/MASTER_PORT?)")
+                        : cat("could not reach rank 0 at ", where.master_addr, ":", where.master_port, " within ",
+                              seconds, " s (is rank 0 running? are MASTER_ADDR and MASTER_PORT rank 0's?)");
+    throw UserError(cat("sheaf::DataParallel (", where.describe(), "): ", hint, ": ", e.what()));
+  }
+}
+
+}  // namespace detail
+}  // namespace sheaf

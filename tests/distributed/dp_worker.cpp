@@ -1,0 +1,138 @@
+// One data-parallel worker for the tests (tests/distributed/test_data_parallel.cpp
+// and ctest's launch-two-workers): trains a small TreeLSTM for a few steps with
+// sheaf::DataParallel, rendezvous from the environment (RANK, WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT), then checks its parameters against ONE worker
+// training on the whole batches in this same process. Exit status: 0 equal,
+// 1 different, 2 a UserError, 3 a DistributedError, 4 anything else.
+//
+//   sheaf-dp-worker [--steps N] [--batch N] [--hidden N] [--sparse gather|densify|none]
+//                   [--bucket-mb X] [--no-overlap] [--timeout-ms N]
+//                   [--die-at STEP] [--hang-at STEP] (this rank only: set them per rank)
+#include <c10/core/GradMode.h>
+#include <ATen/ATen.h>
+#include <torch/optim/sgd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <unistd.h>
+
+#include <data/trees.h>
+#include <sheaf/sheaf.h>
+#include <tree_lstm/model.h>
+
+using namespace sheaf;
+
+namespace {
+
+struct Args {
+  int steps = 3, batch = 8, hidden = 16, die_at = -1, hang_at = -1, timeout_ms = 20000;
+  double bucket_mb = 0.01;  // small: several buckets, launched during backward
+  bool overlap = true;
+  std::string sparse = "gather";
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw UserError(k + " needs a value");
+      return argv[++i];
+    };
+    if (k == "--steps") a.steps = std::stoi(next());
+    else if (k == "--batch") a.batch = std::stoi(next());
+    else if (k == "--hidden") a.hidden = std::stoi(next());
+    else if (k == "--sparse") a.sparse = next();
+    else if (k == "--bucket-mb") a.bucket_mb = std::stod(next());
+    else if (k == "--no-overlap") a.overlap = false;
+    else if (k == "--timeout-ms") a.timeout_ms = std::stoi(next());
+    else if (k == "--die-at") a.die_at = std::stoi(next());
+    else if (k == "--hang-at") a.hang_at = std::stoi(next());
+    else throw UserError("unknown option " + k);
+  }
+  if (a.sparse != "gather" && a.sparse != "densify" && a.sparse != "none") throw UserError("--sparse: " + a.sparse);
+  return a;
+}
+
+using Batch = std::vector<const data::Tree*>;
+
+// `steps` updates; with dp, each on this rank's shard of the batch.
+void train(const Args& a, models::TreeLSTM& m, const std::vector<data::Tree>& trees, DataParallel* dp) {
+  // Plain SGD: the parameters differ by lr x the gradients' difference. (Adagrad's
+  // first step is about lr x sign(g), which turns rounding in gradients near zero
+  // into differences of ~1e-5 between ANY two summation orders.)
+  torch::optim::SGD opt(m.parameters(), torch::optim::SGDOptions(0.5));
+  Graph g;
+  for (int s = 0; s < a.steps; ++s) {
+    Batch batch, mine;
+    std::vector<double> work;
+    for (int i = 0; i < a.batch; ++i) {
+      batch.push_back(&trees[static_cast<size_t>(s * a.batch + i)]);
+      work.push_back(batch.back()->size());
+    }
+    if (dp == nullptr) mine = batch;
+    else
+      for (size_t i : dp->shard(work)) mine.push_back(batch[i]);
+    g.clear();
+    at::Tensor loss;
+    if (!mine.empty()) {
+      Expr total = m.sheaf_batch_loss(g, mine);
+      g.forward(total);
+      loss = total.value() / static_cast<double>(batch.size());
+    }
+    if (dp != nullptr && s == a.die_at) _exit(9);
+    if (dp != nullptr && s == a.hang_at) std::this_thread::sleep_for(std::chrono::hours(1));
+    opt.zero_grad();
+    if (dp != nullptr) dp->backward(loss);
+    else loss.backward();
+    opt.step();
+  }
+}
+
+int run(const Args& a) {
+  const Rendezvous where = Rendezvous::from_env();
+  const std::vector<data::Tree> trees =
+      data::synthetic_trees({.count = a.steps * a.batch, .max_words = 12, .vocab_size = 200, .seed = 3});
+  const models::TreeLSTMOptions mo{.vocab = 200, .hidden = a.hidden, .sparse_embedding_grad = a.sparse != "none"};
+  // Different seeds per rank: DataParallel must broadcast rank 0's values.
+  models::TreeLSTM model(mo, 1 + static_cast<uint64_t>(where.rank));
+  DataParallelOptions o{.timeout = std::chrono::milliseconds(a.timeout_ms), .bucket_mb = a.bucket_mb,
+                        .overlap = a.overlap};
+  if (a.sparse != "none") o.sparse = {model.E};
+  o.sparse_mode = a.sparse == "densify" ? DataParallelOptions::Sparse::densify : DataParallelOptions::Sparse::gather;
+  DataParallel dp(model.parameters(), where, o);
+  train(a, model, trees, &dp);
+
+  models::TreeLSTM alone(mo, 1);
+  train(a, alone, trees, nullptr);
+  double diff = 0;
+  for (size_t i = 0; i < alone.parameters().size(); ++i)
+    diff = std::max(diff, (model.parameters()[i] - alone.parameters()[i]).abs().max().item<double>());
+  const DataParallelStats& st = dp.stats();
+  std::printf("rank %d of %d: max |data-parallel - one worker| = %.3g after %d steps; %lld collectives (%lld during "
+              "backward), %lld bytes\n",
+              dp.rank(), dp.world_size(), diff, a.steps, static_cast<long long>(st.collectives),
+              static_cast<long long>(st.launched_in_backward), static_cast<long long>(st.bytes));
+  return diff <= 1e-5 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    set_threads(1);
+    return run(parse(argc, argv));
+  } catch (const UserError& e) {
+    std::fprintf(stderr, "user error: %s\n", e.what());
+    return 2;
+  } catch (const DistributedError& e) {
+    std::fprintf(stderr, "distributed error: %s\n", e.what());
+    return 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 4;
+  }
+}

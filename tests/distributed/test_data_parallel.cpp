@@ -1,0 +1,273 @@
+// sheaf::DataParallel: the pure planning (shards, buckets), and real workers:
+// sheaf-dp-worker processes on loopback, each checking itself against one
+// worker on the whole batches, and the failures a user meets (a worker that
+// dies or hangs, different models, nobody at the address).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sheaf/core/error.h>
+#include <sheaf/distributed/data_parallel.h>
+
+// After LibTorch's headers: glog's CHECK would replace Catch's.
+#include <catch2/catch.hpp>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+// A port nobody listens on now (the kernel's pick; free again once closed).
+int free_port() {
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t n = sizeof a;
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &n);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+struct Exit {
+  int status = -1;  // exit status, or -1 if killed at the deadline
+  std::string out;  // stdout and stderr
+};
+
+// Starts one worker per entry of `args` with RANK/WORLD_SIZE/MASTER_* set (plus
+// `env`), waits until the ranks in `awaited` (default: all) have exited or
+// `deadline` has passed, and kills what is left.
+std::vector<Exit> run_workers(const std::vector<std::vector<std::string>>& args,
+                              std::map<std::string, std::string> env = {}, std::chrono::seconds deadline = 120s,
+                              std::vector<size_t> awaited = {}) {
+  const int world = static_cast<int>(args.size());
+  const fs::path dir = fs::temp_directory_path() / ("sheaf-dp-" + std::to_string(getpid()) + "-" +
+                                                    std::to_string(free_port()));
+  fs::create_directories(dir);
+  if (!env.count("MASTER_ADDR")) env["MASTER_ADDR"] = "127.0.0.1";
+  if (!env.count("MASTER_PORT")) env["MASTER_PORT"] = std::to_string(free_port());
+  if (!env.count("WORLD_SIZE")) env["WORLD_SIZE"] = std::to_string(world);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    std::map<std::string, std::string> e = env;
+    if (!e.count("RANK")) e["RANK"] = std::to_string(r);
+    std::vector<std::string> vars;
+    for (char** p = environ; *p != nullptr; ++p) {
+      const std::string v = *p;
+      if (!e.count(v.substr(0, v.find('=')))) vars.push_back(v);
+    }
+    for (const auto& [k, v] : e) vars.push_back(k + "=" + v);
+    std::vector<std::string> argv{SHEAF_DP_WORKER};
+    argv.insert(argv.end(), args[static_cast<size_t>(r)].begin(), args[static_cast<size_t>(r)].end());
+    std::vector<char*> cargv, cenv;
+    for (auto& s : argv) cargv.push_back(s.data());
+    for (auto& s : vars) cenv.push_back(s.data());
+    cargv.push_back(nullptr);
+    cenv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    const std::string log = (dir / (std::to_string(r) + ".log")).string();
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid = 0;
+    REQUIRE(posix_spawn(&pid, cargv[0], &fa, nullptr, cargv.data(), cenv.data()) == 0);
+    posix_spawn_file_actions_destroy(&fa);
+    pids.push_back(pid);
+  }
+  std::vector<Exit> out(static_cast<size_t>(world));
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  if (awaited.empty())
+    for (size_t r = 0; r < pids.size(); ++r) awaited.push_back(r);
+  auto waiting = [&] { return std::any_of(awaited.begin(), awaited.end(), [&](size_t r) { return pids[r] > 0; }); };
+  while (waiting() && std::chrono::steady_clock::now() < end) {
+    for (size_t r = 0; r < pids.size(); ++r) {
+      int status = 0;
+      if (pids[r] > 0 && waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        out[r].status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        pids[r] = 0;
+      }
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  for (pid_t p : pids)
+    if (p > 0) {
+      kill(p, SIGKILL);
+      waitpid(p, nullptr, 0);
+    }
+  for (size_t r = 0; r < out.size(); ++r) {
+    std::ifstream f(dir / (std::to_string(r) + ".log"));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    out[r].out = ss.str();
+  }
+  fs::remove_all(dir);
+  return out;
+}
+
+double seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+TEST_CASE("balanced_shards splits work evenly, deterministically, each example once", "[distributed]") {
+  const std::vector<double> work{9, 1, 1, 1, 5, 4, 3, 2, 8, 6};
+  for (int world : {1, 2, 3, 4, 16}) {
+    const auto shards = sheaf::balanced_shards(work, world);
+    REQUIRE(shards.size() == static_cast<size_t>(world));
+    std::vector<int> seen(work.size(), 0);
+    double most = 0;
+    for (const auto& s : shards) {
+      CHECK(std::is_sorted(s.begin(), s.end()));
+      double load = 0;
+      for (size_t i : s) ++seen[i], load += work[i];
+      most = std::max(most, load);
+    }
+    CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+    const double total = std::accumulate(work.begin(), work.end(), 0.0);
+    // Greedy largest-first is within 4/3 of the best split (and of its lower bounds).
+    CHECK(most <= std::max(total / world, 9.0) * 4 / 3 + 1e-9);
+    CHECK(shards == sheaf::balanced_shards(work, world));
+  }
+  CHECK(sheaf::balanced_shards(work, 2)[0] != sheaf::balanced_shards(work, 2)[1]);
+  CHECK_THROWS_AS(sheaf::balanced_shards(work, 0), sheaf::UserError);
+}
+
+TEST_CASE("plan_buckets: reverse order, capped, sparse gradients alone", "[distributed]") {
+  const std::vector<int64_t> bytes{400, 100, 100, 300, 50};
+  const auto b = sheaf::detail::plan_buckets(bytes, {true, false, false, false, false}, 350);
+  REQUIRE(b.size() == 3);
+  CHECK(b[0].params == std::vector<size_t>({4, 3}));  // 50 + 300
+  CHECK(b[1].params == std::vector<size_t>({2, 1}));
+  CHECK(!b[1].sparse);
+  CHECK(b[2].params == std::vector<size_t>({0}));
+  CHECK(b[2].sparse);
+  // A parameter larger than the cap still gets a bucket of its own.
+  CHECK(sheaf::detail::plan_buckets(bytes, std::vector<bool>(5, false), 10).size() == 5);
+}
+
+TEST_CASE("Rendezvous reads torchrun's variables, and names a bad one", "[distributed]") {
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("RANK", "1", 1);
+  setenv("MASTER_ADDR", "10.0.0.7", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  unsetenv("LOCAL_RANK");
+  const sheaf::Rendezvous r = sheaf::Rendezvous::from_env();
+  CHECK(r.rank == 1);
+  CHECK(r.world_size == 2);
+  CHECK(r.local_rank == 1);
+  CHECK(r.master_addr == "10.0.0.7");
+  CHECK(r.master_port == 29500);
+  setenv("RANK", "2", 1);
+  CHECK_THROWS_WITH(sheaf::Rendezvous::from_env(), Catch::Contains("RANK='2'"));
+  setenv("RANK", "0", 1);
+  setenv("MASTER_PORT", "http", 1);
+  CHECK_THROWS_WITH(sheaf::Rendezvous::from_env(), Catch::Contains("MASTER_PORT='http'"));
+  unsetenv("MASTER_PORT");
+  CHECK_THROWS_WITH(sheaf::Rendezvous::from_env(), Catch::Contains("MASTER_PORT is not set"));
+  for (const char* v : {"WORLD_SIZE", "RANK", "MASTER_ADDR"}) unsetenv(v);
+  CHECK(sheaf::Rendezvous::from_env().world_size == 1);
+}
+
+TEST_CASE("two workers on half batches equal one worker on the whole batches", "[distributed]") {
+  for (const std::string sparse : {"none", "gather", "densify"}) {
+    for (const bool overlap : {true, false}) {
+      std::vector<std::string> a{"--steps", "3", "--sparse", sparse};
+      if (!overlap) a.push_back("--no-overlap");
+      INFO("--sparse " << sparse << (overlap ? "" : " --no-overlap"));
+      const auto out = run_workers({a, a});
+      for (const Exit& e : out) {
+        INFO(e.out);
+        CHECK(e.status == 0);
+        CHECK_THAT(e.out, Catch::Contains("max |data-parallel - one worker|"));
+      }
+      if (overlap) CHECK_THAT(out[0].out, !Catch::Contains("(0 during backward)"));
+    }
+  }
+}
+
+TEST_CASE("three workers, batches that leave one of them without examples", "[distributed]") {
+  const std::vector<std::string> a{"--steps", "2", "--batch", "2"};
+  for (const Exit& e : run_workers({a, a, a})) {
+    INFO(e.out);
+    CHECK(e.status == 0);
+  }
+}
+
+TEST_CASE("a worker that dies or hangs stops the others with an error naming it", "[distributed]") {
+  const std::vector<std::string> base{"--steps", "4", "--timeout-ms", "3000"};
+  SECTION("dies") {
+    std::vector<std::string> dying = base;
+    dying.insert(dying.end(), {"--die-at", "2"});
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto out = run_workers({base, dying}, {}, 60s);
+    INFO(out[0].out);
+    CHECK(out[1].status == 9);
+    CHECK(out[0].status == 3);
+    CHECK_THAT(out[0].out, Catch::Contains("rank 1 stopped"));
+    CHECK(seconds(t0) < 30);
+  }
+  SECTION("hangs") {
+    std::vector<std::string> hanging = base;
+    hanging.insert(hanging.end(), {"--hang-at", "2"});
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto out = run_workers({base, hanging}, {}, 30s, {0});
+    INFO(out[0].out);
+    CHECK(out[0].status == 3);
+    CHECK_THAT(out[0].out, Catch::Contains("rank 1 is alive but has not started step 3"));
+    CHECK(seconds(t0) < 25);
+  }
+  SECTION("rank 0, which serves the store, dies") {
+    std::vector<std::string> dying = base;
+    dying.insert(dying.end(), {"--die-at", "1"});
+    const auto out = run_workers({dying, base}, {}, 60s);
+    INFO(out[1].out);
+    CHECK(out[1].status == 3);
+    CHECK_THAT(out[1].out, Catch::Contains("rank 0 stopped"));
+  }
+}
+
+TEST_CASE("workers with different models stop at the start, saying so", "[distributed]") {
+  const auto out = run_workers({{"--hidden", "16"}, {"--hidden", "24"}}, {}, 60s);
+  for (const Exit& e : out) {
+    INFO(e.out);
+    CHECK(e.status == 2);
+    CHECK_THAT(e.out, Catch::Contains("the workers' models differ"));
+    CHECK_THAT(e.out, Catch::Contains("--hidden"));
+  }
+}
+
+TEST_CASE("nobody at the address: a clear error within the timeout", "[distributed]") {
+  // Rank 1 alone: rank 0 never starts.
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto out = run_workers({{"--timeout-ms", "2000"}}, {{"WORLD_SIZE", "2"}, {"RANK", "1"}}, 60s);
+  INFO(out[0].out);
+  CHECK(out[0].status == 2);
+  CHECK_THAT(out[0].out, Catch::Contains("could not reach rank 0 at 127.0.0.1:"));
+  CHECK(seconds(t0) < 30);
+  const auto bad = run_workers({{"--timeout-ms", "2000"}}, {{"WORLD_SIZE", "2"}, {"RANK", "1"},
+                                                            {"MASTER_ADDR", "no-such-host.invalid"}}, 60s);
+  INFO(bad[0].out);
+  CHECK(bad[0].status == 2);
+  CHECK_THAT(bad[0].out, Catch::Contains("no-such-host.invalid"));
+}
