@@ -6,6 +6,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sparse_coo_tensor.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
@@ -35,7 +36,7 @@ std::string signature_of(std::span<const at::Tensor> params, const std::vector<b
   std::ostringstream os;
   os << params.size() << " parameters";
   for (size_t i = 0; i < params.size(); ++i)
-    os << "\n  " << i << ": " << params[i].sizes() << " " << params[i].dtype() << (sparse[i] ? " sparse" : "");
+    os << "\nparameter " << i << ": " << params[i].sizes() << " " << params[i].dtype() << (sparse[i] ? " sparse" : "");
   return os.str();
 }
 
@@ -141,8 +142,20 @@ struct DataParallel::Impl {
     for (int r = 0; r < where.world_size; ++r)
       if (theirs[static_cast<size_t>(r)] != mine)
         throw UserError(detail::cat(who(), ": the workers' models differ (were they all started with the same "
-                                    "flags, e.g. --hidden?)\nrank ", r, " has ", theirs[static_cast<size_t>(r)],
-                                    "\nrank ", where.rank, " (this one) has ", mine));
+                                    "flags, e.g. --hidden?): ", first_difference(theirs[static_cast<size_t>(r)], mine, r)));
+  }
+
+  // "rank 1 has parameter 0: [5000, 65] Float, this rank has 0: [5000, 64] Float"
+  std::string first_difference(const std::string& theirs, const std::string& mine, int r) const {
+    std::istringstream a(theirs), b(mine);
+    std::string x, y;
+    while (true) {
+      const bool more_a = static_cast<bool>(std::getline(a, x)), more_b = static_cast<bool>(std::getline(b, y));
+      if (!more_a || !more_b || x != y) {
+        return detail::cat("rank ", r, " has ", more_a ? x : "no more parameters", ", this rank has ",
+                           more_b ? y : "no more parameters");
+      }
+    }
   }
 
   void plan() {
@@ -395,6 +408,19 @@ std::vector<size_t> DataParallel::shard(std::span<const double> work) const {
 
 void DataParallel::backward(const at::Tensor& loss) { impl_->backward(loss); }
 void DataParallel::broadcast(std::span<const at::Tensor> tensors) { impl_->broadcast(tensors); }
+std::vector<double> DataParallel::sum(std::vector<double> values) {
+  if (world_size() == 1 || values.empty()) return values;
+  std::vector<at::Tensor> t{at::tensor(values, at::kDouble)};
+  try {
+    impl_->pg->allreduce(t)->wait();
+  } catch (const std::exception& e) {
+    impl_->fail("summing host values", e);
+  }
+  const auto a = t[0].accessor<double, 1>();
+  for (size_t i = 0; i < values.size(); ++i) values[i] = a[static_cast<int64_t>(i)];
+  return values;
+}
+
 void DataParallel::barrier() {
   if (world_size() == 1) return;
   try {

@@ -93,6 +93,8 @@ class DataParallel {
   // Copies rank 0's values into these tensors on every rank (e.g. optimizer
   // state after a resume). Every rank passes tensors of the same shapes.
   void broadcast(std::span<const at::Tensor> tensors);
+  // Sums a few host numbers over the ranks (e.g. an epoch's loss and counts).
+  std::vector<double> sum(std::vector<double> values);
   void barrier();
 
   const DataParallelStats& stats() const;

@@ -24,7 +24,9 @@ void train_pass(const TrainPass& p, Graph& g, torch::optim::Optimizer& opt) {
     graph->forward(total, {.strategy = p.strategy});
     const auto t0 = std::chrono::steady_clock::now();
     opt.zero_grad();
-    (total.value() / static_cast<double>(p.size(b))).backward();
+    const at::Tensor loss = total.value() / static_cast<double>(p.size(b));
+    if (p.backward) p.backward(loss);
+    else loss.backward();
     opt.step();
     if (p.after) p.after(b, total, *graph, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }

@@ -4,6 +4,7 @@
 // optimizer step.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
@@ -36,6 +37,10 @@ struct TrainPass {
   // Records batch b's summed loss on the graph it is given (as example ids 0..).
   std::function<Expr(Graph&, size_t b)> record;
   std::function<size_t(size_t b)> size;  // items in batch b (the loss is divided by it)
+  // Back-propagates the divided loss (default: loss.backward()); data-parallel
+  // training passes DataParallel::backward, whose loss may need no gradient
+  // (a worker's empty share of a small batch).
+  std::function<void(const at::Tensor& loss)> backward;
   bool prefetch = true;
   GraphOptions graph;                    // the Prefetcher's graphs
   const Strategy* strategy = nullptr;

@@ -6,11 +6,19 @@
 //   ./build/examples/tree_lstm                                  # synthetic trees, ~10 s
 //   ./build/examples/tree_lstm --data data/sst --epochs 5 --save tree_lstm.pt
 //   ./build/examples/tree_lstm --data data/sst --load tree_lstm.pt --epochs 0
+//   scripts/launch.sh 2 -- ./build/examples/tree_lstm --data data/sst  # 2 data-parallel workers
+//
+// Data-parallel: with WORLD_SIZE > 1 in the environment (scripts/launch.sh or
+// torchrun set it), each worker takes its share of every batch (balanced by
+// node count) and sheaf::DataParallel sums the gradients; rank 0 alone prints,
+// evaluates and saves. --checkpoint/--resume work with any number of workers.
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include <algorithm>
 #include <array>
@@ -43,7 +51,7 @@ using Batch = std::vector<const Tree*>;
 namespace {
 
 struct Config {
-  std::string data, save, load, optimizer = "adagrad", strategy = "auto", device = "cpu";
+  std::string data, save, load, checkpoint, resume, optimizer = "adagrad", strategy = "auto", device = "cpu";
   int64_t hidden = 150;
   int epochs = 3, batch = 25, train_trees = 0, compare_batches = 5;
   // One, not hardware_concurrency(): a TreeLSTM's ops are too small to gain from
@@ -54,6 +62,10 @@ struct Config {
   uint64_t seed = 1;
   bool root_only = false, quiet = false;
   bool prefetch = true;  // record batch i+1 on a worker thread while batch i trains
+  // Data-parallel workers (only with WORLD_SIZE > 1).
+  double dist_timeout = 120, bucket_mb = 4;
+  bool dp_overlap = true;
+  std::string dp_sparse = "gather";
 };
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -133,19 +145,36 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c, const T
 
 // Batch i+1 is recorded and scheduled on a worker thread while batch i runs
 // forward, backward and the update (sheaf::Prefetcher), unless --no-prefetch.
+// With several workers, each records its share of every batch (balanced by
+// node count; the same split on every rank) and DataParallel sums gradients.
+// Each epoch's order depends on the seed and the epoch only, so that --resume
+// continues the same sequence with any number of workers.
 void train_epoch(const Config& c, int epoch, Graph& g, const Strategy& s, const TreeLSTM& m,
-                 torch::optim::Optimizer& opt, const std::vector<Tree>& train, std::mt19937_64& rng) {
-  const std::vector<Batch> batches = models::shuffled_batches(train, static_cast<size_t>(c.batch), rng);
+                 torch::optim::Optimizer& opt, const std::vector<Tree>& train, DataParallel& dp) {
+  std::mt19937_64 rng(c.seed * 1000003 + static_cast<uint64_t>(epoch));
+  std::vector<Batch> batches = models::shuffled_batches(train, static_cast<size_t>(c.batch), rng);
+  std::vector<size_t> sizes;
+  for (Batch& b : batches) {
+    sizes.push_back(b.size());
+    if (dp.world_size() == 1) continue;
+    std::vector<double> work;
+    for (const Tree* t : b) work.push_back(t->size());
+    Batch mine;
+    for (size_t i : dp.shard(work)) mine.push_back(b[i]);
+    b = std::move(mine);
+  }
   double nodes = 0;
   for (const Tree& t : train) nodes += m.options().all_nodes ? t.size() : 1;
   double loss = 0, launches = 0, trace = 0, schedule = 0, execute = 0, backward = 0;
   size_t done = 0;
   Progress progress(!c.quiet, epoch, train.size(), "trees");
+  dp.reset_stats();
   const auto t0 = Clock::now();
   models::train_pass(
       {.batches = batches.size(),
-       .record = [&](Graph& pg, size_t b) { return m.sheaf_batch_loss(pg, batches[b]); },
-       .size = [&](size_t b) { return batches[b].size(); },
+       .record = [&](Graph& pg, size_t b) { return batches[b].empty() ? pg.zeros({}) : m.sheaf_batch_loss(pg, batches[b]); },
+       .size = [&](size_t b) { return sizes[b]; },
+       .backward = [&](const at::Tensor& l) { dp.backward(l); },
        .prefetch = c.prefetch,
        .graph = {.device = c10::Device(c.device)},
        .strategy = &s,
@@ -156,17 +185,65 @@ void train_epoch(const Config& c, int epoch, Graph& g, const Strategy& s, const 
              const Stats& st = graph.stats();
              launches += static_cast<double>(st.batches);
              trace += st.trace_ms, schedule += st.schedule_ms, execute += st.execute_ms;
-             progress.update(done += batches[b].size());
+             progress.update(done += sizes[b]);
            }},
       g, opt);
   const double seconds = seconds_since(t0), n = static_cast<double>(batches.size());
   progress.finish();
+  loss = dp.sum({loss})[0];  // every rank's share
+  if (!dp.is_root()) return;
   std::printf("epoch %d: loss %.4f per labelled node, %.0f trees/s (%.1f s)\n", epoch, loss / nodes,
               static_cast<double>(train.size()) / seconds, seconds);
   std::printf("  sheaf per batch: %.0f launches; trace %.2f ms, schedule %.2f ms%s, execute %.2f ms; "
               "backward+update %.2f ms\n",
               launches / n, trace / n, schedule / n, c.prefetch ? " (both on the prefetch thread)" : "", execute / n,
               backward / n);
+  if (dp.world_size() > 1) {
+    const DataParallelStats& st = dp.stats();
+    std::printf("  data-parallel (rank 0 of %d): per batch %.2f ms in backward, %.2f ms waiting for the summed "
+                "gradients; %.1f collectives (%.1f launched during backward), %.0f KB sent\n",
+                dp.world_size(), st.backward_ms / n, st.wait_ms / n, static_cast<double>(st.collectives) / n,
+                static_cast<double>(st.launched_in_backward) / n, static_cast<double>(st.bytes) / n / 1024);
+  }
+}
+
+// Parameters, optimizer state and the last finished epoch, in one file.
+void save_checkpoint(const std::string& path, const TreeLSTM& m, torch::optim::Optimizer& opt, int epoch) {
+  torch::serialize::OutputArchive archive;
+  const std::vector<at::Tensor> ps = m.parameters();
+  for (size_t i = 0; i < ps.size(); ++i) archive.write("param" + std::to_string(i), ps[i].detach());
+  archive.write("epoch", at::scalar_tensor(static_cast<int64_t>(epoch), at::kLong));
+  torch::serialize::OutputArchive state;
+  opt.save(state);
+  archive.write("optimizer", state);
+  archive.save_to(path);
+}
+
+// Returns the epoch the checkpoint finished.
+int load_checkpoint(const std::string& path, TreeLSTM& m, torch::optim::Optimizer& opt) {
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(path);
+  } catch (const std::exception& e) {
+    throw UserError("--resume: cannot read '" + path + "': " + e.what());
+  }
+  c10::NoGradGuard no_grad;
+  const std::vector<at::Tensor> ps = m.parameters();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    at::Tensor p;
+    if (!archive.try_read("param" + std::to_string(i), p))
+      throw UserError("--resume: '" + path + "' is not a tree_lstm checkpoint (no parameter " + std::to_string(i) + ")");
+    if (p.sizes() != ps[i].sizes())
+      throw UserError(sheaf::detail::cat("--resume: parameter ", i, " in '", path, "' has shape ", p.sizes(), ", the model has ",
+                                  ps[i].sizes(), " (different --hidden or data?)"));
+    at::Tensor(ps[i]).copy_(p);
+  }
+  at::Tensor epoch;
+  archive.read("epoch", epoch);
+  torch::serialize::InputArchive state;
+  archive.read("optimizer", state);
+  opt.load(state);
+  return static_cast<int>(epoch.item<int64_t>());
 }
 
 double median(std::vector<double> v) {
@@ -256,8 +333,11 @@ CLI::Validator at_least(double min, const std::string& what) {
 }
 const CLI::Validator kPositive = at_least(1, "a positive integer"), kNonNegative = at_least(0, "a count >= 0");
 
-int run(const Config& c) {
+int run(Config c) {
   const Strategy& strategy = strategy_named(c.strategy);  // fail on a bad name before loading anything
+  const Rendezvous where = Rendezvous::from_env();
+  const bool root = where.rank == 0;
+  if (!root) c.quiet = true;
   set_threads(c.threads);
   if (!c.quiet) std::printf("%s\n", runtime_info().c_str());
   const Dataset d = load_data(c);
@@ -268,7 +348,7 @@ int run(const Config& c) {
     print_stats("dev", d.dev);
   }
   const auto [majority, majority_rate] = majority_class(d.train, d.dev);
-  std::printf("dev root accuracy to beat: %.1f%% (always class %d, train's most frequent root label; chance 20%%)\n",
+  if (root) std::printf("dev root accuracy to beat: %.1f%% (always class %d, train's most frequent root label; chance 20%%)\n",
               100 * majority_rate, majority);
 
   // torch::optim::Adam rejects sparse gradients; Adagrad takes them, and they
@@ -278,23 +358,42 @@ int run(const Config& c) {
   if (!c.load.empty()) model.load(c.load);
   model.to(c10::Device(c.device));  // before the optimizer: it holds the parameters
   auto opt = make_optimizer(c, model);
+  int first_epoch = 1;
+  // Every worker reads the checkpoint (the optimizer's state too); DataParallel
+  // then makes sure all start from rank 0's parameters.
+  if (!c.resume.empty()) first_epoch = load_checkpoint(c.resume, model, *opt) + 1;
+  DataParallelOptions dpo{.timeout = std::chrono::milliseconds(static_cast<int64_t>(c.dist_timeout * 1000)),
+                          .bucket_mb = c.bucket_mb, .overlap = c.dp_overlap};
+  if (model.options().sparse_embedding_grad) dpo.sparse = {model.E};
+  dpo.sparse_mode = c.dp_sparse == "densify" ? DataParallelOptions::Sparse::densify : DataParallelOptions::Sparse::gather;
+  DataParallel dp(model.parameters(), where, dpo);
   Graph g({.device = c10::Device(c.device)});
-  std::mt19937_64 rng(c.seed);
+  if (root && where.distributed())
+    std::printf("data-parallel: %s, %d workers, batches of %d trees split by node count\n",
+                where.describe().c_str(), where.world_size, c.batch);
 
-  std::printf("%s: dev root accuracy %.1f%%\n", c.load.empty() ? "untrained" : "loaded",
-              100 * root_accuracy(g, strategy, model, d.dev));
-  for (int epoch = 1; epoch <= c.epochs; ++epoch) {
-    train_epoch(c, epoch, g, strategy, model, *opt, d.train, rng);
+  if (root)
+    std::printf("%s: dev root accuracy %.1f%%\n", c.load.empty() && c.resume.empty() ? "untrained" : "loaded",
+                100 * root_accuracy(g, strategy, model, d.dev));
+  if (root && first_epoch > 1) std::printf("resuming after epoch %d (%s)\n", first_epoch - 1, c.resume.c_str());
+  for (int epoch = first_epoch; epoch <= c.epochs; ++epoch) {
+    train_epoch(c, epoch, g, strategy, model, *opt, d.train, dp);
+    if (!root) continue;
     std::printf("  dev root accuracy %.1f%%\n", 100 * root_accuracy(g, strategy, model, d.dev));
+    if (!c.checkpoint.empty()) {
+      save_checkpoint(c.checkpoint, model, *opt, epoch);
+      std::printf("  checkpoint: %s\n", c.checkpoint.c_str());
+    }
     std::fflush(stdout);
   }
+  if (!root) return 0;
   if (!d.test.empty()) std::printf("test root accuracy %.1f%%\n", 100 * root_accuracy(g, strategy, model, d.test));
   if (!c.save.empty()) {
     model.save(c.save);
     std::printf("saved parameters to %s\n", c.save.c_str());
   }
-  // Last, because it trains the model a few more steps.
-  if (c.compare_batches > 0) compare_speed(c, model, d.train, g, strategy);
+  // Last, because it trains the model a few more steps (one worker's speed).
+  if (c.compare_batches > 0 && !where.distributed()) compare_speed(c, model, d.train, g, strategy);
   return 0;
 }
 
@@ -324,6 +423,15 @@ int main(int argc, char** argv) {
   app.add_option("--compare-batches", c.compare_batches, "batches for the closing speed comparison (0: none)")
       ->check(kNonNegative);
   app.add_flag("--quiet", c.quiet, "no progress bar, runtime or data summary");
+  app.add_option("--checkpoint", c.checkpoint, "after every epoch, write parameters, optimizer state and the epoch here");
+  app.add_option("--resume", c.resume, "continue from a --checkpoint file (with any number of workers)");
+  app.add_option("--dist-timeout", c.dist_timeout, "data-parallel: seconds to wait for the slowest worker before failing")
+      ->check(at_least(0.1, "at least 0.1 s"));
+  app.add_option("--bucket-mb", c.bucket_mb, "data-parallel: gradients are summed in buckets of about this size")
+      ->check(at_least(1e-6, "a positive size"));
+  app.add_flag("!--no-overlap", c.dp_overlap, "data-parallel: send every gradient bucket after backward, not during it");
+  app.add_option("--dp-sparse", c.dp_sparse, "data-parallel: embedding gradients gathered as rows, or made dense")
+      ->check(CLI::IsMember({"gather", "densify"}));
   app.add_flag("!--no-prefetch", c.prefetch, "record and schedule each batch on the training thread (default: the "
                                              "next batch is recorded on a worker thread while one trains)");
   if (const int status = models::parse_cli(app, argc, argv, "tree_lstm"); status >= 0) return status;

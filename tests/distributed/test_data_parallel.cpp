@@ -255,6 +255,7 @@ TEST_CASE("workers with different models stop at the start, saying so", "[distri
     CHECK_THAT(e.out, Catch::Contains("the workers' models differ"));
     CHECK_THAT(e.out, Catch::Contains("--hidden"));
   }
+  CHECK_THAT(out[0].out, Catch::Contains("rank 1 has parameter 0: [200, 24] float sparse, this rank has parameter 0: [200, 16]"));
 }
 
 TEST_CASE("nobody at the address: a clear error within the timeout", "[distributed]") {
