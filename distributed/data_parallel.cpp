@@ -10,6 +10,7 @@
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <condition_variable>
 #include <exception>
@@ -73,6 +74,7 @@ struct DataParallel::Impl {
   int64_t step = 0;
   DataParallelStats stats;
 
+  std::atomic<int64_t> phase{0};  // 2 x step while in backward, + 1 after; published by the heartbeat
   std::thread beat;
   std::mutex beat_mu;
   std::condition_variable beat_cv;
@@ -96,6 +98,9 @@ struct DataParallel::Impl {
       std::unique_lock lock(beat_mu);
       while (!beat_cv.wait_for(lock, kBeat, [this] { return stopping; })) {
         try {
+          // The phase travels with the heartbeat, not at every step: a store
+          // round trip per step costs both ranks' cores on a busy machine.
+          put("phase", phase.load());
           put("beat", ++n);
         } catch (const std::exception&) {
           return;  // the store is gone: the main thread finds out at its next collective
@@ -268,7 +273,7 @@ struct DataParallel::Impl {
       return;
     }
     ++step;
-    put("phase", 2 * step);
+    phase = 2 * step;
     {
       std::lock_guard lock(mu);
       got.assign(params.size(), false);
@@ -285,7 +290,7 @@ struct DataParallel::Impl {
     }
     stats.backward_ms += ms_since(t0);
     const auto t1 = Clock::now();
-    put("phase", 2 * step + 1);
+    phase = 2 * step + 1;
     {
       std::lock_guard lock(mu);
       armed = false;
@@ -323,19 +328,19 @@ struct DataParallel::Impl {
   [[noreturn]] void fail(const char* what, const std::exception& e) {
     std::string cause;
     try {
-      const std::vector<int64_t> beat0 = read_all("beat"), phase = read_all("phase");
+      const std::vector<int64_t> beat0 = read_all("beat");
       std::this_thread::sleep_for(4 * kBeat);
-      const std::vector<int64_t> beat1 = read_all("beat");
-      const int64_t mine = phase[static_cast<size_t>(where.rank)];
+      const std::vector<int64_t> beat1 = read_all("beat"), phases = read_all("phase");
+      const int64_t mine = phase.load();
       for (int r = 0; r < where.world_size; ++r) {
         const size_t ri = static_cast<size_t>(r);
         if (r == where.rank) continue;
         if (beat1[ri] == beat0[ri])
           cause += detail::cat("; rank ", r, " stopped (no heartbeat: the process died or was killed) during step ",
-                               (phase[ri] + 1) / 2);
-        else if (phase[ri] < mine)
+                               (phases[ri] + 1) / 2);
+        else if (phases[ri] < mine)
           cause += detail::cat("; rank ", r, " is alive but ",
-                               phase[ri] % 2 == 0 ? "still in step " + std::to_string(phase[ri] / 2) + "'s backward"
+                               phases[ri] % 2 == 0 ? "still in step " + std::to_string(phases[ri] / 2) + "'s backward"
                                                   : "has not started step " + std::to_string(step),
                                " (hung, or slower than the timeout of ",
                                std::chrono::duration<double>(o.timeout).count(), " s)");
