@@ -7,6 +7,7 @@
 //
 //   sheaf-dp-worker [--steps N] [--batch N] [--hidden N] [--sparse gather|densify|none]
 //                   [--bucket-mb X] [--no-overlap] [--timeout-ms N]
+//                   [--file PATH] (meet through a FileStore: RANK and WORLD_SIZE only)
 //                   [--die-at STEP] [--hang-at STEP] (this rank only: set them per rank)
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
@@ -32,6 +33,7 @@ struct Args {
   double bucket_mb = 0.01;  // small: several buckets, launched during backward
   bool overlap = true;
   std::string sparse = "gather";
+  std::string file;
 };
 
 Args parse(int argc, char** argv) {
@@ -51,6 +53,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--timeout-ms") a.timeout_ms = std::stoi(next());
     else if (k == "--die-at") a.die_at = std::stoi(next());
     else if (k == "--hang-at") a.hang_at = std::stoi(next());
+    else if (k == "--file") a.file = next();
     else throw UserError("unknown option " + k);
   }
   if (a.sparse != "gather" && a.sparse != "densify" && a.sparse != "none") throw UserError("--sparse: " + a.sparse);
@@ -93,7 +96,8 @@ void train(const Args& a, models::TreeLSTM& m, const std::vector<data::Tree>& tr
 }
 
 int run(const Args& a) {
-  const Rendezvous where = Rendezvous::from_env();
+  Rendezvous where = Rendezvous::from_env();
+  if (!a.file.empty()) where = Rendezvous::file_store(a.file, where.rank, where.world_size);
   const std::vector<data::Tree> trees =
       data::synthetic_trees({.count = a.steps * a.batch, .max_words = 12, .vocab_size = 200, .seed = 3});
   const models::TreeLSTMOptions mo{.vocab = 200, .hidden = a.hidden, .sparse_embedding_grad = a.sparse != "none"};
@@ -112,9 +116,9 @@ int run(const Args& a) {
   for (size_t i = 0; i < alone.parameters().size(); ++i)
     diff = std::max(diff, (model.parameters()[i] - alone.parameters()[i]).abs().max().item<double>());
   const DataParallelStats& st = dp.stats();
-  std::printf("rank %d of %d: max |data-parallel - one worker| = %.3g after %d steps; %lld collectives (%lld during "
+  std::printf("%s: max |data-parallel - one worker| = %.3g after %d steps; %lld collectives (%lld during "
               "backward), %lld bytes\n",
-              dp.rank(), dp.world_size(), diff, a.steps, static_cast<long long>(st.collectives),
+              where.describe().c_str(), diff, a.steps, static_cast<long long>(st.collectives),
               static_cast<long long>(st.launched_in_backward), static_cast<long long>(st.bytes));
   return diff <= 1e-5 ? 0 : 1;
 }

@@ -206,6 +206,19 @@ TEST_CASE("two workers on half batches equal one worker on the whole batches", "
   }
 }
 
+TEST_CASE("workers meet through a FileStore", "[distributed]") {
+  const std::string file = (fs::temp_directory_path() / ("sheaf-dp-store-" + std::to_string(free_port()))).string();
+  fs::remove(file);
+  const std::vector<std::string> a{"--steps", "2", "--file", file};
+  // No MASTER_ADDR/PORT to reach: a bad one proves they are not used.
+  for (const Exit& e : run_workers({a, a}, {{"MASTER_ADDR", "no-such-host.invalid"}})) {
+    INFO(e.out);
+    CHECK(e.status == 0);
+    CHECK_THAT(e.out, Catch::Contains("via file " + file));
+  }
+  fs::remove(file);
+}
+
 TEST_CASE("three workers, batches that leave one of them without examples", "[distributed]") {
   const std::vector<std::string> a{"--steps", "2", "--batch", "2"};
   for (const Exit& e : run_workers({a, a, a})) {
