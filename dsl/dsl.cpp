@@ -233,6 +233,22 @@ Expr layer_norm(Expr x, Operand gain, Operand bias, double eps, Loc loc) {
 }
 
 Expr sum(std::span<const Expr> xs, Loc loc) { return apply_list(code_of<op::SumList>, xs, {}, loc); }
+
+Expr call(OpCode op, std::initializer_list<Operand> args, std::span<const int64_t> attrs, Loc loc) {
+  const OpInfo& info = op_info(op);  // an unknown code is ours to report: user_op<> makes every code
+  if (info.traits.arity == OpTraits::kVariadic)
+    throw_user(Site{info.name, kSharedExample, loc}, "takes a list of Exprs: use dsl::call_list");
+  if (args.size() != static_cast<size_t>(info.traits.arity))
+    throw_user(Site{info.name, kSharedExample, loc}, "takes ", info.traits.arity, " arguments, got ", args.size());
+  return apply(op, args, attrs, 0, loc);
+}
+
+Expr call_list(OpCode op, std::span<const Expr> args, std::span<const int64_t> attrs, Loc loc) {
+  const OpInfo& info = op_info(op);
+  if (info.traits.arity != OpTraits::kVariadic)
+    throw_user(Site{info.name, kSharedExample, loc}, "takes ", info.traits.arity, " arguments, not a list: use dsl::call");
+  return apply_list(op, args, attrs, loc);
+}
 Expr mean(std::span<const Expr> xs, Loc loc) { return apply_list(code_of<op::MeanList>, xs, {}, loc); }
 
 }  // namespace dsl

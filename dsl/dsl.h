@@ -132,6 +132,12 @@ Expr mean(std::span<const Expr> xs, Loc loc = Loc::current());
 inline Expr sum(const std::vector<Expr>& xs, Loc loc = Loc::current()) { return sum(std::span(xs), loc); }
 inline Expr mean(const std::vector<Expr>& xs, Loc loc = Loc::current()) { return mean(std::span(xs), loc); }
 
+// ---- Ops defined outside the library (ops/user_op.h: user_op<Op>() gives the
+// code). `attrs` are the op's integer attributes (doubles via attr_of); the
+// list form is for variadic ops (OpTraits::kVariadic).
+Expr call(OpCode op, std::initializer_list<Operand> args, std::span<const int64_t> attrs = {}, Loc loc = Loc::current());
+Expr call_list(OpCode op, std::span<const Expr> args, std::span<const int64_t> attrs = {}, Loc loc = Loc::current());
+
 // Over the last axis.
 Expr softmax(At x);
 Expr log_softmax(At x);

@@ -14,6 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <concepts>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -165,6 +166,22 @@ struct OpInfo {
 
 const OpInfo& op_info(OpCode code);
 std::string_view op_name(OpCode code);
+
+// What every descriptor must have (ops/table.cpp checks the built-in ones,
+// ops/user_op.h the user's).
+template <class Op>
+concept OpDescriptor = requires(const InferCtx& ic, RunCtx& rc) {
+  { Op::name } -> std::convertible_to<std::string_view>;
+  { Op::traits } -> std::convertible_to<OpTraits>;
+  { Op::infer(ic) } -> std::same_as<Shape>;     // shape inference (user errors at trace time)
+  { Op::run(rc) } -> std::same_as<at::Tensor>;  // the batched LibTorch call
+};
+
+// Adds an op at run time (ops/user_op.h wraps it): its code follows the
+// built-in ones. The name must be new (a UserError otherwise); `info.name`
+// must outlive the program (a string literal). At most kMaxUserOps.
+inline constexpr size_t kMaxUserOps = 1024;
+OpCode register_op(const OpInfo& info);
 
 // Attributes are int64 slots; doubles are stored bit for bit.
 int64_t attr_of(double v);

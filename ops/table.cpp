@@ -3,6 +3,8 @@
 #include <boost/hana/unpack.hpp>
 
 #include <array>
+#include <atomic>
+#include <mutex>
 #include <bit>
 #include <concepts>
 
@@ -14,14 +16,6 @@
 #include "structure.h"
 
 namespace sheaf {
-
-template <class Op>
-concept OpDescriptor = requires(const InferCtx& ic, RunCtx& rc) {
-  { Op::name } -> std::convertible_to<std::string_view>;
-  { Op::traits } -> std::convertible_to<OpTraits>;
-  { Op::infer(ic) } -> std::same_as<Shape>;  // shape inference (user errors at trace time)
-  { Op::run(rc) } -> std::same_as<at::Tensor>;  // the batched LibTorch call
-};
 
 namespace {
 
@@ -42,11 +36,42 @@ constexpr auto kTable = boost::hana::unpack(kOpList, [](auto... op) {
   return std::array<OpInfo, sizeof...(op)>{info_of<typename decltype(op)::type>()...};
 });
 
+// Users' ops, after the built-in ones: written once each under the lock,
+// published by the count, then read without it.
+struct UserOps {
+  std::mutex write;
+  std::array<OpInfo, kMaxUserOps> ops{};
+  std::atomic<size_t> count{0};
+};
+UserOps& user_ops() {
+  static UserOps u;
+  return u;
+}
+
 }  // namespace
 
 const OpInfo& op_info(OpCode code) {
-  SHEAF_ASSERT(code < kTable.size(), "unknown op code ", code);
-  return kTable[code];
+  if (code < kTable.size()) return kTable[code];
+  const UserOps& u = user_ops();
+  SHEAF_ASSERT(code - kTable.size() < u.count.load(std::memory_order_acquire), "unknown op code ", code);
+  return u.ops[code - kTable.size()];
+}
+
+OpCode register_op(const OpInfo& info) {
+  UserOps& u = user_ops();
+  std::lock_guard lock(u.write);
+  const size_t n = u.count.load(std::memory_order_relaxed);
+  if (info.name.empty() || info.infer == nullptr || info.run == nullptr)
+    throw UserError("sheaf::register_op: an op needs a name, infer and run");
+  for (size_t c = 0; c < kTable.size() + n; ++c)
+    if (op_info(static_cast<OpCode>(c)).name == info.name)
+      throw UserError(detail::cat("sheaf::register_op: there is already an op named '", info.name, "'"));
+  if (n == kMaxUserOps) throw UserError(detail::cat("sheaf::register_op: more than ", kMaxUserOps, " user ops"));
+  if (info.pointwise != nullptr)
+    throw UserError(detail::cat("sheaf::register_op: '", info.name, "': user ops cannot be fused (no Pointwise form)"));
+  u.ops[n] = info;
+  u.count.store(n + 1, std::memory_order_release);
+  return static_cast<OpCode>(kTable.size() + n);
 }
 
 std::string_view op_name(OpCode code) { return op_info(code).name; }

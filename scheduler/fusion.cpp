@@ -31,7 +31,7 @@ Fuser::Fuser() {
 bool Fuser::fusible(const NodeStore& s, NodeId n) const {
   if (s.sig[n] == kNoSig) return false;  // shared: computed once, never batched
   const OpCode op = s.op[n];
-  if (pointwise_op_[op]) return true;
+  if (op < pointwise_op_.size() && pointwise_op_[op]) return true;  // users' ops follow: never fused
   if (op != code_of<op::Slice>) return false;
   // A slice fuses when its rows are contiguous in the input's rows: every
   // dimension before the cut has size 1.

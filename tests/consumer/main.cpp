@@ -1,9 +1,19 @@
 // Builds against the installed headers and library only.
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/sigmoid.h>
+#include <sheaf/ops/user_op.h>
 #include <sheaf/sheaf.h>
 
 #include <cstdio>
+
+// An op of the user's own: x * sigmoid(x), one LibTorch call per batch.
+struct Swish {
+  static constexpr std::string_view name = "swish";
+  static constexpr sheaf::OpTraits traits{.arity = 1};
+  static sheaf::Shape infer(const sheaf::InferCtx& c) { return c.shape(0); }
+  static at::Tensor run(sheaf::RunCtx& c) { return c.in(0).mul(at::sigmoid(c.in(0))); }
+};
 
 int main() {
   sheaf::Graph g;
@@ -21,5 +31,11 @@ int main() {
   dp.backward(w.mul(3.0).sum());
   const bool grad_ok = w.grad().defined() && w.grad()[0].item<double>() == 3.0;
   std::printf("DataParallel (world of %d): gradient %s\n", dp.world_size(), grad_ok ? "ok" : "WRONG");
-  return g.stats().batches == 4 && grad_ok ? 0 : 1;
+  // The user's op, batched vs one at a time (values and gradients, every strategy).
+  at::Tensor v = at::ones({4}).requires_grad_(true);
+  const sheaf::CheckReport r = sheaf::check_batched(5, [&](sheaf::Graph& cg, int i) {
+    return sheaf::dsl::sum(sheaf::dsl::call(sheaf::user_op<Swish>(), {cg.input(at::full({4}, 0.1 * i)) * v}));
+  }, {.params = {v}});
+  std::printf("user op 'swish': %s\n", r.ok ? "batched equals alone" : r.message.c_str());
+  return g.stats().batches == 4 && grad_ok && r.ok ? 0 : 1;
 }

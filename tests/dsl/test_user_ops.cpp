@@ -1,0 +1,116 @@
+// Ops defined outside the library (ops/user_op.h): registered at first use,
+// recorded with dsl::call, checked batched vs alone like the built-in ones,
+// against LibTorch's own values, and with the same errors at the user's line.
+#include <ATen/ATen.h>
+
+#include <sheaf/ops/user_op.h>
+
+#include "../support.h"
+
+using namespace sheaf;
+using sheaf::test::data;
+using sheaf::test::param;
+
+namespace {
+
+// Elementwise: x * sigmoid(x).
+struct Swish {
+  static constexpr std::string_view name = "test_swish";
+  static constexpr OpTraits traits{.arity = 1};
+  static Shape infer(const InferCtx& c) {
+    c.expect_batched(0, "x");
+    return c.shape(0);
+  }
+  static at::Tensor run(RunCtx& c) { return c.in(0) * at::sigmoid(c.in(0)); }
+};
+
+// scale * x^T A y: two per-example vectors and a shared matrix, a double
+// attribute, a scalar out.
+struct Bilinear {
+  static constexpr std::string_view name = "test_bilinear";
+  static constexpr OpTraits traits{.arity = 3};
+  static Shape infer(const InferCtx& c) {
+    c.expect_rank(0, 1, "x");
+    c.expect_shared(1, "A");
+    c.expect_rank(2, 1, "y");
+    const Shape& A = c.shape(1);
+    if (A.rank() != 2 || A[0] != c.shape(0)[0] || A[1] != c.shape(2)[0])
+      c.fail("A has shape ", A.str(), ", x ", c.shape(0).str(), " and y ", c.shape(2).str());
+    return {};
+  }
+  static at::Tensor run(RunCtx& c) {
+    return (c.batched(0).matmul(c.in(1)) * c.batched(2)).sum(-1) * c.attr_f(0);  // [n]
+  }
+};
+
+// A complete descriptor whose name is taken.
+struct Tanh2 {
+  static constexpr std::string_view name = "tanh";  // taken by the built-in op
+  static constexpr OpTraits traits{.arity = 1};
+  static Shape infer(const InferCtx& c) { return c.shape(0); }
+  static at::Tensor run(RunCtx& c) { return at::tanh(c.in(0)); }
+};
+
+constexpr int64_t kD = 6;
+
+}  // namespace
+
+TEST_CASE("a user op: batched equals alone under every strategy, fused neighbours or not", "[dsl][user-ops][checker]") {
+  const at::Tensor W = param({kD, kD}, 1), A = param({kD, kD}, 2);
+  const int64_t scale = attr_of(0.5);
+  for (int n : {1, 3, 16}) {
+    INFO(n << " examples");
+    CheckReport r = check_batched(n, [&](Graph& g, int i) {
+      Expr h = dsl::tanh(dsl::matmul(W, g.input(data({kD}, i))));
+      for (int k = 0; k <= i % 3; ++k) h = dsl::sigmoid(dsl::call(user_op<Swish>(), {h}) + 0.5);  // lengths differ
+      Expr y = g.input(data({kD}, i, 1));
+      return dsl::call(user_op<Bilinear>(), {h, A, y}, std::span(&scale, 1)) + dsl::sum(h);
+    }, {.params = {W, A}});
+    REQUIRE_BATCHED_EQUALS_ALONE(r);
+    if (n > 1) CHECK(r.batched_launches < r.alone_launches);
+  }
+}
+
+TEST_CASE("a user op computes what its LibTorch call computes", "[dsl][user-ops]") {
+  const at::Tensor A = param({kD, kD}, 2);
+  Graph g;
+  std::vector<Expr> s, b;
+  const int64_t scale = attr_of(-2.0);
+  for (int i = 0; i < 4; ++i) {
+    auto scope = g.example(i);
+    Expr x = g.input(data({kD}, i));
+    s.push_back(dsl::call(user_op<Swish>(), {x}));
+    b.push_back(dsl::call(user_op<Bilinear>(), {x, A, g.input(data({kD}, i, 3))}, std::span(&scale, 1)));
+  }
+  g.forward(b);
+  g.forward(s);
+  for (int i = 0; i < 4; ++i) {
+    const at::Tensor x = data({kD}, i), y = data({kD}, i, 3);
+    CHECK(at::allclose(s[static_cast<size_t>(i)].value(), x * at::sigmoid(x)));
+    CHECK(at::allclose(b[static_cast<size_t>(i)].value(), -2.0 * x.matmul(A.detach()).dot(y)));
+  }
+  CHECK(g.stats().batches <= 3);  // the inputs' gathers aside: one launch per op for all four examples
+  CHECK(user_op<Swish>() == user_op<Swish>());  // registered once
+  CHECK(op_name(user_op<Swish>()) == "test_swish");
+}
+
+TEST_CASE("user ops: mistakes are UserErrors at the user's line", "[dsl][user-ops][errors]") {
+  Graph g;
+  const at::Tensor A = param({kD, kD}, 2);
+  Expr x = g.input(data({kD}, 0)), short_y = g.input(data({kD - 1}, 0));
+  const int64_t scale = attr_of(1.0);
+  // Shape inference's own message, with op name and line.
+  CHECK_THROWS_WITH(dsl::call(user_op<Bilinear>(), {x, A, short_y}, std::span(&scale, 1)),
+                    Catch::Contains("test_user_ops.cpp") && Catch::Contains("op 'test_bilinear'") &&
+                        Catch::Contains("A has shape [6, 6], x [6] and y [5]"));
+  CHECK_THROWS_WITH(dsl::call(user_op<Bilinear>(), {x, x, x}, std::span(&scale, 1)),
+                    Catch::Contains("A must be a shared tensor"));
+  CHECK_THROWS_WITH(dsl::call(user_op<Swish>(), {x, x}), Catch::Contains("takes 1 arguments, got 2"));
+  const std::vector<Expr> xs{x, x};
+  CHECK_THROWS_WITH(dsl::call_list(user_op<Swish>(), xs), Catch::Contains("use dsl::call"));
+  CHECK_THROWS_WITH(user_op<Tanh2>(), Catch::Contains("already an op named 'tanh'"));
+  // The graph is still usable.
+  Expr y = dsl::call(user_op<Swish>(), {x});
+  g.forward(y);
+  CHECK(y.value().size(0) == kD);
+}
