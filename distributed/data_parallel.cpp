@@ -18,6 +18,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 #include <sheaf/core/error.h>
 
@@ -256,11 +257,7 @@ struct DataParallel::Impl {
                        : l.tensors[0].numel() * l.tensors[0].element_size();
     ++stats.collectives;
     stats.launched_in_backward += in_backward;
-    try {
-      l.work = pg->allreduce(l.tensors);
-    } catch (const std::exception& e) {
-      fail("launching a gradient allreduce", e);
-    }
+    l.work = guarded("launching a gradient allreduce", [&] { return pg->allreduce(l.tensors); });
   }
 
   void backward(const at::Tensor& loss) {
@@ -299,11 +296,7 @@ struct DataParallel::Impl {
     }
     c10::NoGradGuard no_grad;
     for (size_t k = 0; k < buckets.size(); ++k) {
-      try {
-        live[k].work->wait();
-      } catch (const std::exception& e) {
-        fail("a gradient allreduce", e);
-      }
+      guarded("a gradient allreduce", [&] { return live[k].work->wait(); });
       write_back(k);
     }
     stats.wait_ms += ms_since(t1);
@@ -320,6 +313,16 @@ struct DataParallel::Impl {
       at::Tensor value = b.sparse ? reduced : reduced.narrow(0, offset_of[i], params[i].numel()).view(params[i].sizes());
       if (!b.sparse && grad.defined() && !grad.is_sparse() && grad.sizes() == params[i].sizes()) grad.copy_(value);
       else grad = b.sparse ? value : value.clone();
+    }
+  }
+
+  // Runs one collective step; its failure goes through fail().
+  template <class F>
+  std::invoke_result_t<F&> guarded(const char* what, F&& f) {
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      fail(what, e);
     }
   }
 
@@ -360,11 +363,7 @@ struct DataParallel::Impl {
     c10::NoGradGuard no_grad;
     for (const at::Tensor& t : tensors) {
       std::vector<at::Tensor> one{t.is_contiguous() ? t : t.contiguous()};
-      try {
-        pg->broadcast(one)->wait();
-      } catch (const std::exception& e) {
-        fail("a broadcast", e);
-      }
+      guarded("a broadcast", [&] { return pg->broadcast(one)->wait(); });
       if (!one[0].is_same(t)) at::Tensor(t).copy_(one[0]);
     }
   }
@@ -416,11 +415,7 @@ void DataParallel::broadcast(std::span<const at::Tensor> tensors) { impl_->broad
 std::vector<double> DataParallel::sum(std::vector<double> values) {
   if (world_size() == 1 || values.empty()) return values;
   std::vector<at::Tensor> t{at::tensor(values, at::kDouble)};
-  try {
-    impl_->pg->allreduce(t)->wait();
-  } catch (const std::exception& e) {
-    impl_->fail("summing host values", e);
-  }
+  impl_->guarded("summing host values", [&] { return impl_->pg->allreduce(t)->wait(); });
   const auto a = t[0].accessor<double, 1>();
   for (size_t i = 0; i < values.size(); ++i) values[i] = a[static_cast<int64_t>(i)];
   return values;
@@ -428,11 +423,7 @@ std::vector<double> DataParallel::sum(std::vector<double> values) {
 
 void DataParallel::barrier() {
   if (world_size() == 1) return;
-  try {
-    impl_->pg->barrier()->wait();
-  } catch (const std::exception& e) {
-    impl_->fail("a barrier", e);
-  }
+  impl_->guarded("a barrier", [&] { return impl_->pg->barrier()->wait(); });
 }
 const DataParallelStats& DataParallel::stats() const { return impl_->stats; }
 void DataParallel::reset_stats() { impl_->stats = {}; }
