@@ -20,6 +20,11 @@ void load_parameters(const std::vector<at::Tensor>& params, const std::string& p
   } catch (const std::exception& e) {
     throw UserError(model + "::load: cannot read '" + path + "': " + e.what());
   }
+  copy_parameters(ps, params, path, model);
+}
+
+void copy_parameters(const std::vector<at::Tensor>& ps, const std::vector<at::Tensor>& params,
+                     const std::string& path, const std::string& model) {
   if (ps.size() != params.size())
     throw UserError(detail::cat(model, "::load: '", path, "' holds ", ps.size(), " tensors, a ", model, " has ",
                                 params.size(), " (another model, or another option that adds parameters?)"));

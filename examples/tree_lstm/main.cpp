@@ -34,6 +34,7 @@
 #include <random>
 
 #include <common/cli.h>
+#include <common/parameter_file.h>
 #include <common/progress.h>
 #include <common/train_loop.h>
 #include <data/trees.h>
@@ -227,17 +228,14 @@ int load_checkpoint(const std::string& path, TreeLSTM& m, torch::optim::Optimize
   } catch (const std::exception& e) {
     throw UserError("--resume: cannot read '" + path + "': " + e.what());
   }
-  c10::NoGradGuard no_grad;
-  const std::vector<at::Tensor> ps = m.parameters();
-  for (size_t i = 0; i < ps.size(); ++i) {
-    at::Tensor p;
-    if (!archive.try_read("param" + std::to_string(i), p))
-      throw UserError("--resume: '" + path + "' is not a tree_lstm checkpoint (no parameter " + std::to_string(i) + ")");
-    if (p.sizes() != ps[i].sizes())
-      throw UserError(sheaf::detail::cat("--resume: parameter ", i, " in '", path, "' has shape ", p.sizes(), ", the model has ",
-                                  ps[i].sizes(), " (different --hidden or data?)"));
-    at::Tensor(ps[i]).copy_(p);
+  std::vector<at::Tensor> saved;
+  while (true) {
+    at::Tensor p;  // undefined: try_read would write into a defined one in place
+    if (!archive.try_read("param" + std::to_string(saved.size()), p)) break;
+    saved.push_back(std::move(p));
   }
+  if (saved.empty()) throw UserError("--resume: '" + path + "' is not a tree_lstm checkpoint (no parameters)");
+  models::copy_parameters(saved, m.parameters(), path, "TreeLSTM");
   at::Tensor epoch;
   archive.read("epoch", epoch);
   torch::serialize::InputArchive state;
