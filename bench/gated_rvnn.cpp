@@ -21,8 +21,6 @@ using data::Tree;
 using models::GatedRvNN;
 using models::HandGatedRvNN;
 
-double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a.cpu() - b.cpu()).abs().max().item<double>(); }
-
 void run_mode(const Options& o, const std::string& mode, int64_t hidden, const Workload& w) {
   const bool train = mode == "train";
   const c10::Device device(o.device);
@@ -69,15 +67,11 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
       };
       const std::vector<size_t> added =
           add_sheaf_systems(o, *spec, train, w.batches.size(), make_step, record, systems, owners);
-      for (size_t q = 0; q < added.size(); ++q) {
-        c10::NoGradGuard no_grad;
-        Graph g({.device = device, .fuse = spec->fuse});
-        const std::vector<Expr> roots = model.sheaf_batch_root_logits(g, w.batches[0]);
-        g.forward(roots, {.strategy = spec->strategies[q]});
-        std::vector<at::Tensor> rows;
-        for (const Expr& e : roots) rows.push_back(e.value());
-        systems[added[q]].max_abs_diff = max_diff(at::stack(rows), reference);
-      }
+      for (size_t q = 0; q < added.size(); ++q)
+        systems[added[q]].max_abs_diff =
+            max_diff(sheaf_stacked_outputs({.device = device, .fuse = spec->fuse}, *spec->strategies[q],
+                                           [&](Graph& g) { return model.sheaf_batch_root_logits(g, w.batches[0]); }),
+                     reference);
     } else {
       throw UserError("unknown system '" + name + "' for gated_rvnn (per-example, hand, sheaf[:<strategy>][/unfused])");
     }

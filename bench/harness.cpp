@@ -1,5 +1,6 @@
 #include "harness.h"
 
+#include <ATen/ops/stack.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
@@ -17,6 +18,19 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t m = v.size() / 2;
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a.cpu() - b.cpu()).abs().max().item<double>(); }
+
+at::Tensor sheaf_stacked_outputs(const GraphOptions& options, const Strategy& strategy,
+                                 const std::function<std::vector<Expr>(Graph&)>& record) {
+  c10::NoGradGuard no_grad;
+  Graph g(options);
+  const std::vector<Expr> outputs = record(g);
+  g.forward(outputs, {.strategy = &strategy});
+  std::vector<at::Tensor> rows;
+  for (const Expr& e : outputs) rows.push_back(e.value());
+  return at::stack(rows);
 }
 
 std::optional<SheafSystem> parse_sheaf_system(const std::string& name) {

@@ -139,6 +139,13 @@ class StepMaker {
   std::vector<std::unique_ptr<torch::optim::Adagrad>> optimizers_;
 };
 
+// max |a - b| over all elements, on the host.
+double max_diff(const at::Tensor& a, const at::Tensor& b);
+// What a Sheaf system's agreement check compares with the reference: the
+// values `record` returns, run under `strategy` without gradients, stacked.
+at::Tensor sheaf_stacked_outputs(const GraphOptions& options, const Strategy& strategy,
+                                 const std::function<std::vector<Expr>(Graph&)>& record);
+
 // Sheaf systems built by add_sheaf_systems, owned here for the run.
 struct SheafOwners {
   std::vector<std::unique_ptr<Graph>> graphs;

@@ -69,8 +69,6 @@ at::Tensor per_example_logits(const Tagger& m, std::span<const Sentence* const> 
   return at::cat(out).cpu();
 }
 
-double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a.cpu() - b).abs().max().item<double>(); }
-
 void run_mode(const Options& o, const std::string& mode, int64_t hidden, const Corpus& c) {
   const bool train = mode == "train";
   const bool chars = o.workload == "tagger-char";
@@ -126,15 +124,11 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const C
       };
       const std::vector<size_t> added =
           add_sheaf_systems(o, *spec, train, c.batches.size(), make_step, record, systems, owners);
-      for (size_t q = 0; q < added.size(); ++q) {
-        c10::NoGradGuard no_grad;
-        Graph g({.device = device, .fuse = spec->fuse});
-        const std::vector<Expr> logits = model.sheaf_batch_logits(g, c.batches[0]);
-        g.forward(logits, {.strategy = spec->strategies[q]});
-        std::vector<at::Tensor> rows;
-        for (const Expr& e : logits) rows.push_back(e.value());
-        systems[added[q]].max_abs_diff = max_diff(at::stack(rows), reference);
-      }
+      for (size_t q = 0; q < added.size(); ++q)
+        systems[added[q]].max_abs_diff =
+            max_diff(sheaf_stacked_outputs({.device = device, .fuse = spec->fuse}, *spec->strategies[q],
+                                           [&](Graph& g) { return model.sheaf_batch_logits(g, c.batches[0]); }),
+                     reference);
     } else {
       throw UserError("unknown system '" + name + "' for " + o.workload +
                       " (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused])");
