@@ -30,6 +30,17 @@ class FlatIndex {
       if (s.hash == hash && same(s.id)) return s.id;
     }
   }
+  // The id stored under `hash` for which same(id) holds, or kEmpty.
+  template <class Same>
+  uint32_t find(uint64_t hash, Same&& same) const {
+    if (slots_.empty()) return kEmpty;
+    const size_t mask = slots_.size() - 1;
+    for (size_t i = hash & mask;; i = (i + 1) & mask) {
+      const Slot& s = slots_[i];
+      if (s.id == kEmpty) return kEmpty;
+      if (s.hash == hash && same(s.id)) return s.id;
+    }
+  }
   void clear() {
     slots_.assign(slots_.size(), Slot{});
     size_ = 0;

@@ -1,5 +1,7 @@
 #include "dsl.h"
 
+#include <algorithm>
+#include <array>
 #include <bit>
 
 #include <sheaf/engine/engine.h>
@@ -190,7 +192,12 @@ std::vector<Expr> chunk(Expr x, int n, int axis, Loc loc) {
   const int64_t d = s[a];
   if (n <= 0 || d % n != 0)
     throw_user(Site{"chunk", x.example(loc), loc}, "cannot cut axis ", a, " of size ", d, " into ", n, " equal chunks");
-  const std::vector<int64_t> sizes(static_cast<size_t>(n), d / n);
+  // Recorded once per cell: its sizes live on the stack (the result is the one allocation).
+  std::array<int64_t, 16> small;
+  std::vector<int64_t> large;
+  std::span<int64_t> sizes = n <= 16 ? std::span(small.data(), static_cast<size_t>(n))
+                                     : std::span((large = std::vector<int64_t>(static_cast<size_t>(n))));
+  std::ranges::fill(sizes, d / n);
   return slices(x, sizes, a, "chunk", loc);
 }
 

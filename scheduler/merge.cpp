@@ -1,6 +1,7 @@
 #include "merge.h"
 
 #include <algorithm>
+#include <span>
 #include <vector>
 
 #include <sheaf/core/error.h>
@@ -12,23 +13,56 @@ namespace sheaf {
 // later, if every consumer of its nodes runs after that batch; or earlier, if
 // every argument runs before it. Positions of batches never change (emptied
 // batches just vanish), so each check is a comparison of positions.
+namespace {
+// Kept per thread, as the strategies' scratch: merging runs every round.
+struct MergeScratch {
+  std::vector<uint32_t> head, tail, next, pos_of_node, sig_begin, by_sig, cursor;
+  std::vector<uint8_t> alive;
+  Batches out;
+};
+thread_local MergeScratch t_merge;
+}  // namespace
+
 void merge_batches(const RoundDag& dag, Batches& schedule) {
-  const size_t nb = schedule.size();
-  std::vector<std::vector<uint32_t>> members(nb);
-  std::vector<uint32_t> pos_of_node(dag.size());
+  MergeScratch& x = t_merge;
+  const auto nb = static_cast<uint32_t>(schedule.size());
+  // Each batch is a linked list of its nodes (head, tail, next): a move splices.
+  std::vector<uint32_t>&head = x.head, &tail = x.tail, &next = x.next, &pos_of_node = x.pos_of_node;
+  head.resize(nb);
+  tail.resize(nb);
+  next.resize(dag.size());
+  pos_of_node.resize(dag.size());
   for (uint32_t k = 0; k < nb; ++k) {
-    auto nodes = schedule[k];
-    members[k].assign(nodes.begin(), nodes.end());
-    for (uint32_t i : nodes) pos_of_node[i] = k;
+    const std::span<const uint32_t> nodes = schedule[k];
+    head[k] = nodes.front();
+    tail[k] = nodes.back();
+    for (size_t j = 0; j < nodes.size(); ++j) {
+      next[nodes[j]] = j + 1 < nodes.size() ? nodes[j + 1] : kNone32;
+      pos_of_node[nodes[j]] = k;
+    }
   }
-  std::vector<std::vector<uint32_t>> of_sig(dag.num_sigs());  // batch positions per signature, ascending
+  // A batch's signature is its head's (a move appends to the receiver).
+  auto sig_of = [&](uint32_t k) { return dag.sig[head[k]]; };
+  // Batch positions per signature, ascending (a counting sort into CSR form).
+  const uint32_t nsig = dag.num_sigs();
+  std::vector<uint32_t>&sig_begin = x.sig_begin, &by_sig = x.by_sig, &cursor = x.cursor;
+  sig_begin.assign(nsig + 1, 0);
   for (uint32_t k = 0; k < nb; ++k)
-    if (dag.sig[members[k][0]] != kNoSig) of_sig[dag.sig[members[k][0]]].push_back(k);
-  std::vector<uint8_t> alive(nb, 1);
+    if (sig_of(k) != kNoSig) ++sig_begin[sig_of(k) + 1];
+  for (uint32_t s = 0; s < nsig; ++s) sig_begin[s + 1] += sig_begin[s];
+  cursor.assign(sig_begin.begin(), sig_begin.end() - 1);
+  by_sig.resize(sig_begin[nsig]);
+  for (uint32_t k = 0; k < nb; ++k)
+    if (sig_of(k) != kNoSig) by_sig[cursor[sig_of(k)]++] = k;
+  auto candidates = [&](SigId s) {
+    return std::span<const uint32_t>(by_sig.data() + sig_begin[s], sig_begin[s + 1] - sig_begin[s]);
+  };
+  std::vector<uint8_t>& alive = x.alive;
+  alive.assign(nb, 1);
   auto move = [&](uint32_t from, uint32_t to) {
-    for (uint32_t i : members[from]) pos_of_node[i] = to;
-    members[to].insert(members[to].end(), members[from].begin(), members[from].end());
-    members[from].clear();
+    for (uint32_t i = head[from]; i != kNone32; i = next[i]) pos_of_node[i] = to;
+    next[tail[to]] = head[from];
+    tail[to] = tail[from];
     alive[from] = 0;
   };
   // Each pass catches cascades in its own direction; a third pass rarely finds
@@ -36,12 +70,12 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
   for (int pass = 0, changed = 1; changed && pass < 2; ++pass) {
     changed = 0;
     // Later: from the last batch down, so that consumers have settled first.
-    for (uint32_t k = static_cast<uint32_t>(nb); k-- > 0;) {
-      if (!alive[k] || dag.sig[members[k][0]] == kNoSig) continue;
-      uint32_t limit = static_cast<uint32_t>(nb);  // exclusive
-      for (uint32_t i : members[k])
+    for (uint32_t k = nb; k-- > 0;) {
+      if (!alive[k] || sig_of(k) == kNoSig) continue;
+      uint32_t limit = nb;  // exclusive
+      for (uint32_t i = head[k]; i != kNone32; i = next[i])
         for (uint32_t u : dag.uses_of(i)) limit = std::min(limit, pos_of_node[u]);
-      const auto& cand = of_sig[dag.sig[members[k][0]]];
+      const auto cand = candidates(sig_of(k));
       auto it = std::lower_bound(cand.begin(), cand.end(), limit);
       while (it != cand.begin() && *(it - 1) > k && !alive[*(it - 1)]) --it;
       if (it != cand.begin() && *(it - 1) > k) {
@@ -51,11 +85,11 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
     }
     // Earlier: from the first batch up, so that arguments have settled first.
     for (uint32_t k = 0; k < nb; ++k) {
-      if (!alive[k] || dag.sig[members[k][0]] == kNoSig) continue;
+      if (!alive[k] || sig_of(k) == kNoSig) continue;
       int64_t lower = -1;  // exclusive
-      for (uint32_t i : members[k])
+      for (uint32_t i = head[k]; i != kNone32; i = next[i])
         for (uint32_t a : dag.args_of(i)) lower = std::max<int64_t>(lower, pos_of_node[a]);
-      const auto& cand = of_sig[dag.sig[members[k][0]]];
+      const auto cand = candidates(sig_of(k));
       auto it = lower < 0 ? cand.begin() : std::upper_bound(cand.begin(), cand.end(), static_cast<uint32_t>(lower));
       while (it != cand.end() && *it < k && !alive[*it]) ++it;
       if (it != cand.end() && *it < k) {
@@ -64,15 +98,15 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
       }
     }
   }
-  Batches out;
+  Batches& out = x.out;
+  out.clear();
   for (uint32_t k = 0; k < nb; ++k) {
     if (!alive[k]) continue;
-    out.nodes.insert(out.nodes.end(), members[k].begin(), members[k].end());
+    for (uint32_t i = head[k]; i != kNone32; i = next[i]) out.nodes.push_back(i);
     out.close();
   }
-  schedule = std::move(out);
+  std::swap(schedule, out);  // both keep their buffers
 }
-
 
 void validate_batches(const RoundDag& dag, const Batches& b, std::string_view strategy) {
   std::vector<uint32_t> batch_of(dag.size(), kNone32);

@@ -1,7 +1,8 @@
 #include "plan.h"
 
 #include <algorithm>
-#include <map>
+#include <span>
+#include <tuple>
 #include <sstream>
 
 #include <sheaf/ops/op.h>
@@ -16,10 +17,33 @@ struct RowRef {
   uint32_t batch, row;
 };
 
+// A slice batch reading a whole batch in place: (source, axis) is its key.
+struct SliceRead {
+  uint32_t source;
+  int64_t axis, begin, end;
+  uint32_t batch;
+  auto key() const { return std::tuple(source, axis, begin, batch); }
+};
+
+// The planner's buffers, kept per thread so that planning a round (every round,
+// batch after batch) does not allocate once they have grown.
+struct PlanScratch {
+  std::vector<uint32_t> rows;
+  std::vector<std::pair<uint64_t, uint32_t>> order;  // (where the first input lives, node or region)
+  std::vector<RowRef> sources;
+  std::vector<uint32_t> srcs, rows_of_src;
+  std::vector<int64_t> pos;
+  std::vector<std::pair<uint32_t, uint32_t>> partial;
+  std::vector<SliceRead> slices;
+};
+thread_local PlanScratch t_scratch;
+
 class Planner {
  public:
   Planner(NodeStore& s, Plan& p, const Fuser* fuser)
-      : s_(s), p_(p), fuser_(fuser), base_(static_cast<uint32_t>(s.batch_out.size())) {}
+      : s_(s), p_(p), fuser_(fuser), base_(static_cast<uint32_t>(s.batch_out.size())) {
+    rows_.clear();
+  }
 
   void add_batch(const RoundDag& dag, std::span<const uint32_t> locals) {
     if (dag.region[locals[0]] != kNone32) return add_fused_batch(dag, locals);
@@ -100,11 +124,7 @@ class Planner {
   // After every batch is planned: slice batches that read the same batch whole,
   // in order, along one axis, with disjoint ranges, become one split.
   void group_slices() {
-    struct Member {
-      int64_t begin, end;
-      uint32_t batch;
-    };
-    std::map<std::pair<uint32_t, int64_t>, std::vector<Member>> by_source;  // (source, axis) -> slices
+    slices_.clear();
     for (uint32_t k = 0; k < p_.batches.size(); ++k) {
       const PlannedBatch& b = p_.batches[k];
       if (b.op != code_of<op::Slice> || b.shared || b.program != nullptr) continue;
@@ -114,19 +134,23 @@ class Planner {
       const NodeId node = p_.nodes[b.nodes_begin];
       auto attrs = s_.attrs_of(node);
       const int axis = s_.shape_of(node).axis(static_cast<int>(attrs[0]));  // a slice keeps the rank
-      by_source[{r.batch, axis + 1}].push_back(Member{attrs[1], attrs[2], k});
+      slices_.push_back(SliceRead{r.batch, axis + 1, attrs[1], attrs[2], k});
     }
-    for (auto& [key, members] : by_source) {
+    // By source and axis, then by where each slice begins (then batch order).
+    std::sort(slices_.begin(), slices_.end(), [](const SliceRead& a, const SliceRead& b) { return a.key() < b.key(); });
+    for (size_t i = 0, j; i < slices_.size(); i = j) {
+      for (j = i; j < slices_.size() && slices_[j].source == slices_[i].source && slices_[j].axis == slices_[i].axis;)
+        ++j;
+      const std::span<const SliceRead> members(slices_.data() + i, j - i);
       if (members.size() < 2) continue;
-      std::sort(members.begin(), members.end(), [](const Member& a, const Member& b) { return a.begin < b.begin; });
       bool disjoint = true;
-      for (size_t i = 1; i < members.size(); ++i) disjoint = disjoint && members[i].begin >= members[i - 1].end;
+      for (size_t q = 1; q < members.size(); ++q) disjoint = disjoint && members[q].begin >= members[q - 1].end;
       if (!disjoint) continue;
       const NodeId some_slice = p_.nodes[p_.batches[members[0].batch].nodes_begin];
-      const int64_t extent = s_.shape_of(s_.resolve(s_.args_of(some_slice)[0]))[static_cast<int>(key.second - 1)];
-      SplitGroup g{key.first, key.second, {}};
+      const int64_t extent = s_.shape_of(s_.resolve(s_.args_of(some_slice)[0]))[static_cast<int>(members[0].axis - 1)];
+      SplitGroup g{members[0].source, members[0].axis, {}};
       int64_t at = 0;
-      for (const Member& m : members) {
+      for (const SliceRead& m : members) {
         if (m.begin > at) g.sizes.push_back(m.begin - at);  // a gap: a piece nobody reads
         p_.batches[m.batch].split = static_cast<int32_t>(p_.splits.size());
         p_.batches[m.batch].piece = static_cast<uint32_t>(g.sizes.size());
@@ -154,13 +178,12 @@ class Planner {
     for (size_t i = 0, j; i < partial_.size(); i = j) {
       for (j = i; j < partial_.size() && partial_[j].first == partial_[i].first;) ++j;
       if (j - i < 2) continue;
-      std::vector<uint32_t> reads;
       for (size_t k = i; k < j; ++k) {
         p_.reads[partial_[k].second].group = static_cast<int32_t>(p_.groups.size());
         p_.reads[partial_[k].second].slot = static_cast<uint32_t>(k - i);
-        reads.push_back(partial_[k].second);
+        p_.groups.nodes.push_back(partial_[k].second);
       }
-      p_.groups.push_back(std::move(reads));
+      p_.groups.close();
     }
   }
 
@@ -289,7 +312,8 @@ class Planner {
     srcs_.clear();
     for (const RowRef& l : sources_)
       if (std::find(srcs_.begin(), srcs_.end(), l.batch) == srcs_.end()) srcs_.push_back(l.batch);
-    std::vector<int64_t> pos(sources_.size());
+    std::vector<int64_t>& pos = pos_;
+    pos.resize(sources_.size());
     int64_t offset = 0;
     bool in_order = true;
     for (uint32_t src : srcs_) {
@@ -321,12 +345,15 @@ class Planner {
   Plan& p_;
   const Fuser* fuser_;
   uint32_t base_;
-  std::vector<uint32_t> rows_;
-  std::vector<std::pair<uint64_t, uint32_t>> order_;  // (where the first input lives, node or region)
-  std::vector<RowRef> sources_;
-  std::vector<uint32_t> srcs_;
-  std::vector<uint32_t> rows_of_src_;
-  std::vector<std::pair<uint32_t, uint32_t>> partial_;
+  PlanScratch& x_ = t_scratch;
+  std::vector<uint32_t>& rows_ = x_.rows;
+  std::vector<std::pair<uint64_t, uint32_t>>& order_ = x_.order;
+  std::vector<RowRef>& sources_ = x_.sources;
+  std::vector<uint32_t>& srcs_ = x_.srcs;
+  std::vector<uint32_t>& rows_of_src_ = x_.rows_of_src;
+  std::vector<int64_t>& pos_ = x_.pos;
+  std::vector<std::pair<uint32_t, uint32_t>>& partial_ = x_.partial;
+  std::vector<SliceRead>& slices_ = x_.slices;
 };
 
 }  // namespace

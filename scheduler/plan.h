@@ -82,7 +82,7 @@ struct Plan {
   std::vector<NodeId> nodes;
   std::vector<BatchArg> args;
   std::vector<Read> reads;
-  std::vector<std::vector<uint32_t>> groups;  // reads served together, all of one batch
+  Batches groups;  // reads served together, all of one batch (lists of read indices, one buffer)
   std::vector<SplitGroup> splits;
   std::vector<int64_t> indices;  // gathers, payloads and segment ids for the whole round
   std::vector<uint8_t> keep;     // fused batches: per member, whether anything outside its region reads it

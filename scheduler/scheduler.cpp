@@ -49,13 +49,13 @@ void Scheduler::count_split_shared(const Trace& trace) {
   split_shared_ = 0;
   split_shared_node_ = kNoNode;
   loose_.clear();
-  std::vector<int64_t> key;
+  std::vector<int64_t>& key = key_;
   for (size_t k = 0; k < batches_.size(); ++k) {
     if (batches_[k].size() != 1) continue;
     const NodeId n = dag_.node[batches_[k][0]];
     if (n == kNoNode) {  // a fused region: its pattern names its shared inputs
       const uint32_t r = dag_.region[batches_[k][0]];
-      if (r != kNone32) count_split_region(trace, fuser_.region(r), key);
+      if (r != kNone32) count_split_region(trace, fuser_.region(r));
       continue;
     }
     if (dag_.sig[batches_[k][0]] == kNoSig) continue;  // a shared node
@@ -80,8 +80,9 @@ void Scheduler::count_split_shared(const Trace& trace) {
 
 // A lone fused region with a shared input read by it only: keyed by its
 // members' ops and shapes and its shared inputs' shapes (not identities).
-void Scheduler::count_split_region(const Trace& trace, const Region& region, std::vector<int64_t>& key) {
+void Scheduler::count_split_region(const Trace& trace, const Region& region) {
   const NodeStore& s = trace.store();
+  std::vector<int64_t>& key = key_;
   bool lone_shared = false;
   key.assign({-2});
   for (NodeId in : fuser_.inputs(region)) {

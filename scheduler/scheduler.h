@@ -64,9 +64,10 @@ class Scheduler {
   uint32_t split_shared_ = 0;
   NodeId split_shared_node_ = kNoNode;
   std::vector<std::pair<uint64_t, NodeId>> loose_;  // scratch: (key without shared identities, node)
+  std::vector<int64_t> key_;                         // scratch: one such key
 
   void count_split_shared(const Trace& trace);
-  void count_split_region(const Trace& trace, const Region& region, std::vector<int64_t>& key);
+  void count_split_region(const Trace& trace, const Region& region);
 };
 
 }  // namespace sheaf

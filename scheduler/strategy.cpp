@@ -1,7 +1,7 @@
 #include "strategy.h"
 
 #include <algorithm>
-#include <set>
+#include <functional>
 #include <string>
 
 #include <sheaf/core/error.h>
@@ -12,26 +12,42 @@ namespace sheaf {
 
 namespace {
 
+// Scratch buffers of the strategies, kept per thread (the strategies are
+// stateless singletons shared by every graph): a graph cleared and refilled
+// batch after batch schedules without allocating (tests/host/test_allocations.cpp).
+struct Scratch {
+  std::vector<uint32_t> start, by_depth, fill, group_of_sig, group, count, sigs_here, at;  // depth
+  std::vector<double> avg;                                                                // agenda
+  std::vector<uint32_t> cnt, indeg, alone, batch;
+  std::vector<std::vector<uint32_t>> ready;
+  std::vector<std::pair<double, uint32_t>> agenda;
+  Batches other;  // auto: the schedule it compares with
+};
+thread_local Scratch t_scratch;
+
 class DepthStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "depth"; }
   void schedule(const RoundDag& dag, Batches& out) const override {
+    Scratch& x = t_scratch;
     const size_t m = dag.size();
     // Counting sort by depth, keeping the local (topological) order inside a depth.
-    std::vector<uint32_t> start(dag.max_depth + 2, 0);
+    std::vector<uint32_t>& start = x.start;
+    start.assign(dag.max_depth + 2, 0);
     for (uint32_t d : dag.depth) ++start[d + 1];
     for (size_t d = 1; d < start.size(); ++d) start[d] += start[d - 1];
-    std::vector<uint32_t> by_depth(m);
-    {
-      std::vector<uint32_t> fill(start.begin(), start.end() - 1);
-      for (uint32_t i = 0; i < m; ++i) by_depth[fill[dag.depth[i]]++] = i;
-    }
+    std::vector<uint32_t>& by_depth = x.by_depth;
+    by_depth.resize(m);
+    x.fill.assign(start.begin(), start.end() - 1);
+    for (uint32_t i = 0; i < m; ++i) by_depth[x.fill[dag.depth[i]]++] = i;
     // Within a depth, one batch per signature, in order of first appearance.
-    std::vector<uint32_t> group_of_sig(dag.num_sigs(), kNone32);
-    std::vector<uint32_t> group(m), count;
+    std::vector<uint32_t>& group_of_sig = x.group_of_sig;
+    group_of_sig.assign(dag.num_sigs(), kNone32);
+    std::vector<uint32_t>&group = x.group, &count = x.count, &sigs_here = x.sigs_here, &at = x.at;
+    group.resize(m);
     for (uint32_t d = 0; d <= dag.max_depth; ++d) {
       count.clear();
-      std::vector<uint32_t> sigs_here;
+      sigs_here.clear();
       for (uint32_t k = start[d]; k < start[d + 1]; ++k) {
         uint32_t i = by_depth[k], s = dag.sig[i];
         if (s == kNoSig) {
@@ -48,7 +64,7 @@ class DepthStrategy final : public Strategy {
         ++count[group[i]];
       }
       const auto base = static_cast<uint32_t>(out.nodes.size());
-      std::vector<uint32_t> at(count.size() + 1, base);
+      at.assign(count.size() + 1, base);
       for (size_t g = 0; g < count.size(); ++g) at[g + 1] = at[g] + count[g];
       out.nodes.resize(base + (start[d + 1] - start[d]));
       for (uint32_t k = start[d]; k < start[d + 1]; ++k) {
@@ -65,10 +81,13 @@ class AgendaStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "agenda"; }
   void schedule(const RoundDag& dag, Batches& out) const override {
+    Scratch& x = t_scratch;
     const size_t m = dag.size();
     const uint32_t sigs = dag.num_sigs();
-    std::vector<double> avg(sigs, 0.0);
-    std::vector<uint32_t> cnt(sigs, 0);
+    std::vector<double>& avg = x.avg;
+    std::vector<uint32_t>& cnt = x.cnt;
+    avg.assign(sigs, 0.0);
+    cnt.assign(sigs, 0);
     for (size_t i = 0; i < m; ++i)
       if (dag.sig[i] != kNoSig) {
         avg[dag.sig[i]] += dag.depth[i];
@@ -77,18 +96,29 @@ class AgendaStrategy final : public Strategy {
     for (uint32_t s = 0; s < sigs; ++s)
       if (cnt[s]) avg[s] /= cnt[s];
 
-    std::vector<uint32_t> indeg(m);
+    std::vector<uint32_t>& indeg = x.indeg;
+    indeg.resize(m);
     for (uint32_t i = 0; i < m; ++i) indeg[i] = dag.arg_begin[i + 1] - dag.arg_begin[i];
-    std::vector<std::vector<uint32_t>> ready(sigs);
-    std::set<std::pair<double, uint32_t>> agenda;  // (average depth, sig) with ready nodes
-    std::vector<uint32_t> alone;                   // ready shared nodes: run at once, one by one
+    std::vector<std::vector<uint32_t>>& ready = x.ready;
+    if (ready.size() < sigs) ready.resize(sigs);
+    for (uint32_t s = 0; s < sigs; ++s) ready[s].clear();
+    // (average depth, sig) of the signatures with ready nodes, a min-heap: each
+    // signature is in it at most once, so it pops in the order of a sorted set.
+    std::vector<std::pair<double, uint32_t>>& agenda = x.agenda;
+    agenda.clear();
+    constexpr std::greater<> kMinFirst;
+    std::vector<uint32_t>& alone = x.alone;  // ready shared nodes: run at once, one by one
+    alone.clear();
     auto make_ready = [&](uint32_t i) {
       uint32_t s = dag.sig[i];
       if (s == kNoSig) {
         alone.push_back(i);
         return;
       }
-      if (ready[s].empty()) agenda.emplace(avg[s], s);
+      if (ready[s].empty()) {
+        agenda.emplace_back(avg[s], s);
+        std::push_heap(agenda.begin(), agenda.end(), kMinFirst);
+      }
       ready[s].push_back(i);
     };
     auto emit = [&](std::span<const uint32_t> batch) {
@@ -100,7 +130,7 @@ class AgendaStrategy final : public Strategy {
     };
     for (uint32_t i = 0; i < m; ++i)
       if (indeg[i] == 0) make_ready(i);
-    std::vector<uint32_t> batch;
+    std::vector<uint32_t>& batch = x.batch;
     while (!agenda.empty() || !alone.empty()) {
       if (!alone.empty()) {
         uint32_t i = alone.back();
@@ -108,8 +138,9 @@ class AgendaStrategy final : public Strategy {
         emit(std::span(&i, 1));
         continue;
       }
-      uint32_t s = agenda.begin()->second;
-      agenda.erase(agenda.begin());
+      std::pop_heap(agenda.begin(), agenda.end(), kMinFirst);
+      const uint32_t s = agenda.back().second;
+      agenda.pop_back();
       batch.swap(ready[s]);
       ready[s].clear();
       emit(batch);
@@ -148,11 +179,12 @@ class AutoStrategy final : public Strategy {
       run(memo.choice, dag, out);
       return;
     }
-    Batches agenda;
+    Batches& agenda = t_scratch.other;
+    agenda.clear();
     run(0, dag, out);
     run(1, dag, agenda);
     memo.choice = agenda.size() < out.size() ? 1 : 0;
-    if (memo.choice == 1) out = std::move(agenda);
+    if (memo.choice == 1) std::swap(out, agenda);  // both keep their buffers
     memo.rounds_left = kRecheck - 1;
   }
   std::string_view chosen(const StrategyMemo& memo) const override {

@@ -13,11 +13,16 @@ namespace sheaf {
 namespace {
 
 // Leaves carry their shape as attributes: rank, dims...
-std::vector<int64_t> shape_attrs(const at::Tensor& t) {
-  std::vector<int64_t> a{t.dim()};
-  for (int64_t d : t.sizes()) a.push_back(d);
-  return a;
-}
+// A leaf's attributes (rank, then sizes), on the stack: one per input, so no allocation.
+struct ShapeAttrs {
+  std::array<int64_t, 1 + kMaxRank> a{};
+  size_t n = 0;
+  explicit ShapeAttrs(const at::Tensor& t) {  // the caller has checked the rank
+    a[n++] = t.dim();
+    for (int64_t d : t.sizes()) a[n++] = d;
+  }
+  std::span<const int64_t> span() const { return {a.data(), n}; }
+};
 
 uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
   x ^= x >> 30;
@@ -110,7 +115,7 @@ NodeId Trace::input(const at::Tensor& x, std::source_location loc) {
     throw_user(site, "the tensor is on ", x.device(), " but the graph runs on ", device_,
                "; give inputs on the CPU (uploaded in one copy per batch) or on the graph's device");
   const auto slot = static_cast<int64_t>(s_.user_tensors.size());
-  const NodeId n = record(code_of<op::Input>, {}, shape_attrs(x), slot, loc);
+  const NodeId n = record(code_of<op::Input>, {}, ShapeAttrs(x).span(), slot, loc);
   s_.user_tensors.push_back(x);
   return n;
 }
@@ -121,10 +126,12 @@ NodeId Trace::param(const at::Tensor& w, std::source_location loc) {
   const void* impl = w.defined() ? w.unsafeGetTensorImpl() : nullptr;
   for (const RecentParam& r : recent_params_)
     if (r.impl == impl && impl != nullptr) return r.node;
+  const uint64_t hash = mix64(reinterpret_cast<uintptr_t>(impl));
+  auto same = [&](uint32_t k) { return params_[k].first == impl; };
   if (w.defined())
-    if (auto it = param_nodes_.find(impl); it != param_nodes_.end()) {
-      recent_params_[next_recent_++ % recent_params_.size()] = RecentParam{impl, it->second};
-      return it->second;
+    if (const uint32_t k = param_index_.find(hash, same); k != FlatIndex::kEmpty) {
+      recent_params_[next_recent_++ % recent_params_.size()] = RecentParam{impl, params_[k].second};
+      return params_[k].second;
     }
   const Site site{"param", kSharedExample, loc};
   if (!w.defined()) throw_user(site, "the tensor is undefined");
@@ -135,7 +142,7 @@ NodeId Trace::param(const at::Tensor& w, std::source_location loc) {
     throw_user(site, "the tensor is on ", w.device(), " but the graph runs on ", device_,
                "; move the parameters with .to(device) first");
   const auto slot = static_cast<int64_t>(s_.user_tensors.size());
-  const NodeId n = record(code_of<op::Param>, {}, shape_attrs(w), slot, loc);
+  const NodeId n = record(code_of<op::Param>, {}, ShapeAttrs(w).span(), slot, loc);
   s_.user_tensors.push_back(w);
   // A parameter needs no launch: its value is the tensor itself.
   ready_.candidates().pop_back();
@@ -144,7 +151,8 @@ NodeId Trace::param(const at::Tensor& w, std::source_location loc) {
   s_.value_batch[n] = static_cast<uint32_t>(s_.batch_out.size());
   s_.value_row[n] = kWholeRow;
   s_.batch_out.push_back(w);
-  param_nodes_.emplace(impl, n);
+  param_index_.find_or_insert(hash, static_cast<uint32_t>(params_.size()), same);
+  params_.emplace_back(impl, n);
   param_uses_.resize(n + 1, 0);
   recent_params_[next_recent_++ % recent_params_.size()] = RecentParam{impl, n};
   return n;
@@ -335,7 +343,8 @@ void Trace::clear() {
   recent_params_.fill(RecentParam{});
   ready_.clear();
   deferred_inferences_ = 0;
-  param_nodes_.clear();
+  params_.clear();
+  param_index_.clear();
   param_uses_.clear();
   example_ids_.clear();
   example_ordinal_.clear();

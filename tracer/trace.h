@@ -17,7 +17,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include <sheaf/core/error.h>
@@ -86,7 +85,9 @@ class Trace {
   int64_t current_example_ = 0;
   ReadyQueue ready_;
   uint64_t deferred_inferences_ = 0;
-  std::unordered_map<const void*, NodeId> param_nodes_;
+  // Parameter nodes by tensor (an open-addressing index: clear() keeps its memory).
+  std::vector<std::pair<const void*, NodeId>> params_;
+  FlatIndex param_index_;
   std::vector<uint32_t> param_uses_;  // per node (parameters only)
   // Per example: nodes recorded so far (dropout keys). Indexed through a hash
   // index, so memory follows the number of examples, not the largest id.
