@@ -55,20 +55,21 @@ uint32_t Fuser::find(uint32_t i) {
 void Fuser::collect_regions(const NodeStore& s, const RoundDag& dag) {
   const auto m = static_cast<uint32_t>(dag.size());
   fusible_.resize(m);
-  nd_.resize(m);
+  local_.resize(m);
   parent_.resize(m);
   for (uint32_t i = 0; i < m; ++i) {
     const NodeId n = dag.node[i];
     const bool f = fusible(s, n);
     fusible_[i] = f;
     parent_[i] = i;
+    // What the arguments' loop needs of a local, in one place (one cache miss per argument, not three).
     uint32_t d = 0;
-    for (uint32_t a : dag.args_of(i)) d = std::max(d, nd_[a] + (fusible_[a] ? 0u : 1u));
-    nd_[i] = d;
-    if (!f) continue;
+    for (uint32_t a : dag.args_of(i)) d = std::max(d, local_[a].nd + (local_[a].fusible ? 0u : 1u));
     const ShapeId shape = s.shape[n];
+    local_[i] = Local{d, shape, f};
+    if (!f) continue;
     for (uint32_t a : dag.args_of(i))
-      if (fusible_[a] && nd_[a] == d && s.shape[dag.node[a]] == shape) parent_[find(a)] = find(i);
+      if (local_[a].fusible && local_[a].nd == d && local_[a].shape == shape) parent_[find(a)] = find(i);
   }
   count_.assign(m, 0);
   for (uint32_t i = 0; i < m; ++i)

@@ -97,7 +97,13 @@ class Fuser {
 
   // Per round (reused: no allocation per round once warm).
   std::vector<uint8_t> fusible_;
-  std::vector<uint32_t> nd_, parent_, region_of_, member_pos_, count_, id_of_root_;
+  struct Local {
+    uint32_t nd;     // non-fusible depth: regions never span a non-fusible node
+    ShapeId shape;
+    bool fusible;
+  };
+  std::vector<Local> local_;
+  std::vector<uint32_t> parent_, region_of_, member_pos_, count_, id_of_root_;
   std::vector<SigId> region_sig_;
   std::vector<Region> regions_;
   std::vector<NodeId> members_, inputs_;

@@ -72,10 +72,11 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
     // Later: from the last batch down, so that consumers have settled first.
     for (uint32_t k = nb; k-- > 0;) {
       if (!alive[k] || sig_of(k) == kNoSig) continue;
+      const auto cand = candidates(sig_of(k));
+      if (cand.back() <= k) continue;  // no later batch to join: skip the scan of uses
       uint32_t limit = nb;  // exclusive
       for (uint32_t i = head[k]; i != kNone32; i = next[i])
         for (uint32_t u : dag.uses_of(i)) limit = std::min(limit, pos_of_node[u]);
-      const auto cand = candidates(sig_of(k));
       auto it = std::lower_bound(cand.begin(), cand.end(), limit);
       while (it != cand.begin() && *(it - 1) > k && !alive[*(it - 1)]) --it;
       if (it != cand.begin() && *(it - 1) > k) {
@@ -86,10 +87,11 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
     // Earlier: from the first batch up, so that arguments have settled first.
     for (uint32_t k = 0; k < nb; ++k) {
       if (!alive[k] || sig_of(k) == kNoSig) continue;
+      const auto cand = candidates(sig_of(k));
+      if (cand.front() >= k) continue;  // no earlier batch to join
       int64_t lower = -1;  // exclusive
       for (uint32_t i = head[k]; i != kNone32; i = next[i])
         for (uint32_t a : dag.args_of(i)) lower = std::max<int64_t>(lower, pos_of_node[a]);
-      const auto cand = candidates(sig_of(k));
       auto it = lower < 0 ? cand.begin() : std::upper_bound(cand.begin(), cand.end(), static_cast<uint32_t>(lower));
       while (it != cand.end() && *it < k && !alive[*it]) ++it;
       if (it != cand.end() && *it < k) {

@@ -85,15 +85,20 @@ class Planner {
     }
     if (!std::is_sorted(order_.begin(), order_.end())) std::sort(order_.begin(), order_.end());
     b.nodes_begin = static_cast<uint32_t>(p_.nodes.size());
-    for (uint32_t k = 0; k < b.outputs; ++k) {
-      for (uint32_t i = 0; i < b.n; ++i) {
-        const NodeId node = fuser_->members(fuser_->region(order_[i].second))[k];
-        p_.nodes.push_back(node);
+    p_.nodes.resize(p_.nodes.size() + size_t{b.outputs} * b.n);
+    NodeId* const at = p_.nodes.data() + b.nodes_begin;
+    // Region by region: a region's members are neighbours in the store, so
+    // their (batch, row) writes share cache lines (member-major order did not).
+    for (uint32_t i = 0; i < b.n; ++i) {
+      const std::span<const NodeId> members = fuser_->members(fuser_->region(order_[i].second));
+      for (uint32_t k = 0; k < b.outputs; ++k) {
+        const NodeId node = members[k];
+        at[size_t{k} * b.n + i] = node;
         s_.value_batch[node] = b.out + k;
         s_.value_row[node] = i;
       }
-      rows_.push_back(b.n);
     }
+    rows_.insert(rows_.end(), b.outputs, b.n);
     // A member's value leaves the kernel if any region of the batch needs it
     // outside, or if a later round read it in an earlier batch of this pattern.
     b.keep_begin = static_cast<uint32_t>(p_.keep.size());

@@ -6,11 +6,8 @@ namespace sheaf {
 
 namespace {
 
-constexpr uint8_t kReady = 1;
-
 // Starts a round's marks: stamps from earlier rounds become stale.
 uint32_t next_round(const NodeStore& s, RoundDag& dag) {
-  dag.mark.resize(s.size());
   dag.local_of.resize(s.size());
   if (dag.stamp.size() < s.size()) dag.stamp.resize(s.size(), 0);
   if (++dag.round == 0) {  // wrapped around: forget every old stamp
@@ -40,7 +37,7 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
   work.clear();
   work.swap(q.candidates());
   if (!std::is_sorted(work.begin(), work.end())) std::sort(work.begin(), work.end());
-  auto ready = [&](NodeId r) { return s.has(r, NodeStore::kComputed) || (dag.stamp[r] == round && dag.mark[r] == kReady); };
+  auto ready = [&](NodeId r) { return s.has(r, NodeStore::kComputed) || dag.stamp[r] == round; };
   for (size_t i = 0; i < work.size(); ++i) {
     const NodeId n = work[i];
     ++visits;
@@ -49,42 +46,44 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
     if (s.has(n, NodeStore::kPlaceholder)) {
       if (s.alias[n] == kNoNode) continue;  // Trace::resolve brings it back
       const NodeId r = s.resolve(n);
-      if (!ready(r)) blocker = r;
-    } else if (s.shape[n] == kUnknownShape || s.has(n, NodeStore::kFailed)) {
-      continue;  // its shape's inference brings it back; a failed node never runs
-    } else {
-      for (NodeId a : s.args_of(n)) {
-        const NodeId r = s.resolve(a);
-        if (!ready(r)) {
-          blocker = r;
-          break;
-        }
+      if (!ready(r)) {
+        q.park(n, r);
+        continue;
       }
+      dag.stamp[n] = round;
+      aliases.push_back(n);
+      q.wake(n, work);
+      continue;
+    }
+    if (s.shape[n] == kUnknownShape || s.has(n, NodeStore::kFailed))
+      continue;  // its shape's inference brings it back; a failed node never runs
+    // One pass over the arguments decides readiness and lists the in-round
+    // ones (taken back if one blocks).
+    const size_t listed = dag.args.size();
+    uint32_t d = 0;
+    for (NodeId a : s.args_of(n)) {
+      const NodeId r = s.resolve(a);
+      if (s.has(r, NodeStore::kComputed)) continue;
+      if (dag.stamp[r] != round) {
+        blocker = r;
+        break;
+      }
+      const uint32_t la = dag.local_of[r];
+      dag.args.push_back(la);
+      d = std::max(d, dag.depth[la] + 1);
     }
     if (blocker != kNoNode) {
+      dag.args.resize(listed);
       q.park(n, blocker);
       continue;
     }
-    dag.mark[n] = kReady;
     dag.stamp[n] = round;
-    if (s.has(n, NodeStore::kPlaceholder)) {
-      aliases.push_back(n);
-    } else {
-      dag.local_of[n] = static_cast<uint32_t>(dag.node.size());
-      dag.node.push_back(n);
-      dag.sig.push_back(s.sig[n]);
-      uint32_t d = 0;
-      for (NodeId a : s.args_of(n)) {
-        const NodeId r = s.resolve(a);
-        if (s.has(r, NodeStore::kComputed)) continue;
-        const uint32_t la = dag.local_of[r];
-        dag.args.push_back(la);
-        d = std::max(d, dag.depth[la] + 1);
-      }
-      dag.depth.push_back(d);
-      dag.max_depth = std::max(dag.max_depth, d);
-      dag.arg_begin.push_back(static_cast<uint32_t>(dag.args.size()));
-    }
+    dag.local_of[n] = static_cast<uint32_t>(dag.node.size());
+    dag.node.push_back(n);
+    dag.sig.push_back(s.sig[n]);
+    dag.depth.push_back(d);
+    dag.max_depth = std::max(dag.max_depth, d);
+    dag.arg_begin.push_back(static_cast<uint32_t>(dag.args.size()));
     q.wake(n, work);
   }
 }

@@ -22,9 +22,9 @@ struct RoundDag {
   std::vector<uint32_t> depth;      // longest path from the round's inputs, 0-based
   uint32_t max_depth = 0;
   // Scratch reused between rounds (a graph keeps its RoundDag: no reallocation per round).
-  // mark[n] is valid only where stamp[n] == round: no reset of the whole graph's
-  // marks per round (control flow runs many small rounds over a large graph).
-  std::vector<uint8_t> mark;
+  // stamp[n] == round: n was found ready this round (and local_of[n] is valid).
+  // A stamp, not a flag: no reset of the whole graph's marks per round
+  // (control flow runs many small rounds over a large graph).
   std::vector<uint32_t> stamp;
   uint32_t round = 0;
   std::vector<uint32_t> local_of;
