@@ -95,6 +95,8 @@ Expr abs(At x) { return unary(code_of<op::Abs>, x); }
 Expr sqrt(At x) { return unary(code_of<op::Sqrt>, x); }
 Expr softplus(At x) { return unary(code_of<op::Softplus>, x); }
 Expr log_sigmoid(At x) { return unary(code_of<op::LogSigmoid>, x); }
+Expr gelu(At x) { return unary(code_of<op::Gelu>, x); }
+Expr pow(At x, double c) { return with_scalar(code_of<op::PowScalar>, x, c); }
 Expr maximum(Operand a, Operand b, Loc loc) { return binary(code_of<op::Maximum>, a, b, loc); }
 Expr minimum(Operand a, Operand b, Loc loc) { return binary(code_of<op::Minimum>, a, b, loc); }
 Expr sum(At x) { return unary(code_of<op::Sum>, x); }

@@ -82,6 +82,8 @@ Expr abs(At x);
 Expr sqrt(At x);
 Expr softplus(At x);     // log(1 + e^x)
 Expr log_sigmoid(At x);  // log(sigmoid(x)), stable for large |x|
+Expr gelu(At x);         // GELU, tanh form (LibTorch's approximate="tanh")
+Expr pow(At x, double c);  // x^c elementwise (LibTorch's pow with a scalar exponent)
 // Elementwise larger / smaller (equal shapes, or a scalar on either side); at
 // ties the gradient is split evenly, as LibTorch's.
 Expr maximum(Operand a, Operand b, Loc loc = Loc::current());

@@ -11,6 +11,7 @@
 #include <ATen/ops/div.h>
 #include <ATen/ops/exp.h>
 #include <ATen/ops/ge.h>
+#include <ATen/ops/gelu.h>
 #include <ATen/ops/gt.h>
 #include <ATen/ops/log.h>
 #include <ATen/ops/log_sigmoid.h>
@@ -19,6 +20,7 @@
 #include <ATen/ops/lt.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/neg.h>
+#include <ATen/ops/pow.h>
 #include <ATen/ops/reciprocal.h>
 #include <ATen/ops/relu.h>
 #include <ATen/ops/sigmoid.h>
@@ -165,6 +167,17 @@ struct RDivScalar : WithScalar<rdiv_s> {
     static float db(float, float, float, float) { return 0.0f; }
   };
 };
+// x^c for a constant c (LibTorch's pow with a scalar exponent).
+inline at::Tensor pow_s(const at::Tensor& x, const at::Scalar& s) { return at::pow(x, s); }
+struct PowScalar : WithScalar<pow_s> {
+  static constexpr std::string_view name = "pow_scalar";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{.scalar = true, .cuda_fwd = "powf(a, c)", .cuda_da = "c * powf(a, c - 1.f)"};
+    static float fwd(float a, float, float c) { return pw::pow(a, c); }
+    static float da(float a, float, float, float c) { return c * pw::pow(a, c - 1.0f); }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
 struct GreaterScalar : WithScalar<gt_s> {
   static constexpr std::string_view name = "greater_scalar";
   struct Pointwise {
@@ -250,6 +263,7 @@ inline at::Tensor abs1(const at::Tensor& x) { return at::abs(x); }
 inline at::Tensor sqrt1(const at::Tensor& x) { return at::sqrt(x); }
 inline at::Tensor softplus1(const at::Tensor& x) { return at::softplus(x); }
 inline at::Tensor log_sigmoid1(const at::Tensor& x) { return at::log_sigmoid(x); }
+inline at::Tensor gelu1(const at::Tensor& x) { return at::gelu(x, "tanh"); }
 
 struct Abs : Unary<abs1> {
   static constexpr std::string_view name = "abs";
@@ -289,6 +303,21 @@ struct LogSigmoid : Unary<log_sigmoid1> {
                                         .cuda_da = "1.f / (1.f + expf(a))"};
     static float fwd(float a, float, float) { return -pw::softplus(-a); }
     static float da(float a, float, float, float) { return pw::sigmoid(-a); }
+    static float db(float, float, float, float) { return 0.0f; }
+  };
+};
+
+// GELU in its tanh form (LibTorch's approximate="tanh", as GPT-2 and BERT's code use it).
+struct Gelu : Unary<gelu1> {
+  static constexpr std::string_view name = "gelu";
+  struct Pointwise {
+    static constexpr PointwiseInfo info{
+        .cuda_fwd = "(0.5f * a * (1.f + tanhf(0.7978845608f * (a + 0.044715f * a * a * a))))",
+        .cuda_da = "(0.5f * (1.f + tanhf(0.7978845608f * (a + 0.044715f * a * a * a))) + 0.5f * a * "
+                   "(1.f - tanhf(0.7978845608f * (a + 0.044715f * a * a * a)) * tanhf(0.7978845608f * (a + 0.044715f * "
+                   "a * a * a))) * 0.7978845608f * (1.f + 0.134145f * a * a))"};
+    static float fwd(float a, float, float) { return pw::gelu_tanh(a); }
+    static float da(float a, float, float, float) { return pw::gelu_tanh_grad(a); }
     static float db(float, float, float, float) { return 0.0f; }
   };
 };

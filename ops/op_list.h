@@ -49,6 +49,8 @@ struct Log;
 struct Abs;
 struct Sqrt;
 struct Softplus;     // log(1 + e^x)
+struct Gelu;         // GELU, tanh form
+struct PowScalar;    // x^c
 struct LogSigmoid;   // log(sigmoid(x))
 struct Dropout;
 // Linear algebra.
@@ -83,8 +85,9 @@ struct Placeholder;
 inline constexpr auto kOpList = boost::hana::tuple_t<
     op::Input, op::Constant, op::Param, op::Lookup,
     op::Add, op::Sub, op::Mul, op::Div, op::AddScalar, op::MulScalar, op::RDivScalar,
-    op::Maximum, op::Minimum, op::Greater, op::GreaterScalar, op::LessScalar,
+    op::PowScalar, op::Maximum, op::Minimum, op::Greater, op::GreaterScalar, op::LessScalar,
     op::Neg, op::Tanh, op::Sigmoid, op::Relu, op::Exp, op::Log, op::Abs, op::Sqrt, op::Softplus, op::LogSigmoid,
+    op::Gelu,
     op::Dropout,
     op::Affine, op::Matmul,
     op::Concat, op::Slice, op::Reshape, op::Transpose, op::Stack,

@@ -98,4 +98,26 @@ inline float softplus(float x) {
   return (x > 0.0f ? x : 0.0f) + pw::log(1.0f + pw::exp(-ax));
 }
 
+// a^c as LibTorch's pow: exp(c log|a|), exact for c = 0 and c = 2; a negative
+// base gives the sign of an odd integral c, NaN for a non-integral c.
+inline float pow(float a, float c) {
+  const float aa = a < 0.0f ? -a : a;
+  const float ac = c < 0.0f ? -c : c;
+  float r = pw::exp(c * pw::log(aa));
+  r = select(c == 0.0f, 1.0f, select(c == 2.0f, a * a, r));
+  const bool integral = ac >= 4194304.0f || round_near(c) == c;  // every float from 2^22 on is integral
+  const float half = c * 0.5f;
+  const bool odd = integral && ac < 16777216.0f && round_near(half) != half;
+  const float negative = select(integral, select(odd, -r, r), std::numeric_limits<float>::quiet_NaN());
+  return select(a < 0.0f && c != 0.0f && c != 2.0f, negative, r);
+}
+
+// GELU, tanh form (LibTorch's approximate="tanh"): 0.5 x (1 + tanh(k (x + 0.044715 x^3))).
+inline constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
+inline float gelu_tanh(float x) { return 0.5f * x * (1.0f + pw::tanh(kGeluK * (x + 0.044715f * x * x * x))); }
+inline float gelu_tanh_grad(float x) {
+  const float t = pw::tanh(kGeluK * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluK * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 }  // namespace sheaf::pw

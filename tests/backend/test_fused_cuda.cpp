@@ -68,6 +68,13 @@ std::vector<FusedProgram> programs() {
     p.hash = 3;
     out.push_back(p);
   }
+  {  // gelu and pow
+    FusedProgram p;
+    p.inputs = 1, p.input_numel = {4}, p.input_shared = {0}, p.numel = 4, p.shape = Shape{4};
+    op(p, code_of<op::PowScalar>, op(p, code_of<op::Gelu>, 0), 0, 1.5);
+    p.hash = 4;
+    out.push_back(p);
+  }
   return out;
 }
 

@@ -68,6 +68,12 @@ inline const std::vector<OpCase>& cases() {
       {"abs/sqrt", [](Graph&, Expr h, int, const Params&) { return dsl::sqrt(dsl::abs(h) + 0.1) - dsl::abs(h * 0.5); }},
       {"softplus/log_sigmoid",
        [](Graph&, Expr h, int, const Params&) { return dsl::softplus(h * 30.0) * 0.05 + dsl::log_sigmoid(h * 40.0) * 0.05; }},
+      {"gelu", [](Graph&, Expr h, int, const Params&) { return dsl::gelu(h * 2.0) - 0.25; }},
+      {"pow_scalar",
+       [](Graph&, Expr h, int, const Params&) {
+         return dsl::pow(dsl::abs(h) + 0.5, 1.5) * 0.3 + dsl::pow(dsl::tanh(h), 3.0) + dsl::pow(h, 2.0) * 0.1 +
+                dsl::pow(h, 0.0);
+       }},
       {"maximum/minimum",
        [](Graph& g, Expr h, int i, const Params& p) {
          const Expr y = g.input(p.data({kD}, i, 10));
