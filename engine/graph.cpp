@@ -25,6 +25,10 @@ Expr Graph::constant(Shape shape, double value, Loc loc) {
   engine_->note_recording();
   return engine_->expr(engine_->trace().constant(shape, value, loc));
 }
+Expr Graph::lookup(const at::Tensor& table, std::span<const int64_t> ids, bool sparse_grad, Loc loc) {
+  engine_->note_recording();
+  return engine_->expr(engine_->trace().lookup(table, ids, sparse_grad, loc));
+}
 Expr Graph::lookup(const at::Tensor& table, int64_t id, bool sparse_grad, Loc loc) {
   engine_->note_recording();
   return engine_->expr(engine_->trace().lookup(table, id, sparse_grad, loc));

@@ -26,6 +26,7 @@
 #include <source_location>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <sheaf/core/shape.h>
 #include "expr.h"
@@ -82,6 +83,18 @@ class Graph {
   // Row `id` of a shared [rows, ...] table. sparse_grad gives the table a sparse
   // gradient (as torch::nn::Embedding's `sparse` option; the table must then be 2-D).
   Expr lookup(const at::Tensor& table, int64_t id, bool sparse_grad = false, Loc loc = Loc::current());
+  // The rows of a list of ids, as one per-example value [ids.size(), ...] (a
+  // sentence's embeddings): one launch for the whole batch. The ids are copied.
+  Expr lookup(const at::Tensor& table, std::span<const int64_t> ids, bool sparse_grad = false,
+              Loc loc = Loc::current());
+  Expr lookup(const at::Tensor& table, std::initializer_list<int64_t> ids, bool sparse_grad = false,
+              Loc loc = Loc::current()) {
+    return lookup(table, std::span(ids.begin(), ids.size()), sparse_grad, loc);
+  }
+  Expr lookup(const at::Tensor& table, const std::vector<int64_t>& ids, bool sparse_grad = false,
+              Loc loc = Loc::current()) {
+    return lookup(table, std::span(ids), sparse_grad, loc);
+  }
 
   // ---- Examples. Nodes recorded while the scope lives are tagged with `id`, any
   // int64 >= 0 (a dataset index is fine: memory follows the examples recorded).

@@ -72,6 +72,34 @@ struct Lookup {
   }
 };
 
+// args: the shared table [rows, ...]; payload: the user tensor that holds the
+// ids (int64, on the CPU); attrs: sparse gradient, number of ids. The result is
+// [ids, ...]: one embedding (or index_select) for the whole batch's ids.
+struct LookupList {
+  static constexpr std::string_view name = "lookup";
+  static constexpr OpTraits traits{.arity = 1, .source = true};
+  static Shape infer(const InferCtx& c) {
+    c.expect_shared(0, "the table");
+    const Shape& t = c.shape(0);
+    if (t.rank() < 1) c.fail("the table must have rank >= 1, got ", t.str());
+    if (c.attr(0) != 0 && t.rank() != 2) c.fail("a sparse gradient needs a 2-D table [rows, dim], got ", t.str());
+    Shape s;
+    s.push(c.attr(1));
+    for (int i = 1; i < t.rank(); ++i) s.push(t[i]);
+    return s;
+  }
+  static at::Tensor run(RunCtx& c) {
+    std::vector<at::Tensor> rows;
+    rows.reserve(static_cast<size_t>(c.n()));
+    for (int64_t slot : c.payload_host()) rows.push_back(c.user_tensor(slot));
+    const at::Tensor ids = at::stack(rows).to(c.in(0).device());  // [n, count]
+    if (c.in(0).dim() == 2)
+      return at::embedding(c.in(0), ids, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false, /*sparse=*/c.attr(0) != 0);
+    std::vector<int64_t> sizes{ids.size(0), ids.size(1)};
+    for (int64_t d = 1; d < c.in(0).dim(); ++d) sizes.push_back(c.in(0).size(d));
+    return c.in(0).index_select(0, ids.reshape({-1})).view(sizes);
+  }
+};
 struct Placeholder {
   static constexpr std::string_view name = "placeholder";
   static constexpr OpTraits traits{.arity = 0, .source = true};

@@ -4,6 +4,8 @@
 #include <array>
 #include <sstream>
 
+#include <ATen/ops/empty.h>
+
 #include <sheaf/core/hash.h>
 #include <sheaf/ops/op.h>
 #include <sheaf/ops/op_list.h>
@@ -170,6 +172,25 @@ NodeId Trace::lookup(const at::Tensor& table, int64_t id, bool sparse_grad, std:
   const NodeId t = param(table, loc);
   const int64_t attr = sparse_grad ? 1 : 0;
   return record(code_of<op::Lookup>, std::span(&t, 1), std::span(&attr, 1), id, loc);
+}
+
+NodeId Trace::lookup(const at::Tensor& table, std::span<const int64_t> ids, bool sparse_grad,
+                     std::source_location loc) {
+  const Site site{"lookup", current_example_, loc};
+  if (ids.empty()) throw_user(site, "needs at least one id (an empty list has no rows to stack)");
+  const NodeId t = param(table, loc);
+  if (table.dim() >= 1)  // else the op's inference names the rank
+    for (size_t k = 0; k < ids.size(); ++k)
+      if (ids[k] < 0 || ids[k] >= table.size(0))
+        throw_user(site, "id ", ids[k], " (position ", k, " of ", ids.size(), ") is out of range for a table of ",
+                   table.size(0), " rows");
+  const std::array<int64_t, 2> attrs{sparse_grad ? 1 : 0, static_cast<int64_t>(ids.size())};
+  const auto slot = static_cast<int64_t>(s_.user_tensors.size());
+  const NodeId n = record(code_of<op::LookupList>, std::span(&t, 1), attrs, slot, loc);
+  at::Tensor held = at::empty({static_cast<int64_t>(ids.size())}, at::TensorOptions().dtype(at::kLong));
+  std::copy(ids.begin(), ids.end(), held.data_ptr<int64_t>());
+  s_.user_tensors.push_back(std::move(held));
+  return n;
 }
 
 // ---------------------------------------------------------------------------

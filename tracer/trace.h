@@ -45,6 +45,7 @@ class Trace {
   NodeId param(const at::Tensor& w, std::source_location loc);  // the same tensor is one node
   NodeId constant(const Shape& shape, double value, std::source_location loc);
   NodeId lookup(const at::Tensor& table, int64_t id, bool sparse_grad, std::source_location loc);
+  NodeId lookup(const at::Tensor& table, std::span<const int64_t> ids, bool sparse_grad, std::source_location loc);
 
   // ---- Control flow. A placeholder stands for a value decided later (a cond's
   // result, a loop's final state); resolve() binds it to the node it became and

@@ -49,6 +49,18 @@ inline const std::vector<OpCase>& cases() {
          const Expr row = g.lookup(p.E3, i % 3);  // [2, kD]
          return h * g.lookup(p.v, i % kD) + dsl::sum(row);
        }},
+      {"lookup list",
+       [](Graph& g, Expr h, int i, const Params& p) {
+         const Expr rows = g.lookup(p.E, {i % kVocab, (i + 3) % kVocab, (2 * i + 1) % kVocab});  // [3, kD]
+         return h * dsl::sum_dim(rows, 0);
+       }},
+      {"lookup list sparse, rank 3",
+       [](Graph& g, Expr h, int i, const Params& p) {
+         const std::vector<int64_t> ids{(i + 1) % kVocab, i % kVocab};
+         const Expr rows = g.lookup(p.E, ids, true);        // [2, kD]
+         const Expr blocks = g.lookup(p.E3, {i % 3, 2, 0});  // [3, 2, kD]
+         return h + dsl::sum_dim(rows, 0) + dsl::sum_dim(dsl::sum_dim(blocks, 0), 0);
+       }},
       {"add", [](Graph& g, Expr h, int i, const Params& p) { return h + g.input(p.data({kD}, i, 1)); }},
       {"add shared", [](Graph&, Expr h, int, const Params& p) { return h + p.v; }},
       {"sub", [](Graph& g, Expr h, int i, const Params& p) { return g.input(p.data({kD}, i, 2)) - h; }},

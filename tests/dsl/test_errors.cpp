@@ -66,6 +66,10 @@ TEST_CASE("id out of range in a lookup", "[dsl][errors]") {
   REQUIRE_THROWS_WITH(g.lookup(E, 10), Contains("op 'lookup'") && Contains("example 7") && Contains("id 10") &&
                                            Contains("10 rows"));
   REQUIRE_THROWS_WITH(g.lookup(E, -2), Contains("id -2"));
+  REQUIRE_THROWS_WITH(g.lookup(E, {3, 10, 1}), Contains("op 'lookup'") && Contains("example 7") &&
+                                                   Contains("id 10 (position 1 of 3)") && Contains("10 rows"));
+  REQUIRE_THROWS_WITH(g.lookup(E, std::vector<int64_t>{}), Contains("op 'lookup'") && Contains("at least one id"));
+  REQUIRE_THROWS_WITH(g.lookup(at::randn({3, 2, 4}), {1, 2}, /*sparse_grad=*/true), Contains("2-D"));
 }
 
 TEST_CASE("Exprs from a cleared or destroyed graph, or from another graph", "[dsl][errors]") {

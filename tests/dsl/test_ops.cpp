@@ -79,12 +79,13 @@ TEST_CASE("shape, axis-reduction, dot and layer_norm ops give LibTorch's values"
     checks.emplace_back(dsl::logsumexp_dim(X, 1), x.logsumexp(1));
     checks.emplace_back(dsl::dot(V, gain), (v * gain).sum());
     checks.emplace_back(dsl::layer_norm(X, gain, bias), at::layer_norm(x, {4}, gain, bias));
+    checks.emplace_back(g.lookup(x, {1, 0, 1}), x.index_select(0, at::tensor(std::vector<int64_t>{1, 0, 1})));
   }
   std::vector<Expr> targets;
   for (const auto& [e, expected] : checks) targets.push_back(e);
   g.forward(targets);
   for (size_t k = 0; k < checks.size(); ++k) {
-    INFO("check " << k % 10);
+    INFO("check " << k % 11);
     CHECK(checks[k].first.value().sizes() == checks[k].second.sizes());
     CHECK(at::allclose(checks[k].first.value(), checks[k].second, 1e-5, 1e-6));
   }
