@@ -1,16 +1,61 @@
 #include "prefetch.h"
 
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 namespace sheaf {
 
+// A job slot for one thread: take() posts (slot, batch), the thread records it
+// and reports done (or the error it threw).
+struct Prefetcher::Worker {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool posted = false, done = false, stop = false, in_flight = false;
+  int slot = 0;
+  size_t batch = 0;
+  std::exception_ptr error;
+  std::thread thread;
+};
+
 Prefetcher::Prefetcher(GraphOptions graph, Record record, ForwardOptions forward)
     : record_(std::move(record)),
       forward_(forward),
-      graphs_{std::make_unique<Graph>(graph), std::make_unique<Graph>(graph)} {}
+      graphs_{std::make_unique<Graph>(graph), std::make_unique<Graph>(graph)},
+      worker_(std::make_unique<Worker>()) {
+  worker_->thread = std::thread([this] {
+    Worker& w = *worker_;
+    std::unique_lock lock(w.mu);
+    for (;;) {
+      w.cv.wait(lock, [&] { return w.posted || w.stop; });
+      if (!w.posted) return;  // stopped with nothing to do
+      w.posted = false;
+      const int slot = w.slot;
+      const size_t batch = w.batch;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        record_into(slot, batch);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      w.error = error;
+      w.done = true;
+      w.cv.notify_all();
+    }
+  });
+}
 
-Prefetcher::~Prefetcher() {
-  if (worker_.valid()) worker_.wait();
+Prefetcher::~Prefetcher() {  // finishes the batch in flight, then stops the worker
+  {
+    std::lock_guard lock(worker_->mu);
+    worker_->stop = true;
+  }
+  worker_->cv.notify_all();
+  worker_->thread.join();
 }
 
 void Prefetcher::record_into(int slot, size_t batch) {
@@ -21,17 +66,28 @@ void Prefetcher::record_into(int slot, size_t batch) {
 }
 
 Prefetcher::Batch Prefetcher::take(size_t i, std::optional<size_t> next) {
+  Worker& w = *worker_;
   const int slot = 1 - current_;
   bool ready = false;
-  if (worker_.valid()) {
-    ready = worker_batch_ == i;
-    worker_.get();  // rethrows the worker's error
+  if (w.in_flight) {
+    std::unique_lock lock(w.mu);
+    w.cv.wait(lock, [&] { return w.done; });
+    w.done = false;
+    w.in_flight = false;
+    ready = w.batch == i;
+    if (w.error) std::rethrow_exception(std::exchange(w.error, nullptr));  // the worker's error
   }
   if (!ready) record_into(slot, i);
   current_ = slot;
   if (next) {
-    worker_batch_ = *next;
-    worker_ = std::async(std::launch::async, [this, other = 1 - slot, b = *next] { record_into(other, b); });
+    {
+      std::lock_guard lock(w.mu);
+      w.slot = 1 - slot;
+      w.batch = *next;
+      w.posted = true;
+      w.in_flight = true;
+    }
+    w.cv.notify_all();
   }
   return Batch{*graphs_[current_], targets_[current_]};
 }

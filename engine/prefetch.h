@@ -22,7 +22,6 @@
 #include <array>
 #include <cstddef>
 #include <functional>
-#include <future>
 #include <memory>
 #include <optional>
 #include <span>
@@ -58,8 +57,10 @@ class Prefetcher {
   std::array<std::unique_ptr<Graph>, 2> graphs_;
   std::array<std::vector<Expr>, 2> targets_;
   int current_ = 0;
-  std::future<void> worker_;  // filling graphs_[1 - current_] with batch worker_batch_
-  size_t worker_batch_ = 0;
+  // One worker thread for the Prefetcher's life (not one per batch): its
+  // scheduling scratch stays warm, so a batch allocates nothing there either.
+  struct Worker;
+  std::unique_ptr<Worker> worker_;  // last: started once the rest exists
 };
 
 }  // namespace sheaf
