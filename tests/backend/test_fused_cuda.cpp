@@ -68,10 +68,10 @@ std::vector<FusedProgram> programs() {
     p.hash = 3;
     out.push_back(p);
   }
-  {  // gelu and pow
+  {  // gelu and pow (two inputs: the checks above read input 1)
     FusedProgram p;
-    p.inputs = 1, p.input_numel = {4}, p.input_shared = {0}, p.numel = 4, p.shape = Shape{4};
-    op(p, code_of<op::PowScalar>, op(p, code_of<op::Gelu>, 0), 0, 1.5);
+    p.inputs = 2, p.input_numel = {4, 4}, p.input_shared = {0, 0}, p.numel = 4, p.shape = Shape{4};
+    op(p, code_of<op::Mul>, op(p, code_of<op::PowScalar>, op(p, code_of<op::Gelu>, 0), 0, 1.5), 1);
     p.hash = 4;
     out.push_back(p);
   }
