@@ -13,7 +13,10 @@ namespace sheaf {
 struct Prefetcher::Worker {
   std::mutex mu;
   std::condition_variable cv;
-  bool posted = false, done = false, stop = false, in_flight = false;
+  bool posted = false, done = false, stop = false;
+  // Only take()'s thread reads or writes this (the worker never does), so
+  // take() may test it without the lock.
+  bool in_flight = false;
   int slot = 0;
   size_t batch = 0;
   std::exception_ptr error;

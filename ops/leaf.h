@@ -48,6 +48,15 @@ struct Param {
   static at::Tensor run(RunCtx&);
 };
 
+// Both lookups read argument 0 as a shared table and attr 0 as "sparse gradient".
+inline const Shape& check_table(const InferCtx& c) {
+  c.expect_shared(0, "the table");
+  const Shape& t = c.shape(0);
+  if (t.rank() < 1) c.fail("the table must have rank >= 1, got ", t.str());
+  if (c.attr(0) != 0 && t.rank() != 2) c.fail("a sparse gradient needs a 2-D table [rows, dim], got ", t.str());
+  return t;
+}
+
 // args: the shared table [rows, ...]; payload: the row id; attr: sparse gradient.
 // A 2-D table is one embedding (sparse gradient optional); another rank, one
 // index_select along the rows.
@@ -55,10 +64,7 @@ struct Lookup {
   static constexpr std::string_view name = "lookup";
   static constexpr OpTraits traits{.arity = 1, .source = true};
   static Shape infer(const InferCtx& c) {
-    c.expect_shared(0, "the table");
-    const Shape& t = c.shape(0);
-    if (t.rank() < 1) c.fail("the table must have rank >= 1, got ", t.str());
-    if (c.attr(0) != 0 && t.rank() != 2) c.fail("a sparse gradient needs a 2-D table [rows, dim], got ", t.str());
+    const Shape& t = check_table(c);
     if (c.payload() < 0 || c.payload() >= t[0])
       c.fail("id ", c.payload(), " is out of range for a table of ", t[0], " rows");
     Shape s;
@@ -79,10 +85,7 @@ struct LookupList {
   static constexpr std::string_view name = "lookup";
   static constexpr OpTraits traits{.arity = 1, .source = true};
   static Shape infer(const InferCtx& c) {
-    c.expect_shared(0, "the table");
-    const Shape& t = c.shape(0);
-    if (t.rank() < 1) c.fail("the table must have rank >= 1, got ", t.str());
-    if (c.attr(0) != 0 && t.rank() != 2) c.fail("a sparse gradient needs a 2-D table [rows, dim], got ", t.str());
+    const Shape& t = check_table(c);
     Shape s;
     s.push(c.attr(1));
     for (int i = 1; i < t.rank(); ++i) s.push(t[i]);
