@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <sheaf/sheaf.h>
 
+#include <functional>
 #include <vector>
 
 namespace sheaf::test {
@@ -19,6 +20,31 @@ inline at::Tensor param(std::vector<int64_t> shape, uint64_t seed, double scale 
 inline at::Tensor data(std::vector<int64_t> shape, int example, int salt = 0) {
   at::manual_seed(1000 + 31 * example + salt);
   return at::randn(shape);
+}
+
+// The gradients of `params` from one backward of loss() (dense copies; zeros
+// for a parameter the loss does not reach), then the loss itself. Earlier
+// gradients are dropped first, so calls do not accumulate.
+inline std::vector<at::Tensor> gradients_of(const std::vector<at::Tensor>& params,
+                                            const std::function<at::Tensor()>& loss) {
+  for (const at::Tensor& p : params) at::Tensor(p).mutable_grad() = at::Tensor();
+  const at::Tensor l = loss();
+  l.backward();
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : params)
+    out.push_back(!p.grad().defined() ? at::zeros_like(p) : p.grad().is_sparse() ? p.grad().to_dense() : p.grad().clone());
+  out.push_back(l.detach());
+  return out;
+}
+
+// Element by element within LibTorch's allclose(1e-4, 1e-5), naming the first
+// tensor that differs and by how much.
+inline void require_all_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("tensor " << i << " max diff " << (a[i] - b[i]).abs().max().item<double>());
+    CHECK(at::allclose(a[i], b[i], 1e-4, 1e-5));
+  }
 }
 
 // Runs the checker and fails the test with its message.

@@ -16,55 +16,11 @@ at::Tensor init(std::vector<int64_t> shape, double scale) {
   return ((at::rand(shape) * 2 - 1) * scale).requires_grad_();
 }
 
-// LibTorch's LSTM initialisation: U(-1/sqrt(h), 1/sqrt(h)).
-LstmWeights lstm_weights(int64_t in, int64_t h) {
-  const double s = 1.0 / std::sqrt(static_cast<double>(h));
-  return {init({4 * h, in}, s), init({4 * h, h}, s), init({4 * h}, s), at::zeros({4 * h})};
-}
-
-void move(LstmWeights& w, const c10::Device& device) {
-  for (at::Tensor* p : {&w.ih, &w.hh, &w.b}) *p = p->detach().to(device).requires_grad_();
-  w.zero = w.zero.to(device);
-}
-
-// Sheaf: one LSTM direction over xs; the hidden state at every position, in
-// the order of xs. The input projections do not depend on the recurrence, so
-// the scheduler runs all of them (every sentence, every position) as one GEMM.
-std::vector<Expr> sheaf_lstm(const LstmWeights& w, std::span<const Expr> xs, bool reverse) {
-  const size_t n = xs.size();
-  std::vector<Expr> hs(n);
-  Expr h, c;
-  for (size_t k = 0; k < n; ++k) {
-    const size_t t = reverse ? n - 1 - k : k;
-    Expr gates = dsl::affine(w.ih, xs[t], w.b);
-    if (k > 0) gates = dsl::affine(w.hh, h, gates);  // the input's projection as the bias: one GEMM, no add
-    const std::vector<Expr> g = dsl::chunk(gates, 4);  // i, f, g, o
-    const Expr input = dsl::sigmoid(g[0]) * dsl::tanh(g[2]);
-    c = k == 0 ? input : dsl::sigmoid(g[1]) * c + input;
-    h = hs[t] = dsl::sigmoid(g[3]) * dsl::tanh(c);
-  }
-  return hs;
-}
-
 at::Tensor ids_tensor(const std::vector<int64_t>& ids, const c10::Device& device) {
   return at::tensor(ids, at::kLong).to(device);
 }
 
-// Eager: at::lstm over one sequence [n, in], both directions; (outputs [n, 2h],
-// final states [2h]: the forward direction's last and the backward's first).
-std::pair<at::Tensor, at::Tensor> eager_bilstm(const LstmWeights& f, const LstmWeights& b, const at::Tensor& xs) {
-  const at::Tensor h0 = at::zeros({2, 1, f.hidden()}, xs.options().requires_grad(false));
-  auto [out, hn, cn] = at::lstm(xs.unsqueeze(1), {h0, h0}, lstm_params(f, b), /*has_biases=*/true, /*num_layers=*/1,
-                                /*dropout=*/0.0, /*train=*/c10::GradMode::is_enabled(), /*bidirectional=*/true,
-                                /*batch_first=*/false);
-  return {out.squeeze(1), hn.reshape({-1})};
-}
-
 }  // namespace
-
-std::vector<at::Tensor> lstm_params(const LstmWeights& fwd, const LstmWeights& bwd) {
-  return {fwd.ih, fwd.hh, fwd.b, fwd.zero, bwd.ih, bwd.hh, bwd.b, bwd.zero};
-}
 
 Tagger::Tagger(const TaggerOptions& o, uint64_t seed) : options_(o) {
   if (o.words <= 0 || o.tags <= 0 || o.embed <= 0 || o.hidden <= 0 || o.mlp <= 0)
@@ -97,12 +53,12 @@ std::vector<at::Tensor> Tagger::parameters() const {
 
 void Tagger::to(const c10::Device& device) {
   for (at::Tensor* p : {&E, &M1, &m1, &M2, &m2}) *p = p->detach().to(device).requires_grad_();
-  move(fwd, device);
-  move(bwd, device);
+  move_to(fwd, device);
+  move_to(bwd, device);
   if (options_.use_chars) {
     C = C.detach().to(device).requires_grad_();
-    move(char_fwd, device);
-    move(char_bwd, device);
+    move_to(char_fwd, device);
+    move_to(char_bwd, device);
   }
 }
 

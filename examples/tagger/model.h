@@ -28,6 +28,7 @@
 
 #include <sheaf/sheaf.h>
 
+#include "../common/lstm.h"
 #include "../data/tagging.h"
 
 namespace sheaf::models {
@@ -40,13 +41,6 @@ struct TaggerOptions {
   int64_t char_embed = 64;
   bool use_chars = false;    // rare words spelled out by the char BiLSTM
   bool sparse_embedding_grad = true;
-};
-
-// One LSTM direction's weights, in at::lstm's layout.
-struct LstmWeights {
-  at::Tensor ih, hh, b;  // [4h, in], [4h, h], [4h]
-  at::Tensor zero;       // [4h] zeros, no gradient: at::lstm's b_hh
-  int64_t hidden() const { return hh.size(1); }
 };
 
 class Tagger {
@@ -85,8 +79,5 @@ class Tagger {
 
   TaggerOptions options_;
 };
-
-// Both directions' weights for at::lstm: {fwd: ih, hh, b, zero, bwd: ...}.
-std::vector<at::Tensor> lstm_params(const LstmWeights& fwd, const LstmWeights& bwd);
 
 }  // namespace sheaf::models

@@ -11,18 +11,6 @@ using namespace sheaf;
 using models::GatedRvNN;
 using models::HandGatedRvNN;
 
-namespace {
-
-std::vector<at::Tensor> grads_of(const GatedRvNN& m, const std::function<at::Tensor()>& loss) {
-  for (const at::Tensor& p : m.parameters()) p.mutable_grad() = at::Tensor();
-  loss().backward();
-  std::vector<at::Tensor> g;
-  for (const at::Tensor& p : m.parameters())
-    g.push_back(p.grad().defined() ? (p.grad().is_sparse() ? p.grad().to_dense() : p.grad().clone()) : at::zeros_like(p));
-  return g;
-}
-
-}  // namespace
 
 TEST_CASE("gated RvNN: Sheaf, per-example and hand-batched agree on logits, loss and gradients",
           "[examples][gated_rvnn]") {
@@ -31,14 +19,14 @@ TEST_CASE("gated RvNN: Sheaf, per-example and hand-batched agree on logits, loss
   for (const auto& t : trees) batch.push_back(&t);
   const GatedRvNN m({.vocab = 5000, .hidden = 16}, 3);
 
-  auto g_per_example = grads_of(m, [&] {
+  auto g_per_example = test::gradients_of(m.parameters(), [&] {
     at::Tensor total = m.per_example_loss(*batch[0]);
     for (size_t i = 1; i < batch.size(); ++i) total = total + m.per_example_loss(*batch[i]);
     return total;
   });
-  auto g_hand = grads_of(m, [&] { return HandGatedRvNN(m).loss(batch); });
+  auto g_hand = test::gradients_of(m.parameters(), [&] { return HandGatedRvNN(m).loss(batch); });
   Graph g;
-  auto g_sheaf = grads_of(m, [&] {
+  auto g_sheaf = test::gradients_of(m.parameters(), [&] {
     g.clear();
     Expr loss = m.sheaf_batch_loss(g, batch);
     g.forward(loss);

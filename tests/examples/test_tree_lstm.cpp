@@ -16,24 +16,6 @@ std::vector<data::Tree> trees(int n, uint64_t seed) {
   return data::synthetic_trees({.count = n, .min_words = 1, .max_words = 14, .vocab_size = 40, .seed = seed});
 }
 
-std::vector<at::Tensor> grads_of(const TreeLSTM& m, const std::function<at::Tensor()>& loss) {
-  for (const at::Tensor& p : m.parameters()) p.mutable_grad() = at::Tensor();
-  at::Tensor l = loss();
-  l.backward();
-  std::vector<at::Tensor> g;
-  for (const at::Tensor& p : m.parameters()) g.push_back(p.grad().is_sparse() ? p.grad().to_dense() : p.grad().clone());
-  g.push_back(l.detach());
-  return g;
-}
-
-void require_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO("tensor " << i << " max diff " << (a[i] - b[i]).abs().max().item<double>());
-    CHECK(at::allclose(a[i], b[i], 1e-4, 1e-5));
-  }
-}
-
 }  // namespace
 
 TEST_CASE("TreeLSTM: Sheaf, per-example and hand-batched agree on loss and gradients", "[examples][tree_lstm]") {
@@ -43,20 +25,20 @@ TEST_CASE("TreeLSTM: Sheaf, per-example and hand-batched agree on loss and gradi
   for (const auto& t : batch) ptrs.push_back(&t);
   TreeLSTM m({.vocab = 40, .hidden = 12, .all_nodes = all_nodes}, 1);
 
-  auto per_example = grads_of(m, [&] {
+  auto per_example = test::gradients_of(m.parameters(), [&] {
     at::Tensor l = at::zeros({});
     for (const auto& t : batch) l = l + m.per_example_loss(t);
     return l;
   });
-  auto hand = grads_of(m, [&] { return HandBatched(m).loss(ptrs); });
-  auto sheafed = grads_of(m, [&] {
+  auto hand = test::gradients_of(m.parameters(), [&] { return HandBatched(m).loss(ptrs); });
+  auto sheafed = test::gradients_of(m.parameters(), [&] {
     Graph g;
     Expr total = m.sheaf_batch_loss(g, batch);
     g.forward(total);
     return total.value();
   });
-  require_close(per_example, hand);
-  require_close(per_example, sheafed);
+  test::require_all_close(per_example, hand);
+  test::require_all_close(per_example, sheafed);
 }
 
 TEST_CASE("TreeLSTM: root logits agree three ways", "[examples][tree_lstm]") {

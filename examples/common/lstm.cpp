@@ -1,0 +1,55 @@
+#include "lstm.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <tuple>
+
+namespace sheaf::models {
+
+LstmWeights lstm_weights(int64_t in, int64_t h) {
+  const double s = 1.0 / std::sqrt(static_cast<double>(h));
+  auto init = [&](std::vector<int64_t> shape) { return ((at::rand(shape) * 2 - 1) * s).requires_grad_(); };
+  return {init({4 * h, in}), init({4 * h, h}), init({4 * h}), at::zeros({4 * h})};
+}
+
+void move_to(LstmWeights& w, const c10::Device& device) {
+  for (at::Tensor* p : {&w.ih, &w.hh, &w.b}) *p = p->detach().to(device).requires_grad_();
+  w.zero = w.zero.to(device);
+}
+
+std::vector<at::Tensor> lstm_params(const LstmWeights& fwd, const LstmWeights& bwd) {
+  return {fwd.ih, fwd.hh, fwd.b, fwd.zero, bwd.ih, bwd.hh, bwd.b, bwd.zero};
+}
+
+LstmState sheaf_lstm_step(const LstmWeights& w, const Expr& x, const LstmState& prev) {
+  Expr gates = dsl::affine(w.ih, x, w.b);
+  if (prev.h.defined()) gates = dsl::affine(w.hh, prev.h, gates);  // the input's projection as the bias: one GEMM, no add
+  const std::vector<Expr> g = dsl::chunk(gates, 4);                // i, f, g, o
+  const Expr input = dsl::sigmoid(g[0]) * dsl::tanh(g[2]);
+  const Expr c = prev.c.defined() ? dsl::sigmoid(g[1]) * prev.c + input : input;
+  return {dsl::sigmoid(g[3]) * dsl::tanh(c), c};
+}
+
+std::vector<Expr> sheaf_lstm(const LstmWeights& w, std::span<const Expr> xs, bool reverse) {
+  const size_t n = xs.size();
+  std::vector<Expr> hs(n);
+  LstmState s;
+  for (size_t k = 0; k < n; ++k) {
+    const size_t t = reverse ? n - 1 - k : k;
+    s = sheaf_lstm_step(w, xs[t], s);
+    hs[t] = s.h;
+  }
+  return hs;
+}
+
+std::pair<at::Tensor, at::Tensor> eager_bilstm(const LstmWeights& f, const LstmWeights& b, const at::Tensor& xs) {
+  const at::Tensor h0 = at::zeros({2, 1, f.hidden()}, xs.options().requires_grad(false));
+  auto [out, hn, cn] = at::lstm(xs.unsqueeze(1), {h0, h0}, lstm_params(f, b), /*has_biases=*/true, /*num_layers=*/1,
+                                /*dropout=*/0.0, /*train=*/c10::GradMode::is_enabled(), /*bidirectional=*/true,
+                                /*batch_first=*/false);
+  return {out.squeeze(1), hn.reshape({-1})};
+}
+
+}  // namespace sheaf::models
