@@ -175,5 +175,6 @@ int run_shift_reduce(const Options& o);
 int run_host(const Options& o);
 int run_gated_rvnn(const Options& o);
 int run_tagger(const Options& o);  // tagger and tagger-char
+int run_attention(const Options& o);
 
 }  // namespace sheaf::bench

@@ -15,17 +15,18 @@ int main(int argc, char** argv) {
   CLI::App app{"sheaf-bench: per-example vs Sheaf vs hand-batched, side by side"};
   app.add_option("--workload", o.workload,
                  "treelstm, shift_reduce, gated_rvnn (a dsl::cond at every tree node), tagger, tagger-char (BiLSTM "
-                 "taggers; rare words spelled by a char BiLSTM), or host (recording and scheduling a TreeLSTM batch, "
-                 "no launch)")
-      ->check(CLI::IsMember({"treelstm", "shift_reduce", "gated_rvnn", "tagger", "tagger-char", "host"}));
+                 "taggers; rare words spelled by a char BiLSTM), attention (seq2seq with dot-product attention on digit "
+                 "strings of 3-20; infer is greedy decoding), or host (recording and scheduling a TreeLSTM batch, no "
+                 "launch)")
+      ->check(CLI::IsMember({"treelstm", "shift_reduce", "gated_rvnn", "tagger", "tagger-char", "attention", "host"}));
   app.add_option("--data", o.data,
                  "SST directory (train.txt, dev.txt, test.txt); for the taggers a word|TAG file or a directory with "
                  "train.txt; default: synthetic data");
   app.add_option("--hidden", o.hidden, "hidden sizes")->delimiter(',');
   app.add_option("--batch", o.batch, "trees per batch")->check(CLI::PositiveNumber);
-  app.add_option("--trees", o.trees, "trees (taggers: sentences) per timed pass (a multiple of --batch is used)")->check(CLI::PositiveNumber);
+  app.add_option("--trees", o.trees, "trees (taggers: sentences; attention: pairs) per timed pass (a multiple of --batch is used)")->check(CLI::PositiveNumber);
   app.add_option("--repeat", o.repeat, "timed passes per system (the median is reported)")->check(CLI::PositiveNumber);
-  app.add_option("--systems", o.systems, "per-example, sheaf (every strategy), sheaf:<strategy>, hand; treelstm, shift_reduce and the taggers also "
+  app.add_option("--systems", o.systems, "per-example, sheaf (every strategy), sheaf:<strategy>, hand; treelstm, the taggers and training on shift_reduce and attention also "
                  "sheaf[:<strategy>]+prefetch (records the next batch on a second host thread)")->delimiter(',');
   app.add_option("--modes", o.modes, "train, infer")->delimiter(',');
   app.add_option("--threads", o.threads, "LibTorch and BLAS threads")->check(CLI::PositiveNumber);
@@ -50,6 +51,7 @@ int main(int argc, char** argv) {
     if (o.workload == "host") return sheaf::bench::run_host(o);
     if (o.workload == "gated_rvnn") return sheaf::bench::run_gated_rvnn(o);
     if (o.workload.starts_with("tagger")) return sheaf::bench::run_tagger(o);
+    if (o.workload == "attention") return sheaf::bench::run_attention(o);
     return o.workload == "treelstm" ? sheaf::bench::run_treelstm(o) : sheaf::bench::run_shift_reduce(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sheaf-bench: %s\n", e.what());

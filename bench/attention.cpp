@@ -1,0 +1,172 @@
+// Attention workload: the seq2seq model of examples/attention/model.h on
+// generated digit reversal (sources of 3-20 digits), per example (eager
+// LibTorch), with Sheaf (each strategy) and hand-batched (padded and masked,
+// packed LSTMs: bench/baselines/attention_hand.h). Modes: train (teacher
+// forcing: forward + backward + step) and infer (greedy decoding: per-example
+// code syncs once per step per example; Sheaf and the hand-batched decoder once
+// per step for the whole batch). The model is untrained, so every example
+// decodes its whole budget (source length + 4 steps) in every system.
+//
+// max_abs_diff: train, the largest difference of any example's loss from the
+// per-example one on the first batch; infer, the number of examples of the
+// first batch whose greedy output differs from the per-example one (0 expected).
+#include <c10/core/GradMode.h>
+#include <ATen/ATen.h>
+
+#include <memory>
+
+#include <attention/model.h>
+#include <baselines/attention_hand.h>
+#include <data/digits.h>
+
+#include "harness.h"
+
+namespace sheaf::bench {
+
+namespace {
+
+using data::DigitPair;
+using models::HandSeq2Seq;
+using models::Seq2Seq;
+using Batch = std::vector<const DigitPair*>;
+
+struct Pairs {
+  std::vector<DigitPair> pairs;
+  std::vector<Batch> batches;
+  double target_tokens_per_pair = 0;
+};
+
+Pairs load(const Options& o) {
+  Pairs p;
+  p.pairs = data::synthetic_digits({.count = static_cast<int>(o.trees), .min_length = 3, .max_length = 20, .seed = 11});
+  const auto batch = static_cast<size_t>(o.batch);
+  for (size_t start = 0; start + batch <= p.pairs.size(); start += batch) {
+    p.batches.emplace_back();
+    for (size_t i = start; i < start + batch; ++i) p.batches.back().push_back(&p.pairs[i]);
+  }
+  if (p.batches.empty()) throw UserError("fewer pairs than one batch (--trees sets the number of pairs)");
+  for (const DigitPair& x : p.pairs) p.target_tokens_per_pair += static_cast<double>(x.target.size());
+  p.target_tokens_per_pair /= static_cast<double>(p.pairs.size());
+  if (!o.json)
+    std::printf("pairs: %zu digit strings of 3-20 (reverse), %.1f target tokens each; %zu batches of %lld\n",
+                p.pairs.size(), p.target_tokens_per_pair, p.batches.size(), static_cast<long long>(o.batch));
+  return p;
+}
+
+// Examples whose outputs differ from the reference's.
+double count_different(const std::vector<std::vector<int64_t>>& a, const std::vector<std::vector<int64_t>>& b) {
+  double n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+  return n;
+}
+
+void run_mode(const Options& o, const std::string& mode, int64_t hidden, const Pairs& data) {
+  const bool train = mode == "train";
+  const c10::Device device(o.device);
+  if (!device.is_cpu()) throw UserError("the attention workload runs on the CPU only for now");
+  const Seq2Seq model({.embed = 32, .hidden = hidden}, 17);
+  const std::vector<Batch>& batches = data.batches;
+  const Batch& first = batches[0];
+
+  at::Tensor reference_losses;
+  std::vector<std::vector<int64_t>> reference_outputs;
+  {
+    c10::NoGradGuard no_grad;
+    std::vector<at::Tensor> losses;
+    for (const DigitPair* p : first) {
+      losses.push_back(model.per_example_loss(*p));
+      reference_outputs.push_back(model.per_example_greedy(p->source, Seq2Seq::max_steps_for(p->source)));
+    }
+    reference_losses = at::stack(losses);
+  }
+
+  StepMaker make_step(o, train, model.parameters(), 1.0 / static_cast<double>(o.batch));
+  std::vector<std::unique_ptr<Graph>> graphs;
+  SheafOwners owners;
+  std::vector<System> systems;
+  for (const std::string& name : o.systems) {
+    if (name == "per-example") {
+      System s{name, ""};
+      s.step = make_step(s, [&, train](size_t b) {
+        at::Tensor total;
+        for (const DigitPair* p : batches[b]) {
+          if (!train) {
+            model.per_example_greedy(p->source, Seq2Seq::max_steps_for(p->source));
+            continue;
+          }
+          const at::Tensor l = model.per_example_loss(*p);
+          total = total.defined() ? total + l : l;
+        }
+        return total;
+      });
+      systems.push_back(std::move(s));
+    } else if (name == "hand") {
+      const HandSeq2Seq hand(model);
+      System s{name, ""};
+      s.step = make_step(s, [&, hand, train](size_t b) {
+        if (train) return hand.loss(batches[b]);
+        hand.greedy(batches[b]);
+        return at::Tensor();
+      });
+      c10::NoGradGuard no_grad;
+      s.max_abs_diff = train ? max_diff(hand.example_losses(first), reference_losses)
+                             : count_different(hand.greedy(first), reference_outputs);
+      systems.push_back(std::move(s));
+    } else if (auto spec = parse_sheaf_system(name); spec && train) {
+      auto record = [&](Graph& g, size_t b) { return std::vector<Expr>{model.sheaf_batch_loss(g, batches[b])}; };
+      const std::vector<size_t> added =
+          add_sheaf_systems(o, *spec, train, batches.size(), make_step, record, systems, owners);
+      for (size_t q = 0; q < added.size(); ++q)
+        systems[added[q]].max_abs_diff =
+            max_diff(sheaf_stacked_outputs({.device = device, .fuse = spec->fuse}, *spec->strategies[q],
+                                           [&](Graph& g) {
+                                             std::vector<Expr> losses;
+                                             for (size_t i = 0; i < first.size(); ++i) {
+                                               auto scope = g.example(static_cast<int>(i));
+                                               losses.push_back(model.sheaf_loss(g, *first[i]));
+                                             }
+                                             return losses;
+                                           }),
+                     reference_losses);
+    } else if (spec) {
+      // Greedy decoding records as it runs (each step waits for the last
+      // argmax): nothing to record ahead on a second thread.
+      if (spec->prefetch) {
+        std::fprintf(stderr, "sheaf-bench: %s skipped in infer mode (decoding records as it runs)\n", name.c_str());
+        continue;
+      }
+      for (const Strategy* strategy : spec->strategies) {
+        graphs.push_back(std::make_unique<Graph>(GraphOptions{.device = device, .profile = o.profile, .fuse = spec->fuse}));
+        Graph* g = graphs.back().get();
+        const size_t index = systems.size();
+        System s{"sheaf", spec->label(*strategy)};
+        s.step = make_step(s, [&, g, strategy, index](size_t b) {
+          model.sheaf_decode(*g, batches[b], strategy);
+          systems[index].counters.add(g->stats());
+          return at::Tensor();
+        });
+        c10::NoGradGuard no_grad;
+        s.max_abs_diff = count_different(model.sheaf_decode(*g, first, strategy), reference_outputs);
+        systems.push_back(std::move(s));
+      }
+    } else {
+      throw UserError("unknown system '" + name + "' for attention (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused])");
+    }
+  }
+  const double items = static_cast<double>(batches.size() * static_cast<size_t>(o.batch));
+  auto runs = measure(o, systems, batches.size(), items);
+  for (size_t k = 0; k < systems.size(); ++k)
+    systems[k].extra["target_tokens_per_sec"] = median(runs[k]) * data.target_tokens_per_pair;
+  report(o, mode, hidden, static_cast<int64_t>(items), systems, runs);
+}
+
+}  // namespace
+
+int run_attention(const Options& o) {
+  const Pairs data = load(o);
+  for (int64_t hidden : o.hidden)
+    for (const std::string& mode : o.modes) run_mode(o, mode, hidden, data);
+  return 0;
+}
+
+}  // namespace sheaf::bench
