@@ -13,7 +13,7 @@
 #include <sheaf/core/error.h>
 #include <sheaf/ops/op.h>
 
-#include "autograd_node.h"
+#include <sheaf/ops/autograd_node.h>
 
 namespace sheaf {
 

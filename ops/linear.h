@@ -1,5 +1,6 @@
 // Matrix products. A shared matrix (the usual parameter) becomes one GEMM over the
-// batch; per-example matrices become one batched GEMM.
+// batch; per-example matrices become one batched GEMM, or with a per-example
+// vector one batched_matvec (ops/matvec.h).
 #pragma once
 
 #include <ATen/ops/addmv.h>
@@ -10,6 +11,7 @@
 #include <ATen/ops/mv.h>
 
 #include "common.h"
+#include "matvec.h"
 #include "weight_grad.h"
 
 namespace sheaf::op {
@@ -47,7 +49,7 @@ struct Affine {
       y = shared_linear(c, c.batched(1), c.in(0), at::Tensor());
     } else {
       at::Tensor x = c.batched(1);
-      y = x.dim() == 2 ? at::bmm(c.in(0), x.unsqueeze(2)).squeeze(2) : at::bmm(x, c.in(0).transpose(1, 2));
+      y = x.dim() == 2 ? batched_matvec(c.in(0), x) : at::bmm(x, c.in(0).transpose(1, 2));
     }
     return y + c.aligned(2, rank);
   }
@@ -71,7 +73,7 @@ struct Matmul {
     const bool vec = c.out_shape().rank() == 1;
     if (c.shared(0)) return vec ? shared_linear(c, b, a, at::Tensor()) : at::matmul(a, b);
     if (c.shared(1)) return at::matmul(a, b);
-    return vec ? at::bmm(a, b.unsqueeze(2)).squeeze(2) : at::bmm(a, b);
+    return vec ? batched_matvec(a, b) : at::bmm(a, b);
   }
 };
 

@@ -13,7 +13,7 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
-#include <type_traits>
+#include "autograd_node.h"
 
 namespace sheaf {
 
@@ -21,15 +21,6 @@ namespace {
 
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
-
-inline constexpr bool kIntrusiveNodes = std::is_base_of_v<c10::intrusive_ptr_target, torch::autograd::Node>;
-
-// Nodes are std::shared_ptr up to torch 2.12 and c10::intrusive_ptr since.
-template <class T>
-auto make_node() {
-  if constexpr (kIntrusiveNodes) return c10::make_intrusive<T>();
-  else return std::make_shared<T>();
-}
 
 // What the linears of one weight leave for its gradient: (dY, X) per batch.
 struct Rows {
@@ -84,7 +75,7 @@ struct LinearNode : torch::autograd::Node {
 
 struct WeightGradBatcher::Tap {
   std::shared_ptr<Rows> rows = std::make_shared<Rows>();
-  decltype(make_node<WeightGradNode>()) node;
+  decltype(detail::make_node<WeightGradNode>()) node;
 };
 
 WeightGradBatcher::WeightGradBatcher() = default;
@@ -118,7 +109,7 @@ at::Tensor WeightGradBatcher::linear(const at::Tensor& x, const at::Tensor& w, c
     if (k == key) tap = t;
   if (!tap) {
     tap = std::make_shared<Tap>();
-    tap->node = make_node<WeightGradNode>();
+    tap->node = detail::make_node<WeightGradNode>();
     tap->node->rows = tap->rows;
     tap->node->has_bias = b.defined();
     torch::autograd::edge_list edges{torch::autograd::impl::gradient_edge(w)};
@@ -130,7 +121,7 @@ at::Tensor WeightGradBatcher::linear(const at::Tensor& x, const at::Tensor& w, c
     tap->node->set_next_edges(std::move(edges));
     taps_.emplace_back(key, tap);
   }
-  auto node = make_node<LinearNode>();
+  auto node = detail::make_node<LinearNode>();
   node->rows = tap->rows;
   node->x = SavedVariable(x, /*is_output=*/false);
   node->w = SavedVariable(w, /*is_output=*/false);

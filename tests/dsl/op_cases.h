@@ -107,6 +107,13 @@ inline const std::vector<OpCase>& cases() {
        }},
       {"matmul per-example A",
        [](Graph& g, Expr h, int i, const Params& p) { return dsl::matmul(g.input(p.data({kD, kD}, i, 6)), h); }},
+      {"matmul computed A (attention scores and context)",  // both operands need gradients; k = 11: vector loop and tail
+       [](Graph& g, Expr h, int i, const Params& p) {
+         const Expr v = dsl::concat({h, g.input(p.data({3}, i, 10))});                     // [11]
+         const Expr H = dsl::stack({v, dsl::tanh(v), dsl::sigmoid(v) * v});                // [3, 11]
+         const Expr context = dsl::matmul(dsl::transpose(H), dsl::softmax(dsl::matmul(H, v)));  // [11]
+         return h * dsl::sum(context);
+       }},
       {"concat", [](Graph&, Expr h, int, const Params& p) { return dsl::affine(p.U, dsl::concat({h, dsl::tanh(h)}), p.b); }},
       {"slice", [](Graph&, Expr h, int, const Params&) {
          return dsl::concat({dsl::slice(h, kD / 2, kD), dsl::slice(h, 0, kD / 2)});

@@ -1,7 +1,12 @@
 // Every op, batched vs alone (values of every node and parameter gradients),
 // for every strategy and batch sizes 1, 2, 7 and 64, with examples of different
 // lengths mixed in one batch.
+#include <torch/csrc/autograd/autograd.h>
+
+#include <array>
 #include <string>
+
+#include <sheaf/ops/matvec.h>
 
 #include "op_cases.h"
 
@@ -89,4 +94,27 @@ TEST_CASE("shape, axis-reduction, dot and layer_norm ops give LibTorch's values"
     CHECK(checks[k].first.value().sizes() == checks[k].second.sizes());
     CHECK(at::allclose(checks[k].first.value(), checks[k].second, 1e-5, 1e-6));
   }
+}
+
+// The checker compares batched with alone, and both run batched_matvec: its
+// values and gradients are compared with LibTorch's bmm here.
+TEST_CASE("batched_matvec equals at::bmm, values and gradients", "[dsl][ops]") {
+  for (const auto [B, m, k] : {std::array<int64_t, 3>{1, 1, 1}, {3, 5, 7}, {4, 2, 8}, {5, 20, 19}, {64, 9, 128}}) {
+    for (const bool grad_A : {true, false}) {
+      INFO("B " << B << " m " << m << " k " << k << " grad_A " << grad_A);
+      at::manual_seed(static_cast<uint64_t>(B * 100 + m * 10 + k));
+      const at::Tensor A = at::randn({B, m, k}).requires_grad_(grad_A), x = at::randn({B, k}).requires_grad_();
+      const at::Tensor g = at::randn({B, m});
+      const at::Tensor y = batched_matvec(A, x);
+      const at::Tensor expected = at::bmm(A, x.unsqueeze(2)).squeeze(2);
+      REQUIRE(at::allclose(y, expected, 1e-5, 1e-5));
+      const auto ours = torch::autograd::grad({y}, grad_A ? std::vector<at::Tensor>{A, x} : std::vector<at::Tensor>{x}, {g});
+      const auto theirs =
+          torch::autograd::grad({expected}, grad_A ? std::vector<at::Tensor>{A, x} : std::vector<at::Tensor>{x}, {g});
+      for (size_t i = 0; i < ours.size(); ++i) CHECK(at::allclose(ours[i], theirs[i], 1e-5, 1e-5));
+    }
+  }
+  // Not float32 on the CPU: LibTorch's bmm, the same values.
+  const at::Tensor A = at::randn({2, 3, 4}, at::kDouble), x = at::randn({2, 4}, at::kDouble);
+  CHECK(at::allclose(batched_matvec(A, x), at::bmm(A, x.unsqueeze(2)).squeeze(2)));
 }

@@ -1,0 +1,153 @@
+#include "matvec.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/record_function.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+
+#include <algorithm>
+
+#include "autograd_node.h"
+
+namespace sheaf {
+
+namespace {
+
+using torch::autograd::SavedVariable;
+using torch::autograd::variable_list;
+
+// Examples [b0, b1): y_b = A_b x_b (8 partial sums per row: the compiler
+// vectorises them, which a single running sum forbids without -ffast-math).
+#define SHEAF_MATVEC_LOOPS(SUFFIX, ATTR)                                                                  \
+  ATTR void forward_##SUFFIX(const float* A, const float* x, float* y, int64_t b0, int64_t b1, int64_t m, \
+                             int64_t k) {                                                                 \
+    for (int64_t b = b0; b < b1; ++b) {                                                                   \
+      const float* __restrict xb = x + b * k;                                                             \
+      for (int64_t i = 0; i < m; ++i) {                                                                   \
+        const float* __restrict row = A + (b * m + i) * k;                                                \
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                          \
+        int64_t j = 0;                                                                                    \
+        for (; j + 8 <= k; j += 8)                                                                        \
+          for (int l = 0; l < 8; ++l) acc[l] += row[j + l] * xb[j + l];                                   \
+        float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));      \
+        for (; j < k; ++j) s += row[j] * xb[j];                                                           \
+        y[b * m + i] = s;                                                                                 \
+      }                                                                                                   \
+    }                                                                                                     \
+  }                                                                                                       \
+  /* dA_b = g_b x_b^T (when dA), dx_b = A_b^T g_b (when dx). */                                           \
+  ATTR void backward_##SUFFIX(const float* A, const float* x, const float* g, float* dA, float* dx,      \
+                              int64_t b0, int64_t b1, int64_t m, int64_t k) {                             \
+    for (int64_t b = b0; b < b1; ++b) {                                                                   \
+      const float* __restrict xb = x + b * k;                                                             \
+      float* __restrict dxb = dx ? dx + b * k : nullptr;                                                  \
+      if (dxb)                                                                                            \
+        for (int64_t j = 0; j < k; ++j) dxb[j] = 0;                                                       \
+      for (int64_t i = 0; i < m; ++i) {                                                                   \
+        const float gi = g[b * m + i];                                                                    \
+        if (dA) {                                                                                         \
+          float* __restrict out = dA + (b * m + i) * k;                                                   \
+          for (int64_t j = 0; j < k; ++j) out[j] = gi * xb[j];                                            \
+        }                                                                                                 \
+        if (dxb) {                                                                                        \
+          const float* __restrict row = A + (b * m + i) * k;                                              \
+          for (int64_t j = 0; j < k; ++j) dxb[j] += gi * row[j];                                          \
+        }                                                                                                 \
+      }                                                                                                   \
+    }                                                                                                     \
+  }
+
+SHEAF_MATVEC_LOOPS(base, )
+#if defined(__x86_64__) && defined(__GNUC__)
+SHEAF_MATVEC_LOOPS(avx2, __attribute__((target("avx2,fma"))))
+#define SHEAF_HAVE_AVX2_MATVEC 1
+#endif
+
+bool use_avx2() {
+#ifdef SHEAF_HAVE_AVX2_MATVEC
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+// Examples per task when split across threads: enough work to pay for a task.
+int64_t grain(int64_t m, int64_t k) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, m * k)); }
+
+at::Tensor run_forward(const at::Tensor& A, const at::Tensor& x) {
+  const int64_t B = A.size(0), m = A.size(1), k = A.size(2);
+  at::Tensor y = at::empty({B, m}, A.options());
+  const float* a = A.data_ptr<float>();
+  const float* xv = x.data_ptr<float>();
+  float* yv = y.data_ptr<float>();
+  at::parallel_for(0, B, grain(m, k), [&](int64_t b0, int64_t b1) {
+#ifdef SHEAF_HAVE_AVX2_MATVEC
+    if (use_avx2()) return forward_avx2(a, xv, yv, b0, b1, m, k);
+#endif
+    forward_base(a, xv, yv, b0, b1, m, k);
+  });
+  return y;
+}
+
+struct MatvecNode : torch::autograd::Node {
+  SavedVariable A, x;
+  std::string name() const override { return "sheaf::MatvecBackward"; }
+  void release_variables() override {
+    A.reset_data();
+    x.reset_data();
+  }
+  variable_list apply(variable_list&& grads) override {
+    variable_list out(2);
+    if (!grads[0].defined()) return out;
+    RECORD_FUNCTION("sheaf::matvec_backward", std::vector<c10::IValue>());
+    const at::Tensor a = A.unpack(), xv = x.unpack(), g = grads[0].contiguous();
+    const int64_t B = a.size(0), m = a.size(1), k = a.size(2);
+    at::Tensor dA, dx;
+    if (should_compute_output(0)) dA = at::empty_like(a);
+    if (should_compute_output(1)) dx = at::empty_like(xv);
+    const float* av = a.data_ptr<float>();
+    const float* xp = xv.data_ptr<float>();
+    const float* gp = g.data_ptr<float>();
+    float* dAp = dA.defined() ? dA.data_ptr<float>() : nullptr;
+    float* dxp = dx.defined() ? dx.data_ptr<float>() : nullptr;
+    at::parallel_for(0, B, grain(m, k), [&](int64_t b0, int64_t b1) {
+#ifdef SHEAF_HAVE_AVX2_MATVEC
+      if (use_avx2()) return backward_avx2(av, xp, gp, dAp, dxp, b0, b1, m, k);
+#endif
+      backward_base(av, xp, gp, dAp, dxp, b0, b1, m, k);
+    });
+    out[0] = dA;
+    out[1] = dx;
+    return out;
+  }
+};
+
+}  // namespace
+
+at::Tensor batched_matvec(const at::Tensor& A, const at::Tensor& x) {
+  if (!A.device().is_cpu() || A.scalar_type() != at::kFloat || x.scalar_type() != at::kFloat)
+    return at::bmm(A, x.unsqueeze(2)).squeeze(2);
+  RECORD_FUNCTION("sheaf::matvec", std::vector<c10::IValue>());
+  const at::Tensor a = A.contiguous(), xv = x.contiguous();
+  const bool track = c10::GradMode::is_enabled() && (A.requires_grad() || x.requires_grad());
+  at::Tensor y;
+  {
+    c10::AutoGradMode no_grad(false);
+    y = run_forward(a, xv);
+  }
+  if (!track) return y;
+  auto node = detail::make_node<MatvecNode>();
+  node->A = SavedVariable(a, /*is_output=*/false);
+  node->x = SavedVariable(xv, /*is_output=*/false);
+  node->set_next_edges({torch::autograd::impl::gradient_edge(a), torch::autograd::impl::gradient_edge(xv)});
+  torch::autograd::set_history(y, node);
+  return y;
+}
+
+}  // namespace sheaf

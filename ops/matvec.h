@@ -1,0 +1,19 @@
+// Products of per-example matrices with per-example vectors: y_b = A_b x_b for
+// every example b of a batch (attention's scores H s and context H^T a, a
+// per-example W's affine).
+//
+// at::bmm runs these on the CPU as one addmm per example, each a full ATen call
+// (several microseconds) around a few thousand multiply-adds; this runs all of
+// them in one loop (vectorised, examples split across threads) and its
+// backward likewise as ONE autograd node: dA_b = g_b x_b^T, dx_b = A_b^T g_b.
+// Float32 CPU tensors only; anything else goes to at::bmm.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace sheaf {
+
+// A [B, m, k], x [B, k] -> [B, m].
+at::Tensor batched_matvec(const at::Tensor& A, const at::Tensor& x);
+
+}  // namespace sheaf
