@@ -100,9 +100,11 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
         return total;
       });
       systems.push_back(std::move(s));
-    } else if (name == "hand") {
-      const HandSeq2Seq hand(model);
-      System s{name, ""};
+    } else if (name == "hand" || name == "hand:bmm" || name == "hand:mulsum") {
+      // "hand" decodes with the faster products on this machine's CPU (docs/benchmarks.md).
+      const auto products = name == "hand:bmm" ? HandSeq2Seq::Products::kBmm : HandSeq2Seq::Products::kMulSum;
+      const HandSeq2Seq hand(model, products);
+      System s{name == "hand" ? name : "hand-alt", name == "hand" ? "" : name.substr(5)};
       s.step = make_step(s, [&, hand, train](size_t b) {
         if (train) return hand.loss(batches[b]);
         hand.greedy(batches[b]);
@@ -150,7 +152,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
         systems.push_back(std::move(s));
       }
     } else {
-      throw UserError("unknown system '" + name + "' for attention (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused])");
+      throw UserError("unknown system '" + name + "' for attention (per-example, hand, hand:bmm, hand:mulsum, sheaf[:<strategy>][+prefetch][/unfused])");
     }
   }
   const double items = static_cast<double>(batches.size() * static_cast<size_t>(o.batch));

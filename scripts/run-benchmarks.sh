@@ -27,6 +27,9 @@ out=docs/results-$device.jsonl
     "$bench" --workload "$w" --hidden 128 --batch 64 --trees 512 --device "$device" --threads 1 --repeat 5 --json \
       --systems per-example,sheaf:auto,sheaf:auto+prefetch,hand,hand:fused,hand:lstm
   done
+  # Seq2seq with attention on generated digit strings of 3-20 (infer: greedy decoding).
+  "$bench" --workload attention --hidden 128 --batch 64 --trees 512 --device "$device" --threads 1 --repeat 5 --json \
+    --systems per-example,sheaf:auto,sheaf:auto+prefetch,hand
   # Host work alone (ns per node for recording and each scheduling step).
   "$bench" --workload host --hidden 128 --batch 64 --trees 1024 "${args[@]}" --systems sheaf
 } > "$out"

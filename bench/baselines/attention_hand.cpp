@@ -16,6 +16,8 @@ namespace {
 
 at::Tensor longs(const std::vector<int64_t>& v, const c10::Device& d) { return at::tensor(v, at::kLong).to(d); }
 
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
 }  // namespace
 
 // The batch sorted longest first (targets are one longer than sources, so one
@@ -82,7 +84,7 @@ at::Tensor HandSeq2Seq::token_losses(std::span<const data::DigitPair* const> bat
   const at::Tensor index = longs(padded, device);
   // Attention for every step at once, on the padded layout; then back to the real rows.
   const at::Tensor Sp = at::zeros({B * T, hidden}, S.options()).index_copy(0, index, S).view({B, T, hidden});
-  const at::Tensor A = at::softmax(Sp.bmm(e.H.transpose(1, 2)).masked_fill(e.pad, -std::numeric_limits<float>::infinity()), 2);
+  const at::Tensor A = at::softmax(Sp.bmm(e.H.transpose(1, 2)).masked_fill(e.pad, -kInf), 2);
   const at::Tensor C = A.bmm(e.H).view({B * T, hidden}).index_select(0, index);  // [rows, hidden]
   const at::Tensor O = at::tanh(at::addmm(m_.bc, at::cat({S, C}, 1), m_.Wc.t()));
   const at::Tensor logits = at::addmm(m_.bo, O, m_.Wo.t());
@@ -117,8 +119,14 @@ std::vector<std::vector<int64_t>> HandSeq2Seq::greedy(std::span<const data::Digi
   const at::Tensor HT = e.H.transpose(1, 2);
   for (int k = 0; k < steps && finished < batch.size(); ++k) {
     std::tie(h, c) = at::lstm_cell(at::embedding(m_.E, y), {h, c}, m_.dec.ih, m_.dec.hh, m_.dec.b, m_.dec.zero);
-    const at::Tensor scores = h.unsqueeze(1).bmm(HT).masked_fill(e.pad, -std::numeric_limits<float>::infinity());
-    const at::Tensor context = at::softmax(scores, 2).bmm(e.H).squeeze(1);  // [B, hidden]
+    at::Tensor context;  // [B, hidden]
+    if (products_ == Products::kBmm) {
+      const at::Tensor scores = h.unsqueeze(1).bmm(HT).masked_fill(e.pad, -kInf);
+      context = at::softmax(scores, 2).bmm(e.H).squeeze(1);
+    } else {
+      const at::Tensor scores = (e.H * h.unsqueeze(1)).sum(2).masked_fill(e.pad.squeeze(1), -kInf);
+      context = (e.H * at::softmax(scores, 1).unsqueeze(2)).sum(1);
+    }
     const at::Tensor logits = at::addmm(m_.bo, at::tanh(at::addmm(m_.bc, at::cat({h, context}, 1), m_.Wc.t())), m_.Wo.t());
     y = logits.argmax(1);
     const at::Tensor host = y.cpu();  // the one sync per step

@@ -24,7 +24,11 @@ namespace sheaf::models {
 
 class HandSeq2Seq {
  public:
-  explicit HandSeq2Seq(const Seq2Seq& model) : m_(model) {}
+  // How greedy decoding's step multiplies each example's H with its state and
+  // attention weights: bmm (one addmm per example inside LibTorch on the CPU),
+  // or broadcast multiply and sum (two passes over H, no per-example call).
+  enum class Products { kBmm, kMulSum };
+  explicit HandSeq2Seq(const Seq2Seq& model, Products products = Products::kBmm) : m_(model), products_(products) {}
   at::Tensor loss(std::span<const data::DigitPair* const> batch) const;             // summed over tokens
   at::Tensor example_losses(std::span<const data::DigitPair* const> batch) const;   // [B], batch order
   // Greedy outputs in batch order, each within Seq2Seq::max_steps_for its source.
@@ -35,6 +39,7 @@ class HandSeq2Seq {
   Encoded encode(std::span<const data::DigitPair* const> batch) const;
   at::Tensor token_losses(std::span<const data::DigitPair* const> batch, at::Tensor* example_of_row) const;
   const Seq2Seq& m_;
+  Products products_;
 };
 
 }  // namespace sheaf::models

@@ -21,7 +21,6 @@
 
 #include <attention/model.h>
 #include <common/cli.h>
-#include <common/progress.h>
 #include <common/train_loop.h>
 #include <data/digits.h>
 #include <sheaf/sheaf.h>
@@ -62,31 +61,18 @@ double exact_match(Graph& g, const Strategy& s, const Seq2Seq& m, const std::vec
   return static_cast<double>(correct) / static_cast<double>(std::max<size_t>(pairs.size(), 1));
 }
 
+// Batch i+1 is recorded and scheduled on a worker thread while batch i runs
+// forward, backward and the update (sheaf::Prefetcher), unless --no-prefetch.
 void train_epoch(const Config& c, int epoch, Graph& g, const Strategy& s, const Seq2Seq& m,
                  torch::optim::Optimizer& opt, const std::vector<DigitPair>& train, std::mt19937_64& rng) {
-  const std::vector<Batch> batches = models::shuffled_batches(train, static_cast<size_t>(c.batch), rng);
-  double tokens = 0, loss = 0, launches = 0;
+  double tokens = 0;
   for (const DigitPair& p : train) tokens += static_cast<double>(p.target.size());
-  size_t done = 0;
-  models::Progress progress(!c.quiet, epoch, train.size(), "pairs");
-  const auto t0 = Clock::now();
-  models::train_pass(
-      {.batches = batches.size(),
-       .record = [&](Graph& pg, size_t b) { return m.sheaf_batch_loss(pg, batches[b]); },
-       .size = [&](size_t b) { return batches[b].size(); },
-       .prefetch = c.prefetch,
-       .strategy = &s,
-       .after =
-           [&](size_t b, const Expr& total, const Graph& graph, double) {
-             loss += total.item();
-             launches += static_cast<double>(graph.stats().batches);
-             progress.update(done += batches[b].size());
-           }},
-      g, opt);
-  const double seconds = seconds_since(t0);
-  progress.finish();
-  std::printf("epoch %d: loss %.4f per token, %.0f pairs/s (%.1f s), %.0f launches per batch\n", epoch, loss / tokens,
-              static_cast<double>(train.size()) / seconds, seconds, launches / static_cast<double>(batches.size()));
+  const models::EpochResult r = models::train_epoch<DigitPair>(
+      {.number = epoch, .batch = static_cast<size_t>(c.batch), .unit = "pairs", .progress = !c.quiet,
+       .prefetch = c.prefetch, .strategy = &s},
+      train, rng, g, opt, [&](Graph& pg, const Batch& batch) { return m.sheaf_batch_loss(pg, batch); });
+  std::printf("epoch %d: loss %.4f per token, %.0f pairs/s (%.1f s), %.0f launches per batch\n", epoch,
+              r.loss / tokens, static_cast<double>(train.size()) / r.seconds, r.seconds, r.launches_per_batch);
 }
 
 int run(const Config& c) {

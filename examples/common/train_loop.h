@@ -8,12 +8,15 @@
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include <sheaf/sheaf.h>
+
+#include "progress.h"
 
 namespace sheaf::models {
 
@@ -51,5 +54,45 @@ struct TrainPass {
 
 // Runs the pass; without prefetch, batches are recorded on `g` (cleared first).
 void train_pass(const TrainPass& pass, Graph& g, torch::optim::Optimizer& opt);
+
+// One epoch of an example's usual loop: `items` in shuffled batches through
+// train_pass, with a progress bar; the summed loss, launches per batch and
+// seconds, for the example to print.
+struct Epoch {
+  int number = 1;
+  size_t batch = 32;
+  const char* unit = "items";
+  bool progress = true, prefetch = true;
+  const Strategy* strategy = nullptr;
+};
+struct EpochResult {
+  double loss = 0, launches_per_batch = 0, seconds = 0;
+};
+template <class Item>
+EpochResult train_epoch(const Epoch& e, const std::vector<Item>& items, std::mt19937_64& rng, Graph& g,
+                        torch::optim::Optimizer& opt,
+                        const std::function<Expr(Graph&, const std::vector<const Item*>&)>& record) {
+  const std::vector<std::vector<const Item*>> batches = shuffled_batches(items, e.batch, rng);
+  EpochResult r;
+  size_t done = 0;
+  Progress progress(e.progress, e.number, items.size(), e.unit);
+  const auto t0 = std::chrono::steady_clock::now();
+  train_pass({.batches = batches.size(),
+              .record = [&](Graph& pg, size_t b) { return record(pg, batches[b]); },
+              .size = [&](size_t b) { return batches[b].size(); },
+              .prefetch = e.prefetch,
+              .strategy = e.strategy,
+              .after =
+                  [&](size_t b, const Expr& total, const Graph& graph, double) {
+                    r.loss += total.item();
+                    r.launches_per_batch += static_cast<double>(graph.stats().batches);
+                    progress.update(done += batches[b].size());
+                  }},
+             g, opt);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  progress.finish();
+  r.launches_per_batch /= static_cast<double>(std::max<size_t>(batches.size(), 1));
+  return r;
+}
 
 }  // namespace sheaf::models
