@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include <ATen/ops/eye.h>
 
 #include <sheaf/engine/engine.h>
 #include <sheaf/ops/op.h>
@@ -109,6 +114,35 @@ Expr matmul(Operand A, Operand B, Loc loc) { return apply(code_of<op::Matmul>, {
 Expr pick(Expr x, int64_t i, Loc loc) { return apply(code_of<op::Pick>, {x}, {}, i, loc); }
 Expr pick_neg_log_softmax(Expr x, int64_t label, Loc loc) {
   return apply(code_of<op::PickNegLogSoftmax>, {x}, {}, label, loc);
+}
+
+namespace {
+
+// One identity matrix per size and device for the program's life: a table's
+// identity is its tensor, so every row-wise loss of one size shares it (and batches).
+const at::Tensor& identity(int64_t n, const c10::Device& device) {
+  static std::mutex mu;
+  static std::map<std::pair<int64_t, std::string>, at::Tensor> cache;
+  std::lock_guard lock(mu);
+  at::Tensor& t = cache[{n, device.str()}];
+  if (!t.defined()) t = at::eye(n, at::TensorOptions().dtype(at::kFloat).device(device));
+  return t;
+}
+
+}  // namespace
+
+Expr pick_neg_log_softmax(Expr x, std::span<const int64_t> labels, Loc loc) {
+  const Shape& s = x.shape(loc);
+  const Site site{"pick_neg_log_softmax", x.example(loc), loc};
+  if (s.rank() != 2) throw_user(site, "with a list of labels, x must be [rows, classes], got ", s.str());
+  if (static_cast<int64_t>(labels.size()) != s[0])
+    throw_user(site, labels.size(), " labels for ", s[0], " rows of x ", s.str());
+  for (size_t k = 0; k < labels.size(); ++k)
+    if (labels[k] < 0 || labels[k] >= s[1])
+      throw_user(site, "label ", labels[k], " (row ", k, ") is out of range for ", s[1], " classes");
+  Graph& g = x.graph(loc);
+  const Expr one_hot = g.lookup(identity(s[1], g.options().device), labels, /*sparse_grad=*/false, loc);
+  return -At(sum(At(At(log_softmax(At(x, loc)), loc) * one_hot, loc)), loc);
 }
 Expr dropout(Expr x, double p, Loc loc) {
   const int64_t a = attr_of(p);

@@ -147,6 +147,13 @@ Expr log_softmax(At x);
 Expr pick(Expr x, int64_t i, Loc loc = Loc::current());
 // -log softmax(x)[label]: the cross-entropy loss of one example, a scalar.
 Expr pick_neg_log_softmax(Expr x, int64_t label, Loc loc = Loc::current());
+// The same over the rows of x [rows, classes], one label per row, summed: a
+// sentence's tagging loss. Runs as a lookup of the labels' one-hot rows, a
+// log_softmax, a multiply and a sum, batched like any of them.
+Expr pick_neg_log_softmax(Expr x, std::span<const int64_t> labels, Loc loc = Loc::current());
+inline Expr pick_neg_log_softmax(Expr x, const std::vector<int64_t>& labels, Loc loc = Loc::current()) {
+  return pick_neg_log_softmax(x, std::span(labels), loc);
+}
 // Inverted dropout with keep-probability 1 - p. The mask depends on the graph's
 // seed, the example and the node's position in its example, so an example gets
 // the same mask alone or batched. Identity when the graph is not in train mode.

@@ -114,6 +114,10 @@ inline const std::vector<OpCase>& cases() {
          const Expr context = dsl::matmul(dsl::transpose(H), dsl::softmax(dsl::matmul(H, v)));  // [11]
          return h * dsl::sum(context);
        }},
+      {"pick_neg_log_softmax of rows", [](Graph&, Expr h, int i, const Params&) {
+         const std::vector<int64_t> labels{i % 4, (i + 3) % 4};
+         return h * dsl::pick_neg_log_softmax(dsl::reshape(h, {2, kD / 2}), labels);
+       }},
       {"concat", [](Graph&, Expr h, int, const Params& p) { return dsl::affine(p.U, dsl::concat({h, dsl::tanh(h)}), p.b); }},
       {"slice", [](Graph&, Expr h, int, const Params&) {
          return dsl::concat({dsl::slice(h, kD / 2, kD), dsl::slice(h, 0, kD / 2)});

@@ -252,3 +252,22 @@ TEST_CASE("lookup: any rank >= 1 works, a sparse gradient needs a 2-D table", "[
   g.forward(row);
   CHECK(at::equal(row.value(), T3[2]));
 }
+
+TEST_CASE("pick_neg_log_softmax of rows: rank, label count and range are errors naming op, example and labels",
+          "[dsl][errors]") {
+  Graph g;
+  auto scope = g.example(3);
+  const Expr x = g.input(at::randn({2, 5}));
+  REQUIRE_THROWS_WITH(dsl::pick_neg_log_softmax(x, std::vector<int64_t>{1}),
+                      Contains("op 'pick_neg_log_softmax'") && Contains("example 3") && Contains("1 labels for 2 rows"));
+  REQUIRE_THROWS_WITH(dsl::pick_neg_log_softmax(x, std::vector<int64_t>{1, 5}),
+                      Contains("label 5 (row 1)") && Contains("5 classes"));
+  REQUIRE_THROWS_WITH(dsl::pick_neg_log_softmax(g.input(at::randn({5})), std::vector<int64_t>{1}),
+                      Contains("[rows, classes]"));
+  // The sum of the rows' losses, as LibTorch's cross-entropy.
+  const Expr loss = dsl::pick_neg_log_softmax(x, std::vector<int64_t>{4, 0});
+  g.forward(loss);
+  const at::Tensor expected = at::nll_loss(at::log_softmax(x.value(), 1), at::tensor({4, 0}, at::kLong), {},
+                                           at::Reduction::Sum);
+  CHECK(at::allclose(loss.value(), expected));
+}
