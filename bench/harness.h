@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include <data/tagging.h>
 #include <data/trees.h>
 #include <sheaf/sheaf.h>
 
@@ -74,6 +75,19 @@ struct Workload {
   std::vector<std::vector<const data::Tree*>> batches;
 };
 Workload load_trees(const Options& o);
+
+// Tagged sentences for the tagger and transformer workloads: from --data (a
+// word|TAG file, or a directory holding train.txt) or synthetic ones with
+// DyNet's benchmark sizes (5-40 words); the vocabulary (and so which words are
+// rare) comes from a training set of at least 5,000 sentences. --trees of
+// them, cut into full batches.
+struct TaggingCorpus {
+  data::TaggingVocab vocab;
+  std::vector<data::Sentence> sentences;
+  std::vector<std::vector<const data::Sentence*>> batches;
+  double tokens_per_sentence = 0, rare_fraction = 0;
+};
+TaggingCorpus load_tagging_corpus(const Options& o);
 
 // One result line.
 class Json {
@@ -176,5 +190,6 @@ int run_host(const Options& o);
 int run_gated_rvnn(const Options& o);
 int run_tagger(const Options& o);  // tagger and tagger-char
 int run_attention(const Options& o);
+int run_transformer(const Options& o);
 
 }  // namespace sheaf::bench

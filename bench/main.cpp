@@ -16,9 +16,10 @@ int main(int argc, char** argv) {
   app.add_option("--workload", o.workload,
                  "treelstm, shift_reduce, gated_rvnn (a dsl::cond at every tree node), tagger, tagger-char (BiLSTM "
                  "taggers; rare words spelled by a char BiLSTM), attention (seq2seq with dot-product attention on digit "
-                 "strings of 3-20; infer is greedy decoding), or host (recording and scheduling a TreeLSTM batch, no "
+                 "strings of 3-20; infer is greedy decoding), transformer (an encoder layer tagging sentences of 5-40 "
+                 "words; --hidden is its width), or host (recording and scheduling a TreeLSTM batch, no "
                  "launch)")
-      ->check(CLI::IsMember({"treelstm", "shift_reduce", "gated_rvnn", "tagger", "tagger-char", "attention", "host"}));
+      ->check(CLI::IsMember({"treelstm", "shift_reduce", "gated_rvnn", "tagger", "tagger-char", "attention", "transformer", "host"}));
   app.add_option("--data", o.data,
                  "SST directory (train.txt, dev.txt, test.txt); for the taggers a word|TAG file or a directory with "
                  "train.txt; default: synthetic data");
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
     if (o.workload == "gated_rvnn") return sheaf::bench::run_gated_rvnn(o);
     if (o.workload.starts_with("tagger")) return sheaf::bench::run_tagger(o);
     if (o.workload == "attention") return sheaf::bench::run_attention(o);
+    if (o.workload == "transformer") return sheaf::bench::run_transformer(o);
     return o.workload == "treelstm" ? sheaf::bench::run_treelstm(o) : sheaf::bench::run_shift_reduce(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sheaf-bench: %s\n", e.what());

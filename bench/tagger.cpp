@@ -23,17 +23,9 @@ using data::Sentence;
 using models::HandTagger;
 using models::Tagger;
 
-struct Corpus {
-  data::TaggingVocab vocab;
-  std::vector<Sentence> sentences;
-  std::vector<std::vector<const Sentence*>> batches;
-  double tokens_per_sentence = 0, rare_fraction = 0;
-};
+}  // namespace
 
-// Sentences from --data (a word|TAG file, or a directory holding train.txt) or
-// synthetic ones with DyNet's benchmark sizes; the vocabulary (and so which
-// words are rare) comes from a training set of at least 5,000 sentences.
-Corpus load(const Options& o) {
+TaggingCorpus load_tagging_corpus(const Options& o) {
   std::vector<data::TaggedSentence> train;
   if (o.data.empty()) {
     train = data::synthetic_tagged({.count = std::max<int>(5000, static_cast<int>(o.trees)), .seed = 1});
@@ -41,7 +33,7 @@ Corpus load(const Options& o) {
     const std::filesystem::path p(o.data);
     train = data::read_tagged(std::filesystem::is_directory(p) ? (p / "train.txt").string() : o.data);
   }
-  Corpus c{data::TaggingVocab::build(train, 1), {}, {}};
+  TaggingCorpus c{data::TaggingVocab::build(train, 1), {}, {}};
   train.resize(std::min(train.size(), static_cast<size_t>(o.trees)));
   c.sentences = c.vocab.encode(train);
   const auto batch = static_cast<size_t>(o.batch);
@@ -62,6 +54,8 @@ Corpus load(const Options& o) {
   return c;
 }
 
+namespace {
+
 // Every token's logits of a batch in sentence order, per example: the reference.
 at::Tensor per_example_logits(const Tagger& m, std::span<const Sentence* const> batch) {
   std::vector<at::Tensor> out;
@@ -69,7 +63,7 @@ at::Tensor per_example_logits(const Tagger& m, std::span<const Sentence* const> 
   return at::cat(out).cpu();
 }
 
-void run_mode(const Options& o, const std::string& mode, int64_t hidden, const Corpus& c) {
+void run_mode(const Options& o, const std::string& mode, int64_t hidden, const TaggingCorpus& c) {
   const bool train = mode == "train";
   const bool chars = o.workload == "tagger-char";
   const c10::Device device(o.device);
@@ -146,7 +140,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const C
 }  // namespace
 
 int run_tagger(const Options& o) {
-  const Corpus c = load(o);
+  const TaggingCorpus c = load_tagging_corpus(o);
   for (int64_t hidden : o.hidden)
     for (const std::string& mode : o.modes) run_mode(o, mode, hidden, c);
   return 0;

@@ -27,9 +27,13 @@ out=docs/results-$device.jsonl
     "$bench" --workload "$w" --hidden 128 --batch 64 --trees 512 --device "$device" --threads 1 --repeat 5 --json \
       --systems per-example,sheaf:auto,sheaf:auto+prefetch,hand,hand:fused,hand:lstm
   done
-  # Seq2seq with attention on generated digit strings of 3-20 (infer: greedy decoding).
+  # Seq2seq with attention on generated digit strings of 3-20 (infer: greedy decoding;
+  # hand decodes with broadcast multiply + sum, hand:bmm with bmm).
   "$bench" --workload attention --hidden 128 --batch 64 --trees 512 --device "$device" --threads 1 --repeat 5 --json \
-    --systems per-example,sheaf:auto,sheaf:auto+prefetch,hand
+    --systems per-example,sheaf:auto,sheaf:auto+prefetch,hand,hand:bmm
+  # One Transformer encoder layer tagging sentences of 5-40 words (--hidden: its width).
+  "$bench" --workload transformer --hidden 64,128 --batch 64 --trees 512 --device "$device" --threads 1 --repeat 5 \
+    --json --systems per-example,sheaf:auto,sheaf:auto+prefetch,hand
   # Host work alone (ns per node for recording and each scheduling step).
   "$bench" --workload host --hidden 128 --batch 64 --trees 1024 "${args[@]}" --systems sheaf
 } > "$out"

@@ -1,0 +1,104 @@
+// Transformer workload: one Transformer encoder layer as a tagger
+// (examples/transformer/model.h) on sentences of 5-40 words, per example (eager
+// LibTorch), with Sheaf, and hand-batched (padded and masked attention, packed
+// position-wise work: bench/baselines/transformer_hand.h), interleaved in one
+// process run. --hidden sets the model width d (4 heads, feed-forward 2d).
+//
+// Sheaf batches per-example matrices of one shape together: here every
+// sentence length is its own shape, so each matrix op runs once per length
+// present in the batch (docs/ops.md, "Lengths").
+#include <c10/core/GradMode.h>
+#include <ATen/ATen.h>
+
+#include <baselines/transformer_hand.h>
+#include <transformer/model.h>
+
+#include "harness.h"
+
+namespace sheaf::bench {
+
+namespace {
+
+using data::Sentence;
+using models::HandTransformer;
+using models::TransformerTagger;
+
+at::Tensor per_example_logits(const TransformerTagger& m, std::span<const Sentence* const> batch) {
+  std::vector<at::Tensor> out;
+  for (const Sentence* s : batch) out.push_back(m.per_example_logits(*s));
+  return at::cat(out).cpu();
+}
+
+void run_mode(const Options& o, const std::string& mode, int64_t d, const TaggingCorpus& c) {
+  const bool train = mode == "train";
+  if (!c10::Device(o.device).is_cpu()) throw UserError("the transformer workload runs on the CPU only for now");
+  const TransformerTagger model({.words = static_cast<int64_t>(c.vocab.words.size()),
+                                 .tags = static_cast<int64_t>(c.vocab.tags.size()), .d = d, .heads = 4, .ff = 2 * d},
+                                19);
+  at::Tensor reference;
+  {
+    c10::NoGradGuard no_grad;
+    reference = per_example_logits(model, c.batches[0]);
+  }
+  StepMaker make_step(o, train, model.parameters(), 1.0 / static_cast<double>(o.batch));
+  SheafOwners owners;
+  std::vector<System> systems;
+  for (const std::string& name : o.systems) {
+    if (name == "per-example") {
+      System s{name, ""};
+      s.step = make_step(s, [&, train](size_t b) {
+        at::Tensor total;
+        for (const Sentence* x : c.batches[b]) {
+          if (!train) {
+            model.per_example_logits(*x);
+            continue;
+          }
+          const at::Tensor l = model.per_example_loss(*x);
+          total = total.defined() ? total + l : l;
+        }
+        return total;
+      });
+      systems.push_back(std::move(s));
+    } else if (name == "hand") {
+      const HandTransformer hand(model);
+      System s{name, ""};
+      s.step = make_step(s, [&, hand, train](size_t b) { return train ? hand.loss(c.batches[b]) : hand.logits(c.batches[b]); });
+      c10::NoGradGuard no_grad;
+      s.max_abs_diff = max_diff(hand.logits(c.batches[0]), reference);
+      systems.push_back(std::move(s));
+    } else if (auto spec = parse_sheaf_system(name)) {
+      auto record = [&, train](Graph& g, size_t b) {
+        if (train) return std::vector<Expr>{model.sheaf_batch_loss(g, c.batches[b])};
+        return model.sheaf_batch_logits(g, c.batches[b]);
+      };
+      const std::vector<size_t> added =
+          add_sheaf_systems(o, *spec, train, c.batches.size(), make_step, record, systems, owners);
+      for (size_t q = 0; q < added.size(); ++q) {
+        c10::NoGradGuard no_grad;
+        Graph g({.fuse = spec->fuse});
+        const std::vector<Expr> logits = model.sheaf_batch_logits(g, c.batches[0]);
+        g.forward(logits, {.strategy = spec->strategies[q]});
+        std::vector<at::Tensor> rows;
+        for (const Expr& e : logits) rows.push_back(e.value());
+        systems[added[q]].max_abs_diff = max_diff(at::cat(rows), reference);
+      }
+    } else {
+      throw UserError("unknown system '" + name + "' for transformer (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused])");
+    }
+  }
+  const double items = static_cast<double>(c.batches.size() * static_cast<size_t>(o.batch));
+  auto runs = measure(o, systems, c.batches.size(), items);
+  for (size_t k = 0; k < systems.size(); ++k) systems[k].extra["tokens_per_sec"] = median(runs[k]) * c.tokens_per_sentence;
+  report(o, mode, d, static_cast<int64_t>(items), systems, runs);
+}
+
+}  // namespace
+
+int run_transformer(const Options& o) {
+  const TaggingCorpus c = load_tagging_corpus(o);
+  for (int64_t d : o.hidden)
+    for (const std::string& mode : o.modes) run_mode(o, mode, d, c);
+  return 0;
+}
+
+}  // namespace sheaf::bench
