@@ -86,20 +86,9 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
   std::vector<System> systems;
   for (const std::string& name : o.systems) {
     if (name == "per-example") {
-      System s{name, ""};
-      s.step = make_step(s, [&, train](size_t b) {
-        at::Tensor total;
-        for (const DigitPair* p : batches[b]) {
-          if (!train) {
-            model.per_example_greedy(p->source, Seq2Seq::max_steps_for(p->source));
-            continue;
-          }
-          const at::Tensor l = model.per_example_loss(*p);
-          total = total.defined() ? total + l : l;
-        }
-        return total;
-      });
-      systems.push_back(std::move(s));
+      systems.push_back(per_example_system<DigitPair>(
+          make_step, train, batches, [&](const DigitPair& p) { return model.per_example_loss(p); },
+          [&](const DigitPair& p) { model.per_example_greedy(p.source, Seq2Seq::max_steps_for(p.source)); }));
     } else if (name == "hand" || name == "hand:bmm" || name == "hand:mulsum") {
       // "hand" decodes with the faster products on this machine's CPU (docs/benchmarks.md).
       const auto products = name == "hand:bmm" ? HandSeq2Seq::Products::kBmm : HandSeq2Seq::Products::kMulSum;

@@ -153,6 +153,28 @@ class StepMaker {
   std::vector<std::unique_ptr<torch::optim::Adagrad>> optimizers_;
 };
 
+// The per-example system of a workload whose batches are lists of items: one
+// item after another, the sum of `loss(item)` to train, `infer(item)` alone
+// otherwise.
+template <class Item>
+System per_example_system(StepMaker& make_step, bool train, const std::vector<std::vector<const Item*>>& batches,
+                          std::function<at::Tensor(const Item&)> loss, std::function<void(const Item&)> infer) {
+  System s{"per-example", ""};
+  s.step = make_step(s, [&batches, train, loss = std::move(loss), infer = std::move(infer)](size_t b) {
+    at::Tensor total;
+    for (const Item* item : batches[b]) {
+      if (!train) {
+        infer(*item);
+        continue;
+      }
+      const at::Tensor l = loss(*item);
+      total = total.defined() ? total + l : l;
+    }
+    return total;
+  });
+  return s;
+}
+
 // max |a - b| over all elements, on the host.
 double max_diff(const at::Tensor& a, const at::Tensor& b);
 // What a Sheaf system's agreement check compares with the reference: the

@@ -45,20 +45,9 @@ void run_mode(const Options& o, const std::string& mode, int64_t d, const Taggin
   std::vector<System> systems;
   for (const std::string& name : o.systems) {
     if (name == "per-example") {
-      System s{name, ""};
-      s.step = make_step(s, [&, train](size_t b) {
-        at::Tensor total;
-        for (const Sentence* x : c.batches[b]) {
-          if (!train) {
-            model.per_example_logits(*x);
-            continue;
-          }
-          const at::Tensor l = model.per_example_loss(*x);
-          total = total.defined() ? total + l : l;
-        }
-        return total;
-      });
-      systems.push_back(std::move(s));
+      systems.push_back(per_example_system<Sentence>(
+          make_step, train, c.batches, [&](const Sentence& x) { return model.per_example_loss(x); },
+          [&](const Sentence& x) { model.per_example_logits(x); }));
     } else if (name == "hand") {
       const HandTransformer hand(model);
       System s{name, ""};
