@@ -63,8 +63,8 @@ double count_different(const std::vector<std::vector<int64_t>>& a, const std::ve
 void run_mode(const Options& o, const std::string& mode, int64_t hidden, const Pairs& data) {
   const bool train = mode == "train";
   const c10::Device device(o.device);
-  if (!device.is_cpu()) throw UserError("the attention workload runs on the CPU only for now");
-  const Seq2Seq model({.embed = 32, .hidden = hidden}, 17);
+  Seq2Seq model({.embed = 32, .hidden = hidden}, 17);
+  model.to(device);
   const std::vector<Batch>& batches = data.batches;
   const Batch& first = batches[0];
 

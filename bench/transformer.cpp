@@ -31,10 +31,11 @@ at::Tensor per_example_logits(const TransformerTagger& m, std::span<const Senten
 
 void run_mode(const Options& o, const std::string& mode, int64_t d, const TaggingCorpus& c) {
   const bool train = mode == "train";
-  if (!c10::Device(o.device).is_cpu()) throw UserError("the transformer workload runs on the CPU only for now");
-  const TransformerTagger model({.words = static_cast<int64_t>(c.vocab.words.size()),
+  const c10::Device device(o.device);
+  TransformerTagger model({.words = static_cast<int64_t>(c.vocab.words.size()),
                                  .tags = static_cast<int64_t>(c.vocab.tags.size()), .d = d, .heads = 4, .ff = 2 * d},
                                 19);
+  model.to(device);
   at::Tensor reference;
   {
     c10::NoGradGuard no_grad;
@@ -64,7 +65,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t d, const Taggin
           add_sheaf_systems(o, *spec, train, c.batches.size(), make_step, record, systems, owners);
       for (size_t q = 0; q < added.size(); ++q) {
         c10::NoGradGuard no_grad;
-        Graph g({.fuse = spec->fuse});
+        Graph g({.device = device, .fuse = spec->fuse});
         const std::vector<Expr> logits = model.sheaf_batch_logits(g, c.batches[0]);
         g.forward(logits, {.strategy = spec->strategies[q]});
         std::vector<at::Tensor> rows;

@@ -25,9 +25,11 @@ at::Tensor HandTransformer::logits(std::span<const data::Sentence* const> batch)
       slots.push_back(i * N + t);
       pad[static_cast<size_t>(i * N + t)] = 0;
     }
-  const at::Tensor slot = at::tensor(slots, at::kLong);
-  const at::Tensor X = at::embedding(m_.E, at::tensor(words, at::kLong), -1, false, /*sparse=*/true) +
-                       m_.P.index_select(0, at::tensor(positions, at::kLong));  // [T, d]
+  const c10::Device device = m_.E.device();
+  auto longs = [&](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).to(device); };
+  const at::Tensor slot = longs(slots);
+  const at::Tensor X = at::embedding(m_.E, longs(words), -1, false, /*sparse=*/true) +
+                       m_.P.index_select(0, longs(positions));  // [T, d]
   const int64_t d = o.d, H = o.heads, dk = d / H;
   const at::Tensor QKV = at::linear(X, at::cat({m_.Wq, m_.Wk, m_.Wv}), at::cat({m_.bq, m_.bk, m_.bv}));  // [T, 3d]
   const at::Tensor padded = at::zeros({B * N, 3 * d}, QKV.options())
@@ -36,7 +38,7 @@ at::Tensor HandTransformer::logits(std::span<const data::Sentence* const> batch)
                                 .permute({2, 0, 3, 1, 4});  // [3, B, H, N, dk]
   const at::Tensor Q = padded[0].reshape({B * H, N, dk}), K = padded[1].reshape({B * H, N, dk}),
                    V = padded[2].reshape({B * H, N, dk});
-  const at::Tensor key_pad = at::from_blob(pad.data(), {B, 1, 1, N}, at::kByte).to(at::kBool);
+  const at::Tensor key_pad = at::from_blob(pad.data(), {B, 1, 1, N}, at::kByte).to(device, at::kBool);
   const at::Tensor S = (Q.bmm(K.transpose(1, 2)) * (1.0 / std::sqrt(static_cast<double>(dk))))
                            .view({B, H, N, N})
                            .masked_fill(key_pad, -std::numeric_limits<float>::infinity());
@@ -55,7 +57,8 @@ at::Tensor HandTransformer::logits(std::span<const data::Sentence* const> batch)
 at::Tensor HandTransformer::loss(std::span<const data::Sentence* const> batch) const {
   std::vector<int64_t> tags;
   for (const data::Sentence* s : batch) tags.insert(tags.end(), s->tag.begin(), s->tag.end());
-  return at::nll_loss(at::log_softmax(logits(batch), 1), at::tensor(tags, at::kLong), {}, at::Reduction::Sum);
+  return at::nll_loss(at::log_softmax(logits(batch), 1), at::tensor(tags, at::kLong).to(m_.E.device()), {},
+                      at::Reduction::Sum);
 }
 
 }  // namespace sheaf::models

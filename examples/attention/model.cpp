@@ -17,7 +17,9 @@ at::Tensor init(std::vector<int64_t> shape, double scale) {
   return ((at::rand(shape) * 2 - 1) * scale).requires_grad_();
 }
 
-at::Tensor ids_tensor(std::span<const int64_t> ids) { return at::tensor(at::ArrayRef<int64_t>(ids.data(), ids.size()), at::kLong); }
+at::Tensor ids_tensor(std::span<const int64_t> ids, const c10::Device& device) {
+  return at::tensor(at::ArrayRef<int64_t>(ids.data(), ids.size()), at::kLong).to(device);
+}
 
 // The decoder reads the start token, then the target but its last token.
 std::vector<int64_t> decoder_inputs(const std::vector<int64_t>& target) {
@@ -45,6 +47,11 @@ Seq2Seq::Seq2Seq(const Seq2SeqOptions& o, uint64_t seed) : options_(o) {
 
 std::vector<at::Tensor> Seq2Seq::parameters() const {
   return {E, enc_f.ih, enc_f.hh, enc_f.b, enc_b.ih, enc_b.hh, enc_b.b, dec.ih, dec.hh, dec.b, Wc, bc, Wo, bo};
+}
+
+void Seq2Seq::to(const c10::Device& device) {
+  for (at::Tensor* p : {&E, &Wc, &bc, &Wo, &bo}) *p = p->detach().to(device).requires_grad_();
+  for (LstmWeights* w : {&enc_f, &enc_b, &dec}) move_to(*w, device);
 }
 
 void Seq2Seq::save(const std::string& path) const { save_parameters(parameters(), path); }
@@ -129,10 +136,10 @@ std::vector<std::vector<int64_t>> Seq2Seq::sheaf_decode(Graph& g, std::span<cons
 // Eager, one example.
 
 at::Tensor Seq2Seq::per_example_loss(const data::DigitPair& p) const {
-  const auto [H, start] = eager_bilstm(enc_f, enc_b, at::embedding(E, ids_tensor(p.source)));  // [n, hidden], [hidden]
+  const auto [H, start] = eager_bilstm(enc_f, enc_b, at::embedding(E, ids_tensor(p.source, E.device())));  // [n, hidden], [hidden]
   // Teacher forcing: the whole decoder recurrence in one at::lstm, then every
   // step's attention at once.
-  const at::Tensor X = at::embedding(E, ids_tensor(decoder_inputs(p.target)));  // [T, embed]
+  const at::Tensor X = at::embedding(E, ids_tensor(decoder_inputs(p.target), E.device()));  // [T, embed]
   const at::Tensor h0 = start.view({1, 1, -1}), c0 = at::zeros_like(h0);
   const at::Tensor S = std::get<0>(at::lstm(X.unsqueeze(1), {h0, c0}, {dec.ih, dec.hh, dec.b, dec.zero},
                                             /*has_biases=*/true, /*num_layers=*/1, /*dropout=*/0.0,
@@ -142,11 +149,11 @@ at::Tensor Seq2Seq::per_example_loss(const data::DigitPair& p) const {
   const at::Tensor A = at::softmax(S.mm(H.t()), 1);                    // [T, n]
   const at::Tensor O = at::tanh(at::addmm(bc, at::cat({S, A.mm(H)}, 1), Wc.t()));
   const at::Tensor logits = at::addmm(bo, O, Wo.t());                  // [T, vocab]
-  return at::nll_loss(at::log_softmax(logits, 1), ids_tensor(p.target), {}, at::Reduction::Sum);
+  return at::nll_loss(at::log_softmax(logits, 1), ids_tensor(p.target, E.device()), {}, at::Reduction::Sum);
 }
 
 std::vector<int64_t> Seq2Seq::per_example_greedy(const std::vector<int64_t>& source, int max_steps) const {
-  const auto [H, start] = eager_bilstm(enc_f, enc_b, at::embedding(E, ids_tensor(source)));
+  const auto [H, start] = eager_bilstm(enc_f, enc_b, at::embedding(E, ids_tensor(source, E.device())));
   const at::Tensor HT = H.t();
   at::Tensor h = start.unsqueeze(0), c = at::zeros_like(h);
   std::vector<int64_t> out;

@@ -42,6 +42,7 @@ class Seq2Seq {
   Seq2Seq(const Seq2SeqOptions& options, uint64_t seed);
   const Seq2SeqOptions& options() const { return options_; }
   std::vector<at::Tensor> parameters() const;
+  void to(const c10::Device& device);  // parameters (made on the CPU) to the graph's device
   void save(const std::string& path) const;
   void load(const std::string& path);  // UserError on a file of another shape
 

@@ -15,7 +15,9 @@ at::Tensor init(std::vector<int64_t> shape, double scale) {
   return ((at::rand(shape) * 2 - 1) * scale).requires_grad_();
 }
 
-at::Tensor ids_tensor(const std::vector<int64_t>& ids) { return at::tensor(ids, at::kLong); }
+at::Tensor ids_tensor(const std::vector<int64_t>& ids, const c10::Device& device) {
+  return at::tensor(ids, at::kLong).to(device);
+}
 
 }  // namespace
 
@@ -39,6 +41,11 @@ TransformerTagger::TransformerTagger(const TransformerOptions& o, uint64_t seed)
 
 std::vector<at::Tensor> TransformerTagger::parameters() const {
   return {E, P, Wq, Wk, Wv, Wo, bq, bk, bv, bo, g1, b1, g2, b2, W1, c1, W2, c2, Wt, bt};
+}
+
+void TransformerTagger::to(const c10::Device& device) {
+  for (at::Tensor* p : {&E, &P, &Wq, &Wk, &Wv, &Wo, &bq, &bk, &bv, &bo, &g1, &b1, &g2, &b2, &W1, &c1, &W2, &c2, &Wt, &bt})
+    *p = p->detach().to(device).requires_grad_();
 }
 
 void TransformerTagger::check(const data::Sentence& s) const {
@@ -99,7 +106,7 @@ at::Tensor TransformerTagger::per_example_logits(const data::Sentence& s) const 
   check(s);
   const TransformerOptions& o = options_;
   const int64_t n = s.size(), dk = o.d / o.heads;
-  const at::Tensor X = at::embedding(E, ids_tensor(s.word), -1, false, /*sparse=*/true) + P.narrow(0, 0, n);
+  const at::Tensor X = at::embedding(E, ids_tensor(s.word, E.device()), -1, false, /*sparse=*/true) + P.narrow(0, 0, n);
   auto heads_of = [&](const at::Tensor& W, const at::Tensor& b) {  // [heads, n, dk]
     return at::addmm(b, X, W.t()).view({n, o.heads, dk}).transpose(0, 1);
   };
@@ -113,7 +120,7 @@ at::Tensor TransformerTagger::per_example_logits(const data::Sentence& s) const 
 }
 
 at::Tensor TransformerTagger::per_example_loss(const data::Sentence& s) const {
-  return at::nll_loss(at::log_softmax(per_example_logits(s), 1), ids_tensor(s.tag), {}, at::Reduction::Sum);
+  return at::nll_loss(at::log_softmax(per_example_logits(s), 1), ids_tensor(s.tag, E.device()), {}, at::Reduction::Sum);
 }
 
 }  // namespace sheaf::models

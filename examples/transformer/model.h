@@ -37,6 +37,7 @@ class TransformerTagger {
   TransformerTagger(const TransformerOptions& options, uint64_t seed);
   const TransformerOptions& options() const { return options_; }
   std::vector<at::Tensor> parameters() const;
+  void to(const c10::Device& device);  // parameters (made on the CPU) to the graph's device
 
   // ---- Sheaf, one sentence: logits [n, tags], or the summed loss.
   Expr sheaf_logits(Graph& g, const data::Sentence& s) const;
