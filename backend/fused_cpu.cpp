@@ -20,6 +20,7 @@
 #include <boost/hana/for_each.hpp>
 
 // Every descriptor, so that the op list's types are complete here.
+#include <sheaf/core/cpu_features.h>
 #include <sheaf/ops/elementwise.h>
 #include <sheaf/ops/leaf.h>
 #include <sheaf/ops/linear.h>
@@ -74,19 +75,9 @@ struct Kernels {
   }
 
 SHEAF_FUSED_LOOPS(base, )
-#if defined(__x86_64__) && defined(__GNUC__)
-SHEAF_FUSED_LOOPS(avx2, __attribute__((target("avx2,fma"))))
-#define SHEAF_HAVE_AVX2_LOOPS 1
+#ifdef SHEAF_HAVE_AVX2_CLONES
+SHEAF_FUSED_LOOPS(avx2, SHEAF_AVX2_TARGET)
 #endif
-
-bool use_avx2() {
-#ifdef SHEAF_HAVE_AVX2_LOOPS
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-#else
-  return false;
-#endif
-}
 
 // Per op code: its loops, for ops with a Pointwise form.
 const std::array<Kernels, kNumOps>& table() {
@@ -97,7 +88,7 @@ const std::array<Kernels, kNumOps>& table() {
       if constexpr (requires { typename Op::Pointwise; }) {
         using P = typename Op::Pointwise;
         Kernels& e = k[code_of<Op>];
-#ifdef SHEAF_HAVE_AVX2_LOOPS
+#ifdef SHEAF_HAVE_AVX2_CLONES
         if (use_avx2()) {
           e = Kernels{&fwd_avx2<P>, &bwd_avx2<P>};
           return;

@@ -33,8 +33,11 @@ void run_mode(const Options& o, const std::string& mode, int64_t d, const Taggin
   const bool train = mode == "train";
   const c10::Device device(o.device);
   TransformerTagger model({.words = static_cast<int64_t>(c.vocab.words.size()),
-                                 .tags = static_cast<int64_t>(c.vocab.tags.size()), .d = d, .heads = 4, .ff = 2 * d},
-                                19);
+                           .tags = static_cast<int64_t>(c.vocab.tags.size()),
+                           .d = d,
+                           .heads = 4,
+                           .ff = 2 * d},
+                          /*seed=*/19);
   model.to(device);
   at::Tensor reference;
   {

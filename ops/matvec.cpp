@@ -12,6 +12,8 @@
 
 #include <algorithm>
 
+#include <sheaf/core/cpu_features.h>
+
 #include "autograd_node.h"
 
 namespace sheaf {
@@ -63,19 +65,9 @@ using torch::autograd::variable_list;
   }
 
 SHEAF_MATVEC_LOOPS(base, )
-#if defined(__x86_64__) && defined(__GNUC__)
-SHEAF_MATVEC_LOOPS(avx2, __attribute__((target("avx2,fma"))))
-#define SHEAF_HAVE_AVX2_MATVEC 1
+#ifdef SHEAF_HAVE_AVX2_CLONES
+SHEAF_MATVEC_LOOPS(avx2, SHEAF_AVX2_TARGET)
 #endif
-
-bool use_avx2() {
-#ifdef SHEAF_HAVE_AVX2_MATVEC
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-#else
-  return false;
-#endif
-}
 
 // Examples per task when split across threads: enough work to pay for a task.
 int64_t grain(int64_t m, int64_t k) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, m * k)); }
@@ -87,7 +79,7 @@ at::Tensor run_forward(const at::Tensor& A, const at::Tensor& x) {
   const float* xv = x.data_ptr<float>();
   float* yv = y.data_ptr<float>();
   at::parallel_for(0, B, grain(m, k), [&](int64_t b0, int64_t b1) {
-#ifdef SHEAF_HAVE_AVX2_MATVEC
+#ifdef SHEAF_HAVE_AVX2_CLONES
     if (use_avx2()) return forward_avx2(a, xv, yv, b0, b1, m, k);
 #endif
     forward_base(a, xv, yv, b0, b1, m, k);
@@ -117,7 +109,7 @@ struct MatvecNode : torch::autograd::Node {
     float* dAp = dA.defined() ? dA.data_ptr<float>() : nullptr;
     float* dxp = dx.defined() ? dx.data_ptr<float>() : nullptr;
     at::parallel_for(0, B, grain(m, k), [&](int64_t b0, int64_t b1) {
-#ifdef SHEAF_HAVE_AVX2_MATVEC
+#ifdef SHEAF_HAVE_AVX2_CLONES
       if (use_avx2()) return backward_avx2(av, xp, gp, dAp, dxp, b0, b1, m, k);
 #endif
       backward_base(av, xp, gp, dAp, dxp, b0, b1, m, k);

@@ -7,19 +7,12 @@
 #include <cmath>
 #include <tuple>
 
+#include <common/model_utils.h>
 #include <common/parameter_file.h>
 
 namespace sheaf::models {
 
 namespace {
-
-at::Tensor init(std::vector<int64_t> shape, double scale) {
-  return ((at::rand(shape) * 2 - 1) * scale).requires_grad_();
-}
-
-at::Tensor ids_tensor(std::span<const int64_t> ids, const c10::Device& device) {
-  return at::tensor(at::ArrayRef<int64_t>(ids.data(), ids.size()), at::kLong).to(device);
-}
 
 // The decoder reads the start token, then the target but its last token.
 std::vector<int64_t> decoder_inputs(const std::vector<int64_t>& target) {
@@ -35,13 +28,13 @@ Seq2Seq::Seq2Seq(const Seq2SeqOptions& o, uint64_t seed) : options_(o) {
     throw UserError("Seq2Seq: need vocab >= 12 (digits and the start and end tokens), embed > 0 and an even "
                     "hidden > 0 (the encoder has hidden / 2 per direction)");
   at::manual_seed(seed);
-  E = init({o.vocab, o.embed}, 0.5);
+  E = uniform_param({o.vocab, o.embed}, 0.5);
   enc_f = lstm_weights(o.embed, o.hidden / 2);
   enc_b = lstm_weights(o.embed, o.hidden / 2);
   dec = lstm_weights(o.embed, o.hidden);
-  Wc = init({o.hidden, 2 * o.hidden}, 1.0 / std::sqrt(2.0 * static_cast<double>(o.hidden)));
+  Wc = uniform_param({o.hidden, 2 * o.hidden}, 1.0 / std::sqrt(2.0 * static_cast<double>(o.hidden)));
   bc = at::zeros({o.hidden}).requires_grad_();
-  Wo = init({o.vocab, o.hidden}, 1.0 / std::sqrt(static_cast<double>(o.hidden)));
+  Wo = uniform_param({o.vocab, o.hidden}, 1.0 / std::sqrt(static_cast<double>(o.hidden)));
   bo = at::zeros({o.vocab}).requires_grad_();
 }
 
@@ -107,13 +100,7 @@ Task<std::vector<int64_t>> Seq2Seq::sheaf_greedy(Graph& g, const std::vector<int
 }
 
 Expr Seq2Seq::sheaf_batch_loss(Graph& g, std::span<const data::DigitPair* const> batch) const {
-  std::vector<Expr> losses;
-  losses.reserve(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    auto scope = g.example(static_cast<int>(i));
-    losses.push_back(sheaf_loss(g, *batch[i]));
-  }
-  return dsl::sum(losses);
+  return sum_over_examples(g, batch, [this](Graph& pg, const data::DigitPair& x) { return sheaf_loss(pg, x); });
 }
 
 std::vector<std::vector<int64_t>> Seq2Seq::sheaf_decode(Graph& g, std::span<const data::DigitPair* const> batch,

@@ -6,12 +6,13 @@
 #include <cmath>
 #include <tuple>
 
+#include "model_utils.h"
+
 namespace sheaf::models {
 
 LstmWeights lstm_weights(int64_t in, int64_t h) {
   const double s = 1.0 / std::sqrt(static_cast<double>(h));
-  auto init = [&](std::vector<int64_t> shape) { return ((at::rand(shape) * 2 - 1) * s).requires_grad_(); };
-  return {init({4 * h, in}), init({4 * h, h}), init({4 * h}), at::zeros({4 * h})};
+  return {uniform_param({4 * h, in}, s), uniform_param({4 * h, h}, s), uniform_param({4 * h}, s), at::zeros({4 * h})};
 }
 
 void move_to(LstmWeights& w, const c10::Device& device) {

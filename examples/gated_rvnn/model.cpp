@@ -4,25 +4,23 @@
 
 #include <cmath>
 
-namespace sheaf::models {
+#include <common/model_utils.h>
 
-namespace {
-at::Tensor init(std::vector<int64_t> shape, double scale) { return (at::rand(shape) * 2 - 1) * scale; }
-}  // namespace
+namespace sheaf::models {
 
 GatedRvNN::GatedRvNN(const GatedRvNNOptions& o, uint64_t seed) : options_(o) {
   if (o.vocab <= 0 || o.hidden <= 0) throw UserError("GatedRvNN: vocab and hidden must be positive");
   at::manual_seed(seed);
   const int64_t h = o.hidden;
   const double s = 1.0 / std::sqrt(2.0 * h);
-  E = init({o.vocab, h}, 0.5).requires_grad_();
-  A = init({1, 2 * h}, s).requires_grad_();
+  E = uniform_param({o.vocab, h}, 0.5);
+  A = uniform_param({1, 2 * h}, s);
   a = at::zeros({1}).requires_grad_();
-  W1 = init({h, 2 * h}, s).requires_grad_();
+  W1 = uniform_param({h, 2 * h}, s);
   b1 = at::zeros({h}).requires_grad_();
-  W2 = init({h, 2 * h}, s).requires_grad_();
+  W2 = uniform_param({h, 2 * h}, s);
   b2 = at::zeros({h}).requires_grad_();
-  V = init({kClasses, h}, 1.0 / std::sqrt(static_cast<double>(h))).requires_grad_();
+  V = uniform_param({kClasses, h}, 1.0 / std::sqrt(static_cast<double>(h)));
   v = at::zeros({kClasses}).requires_grad_();
 }
 
@@ -56,12 +54,7 @@ Expr GatedRvNN::sheaf_loss(Graph& g, const data::Tree& t) const {
 }
 
 Expr GatedRvNN::sheaf_batch_loss(Graph& g, std::span<const data::Tree* const> trees) const {
-  std::vector<Expr> losses;
-  for (size_t i = 0; i < trees.size(); ++i) {
-    auto scope = g.example(static_cast<int64_t>(i));
-    losses.push_back(sheaf_loss(g, *trees[i]));
-  }
-  return dsl::sum(losses);
+  return sum_over_examples(g, trees, [this](Graph& pg, const data::Tree& x) { return sheaf_loss(pg, x); });
 }
 
 std::vector<Expr> GatedRvNN::sheaf_batch_root_logits(Graph& g, std::span<const data::Tree* const> trees) const {

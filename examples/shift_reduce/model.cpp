@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <common/model_utils.h>
+
 namespace sheaf::models {
 
 std::vector<int> gold_transitions(const data::Tree& tree) {
@@ -17,22 +19,18 @@ int choose_transition(float shift_score, float reduce_score, size_t stack_size, 
   return reduce_score > shift_score ? kReduce : kShift;
 }
 
-namespace {
-at::Tensor init(std::vector<int64_t> shape, double scale) { return (at::rand(shape) * 2 - 1) * scale; }
-}  // namespace
-
 ShiftReduce::ShiftReduce(const ShiftReduceOptions& o, uint64_t seed) : options_(o) {
   if (o.vocab <= 0 || o.hidden <= 0 || o.tracking <= 0) throw UserError("ShiftReduce: sizes must be positive");
   at::manual_seed(seed);
   const int64_t h = o.hidden, k = o.tracking;
-  E = init({o.vocab, h}, 0.1).requires_grad_();
-  T = init({4 * k, 3 * h + k}, 1.0 / std::sqrt(3.0 * h + k)).requires_grad_();
+  E = uniform_param({o.vocab, h}, 0.1);
+  T = uniform_param({4 * k, 3 * h + k}, 1.0 / std::sqrt(3.0 * h + k));
   t = at::zeros({4 * k}).requires_grad_();
-  A = init({2, k}, 1.0 / std::sqrt(static_cast<double>(k))).requires_grad_();
+  A = uniform_param({2, k}, 1.0 / std::sqrt(static_cast<double>(k)));
   a = at::zeros({2}).requires_grad_();
-  U = init({5 * h, 2 * h + k}, 1.0 / std::sqrt(2.0 * h + k)).requires_grad_();
+  U = uniform_param({5 * h, 2 * h + k}, 1.0 / std::sqrt(2.0 * h + k));
   u = at::zeros({5 * h}).requires_grad_();
-  V = init({kClasses, h}, 1.0 / std::sqrt(static_cast<double>(h))).requires_grad_();
+  V = uniform_param({kClasses, h}, 1.0 / std::sqrt(static_cast<double>(h)));
   v = at::zeros({kClasses}).requires_grad_();
 }
 

@@ -6,21 +6,10 @@
 #include <cmath>
 #include <tuple>
 
+#include <common/model_utils.h>
 #include <common/parameter_file.h>
 
 namespace sheaf::models {
-
-namespace {
-
-at::Tensor init(std::vector<int64_t> shape, double scale) {
-  return ((at::rand(shape) * 2 - 1) * scale).requires_grad_();
-}
-
-at::Tensor ids_tensor(const std::vector<int64_t>& ids, const c10::Device& device) {
-  return at::tensor(ids, at::kLong).to(device);
-}
-
-}  // namespace
 
 Tagger::Tagger(const TaggerOptions& o, uint64_t seed) : options_(o) {
   if (o.words <= 0 || o.tags <= 0 || o.embed <= 0 || o.hidden <= 0 || o.mlp <= 0)
@@ -29,15 +18,15 @@ Tagger::Tagger(const TaggerOptions& o, uint64_t seed) : options_(o) {
     throw UserError("Tagger: the char tagger needs chars > 0, char_embed > 0 and an even embed (its char BiLSTM "
                     "gives embed / 2 per direction)");
   at::manual_seed(seed);
-  E = init({o.words, o.embed}, 0.1);
+  E = uniform_param({o.words, o.embed}, 0.1);
   fwd = lstm_weights(o.embed, o.hidden);
   bwd = lstm_weights(o.embed, o.hidden);
-  M1 = init({o.mlp, 2 * o.hidden}, 1.0 / std::sqrt(2.0 * static_cast<double>(o.hidden)));
+  M1 = uniform_param({o.mlp, 2 * o.hidden}, 1.0 / std::sqrt(2.0 * static_cast<double>(o.hidden)));
   m1 = at::zeros({o.mlp}).requires_grad_();
-  M2 = init({o.tags, o.mlp}, 1.0 / std::sqrt(static_cast<double>(o.mlp)));
+  M2 = uniform_param({o.tags, o.mlp}, 1.0 / std::sqrt(static_cast<double>(o.mlp)));
   m2 = at::zeros({o.tags}).requires_grad_();
   if (o.use_chars) {
-    C = init({o.chars, o.char_embed}, 0.1);
+    C = uniform_param({o.chars, o.char_embed}, 0.1);
     char_fwd = lstm_weights(o.char_embed, o.embed / 2);
     char_bwd = lstm_weights(o.char_embed, o.embed / 2);
   }
@@ -95,12 +84,7 @@ Expr Tagger::sheaf_loss(Graph& g, const data::Sentence& s) const {
 }
 
 Expr Tagger::sheaf_batch_loss(Graph& g, std::span<const data::Sentence* const> batch) const {
-  std::vector<Expr> losses;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    auto scope = g.example(static_cast<int64_t>(i));
-    losses.push_back(sheaf_loss(g, *batch[i]));
-  }
-  return dsl::sum(losses);
+  return sum_over_examples(g, batch, [this](Graph& pg, const data::Sentence& x) { return sheaf_loss(pg, x); });
 }
 
 std::vector<Expr> Tagger::sheaf_batch_logits(Graph& g, std::span<const data::Sentence* const> batch) const {

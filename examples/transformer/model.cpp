@@ -7,35 +7,25 @@
 #include <numeric>
 #include <string>
 
+#include <common/model_utils.h>
+
 namespace sheaf::models {
-
-namespace {
-
-at::Tensor init(std::vector<int64_t> shape, double scale) {
-  return ((at::rand(shape) * 2 - 1) * scale).requires_grad_();
-}
-
-at::Tensor ids_tensor(const std::vector<int64_t>& ids, const c10::Device& device) {
-  return at::tensor(ids, at::kLong).to(device);
-}
-
-}  // namespace
 
 TransformerTagger::TransformerTagger(const TransformerOptions& o, uint64_t seed) : options_(o) {
   if (o.words <= 0 || o.tags <= 0 || o.d <= 0 || o.heads <= 0 || o.ff <= 0 || o.max_length <= 0 || o.d % o.heads != 0)
     throw UserError("TransformerTagger: sizes must be positive and d a multiple of heads");
   at::manual_seed(seed);
   const double sd = 1.0 / std::sqrt(static_cast<double>(o.d)), sf = 1.0 / std::sqrt(static_cast<double>(o.ff));
-  E = init({o.words, o.d}, 0.5);
-  P = init({o.max_length, o.d}, 0.1);
-  for (at::Tensor* w : {&Wq, &Wk, &Wv, &Wo}) *w = init({o.d, o.d}, sd);
+  E = uniform_param({o.words, o.d}, 0.5);
+  P = uniform_param({o.max_length, o.d}, 0.1);
+  for (at::Tensor* w : {&Wq, &Wk, &Wv, &Wo}) *w = uniform_param({o.d, o.d}, sd);
   for (at::Tensor* b : {&bq, &bk, &bv, &bo, &b1, &b2, &c2}) *b = at::zeros({o.d}).requires_grad_();
   g1 = at::ones({o.d}).requires_grad_();
   g2 = at::ones({o.d}).requires_grad_();
-  W1 = init({o.ff, o.d}, sd);
+  W1 = uniform_param({o.ff, o.d}, sd);
   c1 = at::zeros({o.ff}).requires_grad_();
-  W2 = init({o.d, o.ff}, sf);
-  Wt = init({o.tags, o.d}, sd);
+  W2 = uniform_param({o.d, o.ff}, sf);
+  Wt = uniform_param({o.tags, o.d}, sd);
   bt = at::zeros({o.tags}).requires_grad_();
 }
 
@@ -82,12 +72,7 @@ Expr TransformerTagger::sheaf_loss(Graph& g, const data::Sentence& s) const {
 }
 
 Expr TransformerTagger::sheaf_batch_loss(Graph& g, std::span<const data::Sentence* const> batch) const {
-  std::vector<Expr> losses;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    auto scope = g.example(static_cast<int>(i));
-    losses.push_back(sheaf_loss(g, *batch[i]));
-  }
-  return dsl::sum(losses);
+  return sum_over_examples(g, batch, [this](Graph& pg, const data::Sentence& x) { return sheaf_loss(pg, x); });
 }
 
 std::vector<Expr> TransformerTagger::sheaf_batch_logits(Graph& g, std::span<const data::Sentence* const> batch) const {

@@ -5,13 +5,12 @@
 #include <algorithm>
 
 #include <common/linear_rows.h>
+#include <common/model_utils.h>
 #include <common/parameter_file.h>
 
 namespace sheaf::models {
 
 namespace {
-
-at::Tensor init(std::vector<int64_t> shape, double scale) { return (at::rand(shape) * 2 - 1) * scale; }
 
 at::Tensor leaf_ids(const data::Tree& t) {
   std::vector<int64_t> ids;
@@ -26,10 +25,10 @@ TreeLSTM::TreeLSTM(const TreeLSTMOptions& o, uint64_t seed) : options_(o) {
   if (o.vocab <= 0 || o.hidden <= 0) throw UserError("TreeLSTM: vocab and hidden must be positive");
   at::manual_seed(seed);
   const int64_t h = o.hidden;
-  E = init({o.vocab, h}, 0.1).requires_grad_();
-  U = init({5 * h, 2 * h}, 1.0 / std::sqrt(2.0 * h)).requires_grad_();
+  E = uniform_param({o.vocab, h}, 0.1);
+  U = uniform_param({5 * h, 2 * h}, 1.0 / std::sqrt(2.0 * h));
   b = at::zeros({5 * h}).requires_grad_();
-  V = init({kClasses, h}, 1.0 / std::sqrt(static_cast<double>(h))).requires_grad_();
+  V = uniform_param({kClasses, h}, 1.0 / std::sqrt(static_cast<double>(h)));
   v = at::zeros({kClasses}).requires_grad_();
 }
 
