@@ -94,6 +94,7 @@ at::Tensor Executor::read(const Plan& plan, uint32_t r) {
   const Read& rd = plan.reads[r];
   const at::Tensor& src = lazy_.get(s_, rd.batch);
   if (rd.start == kWholeRow) return src.unsqueeze(0);  // a shared value inside a shared computation
+  if (rd.split >= 0) return split_pieces(plan, rd.split)[rd.slot];
   if (rd.group >= 0) {
     // One of several partial reads of this batch: on the CPU a row copy whose
     // gradient joins the batch's one gradient of the round.
@@ -153,13 +154,14 @@ at::Tensor Executor::input(const Plan& plan, const PlannedBatch& b, const BatchA
   throw_internal("bad input kind");
 }
 
-at::Tensor Executor::split_piece(const Plan& plan, const PlannedBatch& b) {
-  auto& pieces = splits_[static_cast<size_t>(b.split)];
+const std::vector<at::Tensor>& Executor::split_pieces(const Plan& plan, int32_t split) {
+  auto& pieces = splits_[static_cast<size_t>(split)];
   if (pieces.empty()) {
-    const SplitGroup& g = plan.splits[static_cast<size_t>(b.split)];
-    pieces = lazy_.get(s_, g.batch).split_with_sizes(g.sizes, g.axis);
+    const SplitGroup& g = plan.splits[static_cast<size_t>(split)];
+    const std::span<const int64_t> sizes = plan.sizes_of(g);
+    pieces = lazy_.get(s_, g.batch).split_with_sizes(at::IntArrayRef(sizes.data(), sizes.size()), g.axis);
   }
-  return pieces[b.piece];
+  return pieces;
 }
 
 double Executor::lap(double* into) {
@@ -246,7 +248,7 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
   if (out.defined()) {
     // the concat, gathered
   } else if (b.split >= 0) {
-    out = split_piece(plan, b);
+    out = split_pieces(plan, b.split)[b.piece];
   } else {
     const LaunchArgs args = launch_args(plan, b);
     RunCtx ctx(args);

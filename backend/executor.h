@@ -48,7 +48,7 @@ class Executor {
   void clear_picks();
   at::Tensor copy_rows(const Plan& plan, uint32_t reads_begin, uint32_t reads_end, int64_t perm);
   at::Tensor concat_rows(const Plan& plan, const PlannedBatch& b);
-  at::Tensor split_piece(const Plan& plan, const PlannedBatch& b);
+  const std::vector<at::Tensor>& split_pieces(const Plan& plan, int32_t split);
   void check_output(const Plan& plan, const PlannedBatch& b, const at::Tensor& out) const;
   [[noreturn]] void rethrow(const Plan& plan, const PlannedBatch& b, const std::exception& e) const;
   double lap(double* into);  // profiling: ms since the last lap, to the device's idle point (0 otherwise)

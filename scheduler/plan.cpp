@@ -17,6 +17,19 @@ struct RowRef {
   uint32_t batch, row;
 };
 
+// A row's place in its batch: rows sort by (first, then, id); see order_rows.
+struct RowKey {
+  uint64_t first;  // first reader << 32 | ~height
+  uint64_t then;   // where the first per-example input lives
+  uint32_t id;     // node or region
+  bool operator<(const RowKey& o) const {
+    const auto a = (static_cast<unsigned __int128>(first) << 64) | then;
+    const auto b = (static_cast<unsigned __int128>(o.first) << 64) | o.then;
+    return a < b || (a == b && id < o.id);
+  }
+};
+uint64_t first_key(uint32_t reader, uint32_t height) { return (uint64_t{reader} << 32) | ~height; }
+
 // A slice batch reading a whole batch in place: (source, axis) is its key.
 struct SliceRead {
   uint32_t source;
@@ -29,12 +42,17 @@ struct SliceRead {
 // batch after batch) does not allocate once they have grown.
 struct PlanScratch {
   std::vector<uint32_t> rows;
-  std::vector<std::pair<uint64_t, uint32_t>> order;  // (where the first input lives, node or region)
+  // (first reader, ~height, where the first input lives, node or region): see order_rows
+  std::vector<RowKey> order;
+  std::vector<uint32_t> batch_of;  // local entry -> the batch of the round that runs it
+  std::vector<uint32_t> height;    // local entry -> longest path to what nothing in the round reads
+  std::vector<uint32_t> reader;     // local entry -> its first reader (order_rows)
   std::vector<RowRef> sources;
   std::vector<uint32_t> srcs, rows_of_src;
   std::vector<int64_t> pos;
   std::vector<std::pair<uint32_t, uint32_t>> partial;
   std::vector<SliceRead> slices;
+  std::vector<std::pair<uint32_t, uint32_t>> ranges;  // (first row, read)
 };
 thread_local PlanScratch t_scratch;
 
@@ -43,6 +61,24 @@ class Planner {
   Planner(NodeStore& s, Plan& p, const Fuser* fuser)
       : s_(s), p_(p), fuser_(fuser), base_(static_cast<uint32_t>(s.batch_out.size())) {
     rows_.clear();
+  }
+
+  void index_batches(const RoundDag& dag, const Batches& batches) {
+    batch_of_.assign(dag.size(), kNone32);
+    for (uint32_t k = 0; k < batches.size(); ++k)
+      for (uint32_t l : batches[k]) batch_of_[l] = static_cast<uint32_t>(k);
+    // Readers first (see first_reader), in one pass over the round's edges.
+    reader_.assign(dag.size(), kNone32);
+    for (uint32_t u = 0; u < dag.size(); ++u) {
+      if (dag.node[u] != kNoNode) {
+        const OpTraits& t = op_info(s_.op[dag.node[u]]).traits;
+        if (t.stackable || t.segmented) continue;
+      }
+      for (uint32_t a : dag.args_of(u)) reader_[a] = std::min(reader_[a], batch_of_[u]);
+    }
+    height_.assign(dag.size(), 0);
+    for (size_t i = dag.size(); i-- > 0;)
+      for (uint32_t u : dag.uses_of(static_cast<uint32_t>(i))) height_[i] = std::max(height_[i], height_[u] + 1);
   }
 
   void add_batch(const RoundDag& dag, std::span<const uint32_t> locals) {
@@ -61,8 +97,9 @@ class Planner {
     p_.batches.push_back(b);
   }
 
-  // n regions of one pattern: rows ordered by where each region's first
-  // per-example input lives; member k of row i is batch out + k, row i.
+  // n regions of one pattern: rows ordered by the path ahead, then by where
+  // each region's first per-example input lives (order_rows' keys 2 and 3);
+  // member k of row i is batch out + k, row i.
   void add_fused_batch(const RoundDag& dag, std::span<const uint32_t> locals) {
     const Region& first = fuser_->region(dag.region[locals[0]]);
     PlannedBatch b{};
@@ -81,7 +118,7 @@ class Planner {
           key = (uint64_t{s_.value_batch[in]} << 32) | s_.value_row[in];
           break;
         }
-      order_.push_back({key, dag.region[l]});
+      order_.push_back({first_key(0, height_[l]), key, dag.region[l]});  // no reader grouping: see order_rows
     }
     if (!std::is_sorted(order_.begin(), order_.end())) std::sort(order_.begin(), order_.end());
     b.nodes_begin = static_cast<uint32_t>(p_.nodes.size());
@@ -90,7 +127,7 @@ class Planner {
     // Region by region: a region's members are neighbours in the store, so
     // their (batch, row) writes share cache lines (member-major order did not).
     for (uint32_t i = 0; i < b.n; ++i) {
-      const std::span<const NodeId> members = fuser_->members(fuser_->region(order_[i].second));
+      const std::span<const NodeId> members = fuser_->members(fuser_->region(order_[i].id));
       for (uint32_t k = 0; k < b.outputs; ++k) {
         const NodeId node = members[k];
         at[size_t{k} * b.n + i] = node;
@@ -106,7 +143,7 @@ class Planner {
     const std::vector<uint8_t>& read_later = first.program->read_later;
     for (uint32_t k = 0; k < b.outputs; ++k) p_.keep[b.keep_begin + k] = read_later[k];
     for (uint32_t i = 0; i < b.n; ++i) {
-      const std::span<const uint8_t> escapes = fuser_->escapes(fuser_->region(order_[i].second));
+      const std::span<const uint8_t> escapes = fuser_->escapes(fuser_->region(order_[i].id));
       for (uint32_t k = 0; k < b.outputs; ++k) p_.keep[b.keep_begin + k] |= escapes[k];
     }
     b.args_begin = static_cast<uint32_t>(p_.args.size());
@@ -119,7 +156,7 @@ class Planner {
         continue;
       }
       sources_.clear();
-      for (uint32_t i = 0; i < b.n; ++i) sources_.push_back(row_of(fuser_->inputs(fuser_->region(order_[i].second))[e]));
+      for (uint32_t i = 0; i < b.n; ++i) sources_.push_back(row_of(fuser_->inputs(fuser_->region(order_[i].id))[e]));
       add_input();
     }
     b.payload = static_cast<int64_t>(p_.indices.size());
@@ -153,17 +190,16 @@ class Planner {
       if (!disjoint) continue;
       const NodeId some_slice = p_.nodes[p_.batches[members[0].batch].nodes_begin];
       const int64_t extent = s_.shape_of(s_.resolve(s_.args_of(some_slice)[0]))[static_cast<int>(members[0].axis - 1)];
-      SplitGroup g{members[0].source, members[0].axis, {}};
+      SplitGroup g = open_split(members[0].source, members[0].axis);
       int64_t at = 0;
       for (const SliceRead& m : members) {
-        if (m.begin > at) g.sizes.push_back(m.begin - at);  // a gap: a piece nobody reads
+        if (m.begin > at) add_piece(g, m.begin - at);  // a gap: a piece nobody reads
         p_.batches[m.batch].split = static_cast<int32_t>(p_.splits.size());
-        p_.batches[m.batch].piece = static_cast<uint32_t>(g.sizes.size());
-        g.sizes.push_back(m.end - m.begin);
+        p_.batches[m.batch].piece = add_piece(g, m.end - m.begin);
         at = m.end;
       }
-      if (at < extent) g.sizes.push_back(extent - at);
-      p_.splits.push_back(std::move(g));
+      if (at < extent) add_piece(g, extent - at);
+      p_.splits.push_back(g);
     }
   }
 
@@ -183,6 +219,7 @@ class Planner {
     for (size_t i = 0, j; i < partial_.size(); i = j) {
       for (j = i; j < partial_.size() && partial_[j].first == partial_[i].first;) ++j;
       if (j - i < 2) continue;
+      if (split_rows({partial_.data() + i, j - i})) continue;
       for (size_t k = i; k < j; ++k) {
         p_.reads[partial_[k].second].group = static_cast<int32_t>(p_.groups.size());
         p_.reads[partial_[k].second].slot = static_cast<uint32_t>(k - i);
@@ -193,12 +230,72 @@ class Planner {
   }
 
  private:
+  // Reads (batch, read) of one batch that are row ranges, disjoint: ONE split
+  // of the batch serves them all, as views. False (nothing changed) otherwise.
+  bool split_rows(std::span<const std::pair<uint32_t, uint32_t>> reads) {
+    ranges_.clear();
+    for (const auto& [batch, r] : reads) {
+      const Read& rd = p_.reads[r];
+      if (rd.index >= 0) return false;
+      ranges_.emplace_back(rd.start, r);
+    }
+    std::sort(ranges_.begin(), ranges_.end());
+    auto same = [&](size_t k) {  // two readers of the same rows share a piece
+      return p_.reads[ranges_[k].second].start == p_.reads[ranges_[k - 1].second].start &&
+             p_.reads[ranges_[k].second].len == p_.reads[ranges_[k - 1].second].len;
+    };
+    for (size_t k = 1; k < ranges_.size(); ++k)
+      if (!same(k) && ranges_[k].first < ranges_[k - 1].first + p_.reads[ranges_[k - 1].second].len) return false;
+    const uint32_t batch = reads[0].first;
+    SplitGroup g = open_split(batch, 0);
+    const auto split = static_cast<int32_t>(p_.splits.size());
+    uint32_t at = 0;
+    for (size_t k = 0; k < ranges_.size(); ++k) {
+      const auto [start, r] = ranges_[k];
+      p_.reads[r].split = split;
+      if (k > 0 && same(k)) {
+        p_.reads[r].slot = p_.reads[ranges_[k - 1].second].slot;
+        continue;
+      }
+      if (start > at) add_piece(g, start - at);  // rows nobody reads here
+      p_.reads[r].slot = add_piece(g, p_.reads[r].len);
+      at = start + p_.reads[r].len;
+    }
+    if (at < rows(batch)) add_piece(g, rows(batch) - at);
+    p_.splits.push_back(g);
+    return true;
+  }
+
+  SplitGroup open_split(uint32_t batch, int64_t axis) const {
+    return SplitGroup{batch, axis, static_cast<uint32_t>(p_.split_sizes.size()), 0};
+  }
+  // Appends a piece to g (the group being built: its sizes are the buffer's tail); its index.
+  uint32_t add_piece(SplitGroup& g, int64_t size) {
+    p_.split_sizes.push_back(size);
+    return g.sizes_len++;
+  }
+
   std::span<const NodeId> nodes_of(const PlannedBatch& b) const { return {p_.nodes.data() + b.nodes_begin, b.n}; }
 
-  // Row order: by where the first per-example argument lives, so that a batch fed
-  // by one earlier batch in the same order reads it as a view (chains stay zero-copy).
+  // Row order, by three keys:
+  // 1. The batch of this round that first reads the row (not counting list ops,
+  //    concat or sum of a list: they gather from several places anyway), when the rows have
+  //    three or more such readers: each then finds its rows side by side (a
+  //    range; disjoint ranges are views, see split_rows). This is the batch that
+  //    projected every step's input of a recurrence at once, read by the steps.
+  //    With fewer readers (a branch's two sides, one consumer) the next key
+  //    wins more: it keeps the batch's input a view.
+  // 2. The longest path still ahead of the row, longest first: chains that end
+  //    early (short sentences) hold the last rows, so the rows that go on are a
+  //    prefix and the next step reads them in place (hand-batched code sorts
+  //    by length for the same reason).
+  // 3. Where the first per-example argument lives, so that a batch fed by one
+  //    earlier batch in the same order reads it as a view (chains stay zero-copy).
+  // Fused batches use keys 2 and 3: their rows usually read a GEMM's output in
+  // place; grouping them by reader cost more gathers than it saved.
   void order_rows(const RoundDag& dag, std::span<const uint32_t> locals) {
     order_.clear();
+    uint32_t distinct[3] = {kNone32, kNone32, kNone32};  // the first three readers seen
     for (uint32_t l : locals) {
       const NodeId node = dag.node[l];
       uint64_t key = node;
@@ -208,8 +305,18 @@ class Planner {
         key = (uint64_t{s_.value_batch[a]} << 32) | s_.value_row[a];
         break;
       }
-      order_.push_back({key, node});
+      const uint32_t reader = reader_[l];
+      order_.push_back({first_key(reader, height_[l]), key, node});
+      for (uint32_t& d : distinct) {
+        if (d == reader) break;
+        if (d == kNone32) {
+          d = reader;
+          break;
+        }
+      }
     }
+    if (distinct[2] == kNone32)
+      for (RowKey& o : order_) o.first = first_key(0, static_cast<uint32_t>(~o.first));
     if (!std::is_sorted(order_.begin(), order_.end())) std::sort(order_.begin(), order_.end());
   }
 
@@ -217,7 +324,7 @@ class Planner {
   void place_rows(PlannedBatch& b) {
     b.nodes_begin = static_cast<uint32_t>(p_.nodes.size());
     for (uint32_t i = 0; i < b.n; ++i) {
-      const NodeId node = order_[i].second;
+      const NodeId node = order_[i].id;
       p_.nodes.push_back(node);
       s_.value_batch[node] = b.out;
       s_.value_row[node] = b.shared ? kWholeRow : i;
@@ -352,13 +459,17 @@ class Planner {
   uint32_t base_;
   PlanScratch& x_ = t_scratch;
   std::vector<uint32_t>& rows_ = x_.rows;
-  std::vector<std::pair<uint64_t, uint32_t>>& order_ = x_.order;
+  std::vector<RowKey>& order_ = x_.order;
+  std::vector<uint32_t>& batch_of_ = x_.batch_of;
+  std::vector<uint32_t>& height_ = x_.height;
+  std::vector<uint32_t>& reader_ = x_.reader;
   std::vector<RowRef>& sources_ = x_.sources;
   std::vector<uint32_t>& srcs_ = x_.srcs;
   std::vector<uint32_t>& rows_of_src_ = x_.rows_of_src;
   std::vector<int64_t>& pos_ = x_.pos;
   std::vector<std::pair<uint32_t, uint32_t>>& partial_ = x_.partial;
   std::vector<SliceRead>& slices_ = x_.slices;
+  std::vector<std::pair<uint32_t, uint32_t>>& ranges_ = x_.ranges;
 };
 
 }  // namespace
@@ -372,6 +483,7 @@ void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, st
   plan.reads.clear();
   plan.groups.clear();
   plan.splits.clear();
+  plan.split_sizes.clear();
   plan.indices.clear();
   plan.keep.clear();
   plan.nodes.reserve(dag.size());
@@ -379,6 +491,7 @@ void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, st
   plan.args.reserve(2 * batches.size());
   plan.reads.reserve(3 * batches.size());
   Planner planner(store, plan, fuser);
+  planner.index_batches(dag, batches);
   for (size_t k = 0; k < batches.size(); ++k) planner.add_batch(dag, batches[k]);
   planner.group_slices();
   planner.group_reads();
@@ -411,6 +524,7 @@ std::string Plan::str() const {
         if (r.index >= 0) os << "{" << r.len << " rows}";
         else if (r.start != kWholeRow) os << "[" << r.start << ":" << r.start + r.len << "]";
         if (r.group >= 0) os << "#" << r.group;
+        if (r.split >= 0) os << " (split #" << r.split << ")";
       }
       if (a.kind == BatchArg::kGather) os << (a.perm >= 0 ? ", permuted)" : ")");
     }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,7 +32,11 @@ struct Read {
   // index_select/narrow calls would each zero-fill a gradient the size of the whole
   // batch: a batch read by many later levels would cost levels x size.
   int32_t group = -1;
-  uint32_t slot = 0;  // this read's output within its group
+  // >= 0: one of several reads of disjoint row ranges of the same batch, all
+  // served by ONE split of it (plan.splits[split], piece `slot`): views, whose
+  // backward is one concatenation of the pieces' gradients.
+  int32_t split = -1;
+  uint32_t slot = 0;  // this read's output within its group or split
 };
 
 struct BatchArg {
@@ -68,12 +73,15 @@ struct PlannedBatch {
 };
 
 // Slice batches that cut one batch's rows in place, along one axis, into
-// disjoint ranges: run as ONE split_with_sizes (one autograd node) instead of a
-// narrow each, whose backward would each zero-fill the whole source.
+// disjoint ranges, or reads of disjoint row ranges of one batch (axis 0): run
+// as ONE split_with_sizes (one autograd node) instead of a narrow each, whose
+// backward would each zero-fill the whole source.
 struct SplitGroup {
-  uint32_t batch;              // the source
-  int64_t axis;                // batched axis
-  std::vector<int64_t> sizes;  // pieces covering the axis (gaps included)
+  uint32_t batch;  // the source
+  int64_t axis;    // batched axis (0: rows)
+  // Pieces covering the axis (gaps included): plan.split_sizes[sizes_begin .. + sizes_len)
+  // (one buffer for the round: planning allocates nothing once warm).
+  uint32_t sizes_begin = 0, sizes_len = 0;
 };
 
 struct Plan {
@@ -84,9 +92,11 @@ struct Plan {
   std::vector<Read> reads;
   Batches groups;  // reads served together, all of one batch (lists of read indices, one buffer)
   std::vector<SplitGroup> splits;
+  std::vector<int64_t> split_sizes;
   std::vector<int64_t> indices;  // gathers, payloads and segment ids for the whole round
   std::vector<uint8_t> keep;     // fused batches: per member, whether anything outside its region reads it
 
+  std::span<const int64_t> sizes_of(const SplitGroup& g) const { return {split_sizes.data() + g.sizes_begin, g.sizes_len}; }
   std::string str() const;
 };
 

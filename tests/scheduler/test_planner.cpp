@@ -1,6 +1,9 @@
 // The planner on hand-built batches: row order, views vs gathers, one split per
-// chunked batch, one gather node per batch read partially. Nodes come from a
+// chunked batch or per batch read in disjoint ranges, one gather node per batch
+// read partially otherwise. Nodes come from a
 // Trace (the layer below); nothing is launched.
+#include <span>
+
 #include <sheaf/ops/op.h>
 #include <sheaf/ops/op_list.h>
 #include <sheaf/scheduler/plan.h>
@@ -93,22 +96,79 @@ TEST_CASE("planner: disjoint slices of one batch become one split", "[scheduler]
   }
   const Plan p = f.plan({f.xs, lo, hi});
   REQUIRE(p.splits.size() == 1);
-  CHECK(p.splits[0].sizes == std::vector<int64_t>{2, 2});
+  const std::span<const int64_t> sizes = p.sizes_of(p.splits[0]);
+  CHECK(std::vector<int64_t>(sizes.begin(), sizes.end()) == std::vector<int64_t>{2, 2});
   CHECK(p.batches[1].split == 0);
   CHECK(p.batches[2].split == 0);
   CHECK(p.batches[2].piece == 1);
 }
 
-TEST_CASE("planner: partial reads of one batch share one gather group", "[scheduler][planner]") {
+TEST_CASE("planner: reads of disjoint row ranges of one batch are views of one split", "[scheduler][planner]") {
   Fixture f(4);
-  // One batch reads rows 0..1 of the inputs, another rows 2..3: two partial reads.
+  // One batch reads rows 0..1 of the inputs, another rows 2..3: two ranges.
   std::vector<NodeId> a, b;
   a.push_back(f.unary(code_of<op::Tanh>, f.xs[1]));
   a.push_back(f.unary(code_of<op::Tanh>, f.xs[0]));
   b.push_back(f.unary(code_of<op::Sigmoid>, f.xs[2]));
   b.push_back(f.unary(code_of<op::Sigmoid>, f.xs[3]));
   const Plan p = f.plan({f.xs, a, b});
+  CHECK(p.groups.size() == 0);
+  REQUIRE(p.splits.size() == 1);
+  const std::span<const int64_t> sizes = p.sizes_of(p.splits[0]);
+  CHECK(std::vector<int64_t>(sizes.begin(), sizes.end()) == std::vector<int64_t>{2, 2});
+  for (int k : {1, 2}) {
+    const BatchArg& arg = p.args[p.batches[k].args_begin];
+    CHECK(arg.kind == BatchArg::kView);
+    CHECK(p.reads[arg.reads_begin].split == 0);
+    CHECK(p.reads[arg.reads_begin].slot == static_cast<uint32_t>(k - 1));
+  }
+}
+
+TEST_CASE("planner: partial reads that are not disjoint ranges share one gather group", "[scheduler][planner]") {
+  Fixture f(4);
+  // Rows 0 and 2 of the inputs, then rows 1 and 3: index lists, not ranges.
+  std::vector<NodeId> a, b;
+  a.push_back(f.unary(code_of<op::Tanh>, f.xs[0]));
+  a.push_back(f.unary(code_of<op::Tanh>, f.xs[2]));
+  b.push_back(f.unary(code_of<op::Sigmoid>, f.xs[1]));
+  b.push_back(f.unary(code_of<op::Sigmoid>, f.xs[3]));
+  const Plan p = f.plan({f.xs, a, b});
+  CHECK(p.splits.size() == 0);
   REQUIRE(p.groups.size() == 1);
   CHECK(p.groups[0].size() == 2);
   CHECK(p.str().find("#0") != std::string::npos);
+}
+
+TEST_CASE("planner: rows read by three batches or more are grouped by reader, each reading a range", "[scheduler][planner]") {
+  // As the steps of a recurrence read one batch that projected every step's
+  // input at once: reader k reads rows k and k + 3 of p.
+  Fixture f(6);
+  std::vector<NodeId> p;
+  for (NodeId x : f.xs) p.push_back(f.unary(code_of<op::Tanh>, x));
+  std::vector<std::vector<NodeId>> readers(3);
+  for (size_t k = 0; k < 3; ++k)
+    for (size_t i : {k, k + 3}) readers[k].push_back(f.unary(code_of<op::Sigmoid>, p[i]));
+  const Plan plan = f.plan({f.xs, p, readers[0], readers[1], readers[2]});
+  REQUIRE(plan.splits.size() == 1);
+  CHECK(plan.splits[0].batch == plan.batches[1].out);
+  for (int k = 2; k <= 4; ++k) {
+    const BatchArg& arg = plan.args[plan.batches[k].args_begin];
+    CHECK(arg.kind == BatchArg::kView);
+    CHECK(plan.reads[arg.reads_begin].len == 2);
+  }
+}
+
+TEST_CASE("planner: rows whose chain goes on come first, so the next step reads a prefix", "[scheduler][planner]") {
+  // Examples 0 and 2 take two steps, example 1 one: in input order the second
+  // step would read rows 0 and 2 (a gather); longest path first, rows 0..1.
+  Fixture f(3);
+  std::vector<NodeId> s1, s2;
+  for (NodeId x : f.xs) s1.push_back(f.unary(code_of<op::Tanh>, x));
+  for (size_t i : {0, 2}) s2.push_back(f.unary(code_of<op::Tanh>, s1[i]));
+  const Plan p = f.plan({f.xs, s1, s2});
+  const BatchArg& arg = p.args[p.batches[2].args_begin];
+  CHECK(arg.kind == BatchArg::kView);
+  CHECK(p.reads[arg.reads_begin].start == 0);
+  CHECK(p.reads[arg.reads_begin].len == 2);
+  CHECK(p.nodes[p.batches[1].nodes_begin + 2] == s1[1]);  // the chain that ends, last
 }
