@@ -84,7 +84,7 @@ Expr softplus(At x);     // log(1 + e^x)
 Expr log_sigmoid(At x);  // log(sigmoid(x)), stable for large |x|
 Expr gelu(At x);         // GELU, tanh form (LibTorch's approximate="tanh")
 Expr pow(At x, double c);  // x^c elementwise (LibTorch's pow with a scalar exponent)
-// Elementwise larger / smaller (equal shapes, or a scalar on either side); at
+// Elementwise larger / smaller (shapes that broadcast, as for a + b); at
 // ties the gradient is split evenly, as LibTorch's.
 Expr maximum(Operand a, Operand b, Loc loc = Loc::current());
 Expr minimum(Operand a, Operand b, Loc loc = Loc::current());
@@ -145,6 +145,13 @@ Expr softmax(At x);
 Expr log_softmax(At x);
 // x[i] of a vector x: a scalar.
 Expr pick(Expr x, int64_t i, Loc loc = Loc::current());
+// x[i] with the index computed in the graph (a scalar holding a whole number,
+// e.g. an argmax): no host round trip. The gradient flows to x only; an index
+// out of range is a UserError when the batch runs.
+Expr pick(Expr x, Expr i, Loc loc = Loc::current());
+// The position of the largest element along the last axis, as a float value
+// (the first at ties); no gradient. x [n] -> a scalar, [t, n] -> [t].
+Expr argmax(At x);
 // -log softmax(x)[label]: the cross-entropy loss of one example, a scalar.
 Expr pick_neg_log_softmax(Expr x, int64_t label, Loc loc = Loc::current());
 // The same over the rows of x [rows, classes], one label per row, summed: a

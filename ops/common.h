@@ -4,6 +4,7 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <concepts>
 #include <string_view>
 
@@ -13,12 +14,25 @@
 namespace sheaf::op {
 
 // Equal shapes, or one side a scalar (rank 0) that broadcasts.
+// LibTorch's broadcasting: shapes aligned on the right, each pair of dims equal
+// or one of them 1 (a missing dim counts as 1). Per example: the batch axis is
+// not part of it (RunCtx::aligned puts the ranks in line below it).
 inline Shape infer_elementwise(const InferCtx& c) {
   const Shape& a = c.shape(0);
   const Shape& b = c.shape(1);
   if (a == b || b.rank() == 0) return a;
   if (a.rank() == 0) return b;
-  c.fail("shapes ", a.str(), " and ", b.str(), " differ; elementwise ops need equal shapes or a scalar");
+  const int rank = std::max(a.rank(), b.rank());
+  Shape out;
+  for (int d = 0; d < rank; ++d) {
+    const int da = d - (rank - a.rank()), db = d - (rank - b.rank());
+    const int64_t x = da >= 0 ? a[da] : 1, y = db >= 0 ? b[db] : 1;
+    if (x != y && x != 1 && y != 1)
+      c.fail("shapes ", a.str(), " and ", b.str(), " do not broadcast (dimension ", d, " of the result: ", x, " against ", y,
+             "); elementwise ops need shapes that broadcast as LibTorch's do");
+    out.push(x == 1 ? y : x);
+  }
+  return out;
 }
 
 // attrs[first] is a rank, followed by that many dims (leaves carry their shape).

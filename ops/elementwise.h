@@ -1,5 +1,6 @@
-// Elementwise ops. Arguments of equal shape, or a scalar that broadcasts; a shared
-// argument (a parameter) broadcasts over the batch axis.
+// Elementwise ops. Arguments whose shapes broadcast as LibTorch's do (equal, a
+// scalar, or dims of 1 and missing leading dims); a shared argument (a
+// parameter) also broadcasts over the batch axis.
 #pragma once
 
 #include <ATen/ops/abs.h>

@@ -71,6 +71,8 @@ struct MeanList;
 struct Softmax;
 struct LogSoftmax;
 struct Pick;         // x[id]
+struct PickAt;       // x[i], i computed
+struct ArgMax;       // position of the largest element along the last axis
 struct PickNegLogSoftmax;  // -log softmax(x)[label]
 struct SumDim;       // one axis reduced
 struct MeanDim;
@@ -92,7 +94,7 @@ inline constexpr auto kOpList = boost::hana::tuple_t<
     op::Dropout,
     op::Affine, op::Matmul,
     op::Concat, op::Slice, op::Reshape, op::Transpose, op::Stack,
-    op::Sum, op::Mean, op::SumList, op::MeanList, op::Softmax, op::LogSoftmax, op::Pick,
+    op::Sum, op::Mean, op::SumList, op::MeanList, op::Softmax, op::LogSoftmax, op::Pick, op::PickAt, op::ArgMax,
     op::PickNegLogSoftmax, op::SumDim, op::MeanDim, op::MaxDim, op::MinDim, op::LogSumExpDim, op::Dot, op::LayerNorm,
     op::Placeholder>;
 

@@ -1,7 +1,10 @@
 // Reductions, softmax and losses.
 #pragma once
 
+#include <ATen/ops/argmax.h>
 #include <ATen/ops/gather.h>
+#include <ATen/ops/logical_or.h>
+#include <ATen/ops/trunc.h>
 #include <ATen/ops/index_add.h>
 #include <ATen/ops/layer_norm.h>
 #include <ATen/ops/log_softmax.h>
@@ -13,6 +16,8 @@
 #include <ATen/ops/zeros.h>
 
 #include <numeric>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "common.h"
@@ -192,6 +197,46 @@ struct Pick {
     return Shape{};
   }
   static at::Tensor run(RunCtx& c) { return at::gather(c.in(0), 1, c.payload().unsqueeze(1)).squeeze(1); }
+};
+
+// x[i] of a vector x at an index computed in the graph (a scalar holding a
+// whole number, e.g. an argmax). The gradient flows to x only. An index out of
+// range or not whole is checked when the batch runs (one host read of a flag):
+// a UserError naming the op and examples, never a device fault.
+struct PickAt {
+  static constexpr std::string_view name = "pick";
+  static constexpr OpTraits traits{.arity = 2};
+  static Shape infer(const InferCtx& c) {
+    if (c.shape(0).rank() != 1) c.fail("needs a vector, got shape ", c.shape(0).str());
+    if (c.shape(1).rank() != 0) c.fail("the index must be a scalar, got shape ", c.shape(1).str());
+    return Shape{};
+  }
+  static at::Tensor run(RunCtx& c) {
+    const at::Tensor& x = c.in(0);
+    const at::Tensor i = c.in(1).detach().reshape({-1}).expand({c.n()});  // shared: one index for all rows
+    const bool bad = at::logical_or(at::logical_or(i < 0, i >= static_cast<double>(x.size(1))), i != at::trunc(i))
+                         .any()
+                         .item<bool>();
+    if (bad)  // the executor reports it as a UserError naming the op, its line and the examples
+      throw std::invalid_argument("an index is out of range for a vector of " + std::to_string(x.size(1)) +
+                                  " elements, or not a whole number");
+    return at::gather(x, 1, i.to(at::kLong).unsqueeze(1)).squeeze(1);
+  }
+};
+
+// The position of the largest element along the last axis, as a float (the
+// first one at ties, as LibTorch's argmax); no gradient.
+struct ArgMax {
+  static constexpr std::string_view name = "argmax";
+  static constexpr OpTraits traits{.arity = 1};
+  static Shape infer(const InferCtx& c) {
+    const Shape& s = c.shape(0);
+    if (s.rank() < 1) c.fail("needs a value of rank >= 1, got a scalar");
+    Shape out;
+    for (int d = 0; d + 1 < s.rank(); ++d) out.push(s[d]);
+    return out;
+  }
+  static at::Tensor run(RunCtx& c) { return at::argmax(c.in(0).detach(), -1).to(c.options()); }
 };
 
 // payload: the gold label.

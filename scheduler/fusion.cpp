@@ -31,7 +31,15 @@ Fuser::Fuser() {
 bool Fuser::fusible(const NodeStore& s, NodeId n) const {
   if (s.sig[n] == kNoSig) return false;  // shared: computed once, never batched
   const OpCode op = s.op[n];
-  if (op < pointwise_op_.size() && pointwise_op_[op]) return true;  // users' ops follow: never fused
+  if (op < pointwise_op_.size() && pointwise_op_[op]) {  // users' ops follow: never fused
+    // A fused kernel reads each operand as a row of the node's size or as one
+    // value: an operand broadcast along some dims (a [d] bias on [t, d]) runs alone.
+    for (NodeId a : s.args_of(n)) {
+      const NodeId r = s.resolve(a);
+      if (s.shape[r] != s.shape[n] && s.shape_of(r).numel() != 1) return false;
+    }
+    return true;
+  }
   if (op != code_of<op::Slice>) return false;
   // A slice fuses when its rows are contiguous in the input's rows: every
   // dimension before the cut has size 1.

@@ -91,6 +91,21 @@ inline const std::vector<OpCase>& cases() {
          const Expr y = g.input(p.data({kD}, i, 10));
          return dsl::maximum(h, y) - dsl::minimum(h, p.v) + dsl::maximum(h, h) * 0.5;  // a tie: half each way
        }},
+      {"broadcasting (a row on a matrix, a column, a shared row)",
+       [](Graph& g, Expr h, int i, const Params& p) {
+         const Expr m = dsl::reshape(h, {2, kD / 2});                      // [2, 4]
+         const Expr col = g.input(p.data({2, 1}, i, 11));                  // [2, 1]
+         const Expr row = dsl::slice(h, 0, kD / 2);                         // [4]
+         const Expr x = (m + row) * col - dsl::maximum(col, row) / (dsl::abs(row) + 1.0);  // [2, 4] each
+         const Expr y = dsl::reshape(x, {kD}) * p.v + g.input(p.data({1}, i, 12));           // [8] * shared [8] + [1]
+         return y - dsl::reshape(m * dsl::slice(g.param(p.v), 0, kD / 2), {kD});     // a shared [4] on a [2, 4]
+       }},
+      {"argmax, pick at a computed index",
+       [](Graph& g, Expr h, int, const Params& p) {
+         const Expr rows = dsl::argmax(dsl::reshape(h, {2, kD / 2}));  // [2], positions in each row
+         return h * dsl::pick(dsl::tanh(h), dsl::argmax(h)) + dsl::sum(rows) * 0.1 +
+                dsl::pick(h, dsl::argmax(g.param(p.v)));  // a shared index
+       }},
       {"affine shared W", [](Graph&, Expr h, int, const Params& p) { return dsl::affine(p.W, h, p.b); }},
       {"affine per-example W",
        [](Graph& g, Expr h, int i, const Params& p) { return dsl::affine(g.input(p.data({kD, kD}, i, 4)), h, p.b); }},

@@ -27,11 +27,16 @@ TEST_CASE("shape mismatch names op, example and line", "[dsl][errors]") {
   REQUIRE_THROWS_WITH(dsl::affine(W(), x, B()), Contains("test_errors.cpp:") && Contains("op 'affine'") &&
                                                     Contains("example 3") && Contains("[5]"));
   Expr y = g.input(at::randn({4}));
-  REQUIRE_THROWS_WITH(x + y, Contains("op 'add'") && Contains("example 3") && Contains("[5] and [4]"));
+  REQUIRE_THROWS_WITH(x + y, Contains("op 'add'") && Contains("example 3") && Contains("[5] and [4]") &&
+                                 Contains("do not broadcast"));
+  REQUIRE_THROWS_WITH(g.input(at::randn({2, 3})) * g.input(at::randn({2})), Contains("op 'mul'") &&
+                                                                             Contains("[2, 3] and [2]"));
   REQUIRE_THROWS_WITH(dsl::concat({x, g.input(at::randn({2, 2}))}), Contains("op 'concat'") && Contains("example 3"));
   REQUIRE_THROWS_WITH(dsl::slice(x, 3, 9), Contains("op 'slice'") && Contains("outside"));
   REQUIRE_THROWS_WITH(dsl::chunk(x, 2), Contains("op 'chunk'") && Contains("equal chunks"));
   REQUIRE_THROWS_WITH(dsl::pick(x, 5), Contains("op 'pick'") && Contains("out of range"));
+  REQUIRE_THROWS_WITH(dsl::pick(x, x), Contains("op 'pick'") && Contains("index must be a scalar"));
+  REQUIRE_THROWS_WITH(dsl::argmax(dsl::sum(x)), Contains("op 'argmax'") && Contains("scalar"));
   REQUIRE_THROWS_WITH(dsl::pick_neg_log_softmax(x, -1), Contains("label -1"));
   REQUIRE_THROWS_WITH(dsl::softmax(dsl::sum(x)), Contains("op 'softmax'") && Contains("scalar"));
   REQUIRE_THROWS_WITH(dsl::dropout(x, 1.5), Contains("op 'dropout'") && Contains("p must be"));
@@ -128,6 +133,26 @@ TEST_CASE("a failed launch names op and examples, and the graph stays usable", "
   Expr y2 = dsl::affine(w, g.input(at::randn({3})), B());
   g.forward(y2);
   CHECK(y2.value().sizes() == at::IntArrayRef({4}));
+}
+
+TEST_CASE("pick at a computed index out of range or not whole: a UserError when the batch runs", "[dsl][errors]") {
+  for (const double bad : {4.0, -1.0, 1.5}) {
+    Graph g;
+    Expr picked[2];
+    for (int i = 0; i < 2; ++i) {
+      auto scope = g.example(i);
+      const Expr x = g.input(at::arange(4).to(at::kFloat));
+      picked[i] = dsl::pick(x, g.input(at::full({}, i == 1 ? bad : 2.0)));
+    }
+    REQUIRE_THROWS_WITH(g.forward(std::vector<Expr>{picked[0], picked[1]}),
+                        Contains("op 'pick'") && Contains("out of range for a vector of 4") && Contains("test_errors.cpp"));
+  }
+  Graph g;  // in range: the value, and a gradient to x only
+  const at::Tensor w = at::arange(4).to(at::kFloat).requires_grad_();
+  auto scope = g.example(0);
+  const Expr y = dsl::pick(dsl::tanh(g.param(w)) + g.input(at::zeros({4})), dsl::argmax(g.input(at::tensor({0.f, 3.f, 1.f}))));
+  g.forward(y);
+  CHECK(y.value().item<float>() == Approx(std::tanh(1.0f)));
 }
 
 TEST_CASE("after an error the graph records and runs normally", "[dsl][errors]") {
