@@ -230,8 +230,7 @@ struct ArgMax {
   static constexpr std::string_view name = "argmax";
   static constexpr OpTraits traits{.arity = 1};
   static Shape infer(const InferCtx& c) {
-    const Shape& s = c.shape(0);
-    if (s.rank() < 1) c.fail("needs a value of rank >= 1, got a scalar");
+    const Shape& s = infer_vector_like(c);
     Shape out;
     for (int d = 0; d + 1 < s.rank(); ++d) out.push(s[d]);
     return out;
