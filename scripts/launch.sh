@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Starts N data-parallel workers of one command on this machine, the way
 # torchrun does: each gets RANK and LOCAL_RANK (0..N-1), WORLD_SIZE=N,
-# MASTER_ADDR (default 127.0.0.1) and MASTER_PORT (default: a random port from
-# 29500 up). For several machines, run the command on each yourself with the
+# MASTER_ADDR (default 127.0.0.1) and MASTER_PORT (default: a random free port
+# below the kernel's ephemeral range). For several machines, run the command on each yourself with the
 # same MASTER_ADDR/MASTER_PORT/WORLD_SIZE and each worker's own RANK.
 #
 #   scripts/launch.sh 2 -- ./build/examples/tree_lstm --epochs 2
@@ -16,7 +16,20 @@ usage() { echo "usage: scripts/launch.sh N -- COMMAND [ARGS...]" >&2; exit 2; }
 n=$1; shift 2
 [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "launch.sh: N='$n' is not a positive integer" >&2; exit 2; }
 export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
-export MASTER_PORT=${MASTER_PORT:-$((29500 + RANDOM % 20000))}
+# A port nobody listens on, below the kernel's ephemeral range: other programs'
+# client sockets take ports in that range at any moment (a random port there
+# once collided with a concurrent test's connection).
+free_port() {
+  local lo=32768 p=0
+  read -r lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  ((lo > 11000)) || lo=32768
+  for _ in {1..50}; do
+    p=$((10000 + RANDOM % (lo - 10000)))
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || break
+  done
+  echo "$p"
+}
+export MASTER_PORT=${MASTER_PORT:-$(free_port)}
 export WORLD_SIZE=$n
 pids=()
 for ((r = 0; r < n; r++)); do
