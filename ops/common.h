@@ -13,7 +13,6 @@
 
 namespace sheaf::op {
 
-// Equal shapes, or one side a scalar (rank 0) that broadcasts.
 // LibTorch's broadcasting: shapes aligned on the right, each pair of dims equal
 // or one of them 1 (a missing dim counts as 1). Per example: the batch axis is
 // not part of it (RunCtx::aligned puts the ranks in line below it).

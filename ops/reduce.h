@@ -3,16 +3,16 @@
 
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/gather.h>
-#include <ATen/ops/logical_or.h>
-#include <ATen/ops/trunc.h>
 #include <ATen/ops/index_add.h>
 #include <ATen/ops/layer_norm.h>
 #include <ATen/ops/log_softmax.h>
+#include <ATen/ops/logical_or.h>
 #include <ATen/ops/mean.h>
 #include <ATen/ops/nll_loss.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/ones_like.h>
+#include <ATen/ops/trunc.h>
 #include <ATen/ops/zeros.h>
 
 #include <numeric>

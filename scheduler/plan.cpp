@@ -67,7 +67,7 @@ class Planner {
     batch_of_.assign(dag.size(), kNone32);
     for (uint32_t k = 0; k < batches.size(); ++k)
       for (uint32_t l : batches[k]) batch_of_[l] = static_cast<uint32_t>(k);
-    // Readers first (see first_reader), in one pass over the round's edges.
+    // Each entry's first reader (order_rows' key 1), in one pass over the round's edges.
     reader_.assign(dag.size(), kNone32);
     for (uint32_t u = 0; u < dag.size(); ++u) {
       if (dag.node[u] != kNoNode) {
@@ -278,9 +278,9 @@ class Planner {
   std::span<const NodeId> nodes_of(const PlannedBatch& b) const { return {p_.nodes.data() + b.nodes_begin, b.n}; }
 
   // Row order, by three keys:
-  // 1. The batch of this round that first reads the row (not counting list ops,
-  //    concat or sum of a list: they gather from several places anyway), when the rows have
-  //    three or more such readers: each then finds its rows side by side (a
+  // 1. The batch of this round that first reads the row (not counting list
+  //    ops, concat or sum of a list: they gather from several places anyway),
+  //    when the rows have three or more such readers: each then finds its rows side by side (a
   //    range; disjoint ranges are views, see split_rows). This is the batch that
   //    projected every step's input of a recurrence at once, read by the steps.
   //    With fewer readers (a branch's two sides, one consumer) the next key
@@ -316,7 +316,7 @@ class Planner {
       }
     }
     if (distinct[2] == kNone32)
-      for (RowKey& o : order_) o.first = first_key(0, static_cast<uint32_t>(~o.first));
+      for (RowKey& o : order_) o.first &= 0xffffffffu;  // reader 0, height kept
     if (!std::is_sorted(order_.begin(), order_.end())) std::sort(order_.begin(), order_.end());
   }
 

@@ -2,8 +2,9 @@
 # Starts N data-parallel workers of one command on this machine, the way
 # torchrun does: each gets RANK and LOCAL_RANK (0..N-1), WORLD_SIZE=N,
 # MASTER_ADDR (default 127.0.0.1) and MASTER_PORT (default: a random free port
-# below the kernel's ephemeral range). For several machines, run the command on each yourself with the
-# same MASTER_ADDR/MASTER_PORT/WORLD_SIZE and each worker's own RANK.
+# below the kernel's ephemeral range). For several machines, run the command on
+# each yourself with the same MASTER_ADDR/MASTER_PORT/WORLD_SIZE and each
+# worker's own RANK.
 #
 #   scripts/launch.sh 2 -- ./build/examples/tree_lstm --epochs 2
 #

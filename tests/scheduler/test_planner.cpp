@@ -30,6 +30,12 @@ struct Fixture {
     const std::array<NodeId, 2> args{a, b};
     return t.record(op, args, {}, 0, std::source_location::current());
   }
+  // op(xs[i]) for each listed i, in that order.
+  std::vector<NodeId> of_inputs(OpCode op, std::initializer_list<size_t> rows) {
+    std::vector<NodeId> out;
+    for (size_t i : rows) out.push_back(unary(op, xs[i]));
+    return out;
+  }
   NodeId slice(NodeId x, int64_t begin, int64_t end) {
     const std::array<int64_t, 3> attrs{0, begin, end};
     return t.record(code_of<op::Slice>, std::span(&x, 1), attrs, 0, std::source_location::current());
@@ -106,12 +112,7 @@ TEST_CASE("planner: disjoint slices of one batch become one split", "[scheduler]
 TEST_CASE("planner: reads of disjoint row ranges of one batch are views of one split", "[scheduler][planner]") {
   Fixture f(4);
   // One batch reads rows 0..1 of the inputs, another rows 2..3: two ranges.
-  std::vector<NodeId> a, b;
-  a.push_back(f.unary(code_of<op::Tanh>, f.xs[1]));
-  a.push_back(f.unary(code_of<op::Tanh>, f.xs[0]));
-  b.push_back(f.unary(code_of<op::Sigmoid>, f.xs[2]));
-  b.push_back(f.unary(code_of<op::Sigmoid>, f.xs[3]));
-  const Plan p = f.plan({f.xs, a, b});
+  const Plan p = f.plan({f.xs, f.of_inputs(code_of<op::Tanh>, {1, 0}), f.of_inputs(code_of<op::Sigmoid>, {2, 3})});
   CHECK(p.groups.size() == 0);
   REQUIRE(p.splits.size() == 1);
   const std::span<const int64_t> sizes = p.sizes_of(p.splits[0]);
@@ -127,12 +128,7 @@ TEST_CASE("planner: reads of disjoint row ranges of one batch are views of one s
 TEST_CASE("planner: partial reads that are not disjoint ranges share one gather group", "[scheduler][planner]") {
   Fixture f(4);
   // Rows 0 and 2 of the inputs, then rows 1 and 3: index lists, not ranges.
-  std::vector<NodeId> a, b;
-  a.push_back(f.unary(code_of<op::Tanh>, f.xs[0]));
-  a.push_back(f.unary(code_of<op::Tanh>, f.xs[2]));
-  b.push_back(f.unary(code_of<op::Sigmoid>, f.xs[1]));
-  b.push_back(f.unary(code_of<op::Sigmoid>, f.xs[3]));
-  const Plan p = f.plan({f.xs, a, b});
+  const Plan p = f.plan({f.xs, f.of_inputs(code_of<op::Tanh>, {0, 2}), f.of_inputs(code_of<op::Sigmoid>, {1, 3})});
   CHECK(p.splits.size() == 0);
   REQUIRE(p.groups.size() == 1);
   CHECK(p.groups[0].size() == 2);
