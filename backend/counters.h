@@ -14,6 +14,7 @@ struct ExecCounters {
   uint64_t gathered_inputs = 0;   // batched inputs that needed a gather
   uint64_t gather_launches = 0;   // index_select / cat launches those gathers took
   uint64_t gathered_bytes = 0;    // bytes those gathers wrote
+  uint64_t in_place_inputs = 0;   // fused kernels' inputs read row by row where they lie (CPU): no gather
   uint64_t fused_batches = 0;     // batches that ran a fused elementwise program (one launch each)
   uint64_t fused_ops = 0;         // the ops those programs computed (without fusion: one launch each)
   double gather_ms = 0;  // with GraphOptions::profile: inputs' gathers, device time included

@@ -236,7 +236,8 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
   inputs_.clear();
   shared_.clear();
   at::Tensor out = concat_rows(plan, b);  // a concat that is one gather needs no inputs
-  if (!out.defined())
+  if (b.program) fused_inputs(plan, b);
+  else if (!out.defined())
     for (uint32_t k = 0; k < b.arity; ++k) inputs_.push_back(input(plan, b, plan.args[b.args_begin + k]));
   const double gather_ms = lap(&counters_.gather_ms);
   if (config_.profile) {
@@ -261,13 +262,39 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
   s_.batch_out.push_back(std::move(out));
 }
 
+// On the CPU a fused kernel reads gathered rows where they lie (and adds
+// their gradients into the sources' hubs): the gather's copy, its tensor and
+// its autograd node are not made. Null where that does not apply.
+std::shared_ptr<const InPlaceRows> Executor::in_place(const Plan& plan, const BatchArg& arg) {
+  if (!config_.device.is_cpu()) return nullptr;
+  const Read& first = plan.reads[arg.reads_begin];
+  const bool gathered = arg.kind == BatchArg::kGather ||
+                        (arg.kind == BatchArg::kView && first.split < 0 && (first.group >= 0 || first.index >= 0));
+  if (!gathered) return nullptr;
+  clear_picks();
+  if (!pick_rows(plan, arg.reads_begin, arg.reads_end, arg.perm)) return nullptr;
+  ++counters_.in_place_inputs;
+  return row_gathers_.in_place(row_sources_, row_batches_, picks_);
+}
+
+void Executor::fused_inputs(const Plan& plan, const PlannedBatch& b) {
+  fused_in_.clear();
+  for (uint32_t k = 0; k < b.arity; ++k) {
+    const BatchArg& arg = plan.args[b.args_begin + k];
+    if (std::shared_ptr<const InPlaceRows> rows = in_place(plan, arg))
+      fused_in_.push_back(FusedInput{{}, std::move(rows)});
+    else
+      fused_in_.push_back(FusedInput{input(plan, b, arg), nullptr});
+  }
+}
+
 // One kernel for n regions: member k's values are batch out + k.
 void Executor::launch_fused(const Plan& plan, const PlannedBatch& b) {
   const std::span<const uint8_t> keep(plan.keep.data() + b.keep_begin, b.outputs);
-  std::vector<at::Tensor> values = run_fused(b.program, inputs_, b.n, keep);
+  std::vector<at::Tensor> values = run_fused(b.program, fused_in_, b.n, keep);
   for (uint8_t k : keep)
     if (!k) {  // some members stay in the kernel: keep what recomputes them
-      lazy_.add(b.out, b.program, inputs_, b.n);
+      lazy_.add(b.out, b.program, fused_in_, b.n);
       break;
     }
   if (const double ms = lap(&counters_.op_ms); config_.profile) counters_.by_op["fused"].op_ms += ms;

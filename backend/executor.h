@@ -15,6 +15,7 @@
 #include <sheaf/tracer/node_store.h>
 
 #include "counters.h"
+#include "fused.h"
 #include "lazy.h"
 #include "row_gather.h"
 
@@ -41,6 +42,8 @@ class Executor {
   void upload_indices(const Plan& plan);
   void launch(const Plan& plan, const PlannedBatch& b);
   void launch_fused(const Plan& plan, const PlannedBatch& b);
+  void fused_inputs(const Plan& plan, const PlannedBatch& b);
+  std::shared_ptr<const InPlaceRows> in_place(const Plan& plan, const BatchArg& arg);
   LaunchArgs launch_args(const Plan& plan, const PlannedBatch& b);
   at::Tensor input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg);
   at::Tensor read(const Plan& plan, uint32_t r);
@@ -67,6 +70,7 @@ class Executor {
   std::vector<RowPick> picks_, permuted_;
   std::vector<std::vector<at::Tensor>> splits_;  // pieces of each split group, made at first use
   std::vector<at::Tensor> inputs_;
+  std::vector<FusedInput> fused_in_;
   std::vector<uint8_t> shared_;
   std::chrono::steady_clock::time_point lap_start_;
 };

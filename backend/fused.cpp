@@ -8,7 +8,9 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <array>
 #include <cstdio>
+#include <stdexcept>
 
 #include <sheaf/core/error.h>
 #include <sheaf/ops/op.h>
@@ -34,28 +36,62 @@ std::vector<int64_t> batched_sizes(int64_t n, const Shape& s) {
   return sizes;
 }
 
-// Inputs as the kernels read them: contiguous, the per-example ones [n, numel].
-std::vector<at::Tensor> kernel_inputs(const FusedProgram& p, std::span<const at::Tensor> inputs, int64_t n) {
-  std::vector<at::Tensor> out;
+// Inputs as the kernels read them: tensors contiguous, the per-example ones
+// [n, numel]; rows read in place as they are.
+std::vector<FusedInput> kernel_inputs(const FusedProgram& p, std::span<const FusedInput> inputs, int64_t n) {
+  std::vector<FusedInput> out;
   out.reserve(inputs.size());
   for (uint32_t e = 0; e < p.inputs; ++e) {
-    at::Tensor x = inputs[e].is_contiguous() ? inputs[e] : inputs[e].contiguous();
+    if (inputs[e].rows) {
+      SHEAF_ASSERT(!p.input_shared[e] && inputs[e].rows->width() == p.input_numel[e] &&
+                       static_cast<int64_t>(inputs[e].rows->data().size()) == n,
+                   "fused input ", e, " read in place has ", inputs[e].rows->data().size(), " rows of ",
+                   inputs[e].rows->width());
+      out.push_back(inputs[e]);
+      continue;
+    }
+    const at::Tensor& t = inputs[e].tensor;
+    at::Tensor x = t.is_contiguous() ? t : t.contiguous();
     SHEAF_ASSERT(x.numel() == (p.input_shared[e] ? 1 : n) * p.input_numel[e], "fused input ", e, " has ",
                  x.numel(), " elements");
-    out.push_back(std::move(x));
+    out.push_back(FusedInput{std::move(x), nullptr});
   }
   return out;
 }
 
+std::vector<at::Tensor> tensors_of(std::span<const FusedInput> inputs) {
+  std::vector<at::Tensor> out;
+  for (const FusedInput& in : inputs) {
+    SHEAF_ASSERT(!in.rows, "rows read in place reached a device without in-place reads");
+    out.push_back(in.tensor);
+  }
+  return out;
+}
+
+c10::Device device_of(std::span<const FusedInput> inputs) {
+  for (const FusedInput& in : inputs)
+    if (in.tensor.defined()) return in.tensor.device();
+  return c10::kCPU;  // rows are read in place on the CPU only
+}
+
 // The device's kernels; nullptr where this device has none (the ops run instead).
+// The CPU's read rows in place; CUDA's read tensors.
 struct Kernels {
-  void (*forward)(const FusedProgram&, std::span<const at::Tensor>, std::span<const at::Tensor>, int64_t);
-  void (*backward)(const FusedProgram&, std::span<const at::Tensor>, std::span<const at::Tensor>,
-                   std::span<at::Tensor>, int64_t);
+  bool cpu;
+  void forward(const FusedProgram& p, std::span<const FusedInput> in, std::span<const at::Tensor> out,
+               int64_t n) const {
+    if (cpu) return fused_cpu::forward(p, in, out, n);
+    fused_cuda::forward(p, tensors_of(in), out, n);
+  }
+  void backward(const FusedProgram& p, std::span<const FusedInput> in, std::span<const at::Tensor> g_out,
+                std::span<at::Tensor> g_in, std::span<float* const* const> g_rows, int64_t n) const {
+    if (cpu) return fused_cpu::backward(p, in, g_out, g_in, g_rows, n);
+    fused_cuda::backward(p, tensors_of(in), g_out, g_in, n);
+  }
 };
 const Kernels* kernels_for(const c10::Device& device) {
-  static const Kernels cpu{&fused_cpu::forward, &fused_cpu::backward};
-  static const Kernels cuda{&fused_cuda::forward, &fused_cuda::backward};
+  static const Kernels cpu{true};
+  static const Kernels cuda{false};
   if (device.is_cpu()) return &cpu;
   if (!device.is_cuda()) return nullptr;
   static const bool ok = [] {
@@ -68,33 +104,59 @@ const Kernels* kernels_for(const c10::Device& device) {
 }
 
 // The backward of one fused batch: the kernel recomputes the members from the
-// saved inputs, then writes the gradient of every input that needs one.
+// saved inputs, then writes the gradient of every input that needs one (an
+// input read in place: into its sources' hubs, reached through its edges).
 struct FusedBackward : torch::autograd::Node {
   std::shared_ptr<const FusedProgram> program;
   const Kernels* kernels = nullptr;
   int64_t n = 0;
-  std::vector<SavedVariable> inputs;
+  std::vector<SavedVariable> inputs;  // per input; rows read in place: in `rows`
+  std::vector<std::shared_ptr<const InPlaceRows>> rows;
+  std::vector<uint32_t> first_edge;  // per input; an in-place input has one edge per hub
   std::vector<int> member_of_output;  // this node's outputs are the kept members
 
   std::string name() const override { return "sheaf::FusedBackward"; }
   void release_variables() override {
     for (SavedVariable& v : inputs) v.reset_data();
+    for (auto& r : rows) released = released || r != nullptr;
+    for (auto& r : rows) r.reset();
   }
+  bool released = false;
   variable_list apply(variable_list&& grads) override {
     RECORD_FUNCTION("sheaf::fused", std::vector<c10::IValue>());  // one kernel (bench/launches.h counts it)
     const FusedProgram& p = *program;
-    std::vector<at::Tensor> in;
-    for (SavedVariable& v : inputs) in.push_back(v.unpack());
+    // As SavedVariable::unpack says it for the other inputs.
+    if (released) throw std::runtime_error("Trying to backward through the graph a second time (a fused batch's "
+                                           "rows read in place were freed): use retain_graph=true");
+    std::vector<FusedInput> in(p.inputs);
+    std::vector<const InPlaceRows*> in_place;
+    for (uint32_t e = 0; e < p.inputs; ++e) {
+      if (rows[e]) {
+        in[e].rows = rows[e];
+        if (rows[e]->needs_grad()) in_place.push_back(rows[e].get());
+      } else {
+        in[e].tensor = inputs[e].unpack();
+      }
+    }
     std::vector<at::Tensor> g_out(static_cast<size_t>(members_of(p)));
     for (size_t j = 0; j < grads.size(); ++j)
       if (grads[j].defined()) g_out[static_cast<size_t>(member_of_output[j])] = grads[j].contiguous();
     std::vector<at::Tensor> g_in(p.inputs);
     for (uint32_t e = 0; e < p.inputs; ++e)
-      if (should_compute_output(e)) g_in[e] = at::zeros(in[e].sizes(), in[e].options());
-    const std::vector<at::Tensor> flat = kernel_inputs(p, in, n);
-    c10::AutoGradMode no_grad(false);
-    kernels->backward(p, flat, g_out, g_in, n);
-    return g_in;
+      if (!rows[e] && should_compute_output(first_edge[e])) g_in[e] = at::zeros(in[e].tensor.sizes(), in[e].tensor.options());
+    InPlaceRows::GradRows hub_rows = InPlaceRows::grad_rows(in_place);  // hubs locked until the kernel is done
+    std::vector<float* const*> g_rows(p.inputs, nullptr);
+    for (uint32_t e = 0, k = 0; e < p.inputs; ++e)
+      if (rows[e] && rows[e]->needs_grad()) g_rows[e] = hub_rows.rows[k++].data();
+    const std::vector<FusedInput> flat = kernel_inputs(p, in, n);
+    {
+      c10::AutoGradMode no_grad(false);
+      kernels->backward(p, flat, g_out, g_in, g_rows, n);
+    }
+    variable_list out(num_outputs());
+    for (uint32_t e = 0; e < p.inputs; ++e)
+      if (!rows[e]) out[first_edge[e]] = std::move(g_in[e]);  // in place: written into the hubs
+    return out;
   }
 };
 
@@ -102,14 +164,24 @@ struct FusedBackward : torch::autograd::Node {
 
 std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& program,
                                   std::span<const at::Tensor> inputs, int64_t n, std::span<const uint8_t> keep) {
+  std::vector<FusedInput> in;
+  in.reserve(inputs.size());
+  for (const at::Tensor& t : inputs) in.push_back(FusedInput{t, nullptr});
+  return run_fused(program, in, n, keep);
+}
+
+std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& program,
+                                  std::span<const FusedInput> inputs, int64_t n, std::span<const uint8_t> keep) {
   const FusedProgram& p = *program;
   SHEAF_ASSERT(inputs.size() == p.inputs, "fused program with ", p.inputs, " inputs got ", inputs.size());
   SHEAF_ASSERT(keep.empty() || keep.size() == p.code.size(), "fused keep mask of ", keep.size(), " members");
-  const Kernels* kernels = kernels_for(inputs.empty() ? c10::Device(c10::kCPU) : inputs[0].device());
-  if (kernels == nullptr) return run_fused_by_ops(p, inputs, n);
+  const Kernels* kernels = kernels_for(device_of(inputs));
+  if (kernels == nullptr) return run_fused_by_ops(p, tensors_of(inputs), n);
   RECORD_FUNCTION("sheaf::fused", std::vector<c10::IValue>());  // one kernel (bench/launches.h counts it)
 
-  const at::TensorOptions opts = inputs.empty() ? at::TensorOptions(at::kFloat) : inputs[0].options();
+  at::TensorOptions opts = at::TensorOptions(at::kFloat).device(device_of(inputs));
+  for (const FusedInput& in : inputs)
+    if (in.tensor.defined()) opts = in.tensor.options();
   std::vector<at::Tensor> outputs;  // per non-slice member: written, or undefined (scratch only)
   for (size_t k = 0; k < p.code.size(); ++k)
     if (!p.code[k].slice)
@@ -120,16 +192,24 @@ std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& pro
   }
 
   bool requires_grad = false;
-  for (const at::Tensor& x : inputs) requires_grad = requires_grad || x.requires_grad();
+  for (const FusedInput& x : inputs)
+    requires_grad = requires_grad || (x.rows ? x.rows->needs_grad() : x.tensor.requires_grad());
   if (requires_grad && c10::GradMode::is_enabled()) {
     auto node = detail::make_node<FusedBackward>();
     node->program = program;
     node->kernels = kernels;
     node->n = n;
     torch::autograd::edge_list edges;
-    for (const at::Tensor& x : inputs) {
-      edges.push_back(torch::autograd::impl::gradient_edge(x));
-      node->inputs.emplace_back(x, /*is_output=*/false);
+    for (const FusedInput& x : inputs) {
+      node->first_edge.push_back(static_cast<uint32_t>(edges.size()));
+      node->rows.push_back(x.rows);
+      if (x.rows) {
+        x.rows->append_edges(edges);
+        node->inputs.emplace_back();
+      } else {
+        edges.push_back(torch::autograd::impl::gradient_edge(x.tensor));
+        node->inputs.emplace_back(x.tensor, /*is_output=*/false);
+      }
     }
     node->set_next_edges(std::move(edges));
     for (size_t m = 0; m < outputs.size(); ++m) {
@@ -139,8 +219,10 @@ std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& pro
     }
   }
 
-  // Member values in program order; a slice is a view of its operand's rows.
-  std::vector<at::Tensor> regs(inputs.begin(), inputs.end());
+  // Member values in program order; a slice is a view of its operand's rows
+  // (of an input read in place: of a copy of them, made when wanted).
+  std::vector<at::Tensor> regs;
+  for (const FusedInput& x : inputs) regs.push_back(x.tensor);
   std::vector<at::Tensor> values;
   size_t next = 0;
   const std::vector<int64_t> sizes = batched_sizes(n, p.shape);
@@ -148,8 +230,14 @@ std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& pro
     const FusedInstr& in = p.code[k];
     at::Tensor v;
     if (in.slice) {  // a view, made only when wanted (views cost a dispatch each)
-      const at::Tensor& src = regs[in.a];
-      if (src.defined() && (keep.empty() || keep[k])) v = src.reshape({n, -1}).narrow(1, in.offset, p.numel).view(sizes);
+      if (keep.empty() || keep[k]) {
+        if (in.a < p.inputs && !regs[in.a].defined() && inputs[in.a].rows) {
+          const std::array<int64_t, 2> rows_sizes{n, p.input_numel[in.a]};
+          regs[in.a] = inputs[in.a].rows->materialize(rows_sizes);
+        }
+        const at::Tensor& src = regs[in.a];
+        if (src.defined()) v = src.reshape({n, -1}).narrow(1, in.offset, p.numel).view(sizes);
+      }
     } else {
       const at::Tensor& out = outputs[next++];
       if (out.defined()) v = out.view(sizes);

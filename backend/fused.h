@@ -19,13 +19,27 @@
 
 #include <sheaf/scheduler/fusion.h>
 
+#include "row_gather.h"
+
 namespace sheaf {
 
-// inputs[i]: the program's input i, batched ([n, S...] contiguous rows) or, if
-// shared, the tensor itself. Returns member k's value as [n, shape...] (a
+// A fused program's input: a tensor (batched: [n, S...] rows; shared: the
+// tensor itself), or, on the CPU, rows read where they lie (`rows`, `tensor`
+// undefined): the kernel reads each row from its source and its backward adds
+// each row's gradient into the source's hub, so no gathered copy is made
+// either way.
+struct FusedInput {
+  at::Tensor tensor;
+  std::shared_ptr<const InPlaceRows> rows;
+};
+
+// inputs[i]: the program's input i. Returns member k's value as [n, shape...] (a
 // slice's is a view of its operand); members with keep[k] == 0 are computed
 // only inside the kernel and come back undefined (empty keep: keep all). The
 // backward recomputes the members from the inputs instead of saving them.
+std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& program,
+                                  std::span<const FusedInput> inputs, int64_t n,
+                                  std::span<const uint8_t> keep = {});
 std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& program,
                                   std::span<const at::Tensor> inputs, int64_t n,
                                   std::span<const uint8_t> keep = {});
@@ -37,10 +51,13 @@ namespace fused_cpu {
 // The CPU kernels (backend/fused_cpu.cpp). outputs: per non-slice member, its
 // [n, numel] tensor to write, or undefined (computed in scratch only).
 // grads_out: per non-slice member, its gradient (undefined: zero); grads_in:
-// zero-filled gradients of the inputs that need one (undefined: not needed).
-void forward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> outputs, int64_t n);
-void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> grads_out,
-              std::span<at::Tensor> grads_in, int64_t n);
+// zero-filled gradients of the tensor inputs that need one (undefined: not
+// needed); grad_rows: for inputs read in place, per row where its gradient is
+// added (null: not needed). Tensor inputs are contiguous.
+void forward(const FusedProgram& p, std::span<const FusedInput> inputs, std::span<const at::Tensor> outputs,
+             int64_t n);
+void backward(const FusedProgram& p, std::span<const FusedInput> inputs, std::span<const at::Tensor> grads_out,
+              std::span<at::Tensor> grads_in, std::span<float* const* const> grad_rows, int64_t n);
 // Which instruction set the kernels use here ("avx2+fma" or "baseline").
 const char* isa();
 }  // namespace fused_cpu

@@ -108,6 +108,7 @@ const std::array<Kernels, kNumOps>& table() {
 // either possibly through a slice (offset elements into the row).
 struct Reg {
   const float* base = nullptr;  // inputs: the tensor's data (+ offset)
+  const float* const* rows = nullptr;  // inputs read in place: each row's data (+ offset)
   int64_t row_stride = 0;
   bool col = true;              // false: one value per row
   int32_t input = -1;           // >= 0: an external input
@@ -154,11 +155,12 @@ float* scratch(size_t floats) {
   return buf.data();
 }
 
-std::vector<Reg> registers(const FusedProgram& p, std::span<const at::Tensor> inputs) {
+std::vector<Reg> registers(const FusedProgram& p, std::span<const FusedInput> inputs) {
   std::vector<Reg> regs;
   for (uint32_t e = 0; e < p.inputs; ++e) {
     Reg r;
-    r.base = inputs[e].data_ptr<float>();
+    if (inputs[e].rows) r.rows = inputs[e].rows->data().data();
+    else r.base = inputs[e].tensor.data_ptr<float>();
     r.row_stride = p.input_shared[e] ? 0 : p.input_numel[e];
     r.col = !(p.input_numel[e] == 1 && p.numel > 1);
     r.input = static_cast<int32_t>(e);
@@ -169,7 +171,7 @@ std::vector<Reg> registers(const FusedProgram& p, std::span<const at::Tensor> in
     Reg r;
     if (in.slice) {
       r = regs[in.a];
-      r.base += in.offset;
+      if (r.base) r.base += in.offset;
       r.offset += in.offset;
     } else {
       r.member = member++;
@@ -187,13 +189,23 @@ struct MemberBlocks {
 };
 
 // A register's rows over a block: a pointer and a row stride. A value per row
-// (a broadcast scalar) is spread into `buf` first.
+// (a broadcast scalar) is spread into `buf` first, and rows read in place are
+// copied there (the block stays in L1: cheaper than a gathered tensor).
 struct Rows {
   const float* p;
   int64_t stride;
 };
 Rows rows_of(const Reg& r, const Block& b, const MemberBlocks& m, float* buf) {
   if (r.member >= 0) return {m.ptr[static_cast<size_t>(r.member)], m.stride[static_cast<size_t>(r.member)]};
+  if (r.rows) {
+    const float* const* rows = r.rows + b.row0;
+    for (int64_t i = 0; i < b.rows; ++i) {
+      const float* src = rows[i] + r.offset;
+      if (r.col) std::memcpy(buf + i * b.cols, src + b.col0, static_cast<size_t>(b.cols) * sizeof(float));
+      else std::fill_n(buf + i * b.cols, b.cols, src[0]);
+    }
+    return {buf, b.cols};
+  }
   const float* first = r.base + b.row0 * r.row_stride;
   if (r.col) return {first + b.col0, r.row_stride};
   for (int64_t i = 0; i < b.rows; ++i) std::fill_n(buf + i * b.cols, b.cols, first[i * r.row_stride]);
@@ -210,7 +222,8 @@ void run_block(const FusedProgram& p, const std::vector<Reg>& regs, const Block&
     const FusedInstr& in = p.code[k];
     if (in.slice) continue;
     const Rows a = rows_of(regs[in.a], b, m, buf);
-    const Rows bb = rows_of(regs[in.b], b, m, buf + b.count());
+    // A unary op's second operand is never read: no copy of it.
+    const Rows bb = op_info(in.op).pointwise->operands == 2 ? rows_of(regs[in.b], b, m, buf + b.count()) : a;
     const auto member = static_cast<size_t>(regs[p.inputs + k].member);
     kernels[in.op].fwd(a.p, a.stride, bb.p, bb.stride, attr_of_instr(in), m.ptr[member], m.stride[member], b.rows,
                        b.cols);
@@ -227,7 +240,7 @@ int members_of(const FusedProgram& p) {
 
 const char* isa() { return use_avx2() ? "avx2+fma" : "baseline"; }
 
-void forward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> outputs,
+void forward(const FusedProgram& p, std::span<const FusedInput> inputs, std::span<const at::Tensor> outputs,
              int64_t n) {
   const std::vector<Reg> regs = registers(p, inputs);
   const int members = members_of(p);
@@ -249,8 +262,8 @@ void forward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::spa
   });
 }
 
-void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> grads_out,
-              std::span<at::Tensor> grads_in, int64_t n) {
+void backward(const FusedProgram& p, std::span<const FusedInput> inputs, std::span<const at::Tensor> grads_out,
+              std::span<at::Tensor> grads_in, std::span<float* const* const> grad_rows, int64_t n) {
   const std::vector<Reg> regs = registers(p, inputs);
   const auto& kernels = table();
   const int members = members_of(p);
@@ -263,7 +276,9 @@ void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::sp
     }
   std::vector<const float*> g_out;
   for (const at::Tensor& g : grads_out) g_out.push_back(g.defined() ? g.data_ptr<float>() : nullptr);
-  // Rows of a shared input's gradient gather contributions of every row: serial then.
+  // Rows of a shared input's gradient gather contributions of every row, and
+  // two rows read in place may be the same source row: serial then.
+  for (float* const* rows : grad_rows) shared_grad = shared_grad || rows != nullptr;
   const bool parallel = !shared_grad && at::get_num_threads() > 1 && n * p.numel >= 4 * kBlock;
 
   for_blocks(n, p.numel, parallel, [&](const Block& b) {
@@ -291,13 +306,15 @@ void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::sp
         for (int64_t i = 0; i < count; ++i) dst[i] += d[i];
         return;
       }
-      float* g = g_in[static_cast<size_t>(r.input)];
-      if (g == nullptr) return;
       const auto e = static_cast<size_t>(r.input);
+      float* g = g_in[e];
+      float* const* g_rows = grad_rows.empty() ? nullptr : grad_rows[e];
+      if (g == nullptr && g_rows == nullptr) return;
       const int64_t stride = p.input_shared[e] ? 0 : p.input_numel[e];
       for (int64_t i = 0; i < b.rows; ++i) {
         const float* src = d + i * b.cols;
-        float* row = g + (b.row0 + i) * stride;
+        float* row = g_rows ? g_rows[b.row0 + i] : g + (b.row0 + i) * stride;
+        if (row == nullptr) continue;  // a source that needs no gradient
         if (!r.col) {
           float sum = 0;
           for (int64_t j = 0; j < b.cols; ++j) sum += src[j];
@@ -314,9 +331,9 @@ void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::sp
       const OpInfo& info = op_info(in.op);
       if (!info.pointwise->differentiable) continue;
       const int member = regs[p.inputs + k].member;
-      const Rows a = rows_of(regs[in.a], b, m, buf);
-      const Rows bb = rows_of(regs[in.b], b, m, buf + count);
       const bool binary = info.pointwise->operands == 2;
+      const Rows a = rows_of(regs[in.a], b, m, buf);
+      const Rows bb = binary ? rows_of(regs[in.b], b, m, buf + count) : a;
       kernels[in.op].bwd(a.p, a.stride, bb.p, bb.stride, m.ptr[member], b.cols, adj + member * count,
                          attr_of_instr(in), fa, binary ? fb : nullptr, b.rows, b.cols);
       accumulate(regs[in.a], fa);

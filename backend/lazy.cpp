@@ -2,11 +2,10 @@
 
 #include <sheaf/core/error.h>
 
-#include "fused.h"
 
 namespace sheaf {
 
-void LazyValues::add(uint32_t first, std::shared_ptr<const FusedProgram> program, std::vector<at::Tensor> inputs,
+void LazyValues::add(uint32_t first, std::shared_ptr<const FusedProgram> program, std::vector<FusedInput> inputs,
                      int64_t n) {
   const auto count = static_cast<uint32_t>(program->code.size());
   if (record_of_slot_.size() < first + count) record_of_slot_.resize(first + count, -1);

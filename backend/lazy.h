@@ -13,12 +13,14 @@
 #include <sheaf/scheduler/fusion.h>
 #include <sheaf/tracer/node_store.h>
 
+#include "fused.h"
+
 namespace sheaf {
 
 class LazyValues {
  public:
   // Batch outputs [first, first + count) of a fused batch, some left undefined.
-  void add(uint32_t first, std::shared_ptr<const FusedProgram> program, std::vector<at::Tensor> inputs, int64_t n);
+  void add(uint32_t first, std::shared_ptr<const FusedProgram> program, std::vector<FusedInput> inputs, int64_t n);
   // store.batch_out[slot], computed now if a fused batch left it out.
   const at::Tensor& get(NodeStore& store, uint32_t slot);
   void clear();
@@ -27,7 +29,7 @@ class LazyValues {
   struct Record {
     uint32_t first;
     std::shared_ptr<const FusedProgram> program;
-    std::vector<at::Tensor> inputs;
+    std::vector<FusedInput> inputs;
     int64_t n;
   };
   std::vector<Record> records_;

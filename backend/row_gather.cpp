@@ -49,6 +49,27 @@ struct HubNode : torch::autograd::Node {
 
 using HubPtr = decltype(detail::make_node<HubNode>());
 
+// The hubs of a reader's sources locked (in address order: two readers never
+// wait on each other crosswise) and their buffers, per source (null: no hub).
+struct HubBuffers {
+  std::vector<std::unique_lock<std::mutex>> locks;
+  std::vector<float*> buf;
+};
+HubBuffers lock_buffers(const std::vector<HubPtr>& hubs) {
+  std::vector<HubNode*> order;
+  for (const HubPtr& h : hubs)
+    if (h) order.push_back(h.get());
+  std::sort(order.begin(), order.end());
+  order.erase(std::unique(order.begin(), order.end()), order.end());
+  HubBuffers out;
+  out.locks.reserve(order.size());
+  for (HubNode* h : order) out.locks.emplace_back(h->mutex);
+  out.buf.assign(hubs.size(), nullptr);
+  for (size_t k = 0; k < hubs.size(); ++k)
+    if (hubs[k]) out.buf[k] = hubs[k]->buffer();
+  return out;
+}
+
 struct ReaderNode : torch::autograd::Node {
   std::vector<HubPtr> hubs;  // per source; null where the source needs no gradient
   std::vector<RowPick> rows;  // segment-major: segments runs of n
@@ -62,18 +83,7 @@ struct ReaderNode : torch::autograd::Node {
     RECORD_FUNCTION("sheaf::gather", std::vector<c10::IValue>());  // one kernel (bench/launches.h counts it)
     const at::Tensor g = grads[0].contiguous();
     const float* gp = g.data_ptr<float>();
-    // Hubs in address order: two readers never wait on each other crosswise.
-    std::vector<HubNode*> order;
-    for (const HubPtr& h : hubs)
-      if (h) order.push_back(h.get());
-    std::sort(order.begin(), order.end());
-    order.erase(std::unique(order.begin(), order.end()), order.end());
-    std::vector<std::unique_lock<std::mutex>> locks;
-    locks.reserve(order.size());
-    for (HubNode* h : order) locks.emplace_back(h->mutex);
-    std::vector<float*> buf(hubs.size(), nullptr);
-    for (size_t k = 0; k < hubs.size(); ++k)
-      if (hubs[k]) buf[k] = hubs[k]->buffer();
+    HubBuffers hb = lock_buffers(hubs);
     const size_t n = rows.size() / segments;
     const int64_t out_width = g.numel() / static_cast<int64_t>(std::max<size_t>(n, 1));
     int64_t col = 0;
@@ -81,7 +91,7 @@ struct ReaderNode : torch::autograd::Node {
       const RowPick* picks = rows.data() + seg * n;
       const int64_t d = n ? width[picks[0].source] : 0;
       for (size_t i = 0; i < n; ++i) {
-        float* dst = buf[picks[i].source];
+        float* dst = hb.buf[picks[i].source];
         if (dst == nullptr) continue;
         float* __restrict y = dst + static_cast<int64_t>(picks[i].row) * d;
         const float* __restrict x = gp + static_cast<int64_t>(i) * out_width + col;
@@ -92,6 +102,22 @@ struct ReaderNode : torch::autograd::Node {
     return none;
   }
 };
+
+// Attaches a reader node to `out` (rows picked from sources with these hubs,
+// null where no gradient is needed): its backward adds into the hubs.
+void attach_reader(at::Tensor& out, std::vector<HubPtr> hubs, std::span<const RowPick> rows,
+                   std::vector<int64_t> width, size_t segments, const std::vector<at::Tensor>& dummies) {
+  auto node = detail::make_node<ReaderNode>();
+  node->rows.assign(rows.begin(), rows.end());
+  node->width = std::move(width);
+  node->segments = segments;
+  torch::autograd::edge_list edges(hubs.size());
+  for (size_t k = 0; k < hubs.size(); ++k)
+    if (hubs[k]) edges[k] = torch::autograd::impl::gradient_edge(dummies[k]);
+  node->hubs = std::move(hubs);
+  node->set_next_edges(std::move(edges));
+  torch::autograd::set_history(out, node);
+}
 
 }  // namespace
 
@@ -171,21 +197,98 @@ at::Tensor RowGathers::gather(std::span<const at::Tensor* const> sources, std::s
   }
   SHEAF_ASSERT(col == out_width, "row gather segments cover ", col, " of ", out_width, " columns");
   if (!needs_grad || !at::GradMode::is_enabled()) return out;
-
-  auto node = detail::make_node<ReaderNode>();
-  node->rows.assign(rows.begin(), rows.end());
-  node->width = std::move(width);
-  node->segments = segments;
-  node->hubs.resize(sources.size());
-  torch::autograd::edge_list edges(sources.size());
+  std::vector<HubPtr> hubs(sources.size());
+  std::vector<at::Tensor> dummies(sources.size());
   for (size_t k = 0; k < sources.size(); ++k) {
     if (!sources[k]->requires_grad()) continue;
     std::shared_ptr<Hub> hub = hub_for(batches[k], *sources[k]);
-    node->hubs[k] = hub->node;
-    edges[k] = torch::autograd::impl::gradient_edge(hub->dummy);
+    hubs[k] = hub->node;
+    dummies[k] = hub->dummy;
   }
-  node->set_next_edges(std::move(edges));
-  torch::autograd::set_history(out, node);
+  attach_reader(out, std::move(hubs), rows, std::move(width), segments, dummies);
+  return out;
+}
+
+struct InPlaceRows::Impl {
+  std::vector<torch::autograd::Edge> edges;  // to the hubs of the sources that need a gradient
+  std::vector<at::Tensor> sources;
+  std::vector<HubPtr> hubs;  // per source; null: no gradient
+  std::vector<at::Tensor> dummies;
+  std::vector<RowPick> picks;
+  std::vector<int64_t> width;
+};
+
+std::shared_ptr<const InPlaceRows> RowGathers::in_place(std::span<const at::Tensor* const> sources,
+                                                        std::span<const uint32_t> batches,
+                                                        std::span<const RowPick> rows) {
+  SHEAF_ASSERT(!sources.empty() && sources.size() == batches.size(), "in-place rows without sources");
+  auto impl = std::make_shared<InPlaceRows::Impl>();
+  auto out = std::make_shared<InPlaceRows>();
+  const bool grad = at::GradMode::is_enabled();
+  std::vector<const float*> base(sources.size());
+  std::vector<int64_t> stride(sources.size());
+  for (size_t k = 0; k < sources.size(); ++k) {
+    const at::Tensor& s = *sources[k];
+    SHEAF_ASSERT(readable(s), "in-place source ", k, " is not readable by rows: ", s.sizes(), " ", s.strides());
+    base[k] = s.data_ptr<float>();
+    stride[k] = s.stride(0);
+    impl->width.push_back(row_numel(s));
+    SHEAF_ASSERT(impl->width.back() == impl->width[0], "in-place rows of ", impl->width[0], " and ",
+                 impl->width.back(), " floats");
+    impl->sources.push_back(s);
+    if (grad && s.requires_grad()) {
+      std::shared_ptr<Hub> hub = hub_for(batches[k], s);
+      impl->hubs.push_back(hub->node);
+      impl->dummies.push_back(hub->dummy);
+      impl->edges.push_back(torch::autograd::impl::gradient_edge(hub->dummy));
+    } else {
+      impl->hubs.emplace_back();
+      impl->dummies.emplace_back();
+    }
+  }
+  impl->picks.assign(rows.begin(), rows.end());
+  out->data_.reserve(rows.size());
+  for (const RowPick& r : rows) out->data_.push_back(base[r.source] + static_cast<int64_t>(r.row) * stride[r.source]);
+  out->width_ = impl->width[0];
+  out->num_edges_ = impl->edges.size();
+  out->impl_ = std::move(impl);
+  return out;
+}
+
+void InPlaceRows::append_edges(std::vector<torch::autograd::Edge>& edges) const {
+  edges.insert(edges.end(), impl_->edges.begin(), impl_->edges.end());
+}
+
+InPlaceRows::GradRows InPlaceRows::grad_rows(std::span<const InPlaceRows* const> reads) {
+  std::vector<HubPtr> hubs;  // every read's, one lock set for all
+  for (const InPlaceRows* r : reads) hubs.insert(hubs.end(), r->impl_->hubs.begin(), r->impl_->hubs.end());
+  HubBuffers hb = lock_buffers(hubs);
+  GradRows g;
+  size_t first = 0;  // this read's sources in hb.buf
+  for (const InPlaceRows* r : reads) {
+    std::vector<float*>& rows = g.rows.emplace_back();
+    rows.reserve(r->impl_->picks.size());
+    for (const RowPick& p : r->impl_->picks) {
+      float* buf = hb.buf[first + p.source];
+      rows.push_back(buf ? buf + static_cast<int64_t>(p.row) * r->width_ : nullptr);
+    }
+    first += r->impl_->hubs.size();
+  }
+  g.locks = std::move(hb.locks);
+  return g;
+}
+
+at::Tensor InPlaceRows::materialize(std::span<const int64_t> sizes) const {
+  RECORD_FUNCTION("sheaf::gather", std::vector<c10::IValue>());  // one kernel (bench/launches.h counts it)
+  at::Tensor out = at::empty(at::IntArrayRef(sizes.data(), sizes.size()),
+                             impl_->sources[0].options().requires_grad(false));
+  SHEAF_ASSERT(out.numel() == static_cast<int64_t>(data_.size()) * width_, "in-place rows of ", data_.size(),
+               " x ", width_, " into ", out.sizes());
+  float* o = out.data_ptr<float>();
+  for (size_t i = 0; i < data_.size(); ++i)
+    std::memcpy(o + static_cast<int64_t>(i) * width_, data_[i], static_cast<size_t>(width_) * sizeof(float));
+  if (needs_grad() && at::GradMode::is_enabled())
+    attach_reader(out, impl_->hubs, impl_->picks, impl_->width, 1, impl_->dummies);
   return out;
 }
 

@@ -19,15 +19,54 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <utility>
 #include <vector>
+
+namespace torch::autograd {
+struct Edge;
+}
 
 namespace sheaf {
 
 struct RowPick {
   uint32_t source;  // index into the sources given to gather()
   uint32_t row;
+};
+
+// Rows that a kernel reads where they lie (a fused program's input on the
+// CPU, backend/fused.h): no gathered copy forward, and backward the kernel adds
+// each row's gradient straight into its source's hub, as a gather's reader
+// would. Made by RowGathers::in_place; holds its sources alive.
+class InPlaceRows {
+ public:
+  // Row i's first float (rows of `width()` contiguous floats).
+  std::span<const float* const> data() const { return data_; }
+  int64_t width() const { return width_; }
+  // Whether any source needs a gradient; then the backward node that reads
+  // these rows takes one edge per hub its gradients go to (appended to `edges`).
+  bool needs_grad() const { return num_edges_ > 0; }
+  void append_edges(std::vector<torch::autograd::Edge>& edges) const;
+  // The backward's view of several reads (one kernel's in-place inputs): per
+  // read, per row, where its gradient is added (null: that source needs none).
+  // Holds the hubs' locks (each taken once, whichever reads share it) while alive.
+  struct GradRows {
+    std::vector<std::vector<float*>> rows;
+    std::vector<std::unique_lock<std::mutex>> locks;
+  };
+  static GradRows grad_rows(std::span<const InPlaceRows* const> reads);
+  // The rows copied into one [n, shape...] tensor whose gradient reaches the
+  // same hubs (for a value wanted outside the kernel).
+  at::Tensor materialize(std::span<const int64_t> sizes) const;
+
+ private:
+  friend class RowGathers;
+  struct Impl;
+  std::shared_ptr<const Impl> impl_;
+  std::vector<const float*> data_;
+  int64_t width_ = 0;
+  size_t num_edges_ = 0;
 };
 
 class RowGathers {
@@ -53,6 +92,9 @@ class RowGathers {
   // run the sources share a row size. out_sizes: [n, the concat's shape...].
   at::Tensor gather(std::span<const at::Tensor* const> sources, std::span<const uint32_t> batches,
                     std::span<const RowPick> rows, size_t segments, std::span<const int64_t> out_sizes);
+  // The rows of gather(sources, batches, rows), read in place (nothing copied).
+  std::shared_ptr<const InPlaceRows> in_place(std::span<const at::Tensor* const> sources,
+                                              std::span<const uint32_t> batches, std::span<const RowPick> rows);
 
  private:
   struct Hub;

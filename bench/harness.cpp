@@ -64,6 +64,7 @@ void System::Counters::add(const Stats& s) {
   rounds += static_cast<double>(s.rounds);
   gathered_bytes += static_cast<double>(s.gathered_bytes);
   gathered_inputs += static_cast<double>(s.gathered_inputs);
+  in_place_inputs += static_cast<double>(s.in_place_inputs);
   zero_copy_inputs += static_cast<double>(s.zero_copy_inputs);
   if (!s.strategy_used.empty()) ++strategy_used[std::string(s.strategy_used)];
   steps += 1;
@@ -247,6 +248,7 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
           .add("exec_ms_per_batch", s.counters.exec_ms / steps)
           .add("gathered_bytes_per_batch", s.counters.gathered_bytes / steps)
           .add("gathered_inputs_per_batch", s.counters.gathered_inputs / steps)
+          .add("in_place_inputs_per_batch", s.counters.in_place_inputs / steps)
           .add("zero_copy_inputs_per_batch", s.counters.zero_copy_inputs / steps)
           .add("max_abs_diff_vs_per_example", s.max_abs_diff);
       if (!s.counters.strategy_used.empty()) {  // the schedule most batches used (auto: what it picked)

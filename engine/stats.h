@@ -10,7 +10,8 @@
 namespace sheaf {
 
 // ExecCounters' fields (nodes, batches, zero_copy_inputs, gathered_inputs,
-// gather_launches, gathered_bytes, gather_ms, op_ms) are counted by the executor.
+// gather_launches, gathered_bytes, in_place_inputs, gather_ms, op_ms) are
+// counted by the executor.
 struct Stats : ExecCounters {
   uint64_t rounds = 0;   // schedule+execute rounds; > 1 only with control flow
   uint64_t fetches = 0;  // device->host copies of values awaited by control flow (one per round at most)

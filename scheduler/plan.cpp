@@ -64,6 +64,7 @@ class Planner {
   }
 
   void index_batches(const RoundDag& dag, const Batches& batches) {
+    batches_ = &batches;
     batch_of_.assign(dag.size(), kNone32);
     for (uint32_t k = 0; k < batches.size(); ++k)
       for (uint32_t l : batches[k]) batch_of_[l] = static_cast<uint32_t>(k);
@@ -97,8 +98,36 @@ class Planner {
     p_.batches.push_back(b);
   }
 
-  // n regions of one pattern: rows ordered by the path ahead, then by where
-  // each region's first per-example input lives (order_rows' keys 2 and 3);
+  // Whether a fused batch's rows feed two or more batches of one non-fused op
+  // (a BiLSTM step's cell read by each direction's next projection): grouped
+  // by reader, each reads its rows as a range, and the kernel reads its own
+  // inputs in place whatever their order (backend/fused.h). Other readers (a
+  // Tree-LSTM's parent cells, a parser's next state) keep the chain order:
+  // grouping them cost more than it saved.
+  bool parallel_readers(const RoundDag& dag, std::span<const uint32_t> locals) const {
+    uint32_t first = kNone32;
+    OpCode op = 0;
+    bool two = false;
+    for (uint32_t l : locals) {
+      const uint32_t rb = reader_[l];
+      if (rb == kNone32) continue;
+      const uint32_t entry = (*batches_)[rb][0];
+      if (dag.region[entry] != kNone32) return false;
+      const OpCode o = s_.op[dag.node[entry]];
+      if (first == kNone32) {
+        first = rb;
+        op = o;
+      } else if (o != op) {
+        return false;
+      }
+      two = two || rb != first;
+    }
+    return two;
+  }
+
+  // n regions of one pattern: rows ordered by reader where parallel_readers
+  // says so, then by the path ahead and where each region's first per-example
+  // input lives (order_rows' keys);
   // member k of row i is batch out + k, row i.
   void add_fused_batch(const RoundDag& dag, std::span<const uint32_t> locals) {
     const Region& first = fuser_->region(dag.region[locals[0]]);
@@ -118,8 +147,10 @@ class Planner {
           key = (uint64_t{s_.value_batch[in]} << 32) | s_.value_row[in];
           break;
         }
-      order_.push_back({first_key(0, height_[l]), key, dag.region[l]});  // no reader grouping: see order_rows
+      order_.push_back({first_key(reader_[l], height_[l]), key, dag.region[l]});
     }
+    if (!parallel_readers(dag, locals))
+      for (RowKey& o : order_) o.first &= 0xffffffffu;  // reader 0, height kept
     if (!std::is_sorted(order_.begin(), order_.end())) std::sort(order_.begin(), order_.end());
     b.nodes_begin = static_cast<uint32_t>(p_.nodes.size());
     p_.nodes.resize(p_.nodes.size() + size_t{b.outputs} * b.n);
@@ -220,16 +251,35 @@ class Planner {
       for (j = i; j < partial_.size() && partial_[j].first == partial_[i].first;) ++j;
       if (j - i < 2) continue;
       if (split_rows({partial_.data() + i, j - i})) continue;
-      for (size_t k = i; k < j; ++k) {
-        p_.reads[partial_[k].second].group = static_cast<int32_t>(p_.groups.size());
-        p_.reads[partial_[k].second].slot = static_cast<uint32_t>(k - i);
-        p_.groups.nodes.push_back(partial_[k].second);
-      }
-      p_.groups.close();
+      // Row ranges (two or more, disjoint) as one split, index reads grouped apart:
+      // a recurrence's next steps read their rows as views although a list op
+      // (a tagger's concat of both directions) reads every row by index.
+      if (split_ranges(i, j)) continue;
+      group(i, j);
     }
   }
 
  private:
+  void group(size_t i, size_t j) {
+    if (j - i < 2) return;
+    for (size_t k = i; k < j; ++k) {
+      p_.reads[partial_[k].second].group = static_cast<int32_t>(p_.groups.size());
+      p_.reads[partial_[k].second].slot = static_cast<uint32_t>(k - i);
+      p_.groups.nodes.push_back(partial_[k].second);
+    }
+    p_.groups.close();
+  }
+  // partial_[i, j): the range reads first, then the index reads; splits the ranges.
+  bool split_ranges(size_t i, size_t j) {
+    const auto mid = std::partition(partial_.begin() + static_cast<std::ptrdiff_t>(i),
+                                    partial_.begin() + static_cast<std::ptrdiff_t>(j),
+                                    [&](const auto& pr) { return p_.reads[pr.second].index < 0; });
+    const auto m = static_cast<size_t>(mid - partial_.begin());
+    if (m - i < 2 || !split_rows({partial_.data() + i, m - i})) return false;
+    group(m, j);
+    return true;
+  }
+
   // Reads (batch, read) of one batch that are row ranges, disjoint: ONE split
   // of the batch serves them all, as views. False (nothing changed) otherwise.
   bool split_rows(std::span<const std::pair<uint32_t, uint32_t>> reads) {
@@ -291,8 +341,8 @@ class Planner {
   //    by length for the same reason).
   // 3. Where the first per-example argument lives, so that a batch fed by one
   //    earlier batch in the same order reads it as a view (chains stay zero-copy).
-  // Fused batches use keys 2 and 3: their rows usually read a GEMM's output in
-  // place; grouping them by reader cost more gathers than it saved.
+  // Fused batches (add_fused_batch) use key 1 only when their readers are two
+  // or more batches of one non-fused op (parallel_readers).
   void order_rows(const RoundDag& dag, std::span<const uint32_t> locals) {
     order_.clear();
     uint32_t distinct[3] = {kNone32, kNone32, kNone32};  // the first three readers seen
@@ -455,6 +505,7 @@ class Planner {
 
   NodeStore& s_;
   Plan& p_;
+  const Batches* batches_ = nullptr;
   const Fuser* fuser_;
   uint32_t base_;
   PlanScratch& x_ = t_scratch;

@@ -41,6 +41,57 @@ TEST_CASE("inputs already in order are used as views, others gathered", "[backen
     CHECK(at::allclose(ys[static_cast<size_t>(i)].value(), data({3}, i) + data({3}, 5 - i)));
 }
 
+// Example i runs a chain of i % 3 + 1 cells, so the last cells' inputs come from
+// three earlier batches in example order: a gather, which a fused kernel on the
+// CPU reads in place. One slice of the gathered input is also summed outside
+// the kernel (a copy of its rows is made for it).
+Expr chain_then_gates(Graph& g, int i, const at::Tensor& W, const at::Tensor& b) {
+  Expr x = g.input(data({4}, i));
+  for (int k = 0; k <= i % 3; ++k) x = dsl::affine(W, x, b);
+  std::vector<Expr> gates = dsl::chunk(x, 2);
+  return dsl::sigmoid(gates[0]) * dsl::tanh(gates[1]) + dsl::sum(gates[1]);
+}
+
+TEST_CASE("fused kernels read gathered rows in place: values and gradients as one at a time", "[backend][fusion]") {
+  at::Tensor W = param({4, 4}, 3), b = param({4}, 4);
+  {
+    Graph g;
+    std::vector<Expr> ys;
+    for (int i = 0; i < 9; ++i) {
+      auto s = g.example(i);
+      ys.push_back(dsl::sum(chain_then_gates(g, i, W, b)));
+    }
+    Expr loss = dsl::sum(ys);
+    g.forward(loss);
+    CHECK(g.stats().in_place_inputs > 0);
+    loss.value().backward();
+    CHECK(W.grad().defined());
+  }
+  REQUIRE_BATCHED_EQUALS_ALONE(
+      check_batched(9, [&](Graph& g, int i) { return chain_then_gates(g, i, W, b); }, {.params = {W, b}}));
+}
+
+TEST_CASE("a value a fused kernel kept inside, read later, from rows it read in place", "[backend][fusion]") {
+  Graph g;
+  std::vector<Expr> xs, sig, ys;
+  for (int i = 0; i < 6; ++i) {
+    auto s = g.example(i);
+    xs.push_back(g.input(data({3}, i)));
+  }
+  for (int i = 0; i < 6; ++i) {  // reversed pairing: a gather of x's rows
+    auto s = g.example(i);
+    sig.push_back(dsl::sigmoid(xs[static_cast<size_t>(5 - i)]));
+    ys.push_back(dsl::tanh(sig.back() * xs[static_cast<size_t>(i)]));
+  }
+  g.forward(ys);
+  CHECK(g.stats().in_place_inputs > 0);
+  for (int i = 0; i < 6; ++i) {
+    const at::Tensor s = at::sigmoid(data({3}, 5 - i));
+    CHECK(at::allclose(sig[static_cast<size_t>(i)].value(), s));  // computed now, from the rows
+    CHECK(at::allclose(ys[static_cast<size_t>(i)].value(), at::tanh(s * data({3}, i))));
+  }
+}
+
 TEST_CASE("gradients reach parameters through batched launches", "[backend]") {
   at::Tensor W = param({3, 3}, 9);
   Graph g;

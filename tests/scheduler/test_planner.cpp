@@ -168,3 +168,21 @@ TEST_CASE("planner: rows whose chain goes on come first, so the next step reads 
   CHECK(p.reads[arg.reads_begin].len == 2);
   CHECK(p.nodes[p.batches[1].nodes_begin + 2] == s1[1]);  // the chain that ends, last
 }
+
+TEST_CASE("planner: row ranges are one split even when a list op also reads the batch by index", "[scheduler][planner]") {
+  // As a tagger's steps read their rows of the last step while the output layer
+  // concatenates every token's states: the ranges stay views.
+  Fixture f(4);
+  const std::array<NodeId, 2> parts{f.xs[3], f.xs[0]};
+  const std::array<int64_t, 1> axis{0};
+  const NodeId cat = f.t.record(code_of<op::Concat>, parts, axis, 0, std::source_location::current());
+  const Plan p = f.plan({f.xs, f.of_inputs(code_of<op::Tanh>, {1, 0}), f.of_inputs(code_of<op::Sigmoid>, {2, 3}), {cat}});
+  REQUIRE(p.splits.size() == 1);
+  for (int k : {1, 2}) {
+    const BatchArg& arg = p.args[p.batches[k].args_begin];
+    CHECK(arg.kind == BatchArg::kView);
+    CHECK(p.reads[arg.reads_begin].split == 0);
+  }
+  const BatchArg& list = p.args[p.batches[3].args_begin];
+  for (uint32_t r = list.reads_begin; r < list.reads_end; ++r) CHECK(p.reads[r].split < 0);
+}
