@@ -149,6 +149,11 @@ Expr pick(Expr x, int64_t i, Loc loc = Loc::current());
 // e.g. an argmax): no host round trip. The gradient flows to x only; an index
 // out of range is a UserError when the batch runs.
 Expr pick(Expr x, Expr i, Loc loc = Loc::current());
+// Row i of a shared table with the index computed in the graph (a scalar
+// holding a whole number: a decoder's own prediction as its next input), with
+// no host round trip. A 2-D table can give a sparse gradient; the gradient
+// flows to the table only; an index out of range is a UserError when the batch runs.
+Expr lookup(Operand table, Expr i, bool sparse_grad = false, Loc loc = Loc::current());
 // The position of the largest element along the last axis, as a float value
 // (the first at ties); no gradient. x [n] -> a scalar, [t, n] -> [t].
 Expr argmax(At x);

@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 #include <concepts>
 #include <string_view>
 
@@ -66,5 +68,19 @@ struct Unary {
 
 // x (op) c for a scalar attribute c.
 inline at::Scalar scalar_attr(const RunCtx& c) { return at::Scalar(c.attr_f(0)); }
+
+// A batch's computed indices (a scalar per row, or one shared scalar) as int64
+// positions in [0, size): checked on the host in one read of a flag, so a bad
+// index is a UserError naming the op and examples (the executor wraps the
+// exception), never a device fault or a silent clamp.
+// `of` and `unit` name the range: "a vector of" 4 "elements".
+inline at::Tensor checked_indices(const RunCtx& c, size_t arg, int64_t size, std::string_view of, std::string_view unit) {
+  const at::Tensor i = c.in(arg).detach().reshape({-1}).expand({c.n()});
+  const bool bad = (i < 0).logical_or_(i >= static_cast<double>(size)).logical_or_(i != i.trunc()).any().item<bool>();
+  if (bad)
+    throw std::invalid_argument("an index is out of range for " + std::string(of) + " " + std::to_string(size) + " " +
+                                std::string(unit) + ", or not a whole number");
+  return i.to(at::kLong);
+}
 
 }  // namespace sheaf::op

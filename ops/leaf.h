@@ -103,6 +103,28 @@ struct LookupList {
     return c.in(0).index_select(0, ids.reshape({-1})).view(sizes);
   }
 };
+// Row i of a shared table at an index computed in the graph (a scalar holding
+// a whole number: a decoder's own prediction fed back as its next input).
+// args: the table, the index; attr: sparse gradient. The gradient flows to the
+// table only; the index is checked when the batch runs (checked_indices).
+struct LookupAt {
+  static constexpr std::string_view name = "lookup";
+  static constexpr OpTraits traits{.arity = 2};
+  static Shape infer(const InferCtx& c) {
+    const Shape& t = check_table(c);
+    if (c.shape(1).rank() != 0) c.fail("the id must be a scalar, got shape ", c.shape(1).str());
+    Shape s;
+    for (int i = 1; i < t.rank(); ++i) s.push(t[i]);
+    return s;
+  }
+  static at::Tensor run(RunCtx& c) {
+    const at::Tensor table = c.shared(0) ? c.in(0) : c.in(0).select(0, 0);  // a shared batch: [1, rows, ...]
+    const at::Tensor ids = checked_indices(c, 1, table.size(0), "a table of", "rows");
+    if (table.dim() != 2) return table.index_select(0, ids);
+    return at::embedding(table, ids, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false, /*sparse=*/c.attr(0) != 0);
+  }
+};
+
 struct Placeholder {
   static constexpr std::string_view name = "placeholder";
   static constexpr OpTraits traits{.arity = 0, .source = true};

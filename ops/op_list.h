@@ -28,6 +28,7 @@ struct Constant;     // a per-example constant (zeros, a scalar)
 struct Param;        // a shared tensor (a parameter); never batched
 struct Lookup;       // row `id` of a shared embedding table
 struct LookupList;   // the rows of a list of ids, as one per-example matrix
+struct LookupAt;     // row i of a shared table, i computed
 // Elementwise.
 struct Add;
 struct Sub;
@@ -86,7 +87,7 @@ struct Placeholder;
 }  // namespace op
 
 inline constexpr auto kOpList = boost::hana::tuple_t<
-    op::Input, op::Constant, op::Param, op::Lookup, op::LookupList,
+    op::Input, op::Constant, op::Param, op::Lookup, op::LookupList, op::LookupAt,
     op::Add, op::Sub, op::Mul, op::Div, op::AddScalar, op::MulScalar, op::RDivScalar,
     op::PowScalar, op::Maximum, op::Minimum, op::Greater, op::GreaterScalar, op::LessScalar,
     op::Neg, op::Tanh, op::Sigmoid, op::Relu, op::Exp, op::Log, op::Abs, op::Sqrt, op::Softplus, op::LogSigmoid,

@@ -6,13 +6,11 @@
 #include <ATen/ops/index_add.h>
 #include <ATen/ops/layer_norm.h>
 #include <ATen/ops/log_softmax.h>
-#include <ATen/ops/logical_or.h>
 #include <ATen/ops/mean.h>
 #include <ATen/ops/nll_loss.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/ones_like.h>
-#include <ATen/ops/trunc.h>
 #include <ATen/ops/zeros.h>
 
 #include <numeric>
@@ -212,15 +210,8 @@ struct PickAt {
     return Shape{};
   }
   static at::Tensor run(RunCtx& c) {
-    const at::Tensor& x = c.in(0);
-    const at::Tensor i = c.in(1).detach().reshape({-1}).expand({c.n()});  // shared: one index for all rows
-    const bool bad = at::logical_or(at::logical_or(i < 0, i >= static_cast<double>(x.size(1))), i != at::trunc(i))
-                         .any()
-                         .item<bool>();
-    if (bad)  // the executor reports it as a UserError naming the op, its line and the examples
-      throw std::invalid_argument("an index is out of range for a vector of " + std::to_string(x.size(1)) +
-                                  " elements, or not a whole number");
-    return at::gather(x, 1, i.to(at::kLong).unsqueeze(1)).squeeze(1);
+    const at::Tensor x = c.batched(0);
+    return at::gather(x, 1, checked_indices(c, 1, x.size(1), "a vector of", "elements").unsqueeze(1)).squeeze(1);
   }
 };
 

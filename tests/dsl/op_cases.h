@@ -106,6 +106,13 @@ inline const std::vector<OpCase>& cases() {
          return h * dsl::pick(dsl::tanh(h), dsl::argmax(h)) + dsl::sum(rows) * 0.1 +
                 dsl::pick(h, dsl::argmax(g.param(p.v)));  // a shared index
        }},
+      {"lookup at a computed index (dense, sparse, rank 3, a shared index)",
+       [](Graph& g, Expr h, int, const Params& p) {
+         const Expr three = dsl::stack({dsl::sum(h), dsl::sum(dsl::tanh(h)), dsl::pick(h, 0)});  // [3]
+         const Expr block = dsl::lookup(p.E3, dsl::argmax(three));                             // [2, kD]
+         return dsl::lookup(p.E, dsl::argmax(h)) + dsl::lookup(p.E, dsl::argmax(dsl::tanh(h)), true) * h +
+                dsl::sum(block) * 0.1 + dsl::lookup(p.E, dsl::argmax(g.param(p.v)));
+       }},
       {"affine shared W", [](Graph&, Expr h, int, const Params& p) { return dsl::affine(p.W, h, p.b); }},
       {"affine per-example W",
        [](Graph& g, Expr h, int i, const Params& p) { return dsl::affine(g.input(p.data({kD, kD}, i, 4)), h, p.b); }},

@@ -37,6 +37,9 @@ TEST_CASE("shape mismatch names op, example and line", "[dsl][errors]") {
   REQUIRE_THROWS_WITH(dsl::pick(x, 5), Contains("op 'pick'") && Contains("out of range"));
   REQUIRE_THROWS_WITH(dsl::pick(x, x), Contains("op 'pick'") && Contains("index must be a scalar"));
   REQUIRE_THROWS_WITH(dsl::argmax(dsl::sum(x)), Contains("op 'argmax'") && Contains("scalar"));
+  const at::Tensor table = at::randn({6, 4});
+  REQUIRE_THROWS_WITH(dsl::lookup(table, x), Contains("op 'lookup'") && Contains("id must be a scalar"));
+  REQUIRE_THROWS_WITH(dsl::lookup(x, dsl::sum(x)), Contains("op 'lookup'") && Contains("the table"));
   REQUIRE_THROWS_WITH(dsl::pick_neg_log_softmax(x, -1), Contains("label -1"));
   REQUIRE_THROWS_WITH(dsl::softmax(dsl::sum(x)), Contains("op 'softmax'") && Contains("scalar"));
   REQUIRE_THROWS_WITH(dsl::dropout(x, 1.5), Contains("op 'dropout'") && Contains("p must be"));
@@ -153,6 +156,26 @@ TEST_CASE("pick at a computed index out of range or not whole: a UserError when 
   const Expr y = dsl::pick(dsl::tanh(g.param(w)) + g.input(at::zeros({4})), dsl::argmax(g.input(at::tensor({0.f, 3.f, 1.f}))));
   g.forward(y);
   CHECK(y.value().item<float>() == Approx(std::tanh(1.0f)));
+}
+
+TEST_CASE("lookup at a computed index out of range or not whole: a UserError when the batch runs", "[dsl][errors]") {
+  const at::Tensor table = at::arange(12).to(at::kFloat).reshape({3, 4});
+  for (const double bad : {3.0, -1.0, 0.5}) {
+    Graph g;
+    Expr rows[2];
+    for (int i = 0; i < 2; ++i) {
+      auto scope = g.example(i);
+      rows[i] = dsl::lookup(table, g.input(at::full({}, i == 1 ? bad : 2.0)));
+    }
+    REQUIRE_THROWS_WITH(g.forward(std::vector<Expr>{rows[0], rows[1]}),
+                        Contains("op 'lookup'") && Contains("out of range for a table of 3 rows") &&
+                            Contains("test_errors.cpp"));
+  }
+  Graph g;  // in range: the row
+  auto scope = g.example(0);
+  const Expr row = dsl::lookup(table, dsl::argmax(g.input(at::tensor({0.f, 3.f, 1.f}))));
+  g.forward(row);
+  CHECK(at::equal(row.value(), table[1]));
 }
 
 TEST_CASE("after an error the graph records and runs normally", "[dsl][errors]") {
