@@ -130,10 +130,14 @@ struct FusedBackward : torch::autograd::Node {
                                            "rows read in place were freed): use retain_graph=true");
     std::vector<FusedInput> in(p.inputs);
     std::vector<const InPlaceRows*> in_place;
+    std::vector<uint32_t> in_place_edge;  // each one's first edge
     for (uint32_t e = 0; e < p.inputs; ++e) {
       if (rows[e]) {
         in[e].rows = rows[e];
-        if (rows[e]->needs_grad()) in_place.push_back(rows[e].get());
+        if (rows[e]->needs_grad()) {
+          in_place.push_back(rows[e].get());
+          in_place_edge.push_back(first_edge[e]);
+        }
       } else {
         in[e].tensor = inputs[e].unpack();
       }
@@ -144,7 +148,9 @@ struct FusedBackward : torch::autograd::Node {
     std::vector<at::Tensor> g_in(p.inputs);
     for (uint32_t e = 0; e < p.inputs; ++e)
       if (!rows[e] && should_compute_output(first_edge[e])) g_in[e] = at::zeros(in[e].tensor.sizes(), in[e].tensor.options());
-    InPlaceRows::GradRows hub_rows = InPlaceRows::grad_rows(in_place);  // hubs locked until the kernel is done
+    // Hubs locked until the kernel is done; only those autograd asked for.
+    InPlaceRows::GradRows hub_rows = InPlaceRows::grad_rows(
+        in_place, [&](size_t q, size_t k) { return task_should_compute_output(in_place_edge[q] + k); });
     std::vector<float* const*> g_rows(p.inputs, nullptr);
     for (uint32_t e = 0, k = 0; e < p.inputs; ++e)
       if (rows[e] && rows[e]->needs_grad()) g_rows[e] = hub_rows.rows[k++].data();

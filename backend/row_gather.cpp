@@ -83,7 +83,13 @@ struct ReaderNode : torch::autograd::Node {
     RECORD_FUNCTION("sheaf::gather", std::vector<c10::IValue>());  // one kernel (bench/launches.h counts it)
     const at::Tensor g = grads[0].contiguous();
     const float* gp = g.data_ptr<float>();
-    HubBuffers hb = lock_buffers(hubs);
+    // Only the hubs autograd follows this time (a partial backward skips the
+    // others: they will not run, and what they held would reach their sources
+    // in a later backward).
+    std::vector<HubPtr> wanted(hubs.size());
+    for (size_t k = 0; k < hubs.size(); ++k)
+      if (hubs[k] && task_should_compute_output(k)) wanted[k] = hubs[k];
+    HubBuffers hb = lock_buffers(wanted);
     const size_t n = rows.size() / segments;
     const int64_t out_width = g.numel() / static_cast<int64_t>(std::max<size_t>(n, 1));
     int64_t col = 0;
@@ -259,9 +265,22 @@ void InPlaceRows::append_edges(std::vector<torch::autograd::Edge>& edges) const 
   edges.insert(edges.end(), impl_->edges.begin(), impl_->edges.end());
 }
 
-InPlaceRows::GradRows InPlaceRows::grad_rows(std::span<const InPlaceRows* const> reads) {
-  std::vector<HubPtr> hubs;  // every read's, one lock set for all
-  for (const InPlaceRows* r : reads) hubs.insert(hubs.end(), r->impl_->hubs.begin(), r->impl_->hubs.end());
+InPlaceRows::GradRows InPlaceRows::grad_rows(std::span<const InPlaceRows* const> reads,
+                                             const std::function<bool(size_t read, size_t edge)>& wanted) {
+  // Every read's hubs, one lock set for all. A hub whose edge autograd does not
+  // follow this time (a partial backward) is left alone: it will not run, and
+  // what it held would reach its source in a later backward.
+  std::vector<HubPtr> hubs;
+  for (size_t q = 0; q < reads.size(); ++q) {
+    size_t edge = 0;
+    for (const HubPtr& h : reads[q]->impl_->hubs) {
+      if (!h) {
+        hubs.emplace_back();
+        continue;
+      }
+      hubs.push_back(wanted(q, edge++) ? h : HubPtr());
+    }
+  }
   HubBuffers hb = lock_buffers(hubs);
   GradRows g;
   size_t first = 0;  // this read's sources in hb.buf

@@ -18,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -49,13 +50,16 @@ class InPlaceRows {
   bool needs_grad() const { return num_edges_ > 0; }
   void append_edges(std::vector<torch::autograd::Edge>& edges) const;
   // The backward's view of several reads (one kernel's in-place inputs): per
-  // read, per row, where its gradient is added (null: that source needs none).
-  // Holds the hubs' locks (each taken once, whichever reads share it) while alive.
+  // read, per row, where its gradient is added (null: that source needs none,
+  // or autograd did not ask for it: wanted(read, k) false for the read's k-th
+  // edge). Holds the hubs' locks (each taken once, whichever reads share it)
+  // while alive.
   struct GradRows {
     std::vector<std::vector<float*>> rows;
     std::vector<std::unique_lock<std::mutex>> locks;
   };
-  static GradRows grad_rows(std::span<const InPlaceRows* const> reads);
+  static GradRows grad_rows(std::span<const InPlaceRows* const> reads,
+                            const std::function<bool(size_t read, size_t edge)>& wanted);
   // The rows copied into one [n, shape...] tensor whose gradient reaches the
   // same hubs (for a value wanted outside the kernel).
   at::Tensor materialize(std::span<const int64_t> sizes) const;

@@ -118,10 +118,14 @@ struct LookupAt {
     return s;
   }
   static at::Tensor run(RunCtx& c) {
-    const at::Tensor table = c.shared(0) ? c.in(0) : c.in(0).select(0, 0);  // a shared batch: [1, rows, ...]
+    // A shared batch (the index shared too) gets the table as [1, rows, ...]:
+    // one row, a dense gradient (a sparse one would not pass back through the
+    // batch axis).
+    const at::Tensor table = c.shared(0) ? c.in(0) : c.in(0).select(0, 0);
     const at::Tensor ids = checked_indices(c, 1, table.size(0), "a table of", "rows");
     if (table.dim() != 2) return table.index_select(0, ids);
-    return at::embedding(table, ids, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false, /*sparse=*/c.attr(0) != 0);
+    const bool sparse = c.attr(0) != 0 && c.shared(0);
+    return at::embedding(table, ids, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false, sparse);
   }
 };
 

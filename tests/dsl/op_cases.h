@@ -111,7 +111,8 @@ inline const std::vector<OpCase>& cases() {
          const Expr three = dsl::stack({dsl::sum(h), dsl::sum(dsl::tanh(h)), dsl::pick(h, 0)});  // [3]
          const Expr block = dsl::lookup(p.E3, dsl::argmax(three));                             // [2, kD]
          return dsl::lookup(p.E, dsl::argmax(h)) + dsl::lookup(p.E, dsl::argmax(dsl::tanh(h)), true) * h +
-                dsl::sum(block) * 0.1 + dsl::lookup(p.E, dsl::argmax(g.param(p.v)));
+                dsl::sum(block) * 0.1 + dsl::lookup(p.E, dsl::argmax(g.param(p.v))) +
+                dsl::lookup(p.E, dsl::argmax(g.param(p.v) * 2.0), true);  // a shared batch, sparse asked
        }},
       {"affine shared W", [](Graph&, Expr h, int, const Params& p) { return dsl::affine(p.W, h, p.b); }},
       {"affine per-example W",
