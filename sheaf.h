@@ -7,6 +7,7 @@
 #include "dsl/check.h"            // IWYU pragma: export
 #include "dsl/control.h"          // IWYU pragma: export
 #include "dsl/dsl.h"              // IWYU pragma: export
+#include "dsl/function.h"         // IWYU pragma: export
 #include "distributed/data_parallel.h"  // IWYU pragma: export
 #include "dsl/task.h"             // IWYU pragma: export
 #include "engine/graph.h"         // IWYU pragma: export

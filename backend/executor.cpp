@@ -252,8 +252,13 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
     out = split_pieces(plan, b.split)[b.piece];
   } else {
     const LaunchArgs args = launch_args(plan, b);
-    RunCtx ctx(args);
-    out = op_info(b.op).run(ctx);
+    if (b.op == code_of<op::Call>) {
+      SHEAF_ASSERT(config_.functions != nullptr, "a function call without the graph's function table");
+      out = config_.functions->body(args.attrs[0]).run(args);
+    } else {
+      RunCtx ctx(args);
+      out = op_info(b.op).run(ctx);
+    }
   }
   if (const double ms = lap(&counters_.op_ms); config_.profile) counters_.by_op[std::string(op_info(b.op).name)].op_ms += ms;
   check_output(plan, b, out);

@@ -15,6 +15,7 @@
 #include <sheaf/tracer/node_store.h>
 
 #include "counters.h"
+#include "function_body.h"
 #include "fused.h"
 #include "lazy.h"
 #include "row_gather.h"
@@ -27,6 +28,7 @@ struct ExecConfig {
   bool train = true;    // dropout is the identity when false
   bool profile = false; // wait for the device around gathers and ops (ExecCounters' times)
   bool batch_weight_grads = true;  // one gradient product per shared weight per round (ops/weight_grad.h)
+  const FunctionTable* functions = nullptr;  // the bodies of the graph's function calls
 };
 
 class Executor {

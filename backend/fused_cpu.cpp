@@ -21,6 +21,7 @@
 
 // Every descriptor, so that the op list's types are complete here.
 #include <sheaf/core/cpu_features.h>
+#include <sheaf/ops/call.h>
 #include <sheaf/ops/elementwise.h>
 #include <sheaf/ops/leaf.h>
 #include <sheaf/ops/linear.h>

@@ -109,7 +109,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
           add_sheaf_systems(o, *spec, train, batches.size(), make_step, record, systems, owners);
       for (size_t q = 0; q < added.size(); ++q)
         systems[added[q]].max_abs_diff =
-            max_diff(sheaf_stacked_outputs({.device = device, .fuse = spec->fuse}, *spec->strategies[q],
+            max_diff(sheaf_stacked_outputs(spec->graph(o.device), *spec->strategies[q],
                                            [&](Graph& g) {
                                              std::vector<Expr> losses;
                                              for (size_t i = 0; i < first.size(); ++i) {
@@ -127,7 +127,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
         continue;
       }
       for (const Strategy* strategy : spec->strategies) {
-        graphs.push_back(std::make_unique<Graph>(GraphOptions{.device = device, .profile = o.profile, .fuse = spec->fuse}));
+        graphs.push_back(std::make_unique<Graph>(spec->graph(o.device, o.profile)));
         Graph* g = graphs.back().get();
         const size_t index = systems.size();
         System s{"sheaf", spec->label(*strategy)};
@@ -141,7 +141,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
         systems.push_back(std::move(s));
       }
     } else {
-      throw UserError("unknown system '" + name + "' for attention (per-example, hand, hand:bmm, hand:mulsum, sheaf[:<strategy>][+prefetch][/unfused])");
+      throw UserError("unknown system '" + name + "' for attention (per-example, hand, hand:bmm, hand:mulsum, sheaf[:<strategy>][+prefetch][/unfused][/inline])");
     }
   }
   const double items = static_cast<double>(batches.size() * static_cast<size_t>(o.batch));

@@ -69,11 +69,11 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
           add_sheaf_systems(o, *spec, train, w.batches.size(), make_step, record, systems, owners);
       for (size_t q = 0; q < added.size(); ++q)
         systems[added[q]].max_abs_diff =
-            max_diff(sheaf_stacked_outputs({.device = device, .fuse = spec->fuse}, *spec->strategies[q],
+            max_diff(sheaf_stacked_outputs(spec->graph(o.device), *spec->strategies[q],
                                            [&](Graph& g) { return model.sheaf_batch_root_logits(g, w.batches[0]); }),
                      reference);
     } else {
-      throw UserError("unknown system '" + name + "' for gated_rvnn (per-example, hand, sheaf[:<strategy>][/unfused])");
+      throw UserError("unknown system '" + name + "' for gated_rvnn (per-example, hand, sheaf[:<strategy>][/unfused][/inline])");
     }
   }
   const double items = static_cast<double>(w.batches.size() * static_cast<size_t>(o.batch));

@@ -43,6 +43,7 @@ std::optional<SheafSystem> parse_sheaf_system(const std::string& name) {
     rest.resize(rest.size() - suffix.size());
     return true;
   };
+  s.inline_functions = take_suffix("/inline");
   s.fuse = !take_suffix("/unfused");
   s.prefetch = take_suffix("+prefetch");
   if (rest == "sheaf") s.strategies.assign(all_strategies().begin(), all_strategies().end());
@@ -51,7 +52,12 @@ std::optional<SheafSystem> parse_sheaf_system(const std::string& name) {
 }
 
 std::string SheafSystem::label(const Strategy& s) const {
-  return std::string(s.name()) + (prefetch ? "+prefetch" : "") + (fuse ? "" : "/unfused");
+  return std::string(s.name()) + (prefetch ? "+prefetch" : "") + (fuse ? "" : "/unfused") +
+         (inline_functions ? "/inline" : "");
+}
+
+GraphOptions SheafSystem::graph(const std::string& device, bool profile) const {
+  return GraphOptions{.device = c10::Device(device), .profile = profile, .fuse = fuse, .inline_functions = inline_functions};
 }
 
 void System::Counters::add(const Stats& s) {
@@ -115,7 +121,7 @@ std::function<void(size_t)> StepMaker::operator()(const System& s, std::function
 std::vector<size_t> add_sheaf_systems(const Options& o, const SheafSystem& spec, bool train, size_t n_batches,
                                       StepMaker& make_step, const Prefetcher::Record& record,
                                       std::vector<System>& systems, SheafOwners& owners) {
-  const GraphOptions graph{.device = c10::Device(o.device), .profile = o.profile, .fuse = spec.fuse};
+  const GraphOptions graph = spec.graph(o.device, o.profile);
   std::vector<size_t> added;
   for (const Strategy* strategy : spec.strategies) {
     System s{"sheaf", spec.label(*strategy)};

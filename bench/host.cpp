@@ -21,7 +21,9 @@ int run_host(const Options& o) {
       const std::optional<SheafSystem> spec = parse_sheaf_system(name);
       if (!spec) continue;  // host work is Sheaf's alone
       for (const Strategy* strategy : spec->strategies) {
-        Graph g({.strategy = strategy, .fuse = spec->fuse});
+        GraphOptions options = spec->graph("cpu");
+        options.strategy = strategy;
+        Graph g(options);
         std::vector<double> record, round, fuse, strat, plan, total;
         double nodes = 0;
         for (int r = 0; r < o.repeat + 1; ++r)
@@ -50,13 +52,14 @@ int run_host(const Options& o) {
               .add("batch", o.batch).add("nodes_per_batch", nodes).add("record_ns_per_node", median(record))
               .add("round_ns_per_node", median(round)).add("fuse_ns_per_node", median(fuse))
               .add("strategy_ns_per_node", median(strat)).add("plan_ns_per_node", median(plan))
-              .add("trace_schedule_ns_per_node", median(total));
+              .add("trace_schedule_ns_per_node", median(total))
+              .add("trace_schedule_ms_per_batch", median(total) * nodes * 1e-6);
           std::printf("%s\n", j.str().c_str());
         } else {
           std::printf("host, sheaf:%s, batch %lld, %.0f nodes: ns per node: record %.1f, round %.1f, fuse %.1f, "
-                      "strategy %.1f, plan %.1f; trace + schedule %.1f (median of %zu batches)\n",
+                      "strategy %.1f, plan %.1f; trace + schedule %.1f, %.2f ms a batch (median of %zu batches)\n",
                       label.c_str(), static_cast<long long>(o.batch), nodes, median(record), median(round), median(fuse),
-                      median(strat), median(plan), median(total), total.size());
+                      median(strat), median(plan), median(total), median(total) * nodes * 1e-6, total.size());
         }
       }
     }

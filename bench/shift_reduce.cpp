@@ -89,7 +89,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
       systems.push_back(std::move(s));
     } else if (auto spec = parse_sheaf_system(name); spec && !spec->prefetch) {
       for (const Strategy* strategy : spec->strategies) {
-        graphs.push_back(std::make_unique<Graph>(GraphOptions{.device = device, .profile = o.profile, .fuse = spec->fuse}));
+        graphs.push_back(std::make_unique<Graph>(spec->graph(o.device, o.profile)));
         Graph* g = graphs.back().get();
         const size_t index = systems.size();
         System s{"sheaf", spec->label(*strategy)};
@@ -127,7 +127,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
           add_sheaf_systems(o, *spec, train, batches.size(), make_step, record, systems, owners);
       for (size_t q = 0; q < added.size(); ++q) {
         c10::NoGradGuard no_grad;
-        Graph check({.device = device, .fuse = spec->fuse});
+        Graph check(spec->graph(o.device));
         std::vector<at::Tensor> logits;
         run_sheaf(check, *spec->strategies[q], 0, &logits);
         systems[added[q]].max_abs_diff = diff_to_reference(logits);
@@ -155,7 +155,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
       }
       systems.push_back(std::move(s));
     } else {
-      throw UserError("unknown system '" + name + "' for shift_reduce (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused])");
+      throw UserError("unknown system '" + name + "' for shift_reduce (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/inline])");
     }
   }
 

@@ -109,12 +109,12 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const T
           add_sheaf_systems(o, *spec, train, c.batches.size(), make_step, record, systems, owners);
       for (size_t q = 0; q < added.size(); ++q)
         systems[added[q]].max_abs_diff =
-            max_diff(sheaf_stacked_outputs({.device = device, .fuse = spec->fuse}, *spec->strategies[q],
+            max_diff(sheaf_stacked_outputs(spec->graph(o.device), *spec->strategies[q],
                                            [&](Graph& g) { return model.sheaf_batch_logits(g, c.batches[0]); }),
                      reference);
     } else {
       throw UserError("unknown system '" + name + "' for " + o.workload +
-                      " (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused])");
+                      " (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/inline])");
     }
   }
   const double items = static_cast<double>(c.batches.size() * static_cast<size_t>(o.batch));

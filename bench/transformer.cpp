@@ -68,7 +68,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t d, const Taggin
           add_sheaf_systems(o, *spec, train, c.batches.size(), make_step, record, systems, owners);
       for (size_t q = 0; q < added.size(); ++q) {
         c10::NoGradGuard no_grad;
-        Graph g({.device = device, .fuse = spec->fuse});
+        Graph g(spec->graph(o.device));
         const std::vector<Expr> logits = model.sheaf_batch_logits(g, c.batches[0]);
         g.forward(logits, {.strategy = spec->strategies[q]});
         std::vector<at::Tensor> rows;
@@ -76,7 +76,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t d, const Taggin
         systems[added[q]].max_abs_diff = max_diff(at::cat(rows), reference);
       }
     } else {
-      throw UserError("unknown system '" + name + "' for transformer (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused])");
+      throw UserError("unknown system '" + name + "' for transformer (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/inline])");
     }
   }
   const double items = static_cast<double>(c.batches.size() * static_cast<size_t>(o.batch));

@@ -109,9 +109,9 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
           add_sheaf_systems(o, *spec, train, w.batches.size(), make_step, record, systems, owners);
       for (size_t q = 0; q < added.size(); ++q)
         systems[added[q]].max_abs_diff = diff(
-            sheaf_outputs(model, w.batches[0], {.device = device, .fuse = spec->fuse}, *spec->strategies[q]), reference);
+            sheaf_outputs(model, w.batches[0], spec->graph(o.device), *spec->strategies[q]), reference);
     } else {
-      throw UserError("unknown system '" + name + "' (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused])");
+      throw UserError("unknown system '" + name + "' (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/inline])");
     }
   }
 

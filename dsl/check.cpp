@@ -17,6 +17,7 @@
 
 #include <sheaf/engine/engine.h>
 #include <sheaf/ops/op.h>
+#include <sheaf/ops/op_list.h>
 
 #include "dsl.h"
 
@@ -74,10 +75,12 @@ using Recorder = std::function<std::function<Expr()>(Graph&, int)>;
 
 // Records `examples` into a fresh graph, forwards, then backpropagates the weighted outputs.
 Run run_examples(const std::vector<int>& examples, const Recorder& record, const CheckOptions& o,
-                 const Strategy& strategy, bool fuse, GradGuard& grads, bool reference = false) {
+                 const Strategy& strategy, bool fuse, GradGuard& grads, bool reference = false,
+                 bool inline_functions = false) {
   Run run;
   GraphOptions go = o.graph;
   go.fuse = fuse;
+  go.inline_functions = inline_functions;
   if (reference) go.batch_weight_grads = false;  // plain autograd, batch by batch
   run.graph = std::make_unique<Graph>(go);
   Graph& g = *run.graph;
@@ -160,6 +163,25 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
     }
   }
 
+  // Programs that call sheaf::Functions: also each example alone with the
+  // bodies written out op by op, compared on outputs and gradients (the node
+  // lists differ: a call is one node).
+  bool calls = false;
+  for (const Run& r : alone) {
+    const NodeStore& s = detail::engine_of(*r.graph).store();
+    for (NodeId n = 0; n < s.size() && !calls; ++n) calls = s.op[n] == code_of<op::Call>;
+  }
+  std::vector<Run> inlined;
+  std::vector<at::Tensor> inlined_grads;
+  for (int i = 0; calls && i < num_examples; ++i) {
+    inlined.push_back(run_examples({i}, program, o, default_strategy(), o.fusion == Fusion::kOn, grads, true, true));
+    if (inlined_grads.empty()) {
+      inlined_grads = inlined.back().grads;
+    } else {
+      for (size_t p = 0; p < inlined_grads.size(); ++p) inlined_grads[p] = inlined_grads[p] + inlined.back().grads[p];
+    }
+  }
+
   auto fail = [&](int example, const std::string& strategy, const std::string& what) {
     if (!report.ok) return;
     report.ok = false;
@@ -209,6 +231,22 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
           fail(i, name, detail::cat("node ", k, " of the example (", where(bs, bn[k]), ") differs by up to ",
                                     d.max_abs));
       }
+    }
+    for (size_t i = 0; i < inlined.size(); ++i) {
+      Diff d = compare(batched.outputs[i].value(), inlined[i].outputs[0].value(), o.atol, o.rtol);
+      ++report.values_compared;
+      report.max_abs_diff = std::max(report.max_abs_diff, d.max_abs);
+      if (d.worst_excess > 0)
+        fail(static_cast<int>(i), name, detail::cat("the output differs by up to ", d.max_abs,
+                                                     " from the same program with its functions written inline"));
+    }
+    for (size_t p = 0; p < inlined_grads.size(); ++p) {
+      Diff d = compare(batched.grads[p], inlined_grads[p], o.atol, o.rtol);
+      ++report.values_compared;
+      report.max_abs_diff = std::max(report.max_abs_diff, d.max_abs);
+      if (d.worst_excess > 0)
+        fail(-1, name, detail::cat("the gradient of params[", p, "] differs by up to ", d.max_abs,
+                                   " from the same program with its functions written inline"));
     }
     for (size_t p = 0; p < o.params.size(); ++p) {
       Diff d = compare(batched.grads[p], alone_grads[p], o.atol, o.rtol);

@@ -8,7 +8,10 @@
 //   if (!report) std::cerr << report.message;
 //
 // Every node an example records is compared (not only its output), so a report
-// names the first node that differs and the line that recorded it.
+// names the first node that differs and the line that recorded it. A program
+// that calls sheaf::Functions is also compared, on outputs and gradients, with
+// itself run alone with every function's body written inline, op by op
+// (GraphOptions::inline_functions).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -13,11 +13,13 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <iostream>
 
 #include <sheaf/backend/runtime.h>
 #include <sheaf/ops/op.h>
+#include <sheaf/ops/op_list.h>
 
 #include "handles.h"
 
@@ -160,7 +162,7 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate) {
 void Engine::execute_round() {
   const auto t0 = Clock::now();
   exec_config_ = ExecConfig{options_.device, options_.seed, options_.train, options_.profile,
-                            options_.batch_weight_grads};
+                            options_.batch_weight_grads, &functions_};
   Executor exec(trace_.store(), lazy_, exec_config_, stats_);
   try {
     exec.run(scheduler_.plan());
@@ -226,6 +228,73 @@ void Engine::clear() {
   prepared_ = false;
   recording_ = false;
   generation_ = bump_generation(slot_);
+}
+
+// ---------------------------------------------------------------------------
+// Function calls.
+
+void Engine::call(const FunctionDef& def, std::span<const NodeId> args, std::vector<Expr>& out, Loc loc) {
+  note_recording();
+  const Site site{def.name, trace_.current_example(), loc};
+  if (args.size() != def.arity)
+    throw_user(site, "function '", def.name, "' takes ", def.arity, " argument(s), got ", args.size());
+  if (options_.inline_functions) return call_inline(def, args, out, site);
+  const NodeStore& s = trace_.store();
+  // On the stack (a body being recorded may call back into this graph: no member scratch).
+  constexpr size_t kInline = 8;
+  std::array<Shape, kInline> shapes_inline;
+  std::array<uint8_t, kInline> shared_inline{};
+  std::vector<Shape> shapes_heap(args.size() > kInline ? args.size() : 0);
+  std::vector<uint8_t> shared_heap(shapes_heap.size());
+  const std::span<Shape> shapes = shapes_heap.empty() ? std::span(shapes_inline.data(), args.size()) : std::span(shapes_heap);
+  const std::span<uint8_t> shared = shapes_heap.empty() ? std::span(shared_inline.data(), args.size()) : std::span(shared_heap);
+  for (size_t i = 0; i < args.size(); ++i) {
+    trace_.expect_known_shape(args[i], "an argument of a function call", loc);
+    shapes[i] = s.shape_of(args[i]);
+    shared[i] = s.has(args[i], NodeStore::kShared);
+  }
+  const uint32_t index = functions_.variant_for(def, shapes, shared, generation_, options_, site);
+  const std::vector<Shape>& results = functions_.variant(index).results;
+  // One result is the call's value; several are its row, flattened side by side.
+  Shape whole = results[0];
+  if (results.size() > 1) {
+    int64_t total = 0;
+    for (const Shape& r : results) total += r.numel();
+    whole = Shape{total};
+  }
+  call_attrs_.assign({static_cast<int64_t>(index), whole.rank()});
+  call_attrs_.insert(call_attrs_.end(), whole.dims().begin(), whole.dims().end());
+  const NodeId node = trace_.record(code_of<op::Call>, args, call_attrs_, 0, loc);
+  out.clear();
+  if (results.size() == 1) {
+    out.push_back(expr(node));
+    return;
+  }
+  int64_t offset = 0;
+  for (const Shape& r : results) {
+    const std::array<int64_t, 3> cut{0, offset, offset + r.numel()};
+    offset += r.numel();
+    NodeId part = trace_.record(code_of<op::Slice>, std::span(&node, 1), cut, 0, loc);
+    if (r.rank() != 1) {
+      call_attrs_.assign({r.rank()});
+      call_attrs_.insert(call_attrs_.end(), r.dims().begin(), r.dims().end());
+      part = trace_.record(code_of<op::Reshape>, std::span(&part, 1), call_attrs_, 0, loc);
+    }
+    out.push_back(expr(part));
+  }
+}
+
+// The body recorded here, op by op, on the arguments themselves.
+void Engine::call_inline(const FunctionDef& def, std::span<const NodeId> args, std::vector<Expr>& out,
+                         const Site& site) {
+  std::vector<Expr> in;
+  for (NodeId a : args) in.push_back(expr(a));
+  std::vector<Expr> results = def.body(in);
+  for (size_t k = 0; k < results.size(); ++k)
+    if (find(results[k]) != this)
+      throw_user(site, "result ", k, " of function '", def.name, "' is not a value of this graph (an empty Expr?)");
+  if (results.empty()) throw_user(site, "function '", def.name, "' returned no results");
+  out = std::move(results);
 }
 
 // ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@
 #include <sheaf/tracer/trace.h>
 
 #include "expr.h"
+#include "functions.h"
 #include "graph.h"
 #include "host_value.h"
 
@@ -71,6 +72,12 @@ class Engine {
   void note_recording() {
     if (!recording_) start_trace_clock();
   }
+  // A call of a sheaf::Function: one node (its body recorded once per argument
+  // signature, engine/functions.h). Its results (slices of that node when
+  // there are several) replace the contents of `results`, at the very end: a
+  // caller may reuse one vector for every call (no allocation per call).
+  void call(const FunctionDef& def, std::span<const NodeId> args, std::vector<Expr>& results, Loc loc);
+  FunctionCache& functions() { return functions_; }
 
   // ---- Control flow.
   WaiterId when_computed(NodeId node, ValueCallback callback);
@@ -110,6 +117,7 @@ class Engine {
   void execute_round();
   void finish_aliases();
   bool deliver_waiters();
+  void call_inline(const FunctionDef& def, std::span<const NodeId> args, std::vector<Expr>& results, const Site& site);
   std::vector<HostValue> fetch_to_host(std::span<const NodeId> nodes);
   void check_targets(std::span<const Expr> targets, Loc loc) const;
   [[noreturn]] void throw_runaway(int max_rounds, Loc loc) const;
@@ -122,6 +130,7 @@ class Engine {
   Trace trace_;
   Scheduler scheduler_;
   LazyValues lazy_;  // values fused batches left in their kernels
+  FunctionCache functions_;
   ExecConfig exec_config_;
   uint32_t slot_;
   uint32_t generation_;
@@ -135,6 +144,7 @@ class Engine {
   bool prepared_ = false;  // the scheduler holds a planned round that forward() runs first
   bool recording_ = false; // a node was recorded since the last forward()/prepare()/clear()
   std::chrono::steady_clock::time_point trace_start_;
+  std::vector<int64_t> call_attrs_;  // call()'s scratch, used after its body is recorded
 };
 
 }  // namespace sheaf::detail

@@ -54,6 +54,9 @@ struct GraphOptions {
   // Compute each shared weight's gradient once per round, as one product over
   // the rows of every batch that used it (ops/weight_grad.h), not batch by batch.
   bool batch_weight_grads = true;
+  // Record a sheaf::Function's body at every call, as if it were written inline
+  // (one node per op): the checker's reference for function calls.
+  bool inline_functions = false;
 };
 
 struct ForwardOptions {

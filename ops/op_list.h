@@ -84,6 +84,8 @@ struct Dot;
 struct LayerNorm;
 // Control flow: the result of a dsl::cond or dsl::loop before its branch is known.
 struct Placeholder;
+// A call of a sheaf::Function: its body runs batched as one step list.
+struct Call;
 }  // namespace op
 
 inline constexpr auto kOpList = boost::hana::tuple_t<
@@ -97,7 +99,7 @@ inline constexpr auto kOpList = boost::hana::tuple_t<
     op::Concat, op::Slice, op::Reshape, op::Transpose, op::Stack,
     op::Sum, op::Mean, op::SumList, op::MeanList, op::Softmax, op::LogSoftmax, op::Pick, op::PickAt, op::ArgMax,
     op::PickNegLogSoftmax, op::SumDim, op::MeanDim, op::MaxDim, op::MinDim, op::LogSumExpDim, op::Dot, op::LayerNorm,
-    op::Placeholder>;
+    op::Placeholder, op::Call>;
 
 inline constexpr size_t kNumOps = decltype(boost::hana::length(kOpList))::value;
 

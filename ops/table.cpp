@@ -8,6 +8,7 @@
 #include <bit>
 #include <concepts>
 
+#include "call.h"
 #include "elementwise.h"
 #include "leaf.h"
 #include "linear.h"
@@ -113,5 +114,6 @@ at::Tensor RunCtx::aligned(size_t i, int rank) const {
 
 at::Tensor op::Param::run(RunCtx&) { throw_internal("a parameter node was scheduled for a launch"); }
 at::Tensor op::Placeholder::run(RunCtx&) { throw_internal("an unresolved placeholder was scheduled"); }
+at::Tensor op::Call::run(RunCtx&) { throw_internal("a function call reached its op's run (the executor runs its body)"); }
 
 }  // namespace sheaf

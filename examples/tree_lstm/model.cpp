@@ -21,7 +21,15 @@ at::Tensor leaf_ids(const data::Tree& t) {
 
 }  // namespace
 
-TreeLSTM::TreeLSTM(const TreeLSTMOptions& o, uint64_t seed) : options_(o) {
+TreeLSTM::TreeLSTM(const TreeLSTMOptions& o, uint64_t seed)
+    : cell_("tree_lstm_cell",
+            [this](Expr hl, Expr cl, Expr hr, Expr cr) {
+              std::vector<Expr> gate = dsl::chunk(dsl::affine(U, dsl::concat({hl, hr}), b), 5);
+              Expr c = dsl::tanh(gate[0]) * dsl::sigmoid(gate[1]) + dsl::sigmoid(gate[2]) * cl +
+                       dsl::sigmoid(gate[3]) * cr;
+              return std::array{dsl::sigmoid(gate[4]) * dsl::tanh(c), c};
+            }),
+      options_(o) {
   if (o.vocab <= 0 || o.hidden <= 0) throw UserError("TreeLSTM: vocab and hidden must be positive");
   at::manual_seed(seed);
   const int64_t h = o.hidden;
@@ -52,9 +60,9 @@ TreeLSTM::State TreeLSTM::sheaf_node(Graph& g, const data::Tree& t, int n, std::
   } else {
     State l = sheaf_node(g, t, t.left[k], losses);
     State r = sheaf_node(g, t, t.right[k], losses);
-    std::vector<Expr> gate = dsl::chunk(dsl::affine(U, dsl::concat({l.h, r.h}), b), 5);
-    s.c = dsl::tanh(gate[0]) * dsl::sigmoid(gate[1]) + dsl::sigmoid(gate[2]) * l.c + dsl::sigmoid(gate[3]) * r.c;
-    s.h = dsl::sigmoid(gate[4]) * dsl::tanh(s.c);
+    const auto [h, c] = cell_(l.h, l.c, r.h, r.c);
+    s.h = h;
+    s.c = c;
   }
   if (losses != nullptr && (options_.all_nodes || n == t.root()))
     losses->push_back(dsl::pick_neg_log_softmax(dsl::affine(V, s.h, v), t.label[k]));

@@ -7,7 +7,7 @@
 //   HandBatched     : (bench/baselines/tree_lstm_hand.h) the best hand-batched
 //                     LibTorch we could write, level by level
 //
-// Cell at an internal node with children (hl, cl), (hr, cr):
+// Cell at an internal node with children (hl, cl), (hr, cr) (a sheaf::Function):
 //   [a, i, fl, fr, o] = U [hl; hr] + b          (5 blocks of size h)
 //   c = tanh(a) * sigmoid(i) + sigmoid(fl) * cl + sigmoid(fr) * cr
 //   h = sigmoid(o) * tanh(c)
@@ -39,6 +39,9 @@ class TreeLSTM {
   static constexpr int64_t kClasses = 5;
 
   TreeLSTM(const TreeLSTMOptions& options, uint64_t seed);
+  // The cell's body refers to this object's parameters: not copyable.
+  TreeLSTM(const TreeLSTM&) = delete;
+  TreeLSTM& operator=(const TreeLSTM&) = delete;
   const TreeLSTMOptions& options() const { return options_; }
   std::vector<at::Tensor> parameters() const { return {E, U, b, V, v}; }
   void to(const c10::Device& device);
@@ -65,6 +68,9 @@ class TreeLSTM {
   struct State {
     Expr h, c;
   };
+  // The cell, recorded once per batch and called at every internal node: one
+  // node per call instead of one per op (dsl/function.h).
+  Fn<std::array<Expr, 2>(Expr, Expr, Expr, Expr)> cell_;
   // Records node n's state; its loss goes to *losses unless losses is null.
   State sheaf_node(Graph& g, const data::Tree& t, int n, std::vector<Expr>* losses) const;
   std::vector<at::Tensor> per_example_states(const data::Tree& t) const;

@@ -1,0 +1,188 @@
+#include "function_body.h"
+
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
+
+#include <sheaf/ops/op_list.h>
+#include <sheaf/scheduler/round.h>
+
+#include "fused.h"
+
+namespace sheaf {
+
+namespace {
+
+// Ops that read their payload (an id, an index, a label, a user tensor's slot)
+// through RunCtx: the body's payload is handed to every call of the batch.
+bool reads_payload(const NodeStore& s, NodeId v) {
+  const OpCode op = s.op[v];
+  const OpInfo& info = op_info(op);
+  return s.payload[v] != 0 || info.traits.source || info.traits.segmented || op == code_of<op::Pick> ||
+         op == code_of<op::PickNegLogSoftmax> || op >= kNumOps;  // users' ops may read it too
+}
+
+std::vector<int64_t> batched_sizes(int64_t n, const Shape& s) {
+  std::vector<int64_t> sizes{n};
+  sizes.insert(sizes.end(), s.dims().begin(), s.dims().end());
+  return sizes;
+}
+
+}  // namespace
+
+void FunctionBody::compile(NodeStore& s, ReadyQueue& ready, std::span<const NodeId> args,
+                           std::span<const NodeId> results, bool fuse, Fuser& fuser, const FunctionTable* nested) {
+  store_ = &s;
+  nested_ = nested;
+  arg_of_.assign(s.size(), -1);
+  for (size_t i = 0; i < args.size(); ++i) arg_of_[args[i]] = static_cast<int32_t>(i);
+  results_.assign(results.begin(), results.end());
+  steps_.clear();
+
+  // What the results need: the body may have recorded more (it runs no step).
+  std::vector<uint8_t> live(s.size(), 0), result(s.size(), 0);
+  for (NodeId r : results) live[r] = result[r] = 1;
+  for (NodeId v = static_cast<NodeId>(s.size()); v-- > 0;)
+    if (live[v])
+      for (NodeId a : s.args_of(v)) live[s.resolve(a)] = 1;
+
+  // The body as one round of one example: its order is topological, and the
+  // fuser finds its elementwise regions as it would in a graph.
+  RoundDag dag;
+  std::vector<NodeId> aliases;
+  uint64_t visits = 0;
+  build_round(s, ready, aliases, dag, visits);
+  SHEAF_ASSERT(aliases.empty(), "a function body holds resolved placeholders");
+  for (NodeId v = 0; v < s.size(); ++v)
+    SHEAF_ASSERT(!live[v] || s.has(v, NodeStore::kComputed) || dag.stamp[v] == dag.round,
+                 "node %", v, " of a function body cannot run");
+  if (fuse) fuser.fuse(s, dag);
+
+  for (uint32_t i = 0; i < dag.size(); ++i) {
+    if (dag.region[i] == kNone32) {
+      const NodeId v = dag.node[i];
+      if (arg_of_[v] < 0 && live[v]) steps_.push_back(Step{v, nullptr, {}, {}, {}});
+      continue;
+    }
+    const Region& r = fuser.region(dag.region[i]);
+    Step step;
+    step.program = r.program;
+    const auto inputs = fuser.inputs(r);
+    const auto members = fuser.members(r);
+    const auto escapes = fuser.escapes(r);
+    step.inputs.assign(inputs.begin(), inputs.end());
+    step.members.assign(members.begin(), members.end());
+    bool needed = false;
+    for (size_t k = 0; k < members.size(); ++k) {
+      step.keep.push_back(escapes[k] || result[members[k]]);
+      needed = needed || live[members[k]];
+    }
+    if (needed) steps_.push_back(std::move(step));
+  }
+}
+
+at::Tensor FunctionBody::run(const LaunchArgs& a) const {
+  const NodeStore& s = *store_;
+  const int64_t n = a.n;
+  // A value per body node: [n, ...] for per-example nodes, the tensor itself for
+  // shared ones (parameters, shared arguments, ops on them only).
+  std::vector<at::Tensor> regs(s.size());
+  for (NodeId v = 0; v < s.size(); ++v) {
+    if (const int32_t i = arg_of_[v]; i >= 0) {
+      const at::Tensor& x = a.inputs[static_cast<size_t>(i)];
+      // A call whose arguments are all shared runs once, its arguments as [1, ...].
+      regs[v] = s.has(v, NodeStore::kShared) && !a.shared[static_cast<size_t>(i)] ? x.select(0, 0) : x;
+    } else if (s.has(v, NodeStore::kComputed)) {
+      regs[v] = s.batch_out[s.value_batch[v]];  // a parameter: the tensor itself
+    }
+  }
+
+  std::vector<at::Tensor> ins;
+  std::vector<uint8_t> shared;
+  std::vector<int64_t> payload;
+  for (const Step& step : steps_) {
+    if (step.node == kNoNode) {
+      ins.clear();
+      for (NodeId v : step.inputs) ins.push_back(regs[v]);
+      std::vector<at::Tensor> values = run_fused(step.program, std::span<const at::Tensor>(ins), n, step.keep);
+      for (size_t k = 0; k < step.members.size(); ++k)
+        if (step.keep[k]) regs[step.members[k]] = std::move(values[k]);
+      continue;
+    }
+    const NodeId v = step.node;
+    const OpInfo& info = op_info(s.op[v]);
+    const bool once = s.has(v, NodeStore::kShared);  // every argument shared: one row
+    const int64_t rows = once ? 1 : n;
+    const auto args = s.args_of(v);
+    ins.clear();
+    shared.clear();
+    if (info.traits.segmented) {  // one list: every element in in(0), node-major
+      std::vector<at::Tensor> xs;
+      for (NodeId arg : args) xs.push_back(once ? regs[s.resolve(arg)].unsqueeze(0) : regs[s.resolve(arg)]);
+      std::vector<int64_t> sizes = batched_sizes(rows * static_cast<int64_t>(args.size()), s.shape_of(s.resolve(args[0])));
+      ins.push_back(at::stack(xs, 1).reshape(sizes));
+      shared.push_back(0);
+    } else {
+      for (NodeId arg : args) {
+        const NodeId r = s.resolve(arg);
+        const bool arg_shared = s.has(r, NodeStore::kShared);
+        ins.push_back(once ? regs[r].unsqueeze(0) : regs[r]);
+        shared.push_back(!once && arg_shared);
+      }
+    }
+    LaunchArgs la;
+    la.n = rows;
+    la.arity = args.size();
+    la.inputs = ins;
+    la.shared = shared;
+    la.attrs = s.attrs_of(v);
+    la.out_shape = &s.shape_of(v);
+    la.user_tensors = &s.user_tensors;
+    la.options = a.options;
+    la.seed = a.seed;
+    la.train = a.train;
+    la.weight_grads = a.weight_grads;
+    at::Tensor index;
+    std::vector<int64_t> counts;
+    if (reads_payload(s, v)) {
+      // [payload per row | segment id per list element]
+      const auto k = static_cast<int64_t>(args.size());
+      const int64_t total = info.traits.segmented ? rows * k : 0;
+      payload.assign(static_cast<size_t>(rows), s.payload[v]);
+      for (int64_t e = 0; e < total; ++e) payload.push_back(e / k);
+      at::Tensor host = at::empty({rows + total}, at::TensorOptions().dtype(at::kLong));
+      std::copy(payload.begin(), payload.end(), host.data_ptr<int64_t>());
+      index = a.options.device().is_cpu() ? host : host.to(a.options.device());
+      la.payload_host = std::span(payload.data(), static_cast<size_t>(rows));
+      la.index = &index;
+      if (info.traits.segmented) {
+        counts.assign(static_cast<size_t>(rows), k);
+        la.segments_off = rows;
+        la.segments_len = total;
+        la.segment_counts = counts;
+      }
+    }
+    at::Tensor out;
+    if (s.op[v] == code_of<op::Call>) {
+      SHEAF_ASSERT(nested_ != nullptr, "a function body calls a function but has no table");
+      out = nested_->body(la.attrs[0]).run(la);
+    } else {
+      RunCtx ctx(la);
+      out = info.run(ctx);
+    }
+    regs[v] = once ? out.select(0, 0) : std::move(out);
+  }
+
+  std::vector<at::Tensor> outs;
+  for (NodeId r : results_) {
+    at::Tensor t = regs[r];
+    SHEAF_ASSERT(t.defined(), "result %", r, " of a function body was not computed");
+    if (s.has(r, NodeStore::kShared)) t = t.unsqueeze(0).expand(batched_sizes(n, s.shape_of(r))).contiguous();
+    outs.push_back(std::move(t));
+  }
+  if (outs.size() == 1) return outs[0];
+  for (at::Tensor& t : outs) t = t.reshape({n, -1});
+  return at::cat(outs, 1);
+}
+
+}  // namespace sheaf

@@ -1,0 +1,58 @@
+#include "function.h"
+
+#include <array>
+#include <atomic>
+
+#include <sheaf/engine/engine.h>
+
+namespace sheaf {
+
+namespace {
+std::atomic<uint64_t> g_next_function{1};
+}
+
+Function::Function(std::string name, size_t arity, Body body, std::source_location loc) {
+  if (arity == 0) throw_user_at(loc, "function '", name, "' takes no arguments: a call records on its arguments' graph");
+  if (!body) throw_user_at(loc, "function '", name, "' has no body");
+  auto def = std::make_shared<detail::FunctionDef>();
+  def->id = g_next_function.fetch_add(1);
+  def->name = std::move(name);
+  def->arity = arity;
+  def->body = std::move(body);
+  def->defined_at = loc;
+  def_ = std::move(def);
+}
+
+const std::string& Function::name() const { return def_->name; }
+size_t Function::arity() const { return def_->arity; }
+
+std::vector<Expr> Function::call(std::span<const Operand> args, std::source_location loc) const {
+  std::vector<Expr> results;
+  call_into(args, results, loc);
+  return results;
+}
+
+void Function::call_into(std::span<const Operand> args, std::vector<Expr>& results, std::source_location loc) const {
+  const Site site{def_->name, kSharedExample, loc};
+  detail::Engine* g = nullptr;
+  for (const Operand& a : args) {
+    if (!a.is_expr()) continue;
+    g = detail::Engine::find(a.expr());
+    if (g == nullptr)
+      throw_user(site, a.expr().defined() ? "an argument is an Expr whose graph was cleared or destroyed"
+                                          : "an argument is an empty Expr (default-constructed, never assigned)");
+    break;
+  }
+  if (g == nullptr)
+    throw_user(site, "every argument is a tensor, so there is no graph to record on; make one of them an Expr with "
+                     "g.param(tensor)");
+  // On the stack for the usual few (not a thread_local: a body may call functions while this call records it).
+  std::array<NodeId, 8> inline_ids{};
+  std::vector<NodeId> heap_ids(args.size() > inline_ids.size() ? args.size() : 0);
+  const std::span<NodeId> ids = heap_ids.empty() ? std::span(inline_ids.data(), args.size()) : std::span(heap_ids);
+  for (size_t i = 0; i < args.size(); ++i)
+    ids[i] = args[i].is_expr() ? g->node_of(args[i].expr(), def_->name, loc) : g->trace().param(args[i].tensor(), loc);
+  g->call(*def_, ids, results, loc);
+}
+
+}  // namespace sheaf

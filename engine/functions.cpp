@@ -1,0 +1,142 @@
+#include "functions.h"
+
+#include <ATen/ops/empty.h>
+
+#include <sstream>
+
+#include <sheaf/ops/op.h>
+
+#include "engine.h"
+
+namespace sheaf::detail {
+
+namespace {
+
+// More variants than this in one graph: Functions made per call, most likely.
+constexpr size_t kMaxVariants = 1024;
+// Bodies that call functions record them in graphs of their own, this deep at most.
+constexpr int kMaxNesting = 32;
+thread_local int t_nesting = 0;
+
+std::string describe(std::span<const Shape> shapes, std::span<const uint8_t> shared) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < shapes.size(); ++i) os << (i ? ", " : "") << (shared[i] ? "shared " : "") << shapes[i].str();
+  return os.str() + ")";
+}
+
+}  // namespace
+
+uint32_t FunctionCache::variant_for(const FunctionDef& def, std::span<const Shape> shapes,
+                                    std::span<const uint8_t> shared, uint32_t epoch, const GraphOptions& options,
+                                    const Site& site) {
+  // A call site calls one variant over and over: look there first, compare in place.
+  auto same = [&](const Variant& v) {
+    if (v.def_id != def.id) return false;
+    size_t k = 0;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      if (k + 2 + static_cast<size_t>(shapes[i].rank()) > v.key.size()) return false;
+      if (v.key[k++] != shared[i] || v.key[k++] != shapes[i].rank()) return false;
+      for (int64_t d : shapes[i].dims())
+        if (v.key[k++] != d) return false;
+    }
+    return k == v.key.size();
+  };
+  uint32_t index = kNone32;
+  if (last_ < variants_.size() && same(*variants_[last_])) index = last_;
+  for (uint32_t k = 0; index == kNone32 && k < variants_.size(); ++k)
+    if (same(*variants_[k])) index = k;
+  if (index == kNone32) {
+    if (variants_.size() >= kMaxVariants)
+      throw_user(site, "this graph has recorded ", kMaxVariants, " function bodies (function '", def.name,
+                 "' is the latest): make each sheaf::Function once (a member of the model) and call it many times; "
+                 "a Function made per call records its body per call");
+    auto v = std::make_unique<Variant>();
+    v->def_id = def.id;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      v->key.push_back(shared[i]);
+      v->key.push_back(shapes[i].rank());
+      for (int64_t d : shapes[i].dims()) v->key.push_back(d);
+    }
+    index = static_cast<uint32_t>(variants_.size());
+    variants_.push_back(std::move(v));
+  }
+  last_ = index;
+  Variant& v = *variants_[index];
+  if (v.epoch != epoch) {
+    if (v.recording)
+      throw_user(site, "function '", def.name, "' calls itself while its body is recorded: a body is recorded once "
+                 "per argument signature, so it cannot recurse (recurse in the caller, as over a tree's nodes)");
+    v.epoch = kNone32;  // until recorded whole
+    v.recording = true;
+    struct Done {
+      bool& flag;
+      ~Done() { flag = false; }
+    } done{v.recording};
+    record(v, def, shapes, shared, options, site);
+    v.epoch = epoch;
+  }
+  return index;
+}
+
+void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const Shape> shapes,
+                           std::span<const uint8_t> shared, const GraphOptions& options, const Site& site) {
+  if (t_nesting >= kMaxNesting)
+    throw_user(site, "functions nested more than ", kMaxNesting, " deep (does function '", def.name,
+               "' call itself? a body is recorded once per argument shapes, so it cannot recurse on data)");
+  struct Nest {
+    Nest() { ++t_nesting; }
+    ~Nest() { --t_nesting; }
+  } nest;
+  if (!v.graph) {
+    GraphOptions o;
+    o.device = options.device;
+    o.fuse = options.fuse;
+    v.graph = std::make_unique<Graph>(o);
+  }
+  Graph& g = *v.graph;
+  g.clear();
+  Engine& e = engine_of(g);
+  std::vector<Expr> args, results;
+  std::vector<NodeId> arg_nodes, result_nodes;
+  {
+    auto scope = g.example(0);
+    const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat).device(options.device);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      // Stand-ins: the body sees the arguments' shapes; their values come per batch.
+      const at::Tensor stand_in = at::empty(std::vector<int64_t>(shapes[i].dims().begin(), shapes[i].dims().end()), f32);
+      args.push_back(shared[i] ? g.param(stand_in, def.defined_at) : g.input(stand_in, def.defined_at));
+      arg_nodes.push_back(args.back().id());
+    }
+    try {
+      results = def.body(args);
+    } catch (const UserError& err) {
+      throw_user(site, "recording the body of function '", def.name, "' (defined at ", format_loc(def.defined_at),
+                 ") for arguments ", describe(shapes, shared), " failed: ", err.what());
+    }
+  }
+  if (results.empty()) throw_user(site, "function '", def.name, "' returned no results");
+  const NodeStore& s = e.store();
+  for (size_t k = 0; k < results.size(); ++k) {
+    if (Engine::find(results[k]) != &e)
+      throw_user(site, "result ", k, " of function '", def.name,
+                 "' is not computed in its body from its arguments (an Expr from outside the function, or an empty "
+                 "one): pass outside values in as arguments");
+    result_nodes.push_back(results[k].id());
+  }
+  for (NodeId n = 0; n < s.size(); ++n) {
+    const Site at = e.trace().site_of(n);
+    if (s.has(n, NodeStore::kPlaceholder) || s.shape[n] == kUnknownShape)
+      throw_user(site, "function '", def.name, "' uses dsl::cond or dsl::loop (op '", at.op, "' at ",
+                 format_loc(at.loc), "): a body runs the same steps for every call; call the function inside the "
+                 "branch or the loop body instead");
+    if (op_info(s.op[n]).traits.keyed)
+      throw_user(site, "function '", def.name, "' applies op '", at.op, "' (at ", format_loc(at.loc),
+                 ") whose randomness is drawn per example; apply it outside the function, to its arguments or results");
+  }
+  v.results.clear();
+  for (NodeId r : result_nodes) v.results.push_back(s.shape_of(r));
+  v.body.compile(e.trace().store(), e.trace().ready(), arg_nodes, result_nodes, options.fuse, v.fuser, &e.functions());
+}
+
+}  // namespace sheaf::detail

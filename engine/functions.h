@@ -1,0 +1,67 @@
+// The bodies of sheaf::Function calls, per graph (dsl/function.h is the user's
+// side). A function's body is recorded once per argument signature (shapes,
+// and which arguments are shared) into a private graph, compiled to batched
+// steps (backend/function_body.h), and named by a call node's attribute.
+//
+// Bodies are recorded again after each clear() of the graph, as any recording
+// is: the parameters a body reads are the tensors the model holds now (an
+// optimizer's in-place updates and a model moved with .to(device) are both seen).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <source_location>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <sheaf/backend/function_body.h>
+#include <sheaf/core/error.h>
+#include <sheaf/core/shape.h>
+
+#include "expr.h"
+#include "graph.h"
+
+namespace sheaf::detail {
+
+// What a sheaf::Function is; immutable, shared by every graph (and thread) that calls it.
+struct FunctionDef {
+  uint64_t id = 0;  // unique per Function object
+  std::string name;
+  size_t arity = 0;
+  std::function<std::vector<Expr>(std::span<const Expr>)> body;
+  std::source_location defined_at;
+};
+
+class FunctionCache final : public FunctionTable {
+ public:
+  // A function's body for one argument signature.
+  struct Variant {
+    uint64_t def_id = 0;
+    std::vector<int64_t> key;  // per argument: shared, rank, dims
+    std::unique_ptr<Graph> graph;  // where the body is recorded
+    Fuser fuser;                   // its regions' programs, kept across recordings
+    FunctionBody body;
+    std::vector<Shape> results;
+    uint32_t epoch = kNone32;      // the graph generation it was recorded for
+    bool recording = false;        // its body is being recorded (a call now would be recursion)
+  };
+
+  // The index of def's variant for these arguments, recorded for this
+  // generation of the calling graph (`epoch`). Throws UserError (naming `site`,
+  // the call) when the body fails to record or does what a function cannot.
+  uint32_t variant_for(const FunctionDef& def, std::span<const Shape> shapes, std::span<const uint8_t> shared,
+                       uint32_t epoch, const GraphOptions& options, const Site& site);
+  const Variant& variant(uint32_t index) const { return *variants_[index]; }
+  const FunctionBody& body(int64_t index) const override { return variants_[static_cast<size_t>(index)]->body; }
+  size_t size() const { return variants_.size(); }
+
+ private:
+  void record(Variant& v, const FunctionDef& def, std::span<const Shape> shapes, std::span<const uint8_t> shared,
+              const GraphOptions& options, const Site& site);
+  std::vector<std::unique_ptr<Variant>> variants_;
+  uint32_t last_ = kNone32;  // the variant found last
+};
+
+}  // namespace sheaf::detail

@@ -1,0 +1,30 @@
+// A call of a sheaf::Function (dsl/function.h): the function's body, recorded
+// once per argument signature, runs for every call of a batch as ONE step list
+// over the batch (backend/function_body.h). The graph sees one node per call
+// instead of one per op of the body, so recording and scheduling cost per call,
+// not per op.
+#pragma once
+
+#include "common.h"
+
+namespace sheaf::op {
+
+// args: the function's arguments; attrs: the body's index in the graph's
+// function table, then the result's shape (rank, dims...). A function with
+// several results returns them flattened side by side; the DSL hands them out as
+// slices (and reshapes) of that row.
+struct Call {
+  static constexpr std::string_view name = "call";
+  static constexpr OpTraits traits{.arity = OpTraits::kVariadic};
+  static Shape infer(const InferCtx& c) {
+    if (c.attrs().size() < 2 || c.attr(1) < 0 || c.attr(1) > kMaxRank ||
+        c.attrs().size() != 2 + static_cast<size_t>(c.attr(1)))
+      c.fail("malformed call attributes (record calls through sheaf::Function)");
+    Shape out;
+    for (int64_t i = 0; i < c.attr(1); ++i) out.push(c.attr(2 + static_cast<size_t>(i)));
+    return out;
+  }
+  static at::Tensor run(RunCtx&);  // never: the executor runs the body (backend/function_body.h)
+};
+
+}  // namespace sheaf::op

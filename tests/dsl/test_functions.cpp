@@ -1,0 +1,186 @@
+// sheaf::Function: a body recorded once, called many times, one node per call.
+// Batched calls must equal the same code written inline and each example alone
+// (values and gradients, every strategy, fused or not).
+#include "../support.h"
+
+using namespace sheaf;
+using Catch::Contains;
+using sheaf::test::data;
+using sheaf::test::param;
+
+namespace {
+
+constexpr int64_t kH = 6;
+
+struct Cell {
+  at::Tensor U = param({5 * kH, 2 * kH}, 11), b = param({5 * kH}, 12), V = param({3, kH}, 13), v = param({3}, 14);
+  std::vector<at::Tensor> all() const { return {U, b, V, v}; }
+
+  // A Tree-LSTM cell: h and c from the children's.
+  std::array<Expr, 2> inline_cell(Expr hl, Expr cl, Expr hr, Expr cr) const {
+    std::vector<Expr> g = dsl::chunk(dsl::affine(U, dsl::concat({hl, hr}), b), 5);
+    Expr c = dsl::tanh(g[0]) * dsl::sigmoid(g[1]) + dsl::sigmoid(g[2]) * cl + dsl::sigmoid(g[3]) * cr;
+    return {dsl::sigmoid(g[4]) * dsl::tanh(c), c};
+  }
+  TypedFunction<std::function<std::array<Expr, 2>(Expr, Expr, Expr, Expr)>> cell =
+      function("cell", std::function<std::array<Expr, 2>(Expr, Expr, Expr, Expr)>(
+                           [this](Expr hl, Expr cl, Expr hr, Expr cr) { return inline_cell(hl, cl, hr, cr); }));
+
+  // A left-branching tree over example i's leaves (a different length per example).
+  Expr tree(Graph& g, int i, bool use_function) const {
+    const int leaves = 2 + i % 5;
+    Expr h = g.input(data({kH}, i, 0)), c = g.zeros({kH});
+    for (int k = 1; k < leaves; ++k) {
+      Expr hr = g.input(data({kH}, i, k)), cr = g.zeros({kH});
+      auto [h2, c2] = use_function ? cell(h, c, hr, cr) : inline_cell(h, c, hr, cr);
+      h = h2;
+      c = c2;
+    }
+    return dsl::pick_neg_log_softmax(dsl::affine(V, h, v), i % 3);
+  }
+};
+
+std::vector<at::Tensor> batch_gradients(const Cell& m, int n, bool use_function, GraphOptions o = {}) {
+  return test::gradients_of(m.all(), [&] {
+    Graph g(o);
+    std::vector<Expr> losses;
+    for (int i = 0; i < n; ++i) {
+      auto s = g.example(i);
+      losses.push_back(m.tree(g, i, use_function));
+    }
+    Expr loss = dsl::sum(losses);
+    g.forward(loss);
+    return loss.value();
+  });
+}
+
+}  // namespace
+
+TEST_CASE("function: calls equal the same code inline, values and gradients", "[dsl][function]") {
+  Cell m;
+  for (bool fuse : {true, false}) {
+    INFO("fuse " << fuse);
+    test::require_all_close(batch_gradients(m, 13, true, {.fuse = fuse}), batch_gradients(m, 13, false, {.fuse = fuse}));
+  }
+}
+
+TEST_CASE("function: batched calls equal each example alone (checker, every strategy)", "[dsl][function][checker]") {
+  Cell m;
+  const int n = GENERATE(1, 5, 16);
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(n, [&](Graph& g, int i) { return m.tree(g, i, true); }, {.params = m.all()}));
+}
+
+TEST_CASE("function: bodies of every kind batch like inline code", "[dsl][function][checker]") {
+  const at::Tensor W = param({4, 4}, 21), w = param({4}, 22), M = param({3, 4}, 23);
+  // Results of rank 2 and 0 next to a vector; a shared argument; a nested call;
+  // a segmented sum and a payload op (pick) inside; work the results do not need.
+  auto inner = function("inner", [&](Expr x) { return dsl::tanh(dsl::affine(W, x, w)) * 2.0; });
+  auto outer = function("outer", [&](Expr x, Expr shared_b) {
+    Expr y = inner(x) + shared_b;
+    Expr unused = dsl::exp(y);
+    (void)unused;
+    Expr outer_product = dsl::reshape(dsl::concat({y, y, y}), Shape{3, 4}) * dsl::sigmoid(y);
+    Expr total = dsl::sum(std::vector<Expr>{y, x, dsl::relu(x)});
+    return std::make_tuple(total, outer_product, dsl::pick(y, 2));
+  });
+  auto identity = function("identity", [](Expr x) { return x; });
+  auto shared_only = function("shared_only", [&](Expr p) { return dsl::sigmoid(p); });
+  for (Fusion fusion : {Fusion::kOn, Fusion::kOff}) {
+    CheckReport r = check_batched(7, [&](Graph& g, int i) {
+      Expr x = g.input(data({4}, i));
+      auto [total, mat, scalar] = outer(x, w);
+      Expr s = shared_only(g.param(w));  // every argument shared: computed once
+      return dsl::sum(dsl::matmul(M, identity(total) * s)) + dsl::sum(mat) * scalar;
+    }, {.params = {W, w, M}, .fusion = fusion});
+    REQUIRE_BATCHED_EQUALS_ALONE(r);
+  }
+}
+
+TEST_CASE("function: the calls of all examples run as one batch per step of the chain", "[dsl][function][launches]") {
+  Cell m;
+  Graph g;
+  std::vector<Expr> out;
+  const int depth = 4;
+  for (int i = 0; i < 64; ++i) {
+    auto s = g.example(i);
+    Expr h = g.input(data({kH}, i)), c = g.zeros({kH});
+    for (int k = 0; k < depth; ++k) std::tie(h, c) = std::pair(m.cell(h, c, h, c)[0], m.cell(h, c, h, c)[1]);
+    out.push_back(h);
+  }
+  const size_t nodes = g.size();
+  g.forward(out);
+  // Per example: input, zeros, then per step two calls (the same arguments:
+  // equal work, separate nodes) and their slices. One call batch per step,
+  // whatever the number of examples: launches do not grow with them.
+  CHECK(nodes == 64 * (2 + depth * 2 * 3));
+  const uint64_t batches = g.stats().batches;
+  Graph inline_graph;
+  std::vector<Expr> inline_out;
+  for (int i = 0; i < 64; ++i) {
+    auto s = inline_graph.example(i);
+    Expr h = inline_graph.input(data({kH}, i)), c = inline_graph.zeros({kH});
+    for (int k = 0; k < depth; ++k) std::tie(h, c) = std::pair(m.inline_cell(h, c, h, c)[0], m.inline_cell(h, c, h, c)[1]);
+    inline_out.push_back(h);
+  }
+  inline_graph.forward(inline_out);
+  CHECK(inline_graph.size() > 4 * nodes);
+  CHECK(batches < 6 * depth);
+  for (int i = 0; i < 64; ++i) CHECK(at::allclose(out[i].value(), inline_out[i].value(), 1e-5, 1e-6));
+}
+
+TEST_CASE("function: bodies are recorded again after clear(), with the tensors the model holds then",
+          "[dsl][function]") {
+  at::Tensor W = at::eye(3);
+  auto f = function("scale", [&](Expr x) { return dsl::matmul(W, x); });
+  Graph g;
+  Expr y = f(g.input(at::ones({3})));
+  g.forward(y);
+  CHECK(at::allclose(y.value(), at::ones({3})));
+  g.clear();
+  W = at::eye(3) * 2.0;  // a new tensor, as model.to(device) makes
+  y = f(g.input(at::ones({3})));
+  g.forward(y);
+  CHECK(at::allclose(y.value(), at::full({3}, 2.0)));
+}
+
+TEST_CASE("function: mistakes are UserErrors naming the function and the call", "[dsl][function][errors]") {
+  const at::Tensor W = param({4, 4}, 31);
+  Graph g;
+  Expr x = g.input(at::ones({4}));
+  Expr wrong = g.input(at::ones({5}));
+
+  auto f = function("affine_cell", [&](Expr a) { return dsl::affine(W, a, at::zeros({4})); });
+  const int line = __LINE__ + 1;
+  CHECK_THROWS_WITH(f(wrong), Contains("affine_cell") && Contains("test_functions.cpp:" + std::to_string(line)) &&
+                                   Contains("x has shape [5]"));
+  CHECK_THROWS_AS(f(wrong), UserError);
+
+  auto branchy = function("branchy", [](Expr a) {
+    return dsl::cond(dsl::sum(a) > 0.0, [a] { return a; }, [a] { return -a; });
+  });
+  CHECK_THROWS_WITH(branchy(x), Contains("branchy") && Contains("dsl::cond or dsl::loop"));
+
+  auto noisy = function("noisy", [](Expr a) { return dsl::dropout(a, 0.5); });
+  CHECK_THROWS_WITH(noisy(x), Contains("noisy") && Contains("per example"));
+
+  auto leaky = function("leaky", [&](Expr) { return x; });  // an Expr from outside
+  CHECK_THROWS_WITH(leaky(x), Contains("leaky") && Contains("pass outside values in as arguments"));
+
+  Function untyped("two", 2, [](std::span<const Expr> a) { return std::vector<Expr>{a[0] + a[1]}; });
+  const std::array<Operand, 1> one{x};
+  CHECK_THROWS_WITH(untyped.call(one), Contains("takes 2 argument(s), got 1"));
+  const at::Tensor t = at::ones({4});
+  const std::array<Operand, 2> tensors{t, t};
+  CHECK_THROWS_WITH(untyped.call(tensors), Contains("no graph to record on"));
+
+  std::function<Expr(Expr)> self;
+  auto recursive = function("recursive", [&](Expr a) { return self(a); });
+  self = [&](Expr a) { return recursive(a); };
+  CHECK_THROWS_WITH(recursive(x), Contains("recursive") && Contains("deep"));
+
+  // The graph is still usable, and the function too.
+  auto ok = function("ok", [](Expr a) { return dsl::tanh(a); });
+  Expr y = ok(x);
+  g.forward(y);
+  CHECK(at::allclose(y.value(), at::tanh(at::ones({4}))));
+}
