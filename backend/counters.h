@@ -17,6 +17,7 @@ struct ExecCounters {
   uint64_t in_place_inputs = 0;   // fused kernels' inputs read row by row where they lie (CPU): no gather
   uint64_t fused_batches = 0;     // batches that ran a fused elementwise program (one launch each)
   uint64_t fused_ops = 0;         // the ops those programs computed (without fusion: one launch each)
+  uint64_t call_batches = 0;      // batches of sheaf::Function calls (each runs its body's steps once: several launches)
   double gather_ms = 0;  // with GraphOptions::profile: inputs' gathers, device time included
   double op_ms = 0;      // with GraphOptions::profile: the batched ops, device time included
   // With GraphOptions::profile: per op ("fused" for fused batches), launches and

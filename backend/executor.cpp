@@ -76,16 +76,26 @@ at::Tensor Executor::concat_rows(const Plan& plan, const PlannedBatch& b) {
   const int axis = shape.axis(static_cast<int>(s_.attrs_of(first)[0]));
   for (int d = 0; d < axis; ++d)
     if (shape[d] != 1) return {};
+  all_args_.resize(b.arity);
+  for (uint32_t k = 0; k < b.arity; ++k) all_args_[k] = k;
+  return side_by_side(plan, b, all_args_, shape);
+}
+
+// Arguments `args` of batch b written side by side into one [n, shape...]
+// tensor by one row gather (CPU); undefined when a source cannot be read so.
+at::Tensor Executor::side_by_side(const Plan& plan, const PlannedBatch& b, std::span<const uint32_t> args,
+                                  const Shape& shape) {
+  if (!config_.device.is_cpu()) return {};
   clear_picks();
-  for (uint32_t k = 0; k < b.arity; ++k) {
+  for (uint32_t k : args) {
     const BatchArg& arg = plan.args[b.args_begin + k];
     if (arg.kind == BatchArg::kShared || !pick_rows(plan, arg.reads_begin, arg.reads_end, arg.perm)) return {};
   }
   std::vector<int64_t> sizes{b.n};
   sizes.insert(sizes.end(), shape.dims().begin(), shape.dims().end());
-  at::Tensor out = row_gathers_.gather(row_sources_, row_batches_, picks_, b.arity, sizes);
+  at::Tensor out = row_gathers_.gather(row_sources_, row_batches_, picks_, args.size(), sizes);
   ++counters_.gather_launches;
-  counters_.gathered_inputs += b.arity;
+  counters_.gathered_inputs += args.size();
   counters_.gathered_bytes += static_cast<uint64_t>(out.numel()) * out.element_size();
   return out;
 }
@@ -235,6 +245,7 @@ LaunchArgs Executor::launch_args(const Plan& plan, const PlannedBatch& b) {
 void Executor::launch(const Plan& plan, const PlannedBatch& b) {
   inputs_.clear();
   shared_.clear();
+  if (b.op == code_of<op::Call> && !b.program) return launch_call(plan, b);
   at::Tensor out = concat_rows(plan, b);  // a concat that is one gather needs no inputs
   if (b.program) fused_inputs(plan, b);
   else if (!out.defined())
@@ -252,19 +263,62 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
     out = split_pieces(plan, b.split)[b.piece];
   } else {
     const LaunchArgs args = launch_args(plan, b);
-    if (b.op == code_of<op::Call>) {
-      SHEAF_ASSERT(config_.functions != nullptr, "a function call without the graph's function table");
-      out = config_.functions->body(args.attrs[0]).run(args);
-    } else {
-      RunCtx ctx(args);
-      out = op_info(b.op).run(ctx);
-    }
+    RunCtx ctx(args);
+    out = op_info(b.op).run(ctx);
   }
   if (const double ms = lap(&counters_.op_ms); config_.profile) counters_.by_op[std::string(op_info(b.op).name)].op_ms += ms;
   check_output(plan, b, out);
   if (b.shared) out = out.select(0, 0);
   SHEAF_ASSERT(s_.batch_out.size() == b.out, "batch output slot mismatch");
   s_.batch_out.push_back(std::move(out));
+}
+
+// A batch of function calls runs the body's steps once for all of them. On
+// the CPU its arguments come without copies where the body allows: read in
+// place by the body's fused steps, or gathered straight into the value of a
+// body's concat of them (one row copy, as a concat batch is); the others as
+// any op's inputs.
+void Executor::launch_call(const Plan& plan, const PlannedBatch& b) {
+  SHEAF_ASSERT(config_.functions != nullptr, "a function call without the graph's function table");
+  const FunctionBody& body = config_.functions->body(s_.attrs_of(plan.nodes[b.nodes_begin])[0]);
+  const std::span<const FunctionBody::ArgUse> uses = body.arg_uses();
+  SHEAF_ASSERT(uses.size() == b.arity, "a call of ", b.arity, " arguments to a body of ", uses.size());
+  call_groups_.clear();
+  grouped_.assign(b.arity, 0);  // 1: in a group, 2: in a group gathered here
+  for (const FunctionBody::Group& g : body.groups()) {
+    at::Tensor t = b.shared ? at::Tensor() : side_by_side(plan, b, g.args, g.shape);
+    for (uint32_t k : g.args) grouped_[k] = t.defined() && grouped_[k] != 1 ? 2 : 1;
+    call_groups_.push_back(std::move(t));
+  }
+  fused_in_.clear();
+  for (uint32_t k = 0; k < b.arity; ++k) {
+    const BatchArg& arg = plan.args[b.args_begin + k];
+    const FunctionBody::ArgUse& use = uses[k];
+    std::shared_ptr<const InPlaceRows> rows;
+    if (!b.shared && use.fused && !use.tensor && grouped_[k] != 1) rows = in_place(plan, arg);
+    at::Tensor t;
+    if (use.tensor || grouped_[k] == 1 || (use.fused && !rows)) {
+      t = input(plan, b, arg);
+    } else {
+      shared_.push_back(arg.kind == BatchArg::kShared && !b.shared);
+    }
+    inputs_.push_back(t);
+    fused_in_.push_back(FusedInput{std::move(t), std::move(rows)});
+  }
+  const double gather_ms = lap(&counters_.gather_ms);
+  if (config_.profile) {
+    ExecCounters::OpTime& t = counters_.by_op["call"];
+    ++t.launches;
+    t.gather_ms += gather_ms;
+  }
+  const LaunchArgs args = launch_args(plan, b);
+  at::Tensor out = body.run(args, fused_in_, call_groups_);
+  if (const double ms = lap(&counters_.op_ms); config_.profile) counters_.by_op["call"].op_ms += ms;
+  check_output(plan, b, out);
+  if (b.shared) out = out.select(0, 0);
+  SHEAF_ASSERT(s_.batch_out.size() == b.out, "batch output slot mismatch");
+  s_.batch_out.push_back(std::move(out));
+  ++counters_.call_batches;
 }
 
 // On the CPU a fused kernel reads gathered rows where they lie (and adds

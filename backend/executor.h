@@ -53,6 +53,8 @@ class Executor {
   void clear_picks();
   at::Tensor copy_rows(const Plan& plan, uint32_t reads_begin, uint32_t reads_end, int64_t perm);
   at::Tensor concat_rows(const Plan& plan, const PlannedBatch& b);
+  at::Tensor side_by_side(const Plan& plan, const PlannedBatch& b, std::span<const uint32_t> args, const Shape& shape);
+  void launch_call(const Plan& plan, const PlannedBatch& b);
   const std::vector<at::Tensor>& split_pieces(const Plan& plan, int32_t split);
   void check_output(const Plan& plan, const PlannedBatch& b, const at::Tensor& out) const;
   [[noreturn]] void rethrow(const Plan& plan, const PlannedBatch& b, const std::exception& e) const;
@@ -74,6 +76,9 @@ class Executor {
   std::vector<at::Tensor> inputs_;
   std::vector<FusedInput> fused_in_;
   std::vector<uint8_t> shared_;
+  std::vector<uint32_t> all_args_;      // concat_rows' argument list
+  std::vector<at::Tensor> call_groups_;  // launch_call's scratch
+  std::vector<uint8_t> grouped_;
   std::chrono::steady_clock::time_point lap_start_;
 };
 

@@ -79,9 +79,56 @@ void FunctionBody::compile(NodeStore& s, ReadyQueue& ready, std::span<const Node
     }
     if (needed) steps_.push_back(std::move(step));
   }
+  plan_arguments(s, args.size());
+}
+
+// Which arguments fused steps read, which concats put arguments side by side
+// (rows one after the other: every dimension before the axis is 1), and which
+// arguments are wanted as tensors.
+void FunctionBody::plan_arguments(const NodeStore& s, size_t arity) {
+  arg_use_.assign(arity, ArgUse{});
+  groups_.clear();
+  auto arg_index = [&](NodeId v) { return arg_of_[s.resolve(v)]; };
+  for (size_t i = 0; i < arity; ++i)
+    for (NodeId v = 0; v < s.size(); ++v)
+      if (arg_of_[v] == static_cast<int32_t>(i) && s.has(v, NodeStore::kShared)) arg_use_[i].tensor = true;
+  for (Step& step : steps_) {
+    if (step.node == kNoNode) {
+      for (NodeId v : step.inputs)
+        if (const int32_t i = arg_index(v); i >= 0) arg_use_[static_cast<size_t>(i)].fused = true;
+      continue;
+    }
+    const NodeId v = step.node;
+    const auto args = s.args_of(v);
+    bool group = s.op[v] == code_of<op::Concat> && !s.has(v, NodeStore::kShared);
+    if (group) {
+      const Shape& shape = s.shape_of(v);
+      const int axis = shape.axis(static_cast<int>(s.attrs_of(v)[0]));
+      for (int d = 0; d < axis && group; ++d) group = shape[d] == 1;
+      for (NodeId a : args) group = group && arg_index(a) >= 0 && !s.has(s.resolve(a), NodeStore::kShared);
+    }
+    if (group) {
+      step.group = static_cast<int32_t>(groups_.size());
+      Group g{{}, s.shape_of(v)};
+      for (NodeId a : args) g.args.push_back(static_cast<uint32_t>(arg_index(a)));
+      groups_.push_back(std::move(g));
+      continue;
+    }
+    for (NodeId a : args)
+      if (const int32_t i = arg_index(a); i >= 0) arg_use_[static_cast<size_t>(i)].tensor = true;
+  }
+  for (NodeId r : results_)
+    if (const int32_t i = arg_of_[r]; i >= 0) arg_use_[static_cast<size_t>(i)].tensor = true;
 }
 
 at::Tensor FunctionBody::run(const LaunchArgs& a) const {
+  std::vector<FusedInput> args;
+  for (const at::Tensor& t : a.inputs) args.push_back(FusedInput{t, nullptr});
+  return run(a, args, {});
+}
+
+at::Tensor FunctionBody::run(const LaunchArgs& a, std::span<const FusedInput> args,
+                             std::span<const at::Tensor> groups) const {
   const NodeStore& s = *store_;
   const int64_t n = a.n;
   // A value per body node: [n, ...] for per-example nodes, the tensor itself for
@@ -89,50 +136,62 @@ at::Tensor FunctionBody::run(const LaunchArgs& a) const {
   std::vector<at::Tensor> regs(s.size());
   for (NodeId v = 0; v < s.size(); ++v) {
     if (const int32_t i = arg_of_[v]; i >= 0) {
-      const at::Tensor& x = a.inputs[static_cast<size_t>(i)];
+      const at::Tensor& x = args[static_cast<size_t>(i)].tensor;
       // A call whose arguments are all shared runs once, its arguments as [1, ...].
-      regs[v] = s.has(v, NodeStore::kShared) && !a.shared[static_cast<size_t>(i)] ? x.select(0, 0) : x;
+      regs[v] = x.defined() && s.has(v, NodeStore::kShared) && !a.shared[static_cast<size_t>(i)] ? x.select(0, 0) : x;
     } else if (s.has(v, NodeStore::kComputed)) {
       regs[v] = s.batch_out[s.value_batch[v]];  // a parameter: the tensor itself
     }
   }
 
   std::vector<at::Tensor> ins;
+  std::vector<FusedInput> fused_ins;
   std::vector<uint8_t> shared;
   std::vector<int64_t> payload;
   for (const Step& step : steps_) {
     if (step.node == kNoNode) {
-      ins.clear();
-      for (NodeId v : step.inputs) ins.push_back(regs[v]);
-      std::vector<at::Tensor> values = run_fused(step.program, std::span<const at::Tensor>(ins), n, step.keep);
+      fused_ins.clear();
+      for (NodeId v : step.inputs) {
+        const int32_t i = arg_of_[s.resolve(v)];
+        // An argument read in place (rows), or any value as a tensor.
+        if (i >= 0 && args[static_cast<size_t>(i)].rows) fused_ins.push_back(args[static_cast<size_t>(i)]);
+        else fused_ins.push_back(FusedInput{regs[v], nullptr});
+        SHEAF_ASSERT(fused_ins.back().rows || fused_ins.back().tensor.defined(), "fused input %", v, " of a body is missing");
+      }
+      std::vector<at::Tensor> values = run_fused(step.program, std::span<const FusedInput>(fused_ins), n, step.keep);
       for (size_t k = 0; k < step.members.size(); ++k)
         if (step.keep[k]) regs[step.members[k]] = std::move(values[k]);
+      continue;
+    }
+    if (step.group >= 0 && static_cast<size_t>(step.group) < groups.size() && groups[static_cast<size_t>(step.group)].defined()) {
+      regs[step.node] = groups[static_cast<size_t>(step.group)];  // gathered side by side by the executor
       continue;
     }
     const NodeId v = step.node;
     const OpInfo& info = op_info(s.op[v]);
     const bool once = s.has(v, NodeStore::kShared);  // every argument shared: one row
     const int64_t rows = once ? 1 : n;
-    const auto args = s.args_of(v);
+    const auto node_args = s.args_of(v);
     ins.clear();
     shared.clear();
     if (info.traits.segmented) {  // one list: every element in in(0), node-major
       std::vector<at::Tensor> xs;
-      for (NodeId arg : args) xs.push_back(once ? regs[s.resolve(arg)].unsqueeze(0) : regs[s.resolve(arg)]);
-      std::vector<int64_t> sizes = batched_sizes(rows * static_cast<int64_t>(args.size()), s.shape_of(s.resolve(args[0])));
+      for (NodeId arg : node_args) xs.push_back(once ? regs[s.resolve(arg)].unsqueeze(0) : regs[s.resolve(arg)]);
+      std::vector<int64_t> sizes = batched_sizes(rows * static_cast<int64_t>(node_args.size()), s.shape_of(s.resolve(node_args[0])));
       ins.push_back(at::stack(xs, 1).reshape(sizes));
       shared.push_back(0);
     } else {
-      for (NodeId arg : args) {
+      for (NodeId arg : node_args) {
         const NodeId r = s.resolve(arg);
         const bool arg_shared = s.has(r, NodeStore::kShared);
+        SHEAF_ASSERT(regs[r].defined(), "argument %", r, " of a body step is missing");
         ins.push_back(once ? regs[r].unsqueeze(0) : regs[r]);
         shared.push_back(!once && arg_shared);
       }
     }
     LaunchArgs la;
     la.n = rows;
-    la.arity = args.size();
+    la.arity = node_args.size();
     la.inputs = ins;
     la.shared = shared;
     la.attrs = s.attrs_of(v);
@@ -146,7 +205,7 @@ at::Tensor FunctionBody::run(const LaunchArgs& a) const {
     std::vector<int64_t> counts;
     if (reads_payload(s, v)) {
       // [payload per row | segment id per list element]
-      const auto k = static_cast<int64_t>(args.size());
+      const auto k = static_cast<int64_t>(node_args.size());
       const int64_t total = info.traits.segmented ? rows * k : 0;
       payload.assign(static_cast<size_t>(rows), s.payload[v]);
       for (int64_t e = 0; e < total; ++e) payload.push_back(e / k);

@@ -17,6 +17,8 @@
 #include <sheaf/tracer/node_store.h>
 #include <sheaf/tracer/ready.h>
 
+#include "fused.h"
+
 namespace sheaf {
 
 class FunctionBody;
@@ -39,10 +41,32 @@ class FunctionBody {
   void compile(NodeStore& store, ReadyQueue& ready, std::span<const NodeId> args, std::span<const NodeId> results,
                bool fuse, Fuser& fuser, const FunctionTable* nested);
 
-  // The n calls of a batch: a.inputs[i] holds argument i ([n, ...], or the shared
-  // tensor where a.shared[i]). Returns [n, ...] of the call's shape: the result,
-  // or several results flattened side by side. Values stay in autograd; shared
-  // weights' gradients join the round's products through a.weight_grads.
+  // How the body reads its arguments, for the executor to hand them over
+  // without copies where it can: an argument read only by fused steps may come
+  // as rows read in place (FusedInput::rows, on the CPU); arguments that one of
+  // the body's concats puts side by side may come as that concat's value,
+  // gathered in one row copy (a "group"). Everything else comes as a tensor.
+  struct ArgUse {
+    bool fused = false;   // read by a fused step (as rows in place, when it is read by nothing else)
+    bool tensor = false;  // shared, read by an op step outside a group, or returned
+  };
+  std::span<const ArgUse> arg_uses() const { return arg_use_; }
+  // Per group: the arguments, in the concat's order, and its per-example shape.
+  struct Group {
+    std::vector<uint32_t> args;
+    Shape shape;
+  };
+  std::span<const Group> groups() const { return groups_; }
+
+  // The n calls of a batch: args[i] holds argument i ([n, ...] or rows read in
+  // place; the shared tensor where a.shared[i]; undefined where arg_uses()
+  // says it is not needed and its group came); groups[k] group k's value, or
+  // undefined (then its arguments come as tensors). Returns [n, ...] of the
+  // call's shape: the result, or several results flattened side by side.
+  // Values stay in autograd; shared weights' gradients join the round's
+  // products through a.weight_grads.
+  at::Tensor run(const LaunchArgs& a, std::span<const FusedInput> args, std::span<const at::Tensor> groups) const;
+  // The same with every argument a tensor (a.inputs) and no groups.
   at::Tensor run(const LaunchArgs& a) const;
 
   size_t steps() const { return steps_.size(); }
@@ -54,12 +78,17 @@ class FunctionBody {
     std::vector<NodeId> inputs;   // the region's inputs
     std::vector<NodeId> members;  // its members, in program order
     std::vector<uint8_t> keep;    // members read outside the region, or results
+    int32_t group = -1;           // a concat of arguments: its group
   };
+  void plan_arguments(const NodeStore& s, size_t arity);
+
   const NodeStore* store_ = nullptr;
   const FunctionTable* nested_ = nullptr;
   std::vector<int32_t> arg_of_;  // per body node: the argument it stands for, or -1
   std::vector<NodeId> results_;
   std::vector<Step> steps_;
+  std::vector<ArgUse> arg_use_;
+  std::vector<Group> groups_;
 };
 
 }  // namespace sheaf

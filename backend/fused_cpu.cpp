@@ -5,8 +5,9 @@
 // slice's rows are read in place (a row stride); a per-row scalar is spread
 // into a block buffer. A block stays in L1/L2 from one instruction to the next.
 //
-// Each loop is compiled twice: for AVX2+FMA (chosen at run time when the CPU
-// has them) and for the baseline x86-64 instruction set. This file is compiled
+// Each loop is compiled three times: for AVX-512, for AVX2+FMA (chosen at run
+// time by what the CPU has: core/cpu_features.h) and for the baseline x86-64
+// instruction set. This file is compiled
 // with -fno-trapping-math (CMakeLists.txt): nothing here reads floating-point
 // exception flags, and without it the compiler will not turn the math's
 // selects into vector blends.
@@ -78,6 +79,7 @@ struct Kernels {
 SHEAF_FUSED_LOOPS(base, )
 #ifdef SHEAF_HAVE_AVX2_CLONES
 SHEAF_FUSED_LOOPS(avx2, SHEAF_AVX2_TARGET)
+SHEAF_FUSED_LOOPS(avx512, SHEAF_AVX512_TARGET)
 #endif
 
 // Per op code: its loops, for ops with a Pointwise form.
@@ -90,6 +92,10 @@ const std::array<Kernels, kNumOps>& table() {
         using P = typename Op::Pointwise;
         Kernels& e = k[code_of<Op>];
 #ifdef SHEAF_HAVE_AVX2_CLONES
+        if (use_avx512()) {
+          e = Kernels{&fwd_avx512<P>, &bwd_avx512<P>};
+          return;
+        }
         if (use_avx2()) {
           e = Kernels{&fwd_avx2<P>, &bwd_avx2<P>};
           return;
@@ -239,7 +245,7 @@ int members_of(const FusedProgram& p) {
 
 }  // namespace
 
-const char* isa() { return use_avx2() ? "avx2+fma" : "baseline"; }
+const char* isa() { return use_avx512() ? "avx512" : use_avx2() ? "avx2+fma" : "baseline"; }
 
 void forward(const FusedProgram& p, std::span<const FusedInput> inputs, std::span<const at::Tensor> outputs,
              int64_t n) {

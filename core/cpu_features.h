@@ -1,23 +1,48 @@
-// Our hand-vectorised CPU loops are compiled twice: a baseline clone and one
-// for AVX2+FMA (GCC/Clang function targets), chosen at run time so that one
-// binary runs on any x86-64 and still uses the wide units where they exist.
+// Our hand-vectorised CPU loops are compiled more than once: a baseline clone,
+// one for AVX2+FMA and (the fused elementwise loops) one for AVX-512 (GCC/Clang
+// function targets), chosen at run time so that one binary runs on any x86-64
+// and still uses the wide units where they exist. SHEAF_CPU_ISA=avx2 or
+// =baseline caps the choice (to compare the clones on one machine).
 #pragma once
+
+#include <cstdlib>
+#include <string_view>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SHEAF_HAVE_AVX2_CLONES 1
 #define SHEAF_AVX2_TARGET __attribute__((target("avx2,fma")))
+// 512-bit vectors asked for explicitly: some compilers' tunings prefer 256 bits.
+#define SHEAF_AVX512_TARGET \
+  __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma,prefer-vector-width=512")))
 #endif
 
 namespace sheaf {
 
-// Whether the AVX2+FMA clones may run on this CPU (asked once).
-inline bool use_avx2() {
+namespace cpu_detail {
+// 0: baseline, 1: AVX2+FMA, 2: AVX-512 (F, DQ, VL, BW): what the CPU has, capped by SHEAF_CPU_ISA.
+inline int isa_level() {
+  static const int level = [] {
+    int l = 0;
 #ifdef SHEAF_HAVE_AVX2_CLONES
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-#else
-  return false;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) l = 1;
+    if (l == 1 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
+      l = 2;
 #endif
+    if (const char* cap = std::getenv("SHEAF_CPU_ISA")) {
+      const std::string_view c(cap);
+      if (c == "baseline") l = 0;
+      else if (c == "avx2" && l > 1) l = 1;
+    }
+    return l;
+  }();
+  return level;
 }
+}  // namespace cpu_detail
+
+// Whether the AVX2+FMA clones may run on this CPU (asked once).
+inline bool use_avx2() { return cpu_detail::isa_level() >= 1; }
+// Whether the AVX-512 clones may.
+inline bool use_avx512() { return cpu_detail::isa_level() >= 2; }
 
 }  // namespace sheaf
