@@ -267,7 +267,7 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
     out = op_info(b.op).run(ctx);
   }
   if (const double ms = lap(&counters_.op_ms); config_.profile) counters_.by_op[std::string(op_info(b.op).name)].op_ms += ms;
-  check_output(plan, b, out);
+  check_output(plan.nodes[b.nodes_begin], b, out);
   if (b.shared) out = out.select(0, 0);
   SHEAF_ASSERT(s_.batch_out.size() == b.out, "batch output slot mismatch");
   s_.batch_out.push_back(std::move(out));
@@ -312,12 +312,14 @@ void Executor::launch_call(const Plan& plan, const PlannedBatch& b) {
     t.gather_ms += gather_ms;
   }
   const LaunchArgs args = launch_args(plan, b);
-  at::Tensor out = body.run(args, fused_in_, call_groups_);
+  std::vector<at::Tensor> results = body.run(args, fused_in_, call_groups_);
   if (const double ms = lap(&counters_.op_ms); config_.profile) counters_.by_op["call"].op_ms += ms;
-  check_output(plan, b, out);
-  if (b.shared) out = out.select(0, 0);
-  SHEAF_ASSERT(s_.batch_out.size() == b.out, "batch output slot mismatch");
-  s_.batch_out.push_back(std::move(out));
+  SHEAF_ASSERT(results.size() == b.outputs && s_.batch_out.size() == b.out, "a call batch of ", b.outputs,
+               " outputs got ", results.size(), " results");
+  for (uint32_t k = 0; k < b.outputs; ++k) {
+    check_output(plan.nodes[b.nodes_begin + k * b.n], b, results[k]);
+    s_.batch_out.push_back(b.shared ? results[k].select(0, 0) : std::move(results[k]));
+  }
   ++counters_.call_batches;
 }
 
@@ -364,8 +366,8 @@ void Executor::launch_fused(const Plan& plan, const PlannedBatch& b) {
 }
 
 // A descriptor that returns the wrong shape is our bug, not the user's.
-void Executor::check_output(const Plan& plan, const PlannedBatch& b, const at::Tensor& out) const {
-  const Shape& shape = s_.shape_of(plan.nodes[b.nodes_begin]);
+void Executor::check_output(NodeId node, const PlannedBatch& b, const at::Tensor& out) const {
+  const Shape& shape = s_.shape_of(node);
   bool ok = out.dim() == shape.rank() + 1 && out.size(0) == b.n;
   for (int d = 0; ok && d < shape.rank(); ++d) ok = out.size(d + 1) == shape[d];
   SHEAF_ASSERT(ok, "op ", op_info(b.op).name, " returned ", out.sizes(), " for ", b.n, " x ", shape.str());

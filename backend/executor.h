@@ -56,7 +56,7 @@ class Executor {
   at::Tensor side_by_side(const Plan& plan, const PlannedBatch& b, std::span<const uint32_t> args, const Shape& shape);
   void launch_call(const Plan& plan, const PlannedBatch& b);
   const std::vector<at::Tensor>& split_pieces(const Plan& plan, int32_t split);
-  void check_output(const Plan& plan, const PlannedBatch& b, const at::Tensor& out) const;
+  void check_output(NodeId node, const PlannedBatch& b, const at::Tensor& out) const;
   [[noreturn]] void rethrow(const Plan& plan, const PlannedBatch& b, const std::exception& e) const;
   double lap(double* into);  // profiling: ms since the last lap, to the device's idle point (0 otherwise)
 

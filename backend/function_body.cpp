@@ -56,7 +56,7 @@ void FunctionBody::compile(NodeStore& s, ReadyQueue& ready, std::span<const Node
   for (NodeId v = 0; v < s.size(); ++v)
     SHEAF_ASSERT(!live[v] || s.has(v, NodeStore::kComputed) || dag.stamp[v] == dag.round,
                  "node %", v, " of a function body cannot run");
-  if (fuse) fuser.fuse(s, dag);
+  fuser.fuse(s, dag, fuse);
 
   for (uint32_t i = 0; i < dag.size(); ++i) {
     if (dag.region[i] == kNone32) {
@@ -65,6 +65,13 @@ void FunctionBody::compile(NodeStore& s, ReadyQueue& ready, std::span<const Node
       continue;
     }
     const Region& r = fuser.region(dag.region[i]);
+    if (r.call != kNoNode) {  // a call with several results: its results are the members
+      const auto members = fuser.members(r);
+      bool needed = false;
+      for (NodeId m : members) needed = needed || live[m];
+      if (needed) steps_.push_back(Step{r.call, nullptr, {}, {members.begin(), members.end()}, {}});
+      continue;
+    }
     Step step;
     step.program = r.program;
     const auto inputs = fuser.inputs(r);
@@ -121,14 +128,14 @@ void FunctionBody::plan_arguments(const NodeStore& s, size_t arity) {
     if (const int32_t i = arg_of_[r]; i >= 0) arg_use_[static_cast<size_t>(i)].tensor = true;
 }
 
-at::Tensor FunctionBody::run(const LaunchArgs& a) const {
+std::vector<at::Tensor> FunctionBody::run(const LaunchArgs& a) const {
   std::vector<FusedInput> args;
   for (const at::Tensor& t : a.inputs) args.push_back(FusedInput{t, nullptr});
   return run(a, args, {});
 }
 
-at::Tensor FunctionBody::run(const LaunchArgs& a, std::span<const FusedInput> args,
-                             std::span<const at::Tensor> groups) const {
+std::vector<at::Tensor> FunctionBody::run(const LaunchArgs& a, std::span<const FusedInput> args,
+                                          std::span<const at::Tensor> groups) const {
   const NodeStore& s = *store_;
   const int64_t n = a.n;
   // A value per body node: [n, ...] for per-example nodes, the tensor itself for
@@ -221,14 +228,17 @@ at::Tensor FunctionBody::run(const LaunchArgs& a, std::span<const FusedInput> ar
         la.segment_counts = counts;
       }
     }
-    at::Tensor out;
-    if (s.op[v] == code_of<op::Call>) {
+    if (s.op[v] == code_of<op::Call>) {  // a function the body calls: its results
       SHEAF_ASSERT(nested_ != nullptr, "a function body calls a function but has no table");
-      out = nested_->body(la.attrs[0]).run(la);
-    } else {
-      RunCtx ctx(la);
-      out = info.run(ctx);
+      std::vector<at::Tensor> results = nested_->body(la.attrs[0]).run(la);
+      const size_t count = step.members.empty() ? 1 : step.members.size();
+      SHEAF_ASSERT(results.size() == count, "a nested call gave ", results.size(), " results for ", count);
+      for (size_t k = 0; k < count; ++k)
+        regs[step.members.empty() ? v : step.members[k]] = once ? results[k].select(0, 0) : std::move(results[k]);
+      continue;
     }
+    RunCtx ctx(la);
+    at::Tensor out = info.run(ctx);
     regs[v] = once ? out.select(0, 0) : std::move(out);
   }
 
@@ -239,9 +249,7 @@ at::Tensor FunctionBody::run(const LaunchArgs& a, std::span<const FusedInput> ar
     if (s.has(r, NodeStore::kShared)) t = t.unsqueeze(0).expand(batched_sizes(n, s.shape_of(r))).contiguous();
     outs.push_back(std::move(t));
   }
-  if (outs.size() == 1) return outs[0];
-  for (at::Tensor& t : outs) t = t.reshape({n, -1});
-  return at::cat(outs, 1);
+  return outs;
 }
 
 }  // namespace sheaf

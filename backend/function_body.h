@@ -61,19 +61,19 @@ class FunctionBody {
   // The n calls of a batch: args[i] holds argument i ([n, ...] or rows read in
   // place; the shared tensor where a.shared[i]; undefined where arg_uses()
   // says it is not needed and its group came); groups[k] group k's value, or
-  // undefined (then its arguments come as tensors). Returns [n, ...] of the
-  // call's shape: the result, or several results flattened side by side.
-  // Values stay in autograd; shared weights' gradients join the round's
-  // products through a.weight_grads.
-  at::Tensor run(const LaunchArgs& a, std::span<const FusedInput> args, std::span<const at::Tensor> groups) const;
+  // undefined (then its arguments come as tensors). Returns each result as
+  // [n, its shape...]. Values stay in autograd; shared weights' gradients join
+  // the round's products through a.weight_grads.
+  std::vector<at::Tensor> run(const LaunchArgs& a, std::span<const FusedInput> args,
+                              std::span<const at::Tensor> groups) const;
   // The same with every argument a tensor (a.inputs) and no groups.
-  at::Tensor run(const LaunchArgs& a) const;
+  std::vector<at::Tensor> run(const LaunchArgs& a) const;
 
   size_t steps() const { return steps_.size(); }
 
  private:
   struct Step {
-    NodeId node = kNoNode;  // an op; kNoNode: a fused region
+    NodeId node = kNoNode;  // an op (a call of several results: `members` are its results); kNoNode: a fused region
     std::shared_ptr<const FusedProgram> program;
     std::vector<NodeId> inputs;   // the region's inputs
     std::vector<NodeId> members;  // its members, in program order

@@ -255,32 +255,19 @@ void Engine::call(const FunctionDef& def, std::span<const NodeId> args, std::vec
   }
   const uint32_t index = functions_.variant_for(def, shapes, shared, generation_, options_, site);
   const std::vector<Shape>& results = functions_.variant(index).results;
-  // One result is the call's value; several are its row, flattened side by side.
-  Shape whole = results[0];
-  if (results.size() > 1) {
-    int64_t total = 0;
-    for (const Shape& r : results) total += r.numel();
-    whole = Shape{total};
-  }
-  call_attrs_.assign({static_cast<int64_t>(index), whole.rank()});
-  call_attrs_.insert(call_attrs_.end(), whole.dims().begin(), whole.dims().end());
+  // The call's value is its first result; each further result is a CallResult
+  // node, computed by the same batch (scheduler/fusion.h).
+  auto shape_attrs = [&](int64_t k, const Shape& r) {
+    call_attrs_.assign({k, r.rank()});
+    call_attrs_.insert(call_attrs_.end(), r.dims().begin(), r.dims().end());
+  };
+  shape_attrs(index, results[0]);
   const NodeId node = trace_.record(code_of<op::Call>, args, call_attrs_, 0, loc);
   out.clear();
-  if (results.size() == 1) {
-    out.push_back(expr(node));
-    return;
-  }
-  int64_t offset = 0;
-  for (const Shape& r : results) {
-    const std::array<int64_t, 3> cut{0, offset, offset + r.numel()};
-    offset += r.numel();
-    NodeId part = trace_.record(code_of<op::Slice>, std::span(&node, 1), cut, 0, loc);
-    if (r.rank() != 1) {
-      call_attrs_.assign({r.rank()});
-      call_attrs_.insert(call_attrs_.end(), r.dims().begin(), r.dims().end());
-      part = trace_.record(code_of<op::Reshape>, std::span(&part, 1), call_attrs_, 0, loc);
-    }
-    out.push_back(expr(part));
+  out.push_back(expr(node));
+  for (size_t k = 1; k < results.size(); ++k) {
+    shape_attrs(static_cast<int64_t>(k), results[k]);
+    out.push_back(expr(trace_.record(code_of<op::CallResult>, std::span(&node, 1), call_attrs_, 0, loc)));
   }
 }
 

@@ -86,6 +86,7 @@ struct LayerNorm;
 struct Placeholder;
 // A call of a sheaf::Function: its body runs batched as one step list.
 struct Call;
+struct CallResult;   // a call's result after the first
 }  // namespace op
 
 inline constexpr auto kOpList = boost::hana::tuple_t<
@@ -99,7 +100,7 @@ inline constexpr auto kOpList = boost::hana::tuple_t<
     op::Concat, op::Slice, op::Reshape, op::Transpose, op::Stack,
     op::Sum, op::Mean, op::SumList, op::MeanList, op::Softmax, op::LogSoftmax, op::Pick, op::PickAt, op::ArgMax,
     op::PickNegLogSoftmax, op::SumDim, op::MeanDim, op::MaxDim, op::MinDim, op::LogSumExpDim, op::Dot, op::LayerNorm,
-    op::Placeholder, op::Call>;
+    op::Placeholder, op::Call, op::CallResult>;
 
 inline constexpr size_t kNumOps = decltype(boost::hana::length(kOpList))::value;
 

@@ -115,5 +115,6 @@ at::Tensor RunCtx::aligned(size_t i, int rank) const {
 at::Tensor op::Param::run(RunCtx&) { throw_internal("a parameter node was scheduled for a launch"); }
 at::Tensor op::Placeholder::run(RunCtx&) { throw_internal("an unresolved placeholder was scheduled"); }
 at::Tensor op::Call::run(RunCtx&) { throw_internal("a function call reached its op's run (the executor runs its body)"); }
+at::Tensor op::CallResult::run(RunCtx&) { throw_internal("a call's result was launched apart from its call"); }
 
 }  // namespace sheaf

@@ -160,19 +160,11 @@ class Planner {
     return two;
   }
 
-  // n regions of one pattern: rows ordered by reader where parallel_readers
-  // says so, then by the path ahead and where each region's first per-example
-  // input lives (order_rows' keys);
-  // member k of row i is batch out + k, row i.
-  void add_fused_batch(const RoundDag& dag, std::span<const uint32_t> locals) {
-    const Region& first = fuser_->region(dag.region[locals[0]]);
-    PlannedBatch b{};
-    b.program = first.program;
-    b.outputs = first.members_len;
-    b.op = s_.op[fuser_->members(first).back()];
-    b.shared = false;
-    b.out = base_ + static_cast<uint32_t>(rows_.size());
-    b.n = static_cast<uint32_t>(locals.size());
+  // Rows of a batch of regions (fused, or calls with several results): ordered
+  // by reader where parallel_readers says so, then by the path ahead and where
+  // each region's first per-example input lives (order_rows' keys); member k
+  // of row i is batch out + k, row i.
+  void place_regions(const RoundDag& dag, std::span<const uint32_t> locals, PlannedBatch& b) {
     order_.clear();
     for (uint32_t l : locals) {
       const Region& r = fuser_->region(dag.region[l]);
@@ -198,10 +190,24 @@ class Planner {
         const NodeId node = members[k];
         at[size_t{k} * b.n + i] = node;
         s_.value_batch[node] = b.out + k;
-        s_.value_row[node] = i;
+        s_.value_row[node] = b.shared ? kWholeRow : i;
       }
     }
-    rows_.insert(rows_.end(), b.outputs, b.n);
+    rows_.insert(rows_.end(), b.outputs, b.shared ? 0 : b.n);
+  }
+
+  // n regions of one pattern: one kernel.
+  void add_fused_batch(const RoundDag& dag, std::span<const uint32_t> locals) {
+    const Region& first = fuser_->region(dag.region[locals[0]]);
+    if (first.call != kNoNode) return add_call_batch(dag, locals);
+    PlannedBatch b{};
+    b.program = first.program;
+    b.outputs = first.members_len;
+    b.op = s_.op[fuser_->members(first).back()];
+    b.shared = false;
+    b.out = base_ + static_cast<uint32_t>(rows_.size());
+    b.n = static_cast<uint32_t>(locals.size());
+    place_regions(dag, locals, b);
     // A member's value leaves the kernel if any region of the batch needs it
     // outside, or if a later round read it in an earlier batch of this pattern.
     b.keep_begin = static_cast<uint32_t>(p_.keep.size());
@@ -214,6 +220,34 @@ class Planner {
     }
     b.args_begin = static_cast<uint32_t>(p_.args.size());
     b.arity = first.inputs_len;
+    plan_region_inputs(b, first);
+    b.payload = static_cast<int64_t>(p_.indices.size());
+    p_.batches.push_back(b);
+  }
+
+  // n calls of one function with several results: one batch, an output per
+  // result; its inputs are the calls' arguments, position by position.
+  void add_call_batch(const RoundDag& dag, std::span<const uint32_t> locals) {
+    const Region& first = fuser_->region(dag.region[locals[0]]);
+    PlannedBatch b{};
+    b.op = code_of<op::Call>;
+    b.outputs = first.members_len;
+    b.shared = s_.has(first.call, NodeStore::kShared);
+    b.out = base_ + static_cast<uint32_t>(rows_.size());
+    b.n = static_cast<uint32_t>(locals.size());
+    place_regions(dag, locals, b);
+    b.keep_begin = static_cast<uint32_t>(p_.keep.size());
+    p_.keep.resize(p_.keep.size() + b.outputs, 1);
+    b.args_begin = static_cast<uint32_t>(p_.args.size());
+    b.arity = first.inputs_len;
+    plan_region_inputs(b, first);
+    b.payload = static_cast<int64_t>(p_.indices.size());
+    for (uint32_t i = 0; i < b.n; ++i) p_.indices.push_back(s_.payload[p_.nodes[b.nodes_begin + i]]);
+    p_.batches.push_back(b);
+  }
+
+  // Input e of a batch of regions: row i reads input e of its region.
+  void plan_region_inputs(const PlannedBatch& b, const Region& first) {
     for (uint32_t e = 0; e < b.arity; ++e) {
       const NodeId in0 = fuser_->inputs(first)[e];
       if (s_.has(in0, NodeStore::kShared)) {  // the pattern makes it the same node for all rows
@@ -225,8 +259,6 @@ class Planner {
       for (uint32_t i = 0; i < b.n; ++i) sources_.push_back(row_of(fuser_->inputs(fuser_->region(order_[i].id))[e]));
       add_input();
     }
-    b.payload = static_cast<int64_t>(p_.indices.size());
-    p_.batches.push_back(b);
   }
 
   // After every batch is planned: slice batches that read the same batch whole,
@@ -619,7 +651,8 @@ std::string Plan::str() const {
      << " gather groups, " << splits.size() << " splits\n";
   for (const PlannedBatch& b : batches) {
     os << "  b" << b.out;
-    if (b.program) os << "..b" << b.out + b.outputs - 1 << " = " << b.program->str() << " x" << b.n;
+    if (b.outputs > 1) os << "..b" << b.out + b.outputs - 1;
+    if (b.program) os << " = " << b.program->str() << " x" << b.n;
     else os << " = " << op_info(b.op).name << " x" << b.n;
     if (b.shared) os << " (shared)";
     if (b.segments >= 0) os << " (" << b.total << " list elements)";

@@ -19,7 +19,21 @@ int choose_transition(float shift_score, float reduce_score, size_t stack_size, 
   return reduce_score > shift_score ? kReduce : kShift;
 }
 
-ShiftReduce::ShiftReduce(const ShiftReduceOptions& o, uint64_t seed) : options_(o) {
+ShiftReduce::ShiftReduce(const ShiftReduceOptions& o, uint64_t seed)
+    : track_("spinn_tracking",
+             [this](Expr buffer_top, Expr top0, Expr top1, Expr h, Expr c) {
+               std::vector<Expr> gate = dsl::chunk(dsl::affine(T, dsl::concat({buffer_top, top0, top1, h}), t), 4);
+               Expr c2 = dsl::sigmoid(gate[1]) * c + dsl::sigmoid(gate[0]) * dsl::tanh(gate[3]);
+               Expr h2 = dsl::sigmoid(gate[2]) * dsl::tanh(c2);
+               return std::array{h2, c2, dsl::affine(A, h2, a)};
+             }),
+      compose_("spinn_compose",
+               [this](Expr lh, Expr lc, Expr rh, Expr rc, Expr track_h) {
+                 std::vector<Expr> c5 = dsl::chunk(dsl::affine(U, dsl::concat({lh, rh, track_h}), u), 5);
+                 Expr c = dsl::tanh(c5[0]) * dsl::sigmoid(c5[1]) + dsl::sigmoid(c5[2]) * lc + dsl::sigmoid(c5[3]) * rc;
+                 return std::array{dsl::sigmoid(c5[4]) * dsl::tanh(c), c};
+               }),
+      options_(o) {
   if (o.vocab <= 0 || o.hidden <= 0 || o.tracking <= 0) throw UserError("ShiftReduce: sizes must be positive");
   at::manual_seed(seed);
   const int64_t h = o.hidden, k = o.tracking;
@@ -60,11 +74,8 @@ Task<ParseResult> ShiftReduce::parse(Graph& g, const data::Tree& tree, bool pred
   size_t next = 0;
   for (size_t step = 0; step < gold.size(); ++step) {
     auto top = [&](size_t i) { return stack.size() > i ? stack[stack.size() - 1 - i].h : none; };
-    Expr x = dsl::concat({next < buffer.size() ? buffer[next].h : none, top(0), top(1), track.h});
-    std::vector<Expr> gate = dsl::chunk(dsl::affine(T, x, t), 4);
-    track.c = dsl::sigmoid(gate[1]) * track.c + dsl::sigmoid(gate[0]) * dsl::tanh(gate[3]);
-    track.h = dsl::sigmoid(gate[2]) * dsl::tanh(track.c);
-    Expr scores = dsl::affine(A, track.h, a);
+    const auto [th, tc, scores] = track_(next < buffer.size() ? buffer[next].h : none, top(0), top(1), track.h, track.c);
+    track = {th, tc};
 
     int action = gold[step];
     if (predict) {
@@ -82,9 +93,8 @@ Task<ParseResult> ShiftReduce::parse(Graph& g, const data::Tree& tree, bool pred
     stack.pop_back();
     Item l = stack.back();
     stack.pop_back();
-    std::vector<Expr> c5 = dsl::chunk(dsl::affine(U, dsl::concat({l.h, r.h, track.h}), u), 5);
-    Expr c = dsl::tanh(c5[0]) * dsl::sigmoid(c5[1]) + dsl::sigmoid(c5[2]) * l.c + dsl::sigmoid(c5[3]) * r.c;
-    stack.push_back({dsl::sigmoid(c5[4]) * dsl::tanh(c), c});
+    const auto [ch, cc] = compose_(l.h, l.c, r.h, r.c, track.h);
+    stack.push_back({ch, cc});
   }
   result.logits = dsl::affine(V, stack.back().h, v);
   losses.push_back(dsl::pick_neg_log_softmax(result.logits, tree.label.back()));

@@ -52,6 +52,9 @@ class ShiftReduce {
  public:
   static constexpr int64_t kClasses = 5;
   ShiftReduce(const ShiftReduceOptions& options, uint64_t seed);
+  // The cells' bodies refer to this object's parameters: not copyable.
+  ShiftReduce(const ShiftReduce&) = delete;
+  ShiftReduce& operator=(const ShiftReduce&) = delete;
   const ShiftReduceOptions& options() const { return options_; }
   std::vector<at::Tensor> parameters() const { return {E, T, t, A, a, U, u, V, v}; }
   void to(const c10::Device& device);
@@ -74,6 +77,11 @@ class ShiftReduce {
   at::Tensor V, v;  // sentiment: [5, h], [5]
 
  private:
+  // The two cells as sheaf::Functions (one node per call, dsl/function.h):
+  // tracking (buffer top, stack top, stack second, h, c) -> (h, c, transition
+  // scores), and composition (left h, left c, right h, right c, tracking h) -> (h, c).
+  Fn<std::array<Expr, 3>(Expr, Expr, Expr, Expr, Expr)> track_;
+  Fn<std::array<Expr, 2>(Expr, Expr, Expr, Expr, Expr)> compose_;
   ShiftReduceOptions options_;
 };
 

@@ -116,9 +116,10 @@ TEST_CASE("function: the calls of all examples run as one batch per step of the 
   const size_t nodes = g.size();
   g.forward(out);
   // Per example: input, zeros, then per step two calls (the same arguments:
-  // equal work, separate nodes) and their slices. One call batch per step,
-  // whatever the number of examples: launches do not grow with them.
-  CHECK(nodes == 64 * (2 + depth * 2 * 3));
+  // equal work, separate nodes), each a call node (result 0) and a CallResult
+  // node (result 1). One call batch per step, whatever the number of
+  // examples: launches do not grow with them.
+  CHECK(nodes == 64 * (2 + depth * 2 * 2));
   const uint64_t batches = g.stats().batches;
   Graph inline_graph;
   std::vector<Expr> inline_out;
