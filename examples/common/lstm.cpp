@@ -24,12 +24,32 @@ std::vector<at::Tensor> lstm_params(const LstmWeights& fwd, const LstmWeights& b
   return {fwd.ih, fwd.hh, fwd.b, fwd.zero, bwd.ih, bwd.hh, bwd.b, bwd.zero};
 }
 
+namespace {
+
+// The recurrent part of a step: (x's projection, h, c, W_hh) -> (h, c). One
+// Function for every LSTM: W_hh comes in as a shared argument, so calls with
+// different weights (two directions) are separate batches of the same body.
+// The input's projection stays outside: it does not depend on the recurrence,
+// and the scheduler runs all of them (every example, every position) as one GEMM.
+const Fn<std::array<Expr, 2>(Expr, Expr, Expr, Expr)> lstm_cell(
+    "lstm_cell", [](Expr xw, Expr h, Expr c, Expr hh) {
+      const std::vector<Expr> g = dsl::chunk(dsl::affine(hh, h, xw), 4);  // x's projection as the bias: no add
+      const Expr next_c = dsl::sigmoid(g[1]) * c + dsl::sigmoid(g[0]) * dsl::tanh(g[2]);  // i, f, g, o
+      return std::array{dsl::sigmoid(g[3]) * dsl::tanh(next_c), next_c};
+    });
+
+}  // namespace
+
 LstmState sheaf_lstm_step(const LstmWeights& w, const Expr& x, const LstmState& prev) {
-  Expr gates = dsl::affine(w.ih, x, w.b);
-  if (prev.h.defined()) gates = dsl::affine(w.hh, prev.h, gates);  // the input's projection as the bias: one GEMM, no add
-  const std::vector<Expr> g = dsl::chunk(gates, 4);                // i, f, g, o
-  const Expr input = dsl::sigmoid(g[0]) * dsl::tanh(g[2]);
-  const Expr c = prev.c.defined() ? dsl::sigmoid(g[1]) * prev.c + input : input;
+  const Expr xw = dsl::affine(w.ih, x, w.b);
+  if (prev.h.defined() && prev.c.defined()) {
+    const auto [h, c] = lstm_cell(xw, prev.h, prev.c, w.hh);
+    return {h, c};
+  }
+  // A first step (zero h, c; or a given h and a zero c): once per sequence, inline.
+  const Expr gates = prev.h.defined() ? dsl::affine(w.hh, prev.h, xw) : xw;
+  const std::vector<Expr> g = dsl::chunk(gates, 4);
+  const Expr c = dsl::sigmoid(g[0]) * dsl::tanh(g[2]);
   return {dsl::sigmoid(g[3]) * dsl::tanh(c), c};
 }
 
