@@ -33,6 +33,11 @@ std::vector<Expr> Function::call(std::span<const Operand> args, std::source_loca
 }
 
 void Function::call_into(std::span<const Operand> args, std::vector<Expr>& results, std::source_location loc) const {
+  call_into(args, results, 0, loc);
+}
+
+void Function::call_into(std::span<const Operand> args, std::vector<Expr>& results, size_t expected,
+                         std::source_location loc) const {
   const Site site{def_->name, kSharedExample, loc};
   detail::Engine* g = nullptr;
   for (const Operand& a : args) {
@@ -52,7 +57,7 @@ void Function::call_into(std::span<const Operand> args, std::vector<Expr>& resul
   const std::span<NodeId> ids = heap_ids.empty() ? std::span(inline_ids.data(), args.size()) : std::span(heap_ids);
   for (size_t i = 0; i < args.size(); ++i)
     ids[i] = args[i].is_expr() ? g->node_of(args[i].expr(), def_->name, loc) : g->trace().param(args[i].tensor(), loc);
-  g->call(*def_, ids, results, loc);
+  g->call(def_, ids, expected, results, loc);
 }
 
 }  // namespace sheaf

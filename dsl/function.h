@@ -56,6 +56,11 @@ class Function {
   // The same into `results` (replaced): one vector reused for many calls allocates once.
   void call_into(std::span<const Operand> args, std::vector<Expr>& results,
                  std::source_location loc = std::source_location::current()) const;
+  // With the number of results the caller takes (0: any). A call whose
+  // arguments' shapes wait on a dsl::cond needs it (its results stand in as
+  // placeholders until the call is recorded).
+  void call_into(std::span<const Operand> args, std::vector<Expr>& results, size_t expected,
+                 std::source_location loc) const;
   const std::string& name() const;
   size_t arity() const;
 
@@ -84,16 +89,19 @@ struct Results {
 };
 template <>
 struct Results<Expr> {
+  static constexpr size_t kCount = 1;
   static std::vector<Expr> to(const Expr& e) { return {e}; }
   static Expr from(const std::vector<Expr>& v) { return v[0]; }
 };
 template <>
 struct Results<std::vector<Expr>> {
+  static constexpr size_t kCount = 0;  // any
   static std::vector<Expr> to(std::vector<Expr> v) { return v; }
   static std::vector<Expr> from(std::vector<Expr> v) { return v; }
 };
 template <size_t K>
 struct Results<std::array<Expr, K>> {
+  static constexpr size_t kCount = K;
   static std::vector<Expr> to(const std::array<Expr, K>& a) { return {a.begin(), a.end()}; }
   static std::array<Expr, K> from(const std::vector<Expr>& v) {
     std::array<Expr, K> a;
@@ -104,6 +112,7 @@ struct Results<std::array<Expr, K>> {
 template <class... E>
 struct Results<std::tuple<E...>> {
   static_assert((std::is_same_v<E, Expr> && ...), "a tuple of results holds Exprs only");
+  static constexpr size_t kCount = sizeof...(E);
   static std::vector<Expr> to(const std::tuple<E...>& t) {
     return std::apply([](const auto&... e) { return std::vector<Expr>{e...}; }, t);
   }
@@ -114,6 +123,7 @@ struct Results<std::tuple<E...>> {
 };
 template <>
 struct Results<std::pair<Expr, Expr>> {
+  static constexpr size_t kCount = 2;
   static std::vector<Expr> to(const std::pair<Expr, Expr>& p) { return {p.first, p.second}; }
   static std::pair<Expr, Expr> from(const std::vector<Expr>& v) { return {v[0], v[1]}; }
 };
@@ -155,7 +165,7 @@ class TypedFunction {
     // One vector per thread for every call: filled at the end of the call (after
     // any call the body's recording makes), read right away.
     thread_local std::vector<Expr> results;
-    fn_.call_into(args, results, first.loc);
+    fn_.call_into(args, results, detail::Results<Result>::kCount, first.loc);
     return detail::Results<Result>::from(results);
   }
   const Function& untyped() const { return fn_; }

@@ -233,13 +233,17 @@ void Engine::clear() {
 // ---------------------------------------------------------------------------
 // Function calls.
 
-void Engine::call(const FunctionDef& def, std::span<const NodeId> args, std::vector<Expr>& out, Loc loc) {
+void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<const NodeId> args, size_t expected,
+                  std::vector<Expr>& out, Loc loc) {
+  const FunctionDef& def = *function;
   note_recording();
   const Site site{def.name, trace_.current_example(), loc};
   if (args.size() != def.arity)
     throw_user(site, "function '", def.name, "' takes ", def.arity, " argument(s), got ", args.size());
   if (options_.inline_functions) return call_inline(def, args, out, site);
   const NodeStore& s = trace_.store();
+  for (NodeId a : args)
+    if (s.shape[a] == kUnknownShape) return call_later(function, args, expected, out, site);
   // On the stack (a body being recorded may call back into this graph: no member scratch).
   constexpr size_t kInline = 8;
   std::array<Shape, kInline> shapes_inline;
@@ -249,7 +253,6 @@ void Engine::call(const FunctionDef& def, std::span<const NodeId> args, std::vec
   const std::span<Shape> shapes = shapes_heap.empty() ? std::span(shapes_inline.data(), args.size()) : std::span(shapes_heap);
   const std::span<uint8_t> shared = shapes_heap.empty() ? std::span(shared_inline.data(), args.size()) : std::span(shared_heap);
   for (size_t i = 0; i < args.size(); ++i) {
-    trace_.expect_known_shape(args[i], "an argument of a function call", loc);
     shapes[i] = s.shape_of(args[i]);
     shared[i] = s.has(args[i], NodeStore::kShared);
   }
@@ -269,6 +272,47 @@ void Engine::call(const FunctionDef& def, std::span<const NodeId> args, std::vec
     shape_attrs(static_cast<int64_t>(k), results[k]);
     out.push_back(expr(trace_.record(code_of<op::CallResult>, std::span(&node, 1), call_attrs_, 0, loc)));
   }
+}
+
+// Arguments downstream of a dsl::cond: the body's signature is not known yet.
+// The results are placeholders, bound to the call's results when it is
+// recorded, right after the last argument's shape becomes known (in the same
+// delivery of values: the call runs in the same round as its arguments' branches).
+void Engine::call_later(const std::shared_ptr<const FunctionDef>& def, std::span<const NodeId> args,
+                        size_t expected, std::vector<Expr>& out, const Site& site) {
+  if (expected == 0)
+    throw_user(site, "function '", def->name, "' returns a std::vector and an argument's shape waits on a dsl::cond: "
+               "return a fixed number of results (Expr, std::array, std::pair, std::tuple) to call it there");
+  const NodeStore& s = trace_.store();
+  int64_t example = trace_.current_example();
+  for (NodeId a : args)
+    if (!s.has(a, NodeStore::kShared)) {
+      example = s.example[a];
+      break;
+    }
+  std::vector<NodeId> holders;
+  out.clear();
+  for (size_t k = 0; k < expected; ++k) {
+    holders.push_back(trace_.placeholder(kUnknownShape, example, site.loc));
+    out.push_back(expr(holders.back()));
+  }
+  trace_.when_shapes_known(args, [this, def, args = std::vector<NodeId>(args.begin(), args.end()), holders, example,
+                                  loc = site.loc] {
+    Trace& t = trace_;
+    const int64_t saved = t.current_example();
+    t.set_current_example(example);
+    struct Restore {
+      Trace& t;
+      int64_t saved;
+      ~Restore() { t.set_current_example(saved); }
+    } restore{t, saved};
+    std::vector<Expr> results;
+    call(def, args, 0, results, loc);
+    if (results.size() != holders.size())
+      throw_user(Site{def->name, example, loc}, "function '", def->name, "' returned ", results.size(),
+                 " results where the call takes ", holders.size());
+    for (size_t k = 0; k < holders.size(); ++k) t.resolve(holders[k], results[k].id());
+  });
 }
 
 // The body recorded here, op by op, on the arguments themselves.

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <source_location>
 #include <span>
 #include <string>
@@ -76,7 +77,12 @@ class Engine {
   // signature, engine/functions.h). Its results (slices of that node when
   // there are several) replace the contents of `results`, at the very end: a
   // caller may reuse one vector for every call (no allocation per call).
-  void call(const FunctionDef& def, std::span<const NodeId> args, std::vector<Expr>& results, Loc loc);
+  // `expected`: how many results the caller takes (0: any). A call on values
+  // whose shapes wait on a dsl::cond is recorded once they are known (its
+  // results are placeholders until then, Trace::when_shapes_known): it needs
+  // `expected` to make them.
+  void call(const std::shared_ptr<const FunctionDef>& def, std::span<const NodeId> args, size_t expected,
+            std::vector<Expr>& results, Loc loc);
   FunctionCache& functions() { return functions_; }
 
   // ---- Control flow.
@@ -118,6 +124,8 @@ class Engine {
   void finish_aliases();
   bool deliver_waiters();
   void call_inline(const FunctionDef& def, std::span<const NodeId> args, std::vector<Expr>& results, const Site& site);
+  void call_later(const std::shared_ptr<const FunctionDef>& def, std::span<const NodeId> args, size_t expected,
+                  std::vector<Expr>& results, const Site& site);
   std::vector<HostValue> fetch_to_host(std::span<const NodeId> nodes);
   void check_targets(std::span<const Expr> targets, Loc loc) const;
   [[noreturn]] void throw_runaway(int max_rounds, Loc loc) const;

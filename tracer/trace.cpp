@@ -272,8 +272,52 @@ void Trace::resolve(NodeId p, NodeId value) {
   }
   if (want == kUnknownShape) {
     s_.shape[p] = got;
-    shape_became_known(p);
+    std::exception_ptr error;  // one example's mistake: the others' watchers still run
+    try {
+      shape_became_known(p);
+    } catch (const UserError&) {
+      error = std::current_exception();
+    }
+    run_due_watchers();
+    if (error) std::rethrow_exception(error);
   }
+}
+
+void Trace::when_shapes_known(std::span<const NodeId> nodes, std::function<void()> fn) {
+  const auto w = static_cast<uint32_t>(watcher_fn_.size());
+  uint32_t missing = 0;
+  for (NodeId a : nodes) {
+    if (s_.shape[a] != kUnknownShape) continue;
+    if (dep_head_.size() < s_.size()) {
+      dep_head_.resize(s_.size(), kNone32);
+      missing_.resize(s_.size(), 0);
+    }
+    dep_node_.push_back(kWatcher | w);
+    dep_next_.push_back(dep_head_[a]);
+    dep_head_[a] = static_cast<uint32_t>(dep_node_.size() - 1);
+    ++missing;
+  }
+  if (missing == 0) return fn();
+  watcher_fn_.push_back(std::move(fn));
+  watcher_missing_.push_back(missing);
+}
+
+// Callbacks may record and resolve, which may make more watchers due: run
+// until none is left (each runs once).
+void Trace::run_due_watchers() {
+  std::exception_ptr first_error;
+  while (!watchers_due_.empty()) {
+    const uint32_t w = watchers_due_.back();
+    watchers_due_.pop_back();
+    std::function<void()> fn = std::move(watcher_fn_[w]);
+    watcher_fn_[w] = nullptr;
+    try {
+      fn();
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) std::rethrow_exception(first_error);
 }
 
 // n has an unknown argument (or, for a placeholder, an unknown value): it is put
@@ -311,6 +355,10 @@ void Trace::shape_became_known(NodeId n) {
     if (k >= dep_head_.size()) continue;
     for (uint32_t e = std::exchange(dep_head_[k], kNone32); e != kNone32; e = dep_next_[e]) {
       const NodeId d = dep_node_[e];
+      if (d & kWatcher) {
+        if (--watcher_missing_[d & ~kWatcher] == 0) watchers_due_.push_back(d & ~kWatcher);
+        continue;
+      }
       if (--missing_[d] != 0) continue;
       try {
         ++deferred_inferences_;
@@ -374,6 +422,9 @@ void Trace::clear() {
   dep_next_.clear();
   dep_node_.clear();
   missing_.clear();
+  watcher_fn_.clear();
+  watcher_missing_.clear();
+  watchers_due_.clear();
   current_example_ = 0;
 }
 

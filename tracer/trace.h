@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <source_location>
 #include <span>
 #include <string>
@@ -52,6 +53,12 @@ class Trace {
   // infers the shapes that waited for it.
   NodeId placeholder(ShapeId shape, int64_t example, std::source_location loc);
   void resolve(NodeId placeholder, NodeId value);
+
+  // Calls `fn` once every node of `nodes` has a known shape: now, if they all
+  // have one; else right after the resolve() that makes the last one known
+  // (never from inside shape propagation, so `fn` may record and resolve).
+  // A function call on values downstream of a dsl::cond waits so (engine/).
+  void when_shapes_known(std::span<const NodeId> nodes, std::function<void()> fn);
 
   // ---- Examples: the user's id (any int64 >= 0) tags what is recorded while it is current.
   int64_t current_example() const { return current_example_; }
@@ -100,6 +107,13 @@ class Trace {
   std::vector<uint32_t> dep_head_, dep_next_, missing_;
   std::vector<NodeId> dep_node_;
   std::vector<NodeId> known_;  // scratch: nodes whose shapes became known, to propagate from
+  // when_shapes_known's watchers: a dependency entry naming kWatcher | w
+  // counts down watcher w; the callbacks of those at zero run after resolve().
+  static constexpr NodeId kWatcher = NodeId{1} << 31;
+  std::vector<std::function<void()>> watcher_fn_;
+  std::vector<uint32_t> watcher_missing_;
+  std::vector<uint32_t> watchers_due_;
+  void run_due_watchers();
   // record()'s scratch, for ops with many arguments.
   std::vector<const Shape*> arg_shapes_;
   std::vector<uint8_t> arg_shared_;

@@ -8,7 +8,15 @@
 
 namespace sheaf::models {
 
-GatedRvNN::GatedRvNN(const GatedRvNNOptions& o, uint64_t seed) : options_(o) {
+GatedRvNN::GatedRvNN(const GatedRvNNOptions& o, uint64_t seed)
+    : gate_("gated_rvnn_gate",
+            [this](Expr hl, Expr hr) {
+              const Expr x = dsl::concat({hl, hr});
+              return std::array{x, dsl::sum(dsl::affine(A, x, a)) > 0.0};
+            }),
+      plain_("gated_rvnn_plain", [this](Expr x) { return dsl::tanh(dsl::affine(W1, x, b1)); }),
+      mixed_("gated_rvnn_mixed", [this](Expr x, Expr hl) { return dsl::relu(dsl::affine(W2, x, b2)) * 0.5 + hl * 0.5; }),
+      options_(o) {
   if (o.vocab <= 0 || o.hidden <= 0) throw UserError("GatedRvNN: vocab and hidden must be positive");
   at::manual_seed(seed);
   const int64_t h = o.hidden;
@@ -41,10 +49,8 @@ Expr GatedRvNN::sheaf_root(Graph& g, const data::Tree& t) const {
       continue;
     }
     const Expr hl = h[static_cast<size_t>(t.left[k])];
-    const Expr x = dsl::concat({hl, h[static_cast<size_t>(t.right[k])]});
-    const Expr gate = dsl::sum(dsl::affine(A, x, a));
-    h[k] = dsl::cond(gate > 0.0, [=, this] { return dsl::tanh(dsl::affine(W1, x, b1)); },
-                     [=, this] { return dsl::relu(dsl::affine(W2, x, b2)) * 0.5 + hl * 0.5; });
+    const auto [x, open] = gate_(hl, h[static_cast<size_t>(t.right[k])]);
+    h[k] = dsl::cond(open, [=, this] { return plain_(x); }, [=, this] { return mixed_(x, hl); });
   }
   return h.back();
 }

@@ -36,6 +36,9 @@ class GatedRvNN {
  public:
   static constexpr int64_t kClasses = 5;
   GatedRvNN(const GatedRvNNOptions& options, uint64_t seed);
+  // The cells' bodies refer to this object's parameters: not copyable.
+  GatedRvNN(const GatedRvNN&) = delete;
+  GatedRvNN& operator=(const GatedRvNN&) = delete;
   const GatedRvNNOptions& options() const { return options_; }
   std::vector<at::Tensor> parameters() const { return {E, A, a, W1, b1, W2, b2, V, v}; }
   void to(const c10::Device& device);
@@ -57,6 +60,11 @@ class GatedRvNN {
   at::Tensor V, v;   // classifier: [5, h], [5]
 
  private:
+  // The node's gate (children -> their concatenation x, and whether the gate
+  // is open) and the two cells, as sheaf::Functions (dsl/function.h).
+  Fn<std::array<Expr, 2>(Expr, Expr)> gate_;
+  Fn<Expr(Expr)> plain_;
+  Fn<Expr(Expr, Expr)> mixed_;
   at::Tensor per_example_root(const data::Tree& tree) const;
   GatedRvNNOptions options_;
 };

@@ -191,3 +191,42 @@ TEST_CASE("function: mistakes are UserErrors naming the function and the call", 
   g.forward(y);
   CHECK(at::allclose(y.value(), at::tanh(at::ones({4}))));
 }
+
+TEST_CASE("function: calls on values downstream of a dsl::cond are recorded when their shapes are known",
+          "[dsl][function][control][checker]") {
+  const at::Tensor W = param({4, 8}, 41), w = param({4}, 42);
+  auto cell = function("cell", [&](Expr a, Expr b) {
+    const Expr x = dsl::concat({a, b});
+    return std::array{dsl::tanh(dsl::affine(W, x, w)), dsl::sum(x) > 0.0};
+  });
+  auto grow = function("grow", [](Expr a) { return dsl::sigmoid(a) * 2.0; });
+  // A chain whose every step's inputs are the previous step's cond result.
+  auto program = [&](Graph& g, int i) {
+    Expr h = g.input(data({4}, i));
+    for (int k = 0; k < 1 + i % 4; ++k) {
+      auto [y, open] = cell(h, h * 0.5);
+      h = dsl::cond(open, [=] { return grow(y); }, [=] { return -y; });
+    }
+    return dsl::sum(h);
+  };
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(9, program, {.params = {W, w}}));
+
+  // Rounds: as many as the chain is long, as with the same code inline.
+  Graph a, b({.inline_functions = true});
+  for (Graph* g : {&a, &b}) {
+    std::vector<Expr> out;
+    for (int i = 0; i < 9; ++i) {
+      auto s = g->example(i);
+      out.push_back(program(*g, i));
+    }
+    g->forward(out);
+  }
+  CHECK(a.stats().rounds == b.stats().rounds);
+
+  Function listy("listy", 1, [](std::span<const Expr> x) { return std::vector<Expr>{x[0] + 1.0}; });
+  Graph g;
+  Expr x = g.input(at::ones({4}));
+  Expr c = dsl::cond(dsl::sum(x) > 0.0, [x] { return x; }, [x] { return -x; });
+  const std::array<Operand, 1> arg{c};
+  CHECK_THROWS_WITH(listy.call(arg), Contains("returns a std::vector") && Contains("dsl::cond"));
+}
