@@ -78,9 +78,9 @@ class ShiftReduce {
 
  private:
   // The two cells as sheaf::Functions (one node per call, dsl/function.h):
-  // tracking (buffer top, stack top, stack second, h, c) -> (h, c, transition
-  // scores), and composition (left h, left c, right h, right c, tracking h) -> (h, c).
-  Fn<std::array<Expr, 3>(Expr, Expr, Expr, Expr, Expr)> track_;
+  // tracking (buffer top, stack top, stack second, h, c) -> (h, c), and
+  // composition (left h, left c, right h, right c, tracking h) -> (h, c).
+  Fn<std::array<Expr, 2>(Expr, Expr, Expr, Expr, Expr)> track_;
   Fn<std::array<Expr, 2>(Expr, Expr, Expr, Expr, Expr)> compose_;
   ShiftReduceOptions options_;
 };
