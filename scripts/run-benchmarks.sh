@@ -14,18 +14,20 @@ out=docs/results-$device.jsonl
 {
   # auto+prefetch: Sheaf with sheaf::Prefetcher, which records and schedules the
   # next batch on a second host thread (ranked apart in the report).
+  # /inline: the same model with its sheaf::Functions recorded op by op (GraphOptions::inline_functions).
   "$bench" --workload treelstm --hidden 128,256 --batch 64 --trees 1024 "${args[@]}" \
-    --systems per-example,sheaf,sheaf:auto+prefetch,hand
+    --systems per-example,sheaf,sheaf:auto/inline,sheaf:auto+prefetch,hand
   "$bench" --workload shift_reduce --hidden 128 --batch 64 --trees 512 "${args[@]}" \
-    --systems per-example,sheaf,sheaf:auto+prefetch,hand
-  "$bench" --workload gated_rvnn --hidden 128 --batch 64 --trees 512 "${args[@]}"
+    --systems per-example,sheaf,sheaf:auto/inline,sheaf:auto+prefetch,hand
+  "$bench" --workload gated_rvnn --hidden 128 --batch 64 --trees 512 "${args[@]}" \
+    --systems per-example,sheaf,sheaf:auto/inline,hand
   # DyNet's tagger workloads, on synthetic sentences with DyNet's sizes (SST has
   # no tags). hand is the faster kernel per mode (training: one custom autograd
   # node per LSTM direction; inference: LibTorch's at::lstm on the packed batch);
   # hand:fused, hand:lstm, hand:loop name one (bench/baselines/tagger_hand.h).
   for w in tagger tagger-char; do
     "$bench" --workload "$w" --hidden 128 --batch 64 --trees 512 --device "$device" --threads 1 --repeat 5 --json \
-      --systems per-example,sheaf:auto,sheaf:auto+prefetch,hand,hand:fused,hand:lstm
+      --systems per-example,sheaf:auto,sheaf:auto/inline,sheaf:auto+prefetch,hand,hand:fused,hand:lstm
   done
   # Seq2seq with attention on generated digit strings of 3-20 (infer: greedy decoding;
   # hand decodes with broadcast multiply + sum, hand:bmm with bmm).
@@ -35,7 +37,7 @@ out=docs/results-$device.jsonl
   "$bench" --workload transformer --hidden 64,128 --batch 64 --trees 512 --device "$device" --threads 1 --repeat 5 \
     --json --systems per-example,sheaf:auto,sheaf:auto+prefetch,hand
   # Host work alone (ns per node for recording and each scheduling step).
-  "$bench" --workload host --hidden 128 --batch 64 --trees 1024 "${args[@]}" --systems sheaf
+  "$bench" --workload host --hidden 128 --batch 64 --trees 1024 "${args[@]}" --systems sheaf,sheaf:auto/inline
 } > "$out"
 machine="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $("$bench" --info --threads 1)"
 python3 bench/report.py docs/results-*.jsonl --markdown docs/benchmark-results.md --plot docs/benchmark-results.png \

@@ -11,7 +11,10 @@
 
 namespace sheaf::models {
 
-Tagger::Tagger(const TaggerOptions& o, uint64_t seed) : options_(o) {
+Tagger::Tagger(const TaggerOptions& o, uint64_t seed)
+    : mlp_("tagger_mlp",
+           [this](Expr hf, Expr hb) { return dsl::affine(M2, dsl::tanh(dsl::affine(M1, dsl::concat({hf, hb}), m1)), m2); }),
+      options_(o) {
   if (o.words <= 0 || o.tags <= 0 || o.embed <= 0 || o.hidden <= 0 || o.mlp <= 0)
     throw UserError("Tagger: vocabulary and layer sizes must be positive");
   if (o.use_chars && (o.chars <= 0 || o.char_embed <= 0 || o.embed % 2 != 0))
@@ -71,8 +74,7 @@ std::vector<Expr> Tagger::sheaf_logits(Graph& g, const data::Sentence& s) const 
   for (size_t t = 0; t < s.word.size(); ++t) xs.push_back(sheaf_word(g, s, t));
   const std::vector<Expr> hf = sheaf_lstm(fwd, xs, false), hb = sheaf_lstm(bwd, xs, true);
   std::vector<Expr> logits;
-  for (size_t t = 0; t < xs.size(); ++t)
-    logits.push_back(dsl::affine(M2, dsl::tanh(dsl::affine(M1, dsl::concat({hf[t], hb[t]}), m1)), m2));
+  for (size_t t = 0; t < xs.size(); ++t) logits.push_back(mlp_(hf[t], hb[t]));
   return logits;
 }
 

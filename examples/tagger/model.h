@@ -46,6 +46,9 @@ struct TaggerOptions {
 class Tagger {
  public:
   Tagger(const TaggerOptions& options, uint64_t seed);
+  // The MLP's body refers to this object's parameters: not copyable.
+  Tagger(const Tagger&) = delete;
+  Tagger& operator=(const Tagger&) = delete;
   const TaggerOptions& options() const { return options_; }
   std::vector<at::Tensor> parameters() const;
   void to(const c10::Device& device);
@@ -77,6 +80,10 @@ class Tagger {
   Expr sheaf_word(Graph& g, const data::Sentence& s, size_t t) const;
   at::Tensor per_example_inputs(const data::Sentence& s) const;  // [n, embed]
 
+  // Per token: both directions' states -> tag scores (concat, MLP), a
+  // sheaf::Function (one node per token instead of four; every token's call
+  // still runs as one batch: one GEMM per layer for the whole batch).
+  Fn<Expr(Expr, Expr)> mlp_;
   TaggerOptions options_;
 };
 

@@ -84,8 +84,10 @@ TEST_CASE("function: bodies of every kind batch like inline code", "[dsl][functi
     return std::make_tuple(total, outer_product, dsl::pick(y, 2));
   });
   auto identity = function("identity", [](Expr x) { return x; });
-  // A concat of a shared argument runs once, like the call itself.
-  auto shared_only = function("shared_only", [&](Expr p) { return dsl::sigmoid(dsl::slice(dsl::concat({p, p}), 2, 6)); });
+  // A concat of a shared argument runs once, like the call itself; so do several results of one.
+  auto shared_only = function("shared_only", [&](Expr p) {
+    return std::pair{dsl::sigmoid(dsl::slice(dsl::concat({p, p}), 2, 6)), dsl::tanh(p)};
+  });
   // Arguments read by a fused step (in place) and put side by side by a concat (one gather).
   auto mix = function("mix", [](Expr a, Expr b) {
     return dsl::tanh(a) * b + dsl::sum(dsl::concat({a, b})) + dsl::sum(dsl::concat({b, a, b}));
@@ -94,9 +96,9 @@ TEST_CASE("function: bodies of every kind batch like inline code", "[dsl][functi
     CheckReport r = check_batched(7, [&](Graph& g, int i) {
       Expr x = g.input(data({4}, i));
       auto [total, mat, scalar] = outer(x, w);
-      Expr s = shared_only(g.param(w));  // every argument shared: computed once
+      auto [s, t] = shared_only(g.param(w));  // every argument shared: computed once
       Expr m = mix(dsl::tanh(x), dsl::sigmoid(x) * 3.0);
-      return dsl::sum(dsl::matmul(M, identity(total) * s * m)) + dsl::sum(mat) * scalar;
+      return dsl::sum(dsl::matmul(M, identity(total) * s * m + t)) + dsl::sum(mat) * scalar;
     }, {.params = {W, w, M}, .fusion = fusion});
     REQUIRE_BATCHED_EQUALS_ALONE(r);
   }
