@@ -51,15 +51,16 @@ void TreeLSTM::load(const std::string& path) { load_parameters(parameters(), pat
 // ---------------------------------------------------------------------------
 // Sheaf: written for one tree, recursively.
 
-TreeLSTM::State TreeLSTM::sheaf_node(Graph& g, const data::Tree& t, int n, std::vector<Expr>* losses) const {
+TreeLSTM::State TreeLSTM::sheaf_node(Graph& g, const data::Tree& t, int n, const Expr& zero,
+                                     std::vector<Expr>* losses) const {
   const auto k = static_cast<size_t>(n);
   State s;
   if (t.is_leaf(n)) {
     s.h = g.lookup(E, t.word[k], options_.sparse_embedding_grad);
-    s.c = g.zeros({options_.hidden});
+    s.c = zero;
   } else {
-    State l = sheaf_node(g, t, t.left[k], losses);
-    State r = sheaf_node(g, t, t.right[k], losses);
+    State l = sheaf_node(g, t, t.left[k], zero, losses);
+    State r = sheaf_node(g, t, t.right[k], zero, losses);
     const auto [h, c] = cell_(l.h, l.c, r.h, r.c);
     s.h = h;
     s.c = c;
@@ -71,7 +72,7 @@ TreeLSTM::State TreeLSTM::sheaf_node(Graph& g, const data::Tree& t, int n, std::
 
 Expr TreeLSTM::sheaf_loss(Graph& g, const data::Tree& t, Expr* root_logits) const {
   std::vector<Expr> losses;
-  State root = sheaf_node(g, t, t.root(), &losses);
+  State root = sheaf_node(g, t, t.root(), g.zeros({options_.hidden}), &losses);
   if (root_logits != nullptr) *root_logits = dsl::affine(V, root.h, v);
   return dsl::sum(losses);
 }
@@ -91,7 +92,7 @@ std::vector<Expr> TreeLSTM::sheaf_batch_root_logits(Graph& g, std::span<const da
   std::vector<Expr> logits;
   for (size_t i = 0; i < trees.size(); ++i) {
     auto scope = g.example(static_cast<int64_t>(i));
-    logits.push_back(dsl::affine(V, sheaf_node(g, *trees[i], trees[i]->root(), nullptr).h, v));
+    logits.push_back(dsl::affine(V, sheaf_node(g, *trees[i], trees[i]->root(), g.zeros({options_.hidden}), nullptr).h, v));
   }
   return logits;
 }

@@ -72,7 +72,8 @@ class TreeLSTM {
   // node per call instead of one per op (dsl/function.h).
   Fn<std::array<Expr, 2>(Expr, Expr, Expr, Expr)> cell_;
   // Records node n's state; its loss goes to *losses unless losses is null.
-  State sheaf_node(Graph& g, const data::Tree& t, int n, std::vector<Expr>* losses) const;
+  // `zero`: the leaves' c, one per tree.
+  State sheaf_node(Graph& g, const data::Tree& t, int n, const Expr& zero, std::vector<Expr>* losses) const;
   std::vector<at::Tensor> per_example_states(const data::Tree& t) const;
 
   TreeLSTMOptions options_;
