@@ -1,6 +1,5 @@
 #include "function_body.h"
 
-#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/stack.h>
 
@@ -96,9 +95,8 @@ void FunctionBody::plan_arguments(const NodeStore& s, size_t arity) {
   arg_use_.assign(arity, ArgUse{});
   groups_.clear();
   auto arg_index = [&](NodeId v) { return arg_of_[s.resolve(v)]; };
-  for (size_t i = 0; i < arity; ++i)
-    for (NodeId v = 0; v < s.size(); ++v)
-      if (arg_of_[v] == static_cast<int32_t>(i) && s.has(v, NodeStore::kShared)) arg_use_[i].tensor = true;
+  for (NodeId v = 0; v < s.size(); ++v)  // a shared argument is the tensor itself
+    if (arg_of_[v] >= 0 && s.has(v, NodeStore::kShared)) arg_use_[static_cast<size_t>(arg_of_[v])].tensor = true;
   for (Step& step : steps_) {
     if (step.node == kNoNode) {
       for (NodeId v : step.inputs)

@@ -39,9 +39,13 @@ namespace {
 // Over a block of rows: a, b (operands) and y (result) are rows with strides.
 using Fwd = void (*)(const float* a, int64_t as, const float* b, int64_t bs, float c, float* y, int64_t ys,
                      int64_t rows, int64_t cols);
-// ga = g * dy/da, gb = g * dy/db (gb null for unary ops); g, ga, gb contiguous blocks.
+// ga += g * dy/da, gb += g * dy/db (each skipped when null; gb for binary ops
+// only); g a contiguous block, ga and gb rows with strides: the operands'
+// adjoints themselves where they can be written in place (no temporary block
+// and no second pass to add it).
 using Bwd = void (*)(const float* a, int64_t as, const float* b, int64_t bs, const float* y, int64_t ys,
-                     const float* g, float c, float* ga, float* gb, int64_t rows, int64_t cols);
+                     const float* g, float c, float* ga, int64_t gas, float* gb, int64_t gbs, int64_t rows,
+                     int64_t cols);
 
 struct Kernels {
   Fwd fwd = nullptr;
@@ -61,17 +65,20 @@ struct Kernels {
   }                                                                                                             \
   template <class P>                                                                                            \
   ATTR void bwd_##SUFFIX(const float* a, int64_t as, const float* b, int64_t bs, const float* y, int64_t ys,    \
-                         const float* g, float c, float* ga, float* gb, int64_t rows, int64_t cols) {           \
+                         const float* g, float c, float* ga, int64_t gas, float* gb, int64_t gbs, int64_t rows,  \
+                         int64_t cols) {                                                                        \
     for (int64_t r = 0; r < rows; ++r) {                                                                        \
       const float* __restrict ar = a + r * as;                                                                  \
       const float* __restrict br = b + r * bs;                                                                  \
       const float* __restrict yr = y + r * ys;                                                                  \
       const float* __restrict gr = g + r * cols;                                                                \
-      float* __restrict gar = ga + r * cols;                                                                    \
-      for (int64_t i = 0; i < cols; ++i) gar[i] = gr[i] * P::da(ar[i], br[i], yr[i], c);                       \
+      if (ga) {                                                                                                 \
+        float* __restrict gar = ga + r * gas;                                                                   \
+        for (int64_t i = 0; i < cols; ++i) gar[i] += gr[i] * P::da(ar[i], br[i], yr[i], c);                    \
+      }                                                                                                         \
       if (gb) {                                                                                                 \
-        float* __restrict gbr = gb + r * cols;                                                                  \
-        for (int64_t i = 0; i < cols; ++i) gbr[i] = gr[i] * P::db(ar[i], br[i], yr[i], c);                     \
+        float* __restrict gbr = gb + r * gbs;                                                                   \
+        for (int64_t i = 0; i < cols; ++i) gbr[i] += gr[i] * P::db(ar[i], br[i], yr[i], c);                    \
       }                                                                                                         \
     }                                                                                                           \
   }
@@ -306,6 +313,25 @@ void backward(const FusedProgram& p, std::span<const FusedInput> inputs, std::sp
       else for (int64_t i = 0; i < b.rows; ++i)
         std::memcpy(dst + i * b.cols, g_out[k] + (b.row0 + i) * p.numel + b.col0, b.cols * sizeof(float));
     }
+    // Where register r's adjoint can take += in place over this block (a
+    // member's adjoint block; a tensor input's gradient rows): pointer and row
+    // stride; null where it cannot (rows read in place, a per-row scalar) or
+    // where no gradient is wanted (then `wanted` says so).
+    auto direct = [&](const Reg& r, bool& wanted) -> std::pair<float*, int64_t> {
+      wanted = true;
+      if (r.member >= 0) return {adj + r.member * count, b.cols};
+      const auto e = static_cast<size_t>(r.input);
+      float* const* g_rows = grad_rows.empty() ? nullptr : grad_rows[e];
+      if (g_rows) return {nullptr, 0};
+      float* g = g_in[e];
+      if (g == nullptr) {
+        wanted = false;
+        return {nullptr, 0};
+      }
+      if (!r.col) return {nullptr, 0};
+      const int64_t stride = p.input_shared[e] ? 0 : p.input_numel[e];
+      return {g + b.row0 * stride + r.offset + b.col0, stride};
+    };
     // Adds a block-shaped contribution into register r's adjoint.
     auto accumulate = [&](const Reg& r, const float* d) {
       if (r.member >= 0) {
@@ -341,10 +367,29 @@ void backward(const FusedProgram& p, std::span<const FusedInput> inputs, std::sp
       const bool binary = info.pointwise->operands == 2;
       const Rows a = rows_of(regs[in.a], b, m, buf);
       const Rows bb = binary ? rows_of(regs[in.b], b, m, buf + count) : a;
-      kernels[in.op].bwd(a.p, a.stride, bb.p, bb.stride, m.ptr[member], b.cols, adj + member * count,
-                         attr_of_instr(in), fa, binary ? fb : nullptr, b.rows, b.cols);
-      accumulate(regs[in.a], fa);
-      if (binary) accumulate(regs[in.b], fb);
+      // Each operand's adjoint in place where it can be; else a zeroed block
+      // added in afterwards. Both operands one register (x * x): b's goes
+      // through the block, so the two never write one place at once.
+      bool want_a = false, want_b = false;
+      auto [ga, gas] = direct(regs[in.a], want_a);
+      auto [gb, gbs] = binary ? direct(regs[in.b], want_b) : std::pair<float*, int64_t>{nullptr, 0};
+      if (binary && in.a == in.b) gb = nullptr;
+      const bool temp_a = want_a && ga == nullptr, temp_b = binary && want_b && gb == nullptr;
+      if (temp_a) {
+        std::fill_n(fa, count, 0.0f);
+        ga = fa;
+        gas = b.cols;
+      }
+      if (temp_b) {
+        std::fill_n(fb, count, 0.0f);
+        gb = fb;
+        gbs = b.cols;
+      }
+      if (ga || gb)
+        kernels[in.op].bwd(a.p, a.stride, bb.p, bb.stride, m.ptr[member], b.cols, adj + member * count,
+                           attr_of_instr(in), ga, gas, gb, gbs, b.rows, b.cols);
+      if (temp_a) accumulate(regs[in.a], fa);
+      if (temp_b) accumulate(regs[in.b], fb);
     }
   });
 }

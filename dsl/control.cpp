@@ -34,14 +34,7 @@ void expect_scalar(Engine& g, const Expr& e, const Site& site, const char* what)
 template <class F>
 auto in_example(Engine& g, int64_t example, F&& fn) {
   if (example < 0) return fn();
-  Trace& t = g.trace();
-  const int64_t saved = t.current_example();
-  t.set_current_example(example);
-  struct Restore {
-    Trace& t;
-    int64_t saved;
-    ~Restore() { t.set_current_example(saved); }
-  } restore{t, saved};
+  ExampleGuard scope(g.trace(), example);
   return fn();
 }
 

@@ -11,14 +11,7 @@ AwaitToken await_value(const Expr& expr, std::function<void(const HostValue&)> r
   const NodeId n = g.node_of(expr, "co_await", loc);
   const int64_t example = g.trace().current_example();
   const WaiterId id = g.when_computed(n, [&g, example, resume = std::move(resume)](const HostValue& v) {
-    Trace& t = g.trace();
-    const int64_t saved = t.current_example();
-    t.set_current_example(example);
-    struct Restore {
-      Trace& t;
-      int64_t saved;
-      ~Restore() { t.set_current_example(saved); }
-    } restore{t, saved};
+    ExampleGuard scope(g.trace(), example);
     resume(v);
   });
   return AwaitToken{expr, id.index, id.generation};

@@ -298,20 +298,13 @@ void Engine::call_later(const std::shared_ptr<const FunctionDef>& def, std::span
   }
   trace_.when_shapes_known(args, [this, def, args = std::vector<NodeId>(args.begin(), args.end()), holders, example,
                                   loc = site.loc] {
-    Trace& t = trace_;
-    const int64_t saved = t.current_example();
-    t.set_current_example(example);
-    struct Restore {
-      Trace& t;
-      int64_t saved;
-      ~Restore() { t.set_current_example(saved); }
-    } restore{t, saved};
+    ExampleGuard in_example(trace_, example);
     std::vector<Expr> results;
     call(def, args, 0, results, loc);
     if (results.size() != holders.size())
       throw_user(Site{def->name, example, loc}, "function '", def->name, "' returned ", results.size(),
                  " results where the call takes ", holders.size());
-    for (size_t k = 0; k < holders.size(); ++k) t.resolve(holders[k], results[k].id());
+    for (size_t k = 0; k < holders.size(); ++k) trace_.resolve(holders[k], results[k].id());
   });
 }
 

@@ -134,4 +134,18 @@ class Trace {
   size_t next_recent_ = 0;
 };
 
+// Records under `example` while alive: control flow's callbacks and deferred
+// function calls run later, for the example that made them.
+class ExampleGuard {
+ public:
+  ExampleGuard(Trace& t, int64_t example) : t_(t), saved_(t.current_example()) { t.set_current_example(example); }
+  ~ExampleGuard() { t_.set_current_example(saved_); }
+  ExampleGuard(const ExampleGuard&) = delete;
+  ExampleGuard& operator=(const ExampleGuard&) = delete;
+
+ private:
+  Trace& t_;
+  int64_t saved_;
+};
+
 }  // namespace sheaf
