@@ -37,5 +37,15 @@ int main() {
     return sheaf::dsl::sum(sheaf::dsl::call(sheaf::user_op<Swish>(), {cg.input(at::full({4}, 0.1 * i)) * v}));
   }, {.params = {v}});
   std::printf("user op 'swish': %s\n", r.ok ? "batched equals alone" : r.message.c_str());
-  return g.stats().batches == 4 && grad_ok && r.ok ? 0 : 1;
+  // A function of the user's: recorded once, one node per call.
+  auto cell = sheaf::function("cell", [&](sheaf::Expr x, sheaf::Expr h) {
+    return std::pair{sheaf::dsl::tanh(x * v + h), sheaf::dsl::sigmoid(h)};
+  });
+  const sheaf::CheckReport f = sheaf::check_batched(4, [&](sheaf::Graph& cg, int i) {
+    sheaf::Expr h = cg.input(at::full({4}, 0.2 * i));
+    for (int k = 0; k <= i; ++k) h = cell(cg.input(at::full({4}, 0.1 * k)), h).first;
+    return sheaf::dsl::sum(h);
+  }, {.params = {v}});
+  std::printf("function 'cell': %s\n", f.ok ? "batched equals alone and inline" : f.message.c_str());
+  return g.stats().batches == 4 && grad_ok && r.ok && f.ok ? 0 : 1;
 }
