@@ -126,6 +126,96 @@ void FunctionBody::plan_arguments(const NodeStore& s, size_t arity) {
     if (const int32_t i = arg_of_[r]; i >= 0) arg_use_[static_cast<size_t>(i)].tensor = true;
 }
 
+// A fused region: one kernel over the n rows (arguments read in place where
+// the executor gave rows).
+void FunctionBody::run_fused_step(const Step& step, int64_t n, std::span<const FusedInput> args,
+                                  std::vector<at::Tensor>& regs) const {
+  const NodeStore& s = *store_;
+  std::vector<FusedInput> ins;
+  ins.reserve(step.inputs.size());
+  for (NodeId v : step.inputs) {
+    const int32_t i = arg_of_[s.resolve(v)];
+    if (i >= 0 && args[static_cast<size_t>(i)].rows) ins.push_back(args[static_cast<size_t>(i)]);
+    else ins.push_back(FusedInput{regs[v], nullptr});
+    SHEAF_ASSERT(ins.back().rows || ins.back().tensor.defined(), "fused input %", v, " of a body is missing");
+  }
+  std::vector<at::Tensor> values = run_fused(step.program, std::span<const FusedInput>(ins), n, step.keep);
+  for (size_t k = 0; k < step.members.size(); ++k)
+    if (step.keep[k]) regs[step.members[k]] = std::move(values[k]);
+}
+
+// One op over the n rows (one row when every argument is shared), as the
+// executor would launch a batch of it: the op's batched run, or a nested
+// function's body.
+void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::vector<at::Tensor>& regs) const {
+  const NodeStore& s = *store_;
+  const NodeId v = step.node;
+  const OpInfo& info = op_info(s.op[v]);
+  const bool once = s.has(v, NodeStore::kShared);
+  const int64_t rows = once ? 1 : a.n;
+  const auto node_args = s.args_of(v);
+  std::vector<at::Tensor> ins;
+  std::vector<uint8_t> shared;
+  if (info.traits.segmented) {  // one list: every element in in(0), node-major
+    std::vector<at::Tensor> xs;
+    for (NodeId arg : node_args) xs.push_back(once ? regs[s.resolve(arg)].unsqueeze(0) : regs[s.resolve(arg)]);
+    ins.push_back(at::stack(xs, 1).reshape(
+        batched_sizes(rows * static_cast<int64_t>(node_args.size()), s.shape_of(s.resolve(node_args[0])))));
+    shared.push_back(0);
+  } else {
+    for (NodeId arg : node_args) {
+      const NodeId r = s.resolve(arg);
+      SHEAF_ASSERT(regs[r].defined(), "argument %", r, " of a body step is missing");
+      ins.push_back(once ? regs[r].unsqueeze(0) : regs[r]);
+      shared.push_back(!once && s.has(r, NodeStore::kShared));
+    }
+  }
+  LaunchArgs la;
+  la.n = rows;
+  la.arity = node_args.size();
+  la.inputs = ins;
+  la.shared = shared;
+  la.attrs = s.attrs_of(v);
+  la.out_shape = &s.shape_of(v);
+  la.user_tensors = &s.user_tensors;
+  la.options = a.options;
+  la.seed = a.seed;
+  la.train = a.train;
+  la.weight_grads = a.weight_grads;
+  at::Tensor index;
+  std::vector<int64_t> payload, counts;
+  if (reads_payload(s, v)) {
+    // [payload per row | segment id per list element]
+    const auto k = static_cast<int64_t>(node_args.size());
+    const int64_t total = info.traits.segmented ? rows * k : 0;
+    payload.assign(static_cast<size_t>(rows), s.payload[v]);
+    for (int64_t e = 0; e < total; ++e) payload.push_back(e / k);
+    at::Tensor host = at::empty({rows + total}, at::TensorOptions().dtype(at::kLong));
+    std::copy(payload.begin(), payload.end(), host.data_ptr<int64_t>());
+    index = a.options.device().is_cpu() ? host : host.to(a.options.device());
+    la.payload_host = std::span(payload.data(), static_cast<size_t>(rows));
+    la.index = &index;
+    if (info.traits.segmented) {
+      counts.assign(static_cast<size_t>(rows), k);
+      la.segments_off = rows;
+      la.segments_len = total;
+      la.segment_counts = counts;
+    }
+  }
+  if (s.op[v] == code_of<op::Call>) {  // a function the body calls: its results
+    SHEAF_ASSERT(nested_ != nullptr, "a function body calls a function but has no table");
+    std::vector<at::Tensor> results = nested_->body(la.attrs[0]).run(la);
+    const size_t count = step.members.empty() ? 1 : step.members.size();
+    SHEAF_ASSERT(results.size() == count, "a nested call gave ", results.size(), " results for ", count);
+    for (size_t k = 0; k < count; ++k)
+      regs[step.members.empty() ? v : step.members[k]] = once ? results[k].select(0, 0) : std::move(results[k]);
+    return;
+  }
+  RunCtx ctx(la);
+  at::Tensor out = info.run(ctx);
+  regs[v] = once ? out.select(0, 0) : std::move(out);
+}
+
 std::vector<at::Tensor> FunctionBody::run(const LaunchArgs& a) const {
   std::vector<FusedInput> args;
   for (const at::Tensor& t : a.inputs) args.push_back(FusedInput{t, nullptr});
@@ -148,96 +238,15 @@ std::vector<at::Tensor> FunctionBody::run(const LaunchArgs& a, std::span<const F
       regs[v] = s.batch_out[s.value_batch[v]];  // a parameter: the tensor itself
     }
   }
-
-  std::vector<at::Tensor> ins;
-  std::vector<FusedInput> fused_ins;
-  std::vector<uint8_t> shared;
-  std::vector<int64_t> payload;
   for (const Step& step : steps_) {
     if (step.node == kNoNode) {
-      fused_ins.clear();
-      for (NodeId v : step.inputs) {
-        const int32_t i = arg_of_[s.resolve(v)];
-        // An argument read in place (rows), or any value as a tensor.
-        if (i >= 0 && args[static_cast<size_t>(i)].rows) fused_ins.push_back(args[static_cast<size_t>(i)]);
-        else fused_ins.push_back(FusedInput{regs[v], nullptr});
-        SHEAF_ASSERT(fused_ins.back().rows || fused_ins.back().tensor.defined(), "fused input %", v, " of a body is missing");
-      }
-      std::vector<at::Tensor> values = run_fused(step.program, std::span<const FusedInput>(fused_ins), n, step.keep);
-      for (size_t k = 0; k < step.members.size(); ++k)
-        if (step.keep[k]) regs[step.members[k]] = std::move(values[k]);
-      continue;
-    }
-    if (step.group >= 0 && static_cast<size_t>(step.group) < groups.size() && groups[static_cast<size_t>(step.group)].defined()) {
+      run_fused_step(step, n, args, regs);
+    } else if (step.group >= 0 && static_cast<size_t>(step.group) < groups.size() &&
+               groups[static_cast<size_t>(step.group)].defined()) {
       regs[step.node] = groups[static_cast<size_t>(step.group)];  // gathered side by side by the executor
-      continue;
-    }
-    const NodeId v = step.node;
-    const OpInfo& info = op_info(s.op[v]);
-    const bool once = s.has(v, NodeStore::kShared);  // every argument shared: one row
-    const int64_t rows = once ? 1 : n;
-    const auto node_args = s.args_of(v);
-    ins.clear();
-    shared.clear();
-    if (info.traits.segmented) {  // one list: every element in in(0), node-major
-      std::vector<at::Tensor> xs;
-      for (NodeId arg : node_args) xs.push_back(once ? regs[s.resolve(arg)].unsqueeze(0) : regs[s.resolve(arg)]);
-      std::vector<int64_t> sizes = batched_sizes(rows * static_cast<int64_t>(node_args.size()), s.shape_of(s.resolve(node_args[0])));
-      ins.push_back(at::stack(xs, 1).reshape(sizes));
-      shared.push_back(0);
     } else {
-      for (NodeId arg : node_args) {
-        const NodeId r = s.resolve(arg);
-        const bool arg_shared = s.has(r, NodeStore::kShared);
-        SHEAF_ASSERT(regs[r].defined(), "argument %", r, " of a body step is missing");
-        ins.push_back(once ? regs[r].unsqueeze(0) : regs[r]);
-        shared.push_back(!once && arg_shared);
-      }
+      run_op_step(step, a, regs);
     }
-    LaunchArgs la;
-    la.n = rows;
-    la.arity = node_args.size();
-    la.inputs = ins;
-    la.shared = shared;
-    la.attrs = s.attrs_of(v);
-    la.out_shape = &s.shape_of(v);
-    la.user_tensors = &s.user_tensors;
-    la.options = a.options;
-    la.seed = a.seed;
-    la.train = a.train;
-    la.weight_grads = a.weight_grads;
-    at::Tensor index;
-    std::vector<int64_t> counts;
-    if (reads_payload(s, v)) {
-      // [payload per row | segment id per list element]
-      const auto k = static_cast<int64_t>(node_args.size());
-      const int64_t total = info.traits.segmented ? rows * k : 0;
-      payload.assign(static_cast<size_t>(rows), s.payload[v]);
-      for (int64_t e = 0; e < total; ++e) payload.push_back(e / k);
-      at::Tensor host = at::empty({rows + total}, at::TensorOptions().dtype(at::kLong));
-      std::copy(payload.begin(), payload.end(), host.data_ptr<int64_t>());
-      index = a.options.device().is_cpu() ? host : host.to(a.options.device());
-      la.payload_host = std::span(payload.data(), static_cast<size_t>(rows));
-      la.index = &index;
-      if (info.traits.segmented) {
-        counts.assign(static_cast<size_t>(rows), k);
-        la.segments_off = rows;
-        la.segments_len = total;
-        la.segment_counts = counts;
-      }
-    }
-    if (s.op[v] == code_of<op::Call>) {  // a function the body calls: its results
-      SHEAF_ASSERT(nested_ != nullptr, "a function body calls a function but has no table");
-      std::vector<at::Tensor> results = nested_->body(la.attrs[0]).run(la);
-      const size_t count = step.members.empty() ? 1 : step.members.size();
-      SHEAF_ASSERT(results.size() == count, "a nested call gave ", results.size(), " results for ", count);
-      for (size_t k = 0; k < count; ++k)
-        regs[step.members.empty() ? v : step.members[k]] = once ? results[k].select(0, 0) : std::move(results[k]);
-      continue;
-    }
-    RunCtx ctx(la);
-    at::Tensor out = info.run(ctx);
-    regs[v] = once ? out.select(0, 0) : std::move(out);
   }
 
   std::vector<at::Tensor> outs;

@@ -81,6 +81,9 @@ class FunctionBody {
     int32_t group = -1;           // a concat of arguments: its group
   };
   void plan_arguments(const NodeStore& s, size_t arity);
+  void run_fused_step(const Step& step, int64_t n, std::span<const FusedInput> args,
+                      std::vector<at::Tensor>& regs) const;
+  void run_op_step(const Step& step, const LaunchArgs& a, std::vector<at::Tensor>& regs) const;
 
   const NodeStore* store_ = nullptr;
   const FunctionTable* nested_ = nullptr;
