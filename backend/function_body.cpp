@@ -55,22 +55,19 @@ void FunctionBody::compile(NodeStore& s, ReadyQueue& ready, std::span<const Node
   for (NodeId v = 0; v < s.size(); ++v)
     SHEAF_ASSERT(!live[v] || s.has(v, NodeStore::kComputed) || dag.stamp[v] == dag.round,
                  "node %", v, " of a function body cannot run");
-  fuser.fuse(s, dag, fuse);
+  if (fuse) fuser.fuse(s, dag);
 
   for (uint32_t i = 0; i < dag.size(); ++i) {
     if (dag.region[i] == kNone32) {
       const NodeId v = dag.node[i];
-      if (arg_of_[v] < 0 && live[v]) steps_.push_back(Step{v, nullptr, {}, {}, {}});
+      if (arg_of_[v] >= 0 || !live[v]) continue;
+      Step step{v, nullptr, {}, {}, {}};
+      if (s.op[v] == code_of<op::Call>)  // a call's results: the call and the nodes recorded after it
+        for (int64_t k = 0; k < s.attrs_of(v)[1]; ++k) step.members.push_back(v + static_cast<NodeId>(k));
+      steps_.push_back(std::move(step));
       continue;
     }
     const Region& r = fuser.region(dag.region[i]);
-    if (r.call != kNoNode) {  // a call with several results: its results are the members
-      const auto members = fuser.members(r);
-      bool needed = false;
-      for (NodeId m : members) needed = needed || live[m];
-      if (needed) steps_.push_back(Step{r.call, nullptr, {}, {members.begin(), members.end()}, {}});
-      continue;
-    }
     Step step;
     step.program = r.program;
     const auto inputs = fuser.inputs(r);
@@ -205,10 +202,10 @@ void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::vecto
   if (s.op[v] == code_of<op::Call>) {  // a function the body calls: its results
     SHEAF_ASSERT(nested_ != nullptr, "a function body calls a function but has no table");
     std::vector<at::Tensor> results = nested_->body(la.attrs[0]).run(la);
-    const size_t count = step.members.empty() ? 1 : step.members.size();
-    SHEAF_ASSERT(results.size() == count, "a nested call gave ", results.size(), " results for ", count);
-    for (size_t k = 0; k < count; ++k)
-      regs[step.members.empty() ? v : step.members[k]] = once ? results[k].select(0, 0) : std::move(results[k]);
+    SHEAF_ASSERT(results.size() == step.members.size(), "a nested call gave ", results.size(), " results for ",
+                 step.members.size());
+    for (size_t k = 0; k < results.size(); ++k)
+      regs[step.members[k]] = once ? results[k].select(0, 0) : std::move(results[k]);
     return;
   }
   RunCtx ctx(la);

@@ -73,7 +73,7 @@ class FunctionBody {
 
  private:
   struct Step {
-    NodeId node = kNoNode;  // an op (a call of several results: `members` are its results); kNoNode: a fused region
+    NodeId node = kNoNode;  // an op (a call: `members` are its results); kNoNode: a fused region
     std::shared_ptr<const FusedProgram> program;
     std::vector<NodeId> inputs;   // the region's inputs
     std::vector<NodeId> members;  // its members, in program order

@@ -259,13 +259,14 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
   const uint32_t index = functions_.variant_for(def, shapes, shared, generation_, options_, site);
   const std::vector<Shape>& results = functions_.variant(index).results;
   // The call's value is its first result; each further result is a CallResult
-  // node, computed by the same batch (scheduler/fusion.h).
+  // node recorded right after it, computed by the same batch (ops/call.h).
+  call_attrs_.assign({static_cast<int64_t>(index), static_cast<int64_t>(results.size()), results[0].rank()});
+  call_attrs_.insert(call_attrs_.end(), results[0].dims().begin(), results[0].dims().end());
+  const NodeId node = trace_.record(code_of<op::Call>, args, call_attrs_, 0, loc);
   auto shape_attrs = [&](int64_t k, const Shape& r) {
     call_attrs_.assign({k, r.rank()});
     call_attrs_.insert(call_attrs_.end(), r.dims().begin(), r.dims().end());
   };
-  shape_attrs(index, results[0]);
-  const NodeId node = trace_.record(code_of<op::Call>, args, call_attrs_, 0, loc);
   out.clear();
   out.push_back(expr(node));
   for (size_t k = 1; k < results.size(); ++k) {

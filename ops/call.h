@@ -9,33 +9,35 @@
 
 namespace sheaf::op {
 
-// Attributes (k, rank, dims...): an index, then a shape.
-inline Shape indexed_shape(const InferCtx& c) {
-  if (c.attrs().size() < 2 || c.attr(1) < 0 || c.attr(1) > kMaxRank ||
-      c.attrs().size() != 2 + static_cast<size_t>(c.attr(1)))
+// Attributes from `first` on: rank, dims... (a shape).
+inline Shape shape_attrs(const InferCtx& c, size_t first) {
+  if (c.attrs().size() < first + 1 || c.attr(first) < 0 || c.attr(first) > kMaxRank ||
+      c.attrs().size() != first + 1 + static_cast<size_t>(c.attr(first)))
     c.fail("malformed attributes (record calls through sheaf::Function)");
   Shape out;
-  for (int64_t i = 0; i < c.attr(1); ++i) out.push(c.attr(2 + static_cast<size_t>(i)));
+  for (int64_t i = 0; i < c.attr(first); ++i) out.push(c.attr(first + 1 + static_cast<size_t>(i)));
   return out;
 }
 
 // args: the function's arguments; attrs: the body's index in the graph's
-// function table, then the shape of its (first) result. Its value is the first
-// result; a function with more results has a CallResult node for each of the
-// others, and a batch of calls has one output per result (scheduler/fusion.h).
+// function table, the number of results K, then the shape of the first
+// result (rank, dims...). Its value is the first result; results 1..K-1 are
+// the CallResult nodes recorded right after it (node ids call + k). A batch of
+// calls has one output per result: the scheduler places the results' rows
+// with the call's (scheduler/round.h, plan.h).
 struct Call {
   static constexpr std::string_view name = "call";
   static constexpr OpTraits traits{.arity = OpTraits::kVariadic};
-  static Shape infer(const InferCtx& c) { return indexed_shape(c); }
+  static Shape infer(const InferCtx& c) { return shape_attrs(c, 2); }
   static at::Tensor run(RunCtx&);  // never: the executor runs the body (backend/function_body.h)
 };
 
 // Result k (>= 1) of a call: args: the call; attrs: k, then the result's shape.
-// Computed by the call's batch, never launched alone.
+// Computed by the call's batch, never scheduled on its own.
 struct CallResult {
   static constexpr std::string_view name = "call_result";
   static constexpr OpTraits traits{.arity = 1};
-  static Shape infer(const InferCtx& c) { return indexed_shape(c); }
+  static Shape infer(const InferCtx& c) { return shape_attrs(c, 1); }
   static at::Tensor run(RunCtx&);
 };
 

@@ -112,9 +112,6 @@ void Fuser::collect_regions(const NodeStore& s, const RoundDag& dag) {
     member_local_[slot] = i;
     escapes_[slot] = escapes;
   }
-  members_.resize(at);  // calls' regions follow (collect_calls)
-  member_local_.resize(at);
-  escapes_.resize(at);
 }
 
 namespace {
@@ -380,62 +377,17 @@ void Fuser::contract_kahn(RoundDag& dag) {
   swap_in(dag);
 }
 
-void Fuser::fuse(NodeStore& store, RoundDag& dag, bool elementwise) {
+void Fuser::fuse(NodeStore& store, RoundDag& dag) {
   inputs_.clear();
-  if (elementwise) {
-    collect_regions(store, dag);
-  } else {
-    const size_t m = dag.size();
-    region_of_.assign(m, kNone32);
-    member_pos_.resize(m);
-    members_.clear();
-    member_local_.clear();
-    escapes_.clear();
-    regions_.clear();
-  }
-  const auto fused = static_cast<uint32_t>(regions_.size());
-  region_sig_.resize(fused);
+  collect_regions(store, dag);
+  if (regions_.empty()) return;
+  region_sig_.resize(regions_.size());
   last_program_ = nullptr;  // signatures are per graph: a clear() may have reset them
-  for (uint32_t k = 0; k < fused; ++k) {
+  for (uint32_t k = 0; k < regions_.size(); ++k) {
     find_inputs(store, dag, k);
     regions_[k].program = program_for(store, dag, k, region_sig_[k]);
   }
-  collect_calls(store, dag);
-  if (regions_.empty()) return;
   contract(dag);
-}
-
-// Calls with several results: the call (result 0) and its CallResult nodes
-// (recorded right after it, in order) are one region each.
-void Fuser::collect_calls(const NodeStore& s, const RoundDag& dag) {
-  const auto m = static_cast<uint32_t>(dag.size());
-  for (uint32_t i = 0; i < m; ++i) {
-    const NodeId n = dag.node[i];
-    if (s.op[n] != code_of<op::CallResult>) continue;
-    const uint32_t lc = dag.local_of[s.resolve(s.args_of(n)[0])];
-    uint32_t k = region_of_[lc];
-    if (k == kNone32) {  // the call's first result seen: open its region with the call
-      const NodeId call = dag.node[lc];
-      k = static_cast<uint32_t>(regions_.size());
-      Region r{static_cast<uint32_t>(members_.size()), 1, static_cast<uint32_t>(inputs_.size()), 0, nullptr, call};
-      for (NodeId a : s.args_of(call)) inputs_.push_back(s.resolve(a));
-      r.inputs_len = static_cast<uint32_t>(inputs_.size()) - r.inputs_begin;
-      regions_.push_back(r);
-      region_sig_.push_back(s.sig[call]);  // kNoSig for a call on shared values only: it runs alone
-      region_of_[lc] = k;
-      member_pos_[lc] = 0;
-      members_.push_back(call);
-      member_local_.push_back(lc);
-      escapes_.push_back(1);
-    }
-    SHEAF_ASSERT(regions_[k].call != kNoNode && regions_[k].members_begin + regions_[k].members_len == members_.size(),
-                 "the results of call %", dag.node[lc], " are not recorded together");
-    region_of_[i] = k;
-    member_pos_[i] = regions_[k].members_len++;
-    members_.push_back(n);
-    member_local_.push_back(i);
-    escapes_.push_back(1);
-  }
 }
 
 std::string FusedProgram::str() const {

@@ -59,28 +59,21 @@ struct FusedProgram {
 
 // A region of the current round: its members (graph nodes in program order)
 // and its external inputs (graph nodes, per-example or shared).
-//
-// A call of a sheaf::Function with several results is a region too (`call`
-// is its node): its members are the call (result 0) and its CallResult nodes
-// (results 1...), its inputs the call's arguments as they are (in order,
-// repeats kept); it runs as one batch with a batch output per result.
 struct Region {
   uint32_t members_begin = 0, members_len = 0;
   uint32_t inputs_begin = 0, inputs_len = 0;
-  std::shared_ptr<const FusedProgram> program;  // null for a call
-  NodeId call = kNoNode;
+  std::shared_ptr<const FusedProgram> program;
 };
 
 class Fuser {
  public:
   Fuser();
-  // Finds the round's regions (with `elementwise`, two or more fusible nodes;
-  // always, calls with several results) and rewrites `dag` so that each is one
-  // entry: dag.node[i] = kNoNode, dag.region[i] = its index, dag.sig[i] = the
-  // pattern's signature (a call's: the call node's). Other entries keep their
-  // node (and dag.region[i] = kNone32). Strategies and the planner then see
-  // regions as nodes. Programs of patterns are kept across rounds and clears.
-  void fuse(NodeStore& store, RoundDag& dag, bool elementwise = true);
+  // Finds the round's regions (two or more fusible nodes) and rewrites `dag` so
+  // that each is one entry: dag.node[i] = kNoNode, dag.region[i] = its index,
+  // dag.sig[i] = the pattern's signature. Other entries keep their node (and
+  // dag.region[i] = kNone32). Strategies and the planner then see regions as
+  // nodes. Programs of patterns are kept across rounds and clears.
+  void fuse(NodeStore& store, RoundDag& dag);
 
   const Region& region(uint32_t r) const { return regions_[r]; }
   std::span<const NodeId> members(const Region& r) const { return {members_.data() + r.members_begin, r.members_len}; }
@@ -95,7 +88,6 @@ class Fuser {
   bool fusible(const NodeStore& s, NodeId n) const;
   uint32_t find(uint32_t i);
   void collect_regions(const NodeStore& s, const RoundDag& dag);
-  void collect_calls(const NodeStore& s, const RoundDag& dag);
   void find_inputs(const NodeStore& s, const RoundDag& dag, uint32_t region);
   std::shared_ptr<const FusedProgram> program_for(NodeStore& s, const RoundDag& dag, uint32_t region, SigId& sig);
   std::shared_ptr<const FusedProgram> build_program(const NodeStore& s, const RoundDag& dag, uint32_t region);

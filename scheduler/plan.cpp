@@ -127,6 +127,7 @@ class Planner {
     b.n = static_cast<uint32_t>(locals.size());
     order_rows(dag, locals);
     place_rows(b);
+    if (b.op == code_of<op::Call>) place_results(b);
     plan_inputs(b, op_info(b.op).traits);
     b.payload = static_cast<int64_t>(p_.indices.size());
     for (NodeId node : nodes_of(b)) p_.indices.push_back(s_.payload[node]);
@@ -160,8 +161,7 @@ class Planner {
     return two;
   }
 
-  // Rows of a batch of regions (fused, or calls with several results): ordered
-  // by reader where parallel_readers says so, then by the path ahead and where
+  // Rows of a batch of fused regions: ordered by reader where parallel_readers says so, then by the path ahead and where
   // each region's first per-example input lives (order_rows' keys); member k
   // of row i is batch out + k, row i.
   void place_regions(const RoundDag& dag, std::span<const uint32_t> locals, PlannedBatch& b) {
@@ -199,7 +199,6 @@ class Planner {
   // n regions of one pattern: one kernel.
   void add_fused_batch(const RoundDag& dag, std::span<const uint32_t> locals) {
     const Region& first = fuser_->region(dag.region[locals[0]]);
-    if (first.call != kNoNode) return add_call_batch(dag, locals);
     PlannedBatch b{};
     b.program = first.program;
     b.outputs = first.members_len;
@@ -222,27 +221,6 @@ class Planner {
     b.arity = first.inputs_len;
     plan_region_inputs(b, first);
     b.payload = static_cast<int64_t>(p_.indices.size());
-    p_.batches.push_back(b);
-  }
-
-  // n calls of one function with several results: one batch, an output per
-  // result; its inputs are the calls' arguments, position by position.
-  void add_call_batch(const RoundDag& dag, std::span<const uint32_t> locals) {
-    const Region& first = fuser_->region(dag.region[locals[0]]);
-    PlannedBatch b{};
-    b.op = code_of<op::Call>;
-    b.outputs = first.members_len;
-    b.shared = s_.has(first.call, NodeStore::kShared);
-    b.out = base_ + static_cast<uint32_t>(rows_.size());
-    b.n = static_cast<uint32_t>(locals.size());
-    place_regions(dag, locals, b);
-    b.keep_begin = static_cast<uint32_t>(p_.keep.size());
-    p_.keep.resize(p_.keep.size() + b.outputs, 1);
-    b.args_begin = static_cast<uint32_t>(p_.args.size());
-    b.arity = first.inputs_len;
-    plan_region_inputs(b, first);
-    b.payload = static_cast<int64_t>(p_.indices.size());
-    for (uint32_t i = 0; i < b.n; ++i) p_.indices.push_back(s_.payload[p_.nodes[b.nodes_begin + i]]);
     p_.batches.push_back(b);
   }
 
@@ -447,6 +425,24 @@ class Planner {
       s_.value_row[node] = b.shared ? kWholeRow : i;
     }
     rows_.push_back(b.shared ? 0 : b.n);
+  }
+
+  // A batch of function calls with K results: result k of row i is the node
+  // recorded k after the call (a CallResult), in batch out + k, row i.
+  void place_results(PlannedBatch& b) {
+    b.outputs = static_cast<uint32_t>(s_.attrs_of(p_.nodes[b.nodes_begin])[1]);
+    for (uint32_t k = 1; k < b.outputs; ++k) {
+      for (uint32_t i = 0; i < b.n; ++i) {
+        const NodeId call = p_.nodes[b.nodes_begin + i];
+        const NodeId node = call + k;
+        SHEAF_ASSERT(node < s_.size() && s_.op[node] == code_of<op::CallResult> && s_.args_of(node)[0] == call,
+                     "result ", k, " of call %", call, " is not recorded right after it");
+        p_.nodes.push_back(node);
+        s_.value_batch[node] = b.out + k;
+        s_.value_row[node] = b.shared ? kWholeRow : i;
+      }
+      rows_.push_back(b.shared ? 0 : b.n);
+    }
   }
 
   void plan_inputs(PlannedBatch& b, const OpTraits& traits) {

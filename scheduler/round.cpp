@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <sheaf/ops/op_list.h>
+
 namespace sheaf {
 
 namespace {
@@ -75,6 +77,15 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
     if (blocker != kNoNode) {
       dag.args.resize(listed);
       q.park(n, blocker);
+      continue;
+    }
+    if (s.op[n] == code_of<op::CallResult>) {
+      // A call's further result: computed by the call's batch, so it is the
+      // call's entry for whatever reads it (the planner places its rows).
+      dag.args.resize(listed);
+      dag.stamp[n] = round;
+      dag.local_of[n] = dag.local_of[s.resolve(s.args_of(n)[0])];
+      q.wake(n, work);
       continue;
     }
     dag.stamp[n] = round;

@@ -25,7 +25,7 @@ bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, 
   build_round(trace.store(), trace.ready(), aliases_, dag_, times_.visits);
   lap(t, times_.round_ms);
   if (dag_.size() == 0) return false;
-  fuser_.fuse(trace.store(), dag_, fuse);  // calls with several results are regions either way
+  if (fuse) fuser_.fuse(trace.store(), dag_);
   lap(t, times_.fuse_ms);
   batches_.clear();
   if (memo_owner_ != &strategy) {
@@ -35,7 +35,7 @@ bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, 
   strategy.schedule(dag_, batches_, memo_);
   if (validate) validate_batches(dag_, batches_, strategy.name());
   lap(t, times_.strategy_ms);
-  make_plan(trace.store(), dag_, batches_, strategy.name(), plan_, &fuser_);
+  make_plan(trace.store(), dag_, batches_, strategy.name(), plan_, fuse ? &fuser_ : nullptr);
   count_split_shared(trace);
   lap(t, times_.plan_ms);
   return true;
