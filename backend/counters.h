@@ -9,7 +9,7 @@ namespace sheaf {
 
 struct ExecCounters {
   uint64_t nodes = 0;             // nodes executed
-  uint64_t batches = 0;           // batched op launches (one per batch)
+  uint64_t batches = 0;           // batches run (one launch each, but a call batch runs its body's steps)
   uint64_t zero_copy_inputs = 0;  // batched inputs passed as a view of an earlier batch
   uint64_t gathered_inputs = 0;   // batched inputs that needed a gather
   uint64_t gather_launches = 0;   // index_select / cat launches those gathers took

@@ -123,14 +123,18 @@ Kernels compile(const FusedProgram& p) {
   return k;  // modules live as long as the process: programs are few and reused
 }
 
-const Kernels& kernels_for(const FusedProgram& p) {
+// By the program's key (its hash first): one compilation per program and
+// device for the process, whichever graph made the program.
+Kernels kernels_for(const FusedProgram& p) {  // by value: the cache may grow on another thread
   static std::mutex mu;
-  static std::map<std::pair<uint64_t, int>, Kernels> cache;
+  static std::map<std::pair<uint64_t, int>, std::vector<std::pair<std::vector<int64_t>, Kernels>>> cache;
   const int device = c10::cuda::current_device();
   std::lock_guard lock(mu);
-  auto it = cache.find({p.hash, device});
-  if (it == cache.end()) it = cache.emplace(std::make_pair(p.hash, device), compile(p)).first;
-  return it->second;
+  auto& bucket = cache[{p.hash, device}];
+  for (const auto& [key, kernels] : bucket)
+    if (key == p.key) return kernels;
+  bucket.emplace_back(p.key, compile(p));
+  return bucket.back().second;
 }
 
 void launch(CUfunction f, int64_t n, int64_t numel, std::vector<void*>& args) {
@@ -166,7 +170,7 @@ bool available(std::string* why) {
 
 void forward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> outputs, int64_t n) {
   const c10::cuda::CUDAGuard guard(outputs.empty() ? inputs[0].device() : outputs[0].device());
-  const Kernels& k = kernels_for(p);
+  const Kernels k = kernels_for(p);
   Args args(n, {inputs, outputs});
   launch(k.fwd, n, p.numel, args.args);
 }
@@ -174,7 +178,7 @@ void forward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::spa
 void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> grads_out,
               std::span<at::Tensor> grads_in, int64_t n) {
   const c10::cuda::CUDAGuard guard(inputs[0].device());
-  const Kernels& k = kernels_for(p);
+  const Kernels k = kernels_for(p);
   std::vector<at::Tensor> gin(grads_in.begin(), grads_in.end());
   Args args(n, {inputs, grads_out, gin});
   launch(k.bwd, n, p.numel, args.args);

@@ -13,6 +13,7 @@ namespace sheaf {
 namespace {
 
 constexpr int64_t kPatternTag = -7;  // pattern keys never collide with node signature keys (op >= 0)
+constexpr int64_t kProgramTag = -8;
 
 // Elements per row after dimension `axis` of a per-example shape.
 int64_t inner_of(const Shape& s, int axis) {
@@ -114,16 +115,6 @@ void Fuser::collect_regions(const NodeStore& s, const RoundDag& dag) {
   }
 }
 
-namespace {
-
-// The operand `arg` of a member of region k: another member, or an external input.
-struct Ref {
-  bool member;
-  uint32_t index;  // member position, or input slot within the region
-};
-
-}  // namespace
-
 // The region's external inputs, first use first.
 void Fuser::find_inputs(const NodeStore& s, const RoundDag& dag, uint32_t k) {
   Region& region = regions_[k];
@@ -144,24 +135,25 @@ void Fuser::find_inputs(const NodeStore& s, const RoundDag& dag, uint32_t k) {
 std::shared_ptr<const FusedProgram> Fuser::program_for(NodeStore& s, const RoundDag& dag, uint32_t k, SigId& sig) {
   const Region& region = regions_[k];
   const std::span<const NodeId> ins = inputs(region);
-  auto ref_of = [&](NodeId arg) -> Ref {
+  // An operand's register: an input's slot, or inputs + a member's position.
+  auto reg_of = [&](NodeId arg) -> uint32_t {
     const NodeId r = s.resolve(arg);
     if (!s.has(r, NodeStore::kComputed)) {
       const uint32_t la = dag.local_of[r];
-      if (region_of_[la] == k) return {true, member_pos_[la]};
+      if (region_of_[la] == k) return region.inputs_len + member_pos_[la];
     }
     for (uint32_t e = 0; e < ins.size(); ++e)
-      if (ins[e] == r) return {false, e};
+      if (ins[e] == r) return e;
     throw_internal("fused operand %", r, " is neither a member nor an input");
   };
+  // The batching key: the members' signatures (which name the shared inputs)
+  // and how they read each other. Signature ids are this graph's own, and
+  // restart at clear(): they key the round's batches, never the program cache.
   key_.assign({kPatternTag, s.shapes[s.shape[members(region)[0]]].numel(), static_cast<int64_t>(region.members_len),
                static_cast<int64_t>(region.inputs_len)});
   for (NodeId n : members(region)) {
     key_.push_back(s.sig[n]);
-    for (NodeId a : s.args_of(n)) {
-      const Ref ref = ref_of(a);
-      key_.push_back(ref.member ? static_cast<int64_t>(ref.index) : -1 - static_cast<int64_t>(ref.index));
-    }
+    for (NodeId a : s.args_of(n)) key_.push_back(reg_of(a));
   }
   // Consecutive regions usually share a pattern: skip the interning then.
   bool same = last_program_ != nullptr && key_.size() == last_key_.size();
@@ -171,43 +163,12 @@ std::shared_ptr<const FusedProgram> Fuser::program_for(NodeStore& s, const Round
     return last_program_;
   }
   sig = s.sigs.intern(key_);
-  const uint64_t h = hash_words(key_);
-  auto& bucket = programs_[h];
-  std::shared_ptr<const FusedProgram> program;
-  for (auto& [key, p] : bucket)
-    if (key == key_) program = p;
-  if (!program) {
-    program = build_program(s, dag, k);
-    bucket.emplace_back(key_, program);
-  }
-  last_key_ = key_;
-  last_sig_ = sig;
-  last_program_ = program;
-  return program;
-}
 
-std::shared_ptr<const FusedProgram> Fuser::build_program(const NodeStore& s, const RoundDag& dag, uint32_t k) {
-  const Region& region = regions_[k];
-  const std::span<const NodeId> ins = inputs(region);
-  auto p = std::make_shared<FusedProgram>();
-  p->inputs = region.inputs_len;
-  p->shape = s.shapes[s.shape[members(region)[0]]];
-  p->numel = p->shape.numel();
-  p->hash = hash_words(key_);
-  for (NodeId in : ins) {
-    p->input_numel.push_back(s.shape_of(in).numel());
-    p->input_shared.push_back(s.has(in, NodeStore::kShared));
-  }
-  auto reg_of = [&](NodeId arg) -> uint32_t {
-    const NodeId r = s.resolve(arg);
-    if (!s.has(r, NodeStore::kComputed)) {
-      const uint32_t la = dag.local_of[r];
-      if (region_of_[la] == k) return p->inputs + member_pos_[la];
-    }
-    for (uint32_t e = 0; e < ins.size(); ++e)
-      if (ins[e] == r) return e;
-    throw_internal("fused operand %", r, " is neither a member nor an input");
-  };
+  // The program, keyed by what it computes (instructions, the shape, the
+  // inputs' sizes and sharing): the same key means the same program in any
+  // graph, before or after a clear.
+  const Shape& shape = s.shapes[s.shape[members(region)[0]]];
+  code_.clear();
   for (NodeId n : members(region)) {
     FusedInstr in;
     in.op = s.op[n];
@@ -223,8 +184,46 @@ std::shared_ptr<const FusedProgram> Fuser::build_program(const NodeStore& s, con
     } else if (info.pointwise->scalar) {
       in.attr = s.attrs_of(n)[0];
     }
-    p->code.push_back(in);
+    code_.push_back(in);
   }
+  program_key_.assign({kProgramTag, shape.rank()});
+  program_key_.insert(program_key_.end(), shape.dims().begin(), shape.dims().end());
+  program_key_.push_back(region.inputs_len);
+  for (NodeId in : ins) {
+    program_key_.push_back(s.shape_of(in).numel());
+    program_key_.push_back(s.has(in, NodeStore::kShared));
+  }
+  for (const FusedInstr& in : code_)
+    program_key_.insert(program_key_.end(), {in.op, in.a, in.b, in.attr, in.offset, in.slice});
+  const uint64_t h = hash_words(program_key_);
+  auto& bucket = programs_[h];
+  std::shared_ptr<const FusedProgram> program;
+  for (auto& [key, p] : bucket)
+    if (key == program_key_) program = p;
+  if (!program) {
+    program = build_program(s, region, shape, h);
+    bucket.emplace_back(program_key_, program);
+  }
+  last_key_ = key_;
+  last_sig_ = sig;
+  last_program_ = program;
+  return program;
+}
+
+// From the instructions program_for described (code_) and the region's inputs.
+std::shared_ptr<const FusedProgram> Fuser::build_program(const NodeStore& s, const Region& region, const Shape& shape,
+                                                         uint64_t hash) {
+  auto p = std::make_shared<FusedProgram>();
+  p->inputs = region.inputs_len;
+  p->shape = shape;
+  p->numel = shape.numel();
+  p->hash = hash;
+  p->key = program_key_;
+  for (NodeId in : inputs(region)) {
+    p->input_numel.push_back(s.shape_of(in).numel());
+    p->input_shared.push_back(s.has(in, NodeStore::kShared));
+  }
+  p->code = code_;
   p->read_later.assign(p->code.size(), 0);
   return p;
 }

@@ -49,7 +49,8 @@ struct FusedProgram {
   std::vector<FusedInstr> code;
   int64_t numel = 0;
   Shape shape;  // every member's per-example shape (numel elements)
-  uint64_t hash = 0;  // of the pattern: names the program in kernel caches
+  uint64_t hash = 0;          // of `key`: names the program in kernel caches
+  std::vector<int64_t> key;   // what determines the program (the same in every graph, across clears)
   // Per instruction: a later round read this member of a batch that did not
   // keep it (control flow records its readers after the round ran), so it had
   // to be recomputed. Learned per pattern; batches planned from then on keep it.
@@ -90,7 +91,8 @@ class Fuser {
   void collect_regions(const NodeStore& s, const RoundDag& dag);
   void find_inputs(const NodeStore& s, const RoundDag& dag, uint32_t region);
   std::shared_ptr<const FusedProgram> program_for(NodeStore& s, const RoundDag& dag, uint32_t region, SigId& sig);
-  std::shared_ptr<const FusedProgram> build_program(const NodeStore& s, const RoundDag& dag, uint32_t region);
+  std::shared_ptr<const FusedProgram> build_program(const NodeStore& s, const Region& region, const Shape& shape,
+                                                    uint64_t hash);
   void contract(RoundDag& dag);
   void contract_kahn(RoundDag& dag);
   void swap_in(RoundDag& dag);
@@ -110,13 +112,14 @@ class Fuser {
   std::vector<uint32_t> member_local_;  // members' local ids (same slots as members_)
   std::vector<uint8_t> pointwise_op_;
   std::vector<uint8_t> escapes_;
-  std::vector<int64_t> key_, last_key_;
+  std::vector<int64_t> key_, last_key_, program_key_;
+  std::vector<FusedInstr> code_;  // program_for's: the region's instructions
   SigId last_sig_ = kNoSig;
   std::shared_ptr<const FusedProgram> last_program_;
   // contract()'s scratch.
   std::vector<uint32_t> entry_of_, first_local_, out_begin_, out_, indeg_, order_, position_, fill_;
   RoundDag scratch_;
-  // Programs of every pattern seen, by the pattern's key.
+  // Programs of every pattern seen, by the program's key (FusedProgram::key).
   // Shared: a fused autograd node keeps its program alive after the graph is gone.
   std::unordered_map<uint64_t, std::vector<std::pair<std::vector<int64_t>, std::shared_ptr<const FusedProgram>>>>
       programs_;

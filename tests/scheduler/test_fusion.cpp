@@ -156,3 +156,27 @@ TEST_CASE("fusion: a cell read by two projections keeps each one's rows together
   CHECK(g.stats().gathered_inputs == 0);
   CHECK(g.stats().in_place_inputs == 1);  // the cells' gates, from two projections
 }
+
+TEST_CASE("fusion: programs are told apart by what they compute, across clear() and graphs", "[fusion]") {
+  // Signature ids restart at clear(): a program cache keyed by them gave the
+  // second batch the first batch's kernel (sigmoid(tanh(x)) for tanh(sigmoid(x))).
+  const at::Tensor x = data({5}, 0);
+  Graph g;
+  for (int round = 0; round < 2; ++round) {
+    g.clear();
+    Expr in = g.input(x);
+    Expr y = round == 0 ? dsl::sigmoid(dsl::tanh(in)) : dsl::tanh(dsl::sigmoid(in));
+    g.forward(y);
+    CHECK(at::allclose(y.value(), round == 0 ? at::sigmoid(at::tanh(x)) : at::tanh(at::sigmoid(x))));
+  }
+  // The same in a function's body, recorded again after each clear().
+  bool first = true;
+  auto f = function("f", [&](Expr a) { return first ? dsl::sigmoid(dsl::tanh(a)) : dsl::tanh(dsl::sigmoid(a)); });
+  for (int round = 0; round < 2; ++round) {
+    g.clear();
+    first = round == 0;
+    Expr y = f(g.input(x));
+    g.forward(y);
+    CHECK(at::allclose(y.value(), first ? at::sigmoid(at::tanh(x)) : at::tanh(at::sigmoid(x))));
+  }
+}
