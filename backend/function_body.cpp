@@ -225,8 +225,9 @@ std::vector<at::Tensor> FunctionBody::run(const LaunchArgs& a, std::span<const F
   const int64_t n = a.n;
   // A value per body node: [n, ...] for per-example nodes, the tensor itself for
   // shared ones (parameters, shared arguments, ops on them only).
-  std::vector<at::Tensor> regs(s.size());
-  for (NodeId v = 0; v < s.size(); ++v) {
+  // (Over the body as compiled: its graph refuses more recording until recorded again.)
+  std::vector<at::Tensor> regs(arg_of_.size());
+  for (NodeId v = 0; v < arg_of_.size(); ++v) {
     if (const int32_t i = arg_of_[v]; i >= 0) {
       const at::Tensor& x = args[static_cast<size_t>(i)].tensor;
       // A call whose arguments are all shared runs once, its arguments as [1, ...].

@@ -11,9 +11,14 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SHEAF_HAVE_AVX2_CLONES 1
 #define SHEAF_AVX2_TARGET __attribute__((target("avx2,fma")))
-// 512-bit vectors asked for explicitly: some compilers' tunings prefer 256 bits.
+// 512-bit vectors asked for explicitly where the compiler takes it in a target
+// attribute (GCC; Clang ignores the whole attribute if it sees it).
+#if defined(__clang__)
+#define SHEAF_AVX512_TARGET __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma")))
+#else
 #define SHEAF_AVX512_TARGET \
   __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma,prefer-vector-width=512")))
+#endif
 #endif
 
 namespace sheaf {

@@ -101,7 +101,14 @@ const Strategy& Engine::strategy_for(const ForwardOptions& options) const {
   return options_.strategy ? *options_.strategy : default_strategy();
 }
 
+void Engine::throw_frozen() const {
+  throw UserError(
+      "sheaf: this graph holds a sheaf::Function's body, recorded once and run by its calls: an Expr of the body "
+      "was used after the call (keep only the results the function returns)");
+}
+
 void Engine::forward(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
+  if (frozen_) throw_frozen();
   for (const Expr& t : targets) node_of(t, "forward", loc);
   const Strategy& strategy = strategy_for(options);
   const bool validate = options.validate || debug_enabled();
@@ -123,6 +130,7 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
 }
 
 void Engine::prepare(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
+  if (frozen_) throw_frozen();
   for (const Expr& t : targets) node_of(t, "prepare", loc);
   if (prepared_) return;  // nothing recorded since can join that round
   stop_trace_clock();
@@ -227,7 +235,9 @@ void Engine::clear() {
   stats_ = Stats();
   prepared_ = false;
   recording_ = false;
+  frozen_ = false;
   generation_ = bump_generation(slot_);
+  functions_.trim(generation_);
 }
 
 // ---------------------------------------------------------------------------
@@ -256,8 +266,10 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
     shapes[i] = s.shape_of(args[i]);
     shared[i] = s.has(args[i], NodeStore::kShared);
   }
-  const uint32_t index = functions_.variant_for(def, shapes, shared, generation_, options_, site);
+  const uint32_t index = functions_.variant_for(def, shapes, shared, generation_, options_, site, trace_);
   const std::vector<Shape>& results = functions_.variant(index).results;
+  if (expected != 0 && results.size() != expected)
+    throw_user(site, "function '", def.name, "' returned ", results.size(), " results where the call takes ", expected);
   // The call's value is its first result; each further result is a CallResult
   // node recorded right after it, computed by the same batch (ops/call.h).
   call_attrs_.assign({static_cast<int64_t>(index), static_cast<int64_t>(results.size()), results[0].rank()});

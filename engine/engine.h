@@ -71,8 +71,12 @@ class Engine {
     return expr(trace_.record(op, args, attrs, payload, loc));
   }
   void note_recording() {
+    if (frozen_) throw_frozen();
     if (!recording_) start_trace_clock();
   }
+  // This graph holds a compiled function body (engine/functions.h): until its
+  // next clear(), recording on it or running it is a UserError.
+  void freeze_body() { frozen_ = true; }
   // A call of a sheaf::Function: one node (its body recorded once per argument
   // signature, engine/functions.h). Its results (slices of that node when
   // there are several) replace the contents of `results`, at the very end: a
@@ -151,6 +155,8 @@ class Engine {
   std::vector<at::Tensor> fetched_;  // what the current delivery's HostValues point into
   bool prepared_ = false;  // the scheduler holds a planned round that forward() runs first
   bool recording_ = false; // a node was recorded since the last forward()/prepare()/clear()
+  bool frozen_ = false;    // a compiled function body (freeze_body)
+  [[noreturn]] void throw_frozen() const;
   std::chrono::steady_clock::time_point trace_start_;
   std::vector<int64_t> call_attrs_;  // call()'s scratch, used after its body is recorded
 };

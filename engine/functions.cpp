@@ -14,6 +14,8 @@ namespace {
 
 // More variants than this in one graph: Functions made per call, most likely.
 constexpr size_t kMaxVariants = 1024;
+// A variant no batch recorded for this many clears is forgotten.
+constexpr uint32_t kKeepClears = 8;
 // Bodies that call functions record them in graphs of their own, this deep at most.
 constexpr int kMaxNesting = 32;
 thread_local int t_nesting = 0;
@@ -27,9 +29,16 @@ std::string describe(std::span<const Shape> shapes, std::span<const uint8_t> sha
 
 }  // namespace
 
+void FunctionCache::trim(uint32_t epoch) {
+  std::erase_if(variants_, [&](const std::unique_ptr<Variant>& v) {
+    return v->epoch == kNone32 || epoch - v->epoch > kKeepClears;  // (generations wrap: unsigned difference)
+  });
+  last_ = kNone32;
+}
+
 uint32_t FunctionCache::variant_for(const FunctionDef& def, std::span<const Shape> shapes,
                                     std::span<const uint8_t> shared, uint32_t epoch, const GraphOptions& options,
-                                    const Site& site) {
+                                    const Site& site, const Trace& caller) {
   // A call site calls one variant over and over: look there first, compare in place.
   auto same = [&](const Variant& v) {
     if (v.def_id != def.id) return false;
@@ -73,14 +82,15 @@ uint32_t FunctionCache::variant_for(const FunctionDef& def, std::span<const Shap
       bool& flag;
       ~Done() { flag = false; }
     } done{v.recording};
-    record(v, def, shapes, shared, options, site);
+    record(v, def, shapes, shared, options, site, caller);
     v.epoch = epoch;
   }
   return index;
 }
 
 void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const Shape> shapes,
-                           std::span<const uint8_t> shared, const GraphOptions& options, const Site& site) {
+                           std::span<const uint8_t> shared, const GraphOptions& options, const Site& site,
+                           const Trace& caller) {
   if (t_nesting >= kMaxNesting)
     throw_user(site, "functions nested more than ", kMaxNesting, " deep (does function '", def.name,
                "' call itself? a body is recorded once per argument shapes, so it cannot recurse on data)");
@@ -108,12 +118,20 @@ void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const S
       args.push_back(shared[i] ? g.param(stand_in, def.defined_at) : g.input(stand_in, def.defined_at));
       arg_nodes.push_back(args.back().id());
     }
+    const size_t caller_nodes = caller.size();
     try {
       results = def.body(args);
     } catch (const UserError& err) {
       throw_user(site, "recording the body of function '", def.name, "' (defined at ", format_loc(def.defined_at),
                  ") for arguments ", describe(shapes, shared), " failed: ", err.what());
     }
+    // The body wrote on the calling graph: it used an Expr from outside (not returned, or the
+    // results check below would name it); those ops would run once per recording, not per call.
+    if (caller.size() != caller_nodes)
+      throw_user(site, "function '", def.name, "' recorded ops on the graph that calls it (op '",
+                 caller.site_of(static_cast<NodeId>(caller_nodes)).op, "' at ",
+                 format_loc(caller.site_of(static_cast<NodeId>(caller_nodes)).loc),
+                 "): its body used an Expr from outside the function; pass outside values in as arguments");
   }
   if (results.empty()) throw_user(site, "function '", def.name, "' returned no results");
   const NodeStore& s = e.store();
@@ -137,6 +155,7 @@ void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const S
   v.results.clear();
   for (NodeId r : result_nodes) v.results.push_back(s.shape_of(r));
   v.body.compile(e.trace().store(), e.trace().ready(), arg_nodes, result_nodes, options.fuse, v.fuser, &e.functions());
+  e.freeze_body();  // its nodes are steps now: recording or running on them is the user's mistake
 }
 
 }  // namespace sheaf::detail

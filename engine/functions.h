@@ -19,6 +19,7 @@
 #include <sheaf/backend/function_body.h>
 #include <sheaf/core/error.h>
 #include <sheaf/core/shape.h>
+#include <sheaf/tracer/trace.h>
 
 #include "expr.h"
 #include "graph.h"
@@ -52,14 +53,19 @@ class FunctionCache final : public FunctionTable {
   // generation of the calling graph (`epoch`). Throws UserError (naming `site`,
   // the call) when the body fails to record or does what a function cannot.
   uint32_t variant_for(const FunctionDef& def, std::span<const Shape> shapes, std::span<const uint8_t> shared,
-                       uint32_t epoch, const GraphOptions& options, const Site& site);
+                       uint32_t epoch, const GraphOptions& options, const Site& site, const Trace& caller);
   const Variant& variant(uint32_t index) const { return *variants_[index]; }
+  // After a clear() of the calling graph (now at `epoch`): forgets the variants
+  // no batch recorded in the last few (a model whose argument shapes change
+  // from batch to batch keeps only the recent ones). Call nodes name variants
+  // by index: only between batches.
+  void trim(uint32_t epoch);
   const FunctionBody& body(int64_t index) const override { return variants_[static_cast<size_t>(index)]->body; }
   size_t size() const { return variants_.size(); }
 
  private:
   void record(Variant& v, const FunctionDef& def, std::span<const Shape> shapes, std::span<const uint8_t> shared,
-              const GraphOptions& options, const Site& site);
+              const GraphOptions& options, const Site& site, const Trace& caller);
   std::vector<std::unique_ptr<Variant>> variants_;
   uint32_t last_ = kNone32;  // the variant found last
 };

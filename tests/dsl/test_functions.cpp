@@ -232,3 +232,44 @@ TEST_CASE("function: calls on values downstream of a dsl::cond are recorded when
   const std::array<Operand, 1> arg{c};
   CHECK_THROWS_WITH(listy.call(arg), Contains("returns a std::vector") && Contains("dsl::cond"));
 }
+
+TEST_CASE("function: bodies of argument shapes no batch used lately are forgotten", "[dsl][function]") {
+  // A function over a whole sentence: its shape changes from batch to batch.
+  auto total = function("total", [](Expr sentence) { return dsl::sum(dsl::tanh(sentence)); });
+  Graph g;
+  for (int len = 1; len <= 1100; ++len) {  // more shapes than a graph keeps bodies at once
+    g.clear();
+    Expr y = total(g.input(at::ones({len, 2})));
+    g.forward(y);
+    if (len % 250 == 0) CHECK(y.item() == Approx(2.0 * len * std::tanh(1.0)));
+  }
+}
+
+TEST_CASE("function: a body's own Exprs and outside Exprs are errors, not crashes", "[dsl][function][errors]") {
+  std::vector<Expr> kept;
+  auto leaky = function("leaky", [&](Expr a) {
+    Expr w = dsl::tanh(a);
+    kept.push_back(w);  // an intermediate kept for later: it belongs to the body
+    return w * 2.0;
+  });
+  Graph g;
+  Expr y = leaky(g.input(at::ones({3})));
+  CHECK_THROWS_WITH(dsl::sum(kept[0] * 2.0), Contains("sheaf::Function's body"));
+  CHECK_THROWS_WITH(kept[0].graph().forward(kept[0]), Contains("sheaf::Function's body"));
+  g.forward(y);  // the calls still run
+  CHECK(at::allclose(y.value(), at::tanh(at::ones({3})) * 2.0));
+
+  Graph other;
+  Expr outside = other.input(at::ones({3}));
+  auto side = function("side", [&](Expr a) {
+    (void)dsl::sigmoid(outside);  // an outside Expr, used but not returned
+    return a * 2.0;
+  });
+  CHECK_THROWS_WITH(side(outside), Contains("side") && Contains("used an Expr from outside"));
+
+  Function two("two", 1, [](std::span<const Expr> a) { return std::vector<Expr>{a[0], a[0] + 1.0}; });
+  std::vector<Expr> results;
+  const std::array<Operand, 1> arg{g.input(at::ones({3}))};
+  CHECK_THROWS_WITH(two.call_into(arg, results, 3, std::source_location::current()),
+                    Contains("returned 2 results where the call takes 3"));
+}
