@@ -293,6 +293,22 @@ void backward(const FusedProgram& p, std::span<const FusedInput> inputs, std::sp
   // Rows of a shared input's gradient gather contributions of every row, and
   // two rows read in place may be the same source row: serial then.
   for (float* const* rows : grad_rows) shared_grad = shared_grad || rows != nullptr;
+  // Long rows are cut into column chunks that run in parallel: an input read
+  // at two offsets (two slices, or a slice and itself) may get one gradient
+  // element from two chunks at once: serial then.
+  if (p.numel > kBlock) {
+    std::vector<uint32_t> slices(p.inputs, 0);
+    std::vector<uint8_t> whole(p.inputs, 0);
+    for (const FusedInstr& in : p.code) {
+      if (in.slice) {
+        if (in.a < p.inputs) ++slices[in.a];
+        continue;
+      }
+      for (uint32_t r : {in.a, in.b})
+        if (r < p.inputs) whole[r] = 1;
+    }
+    for (uint32_t e = 0; e < p.inputs; ++e) shared_grad = shared_grad || slices[e] + whole[e] > 1;
+  }
   const bool parallel = !shared_grad && at::get_num_threads() > 1 && n * p.numel >= 4 * kBlock;
 
   for_blocks(n, p.numel, parallel, [&](const Block& b) {

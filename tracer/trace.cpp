@@ -278,7 +278,11 @@ void Trace::resolve(NodeId p, NodeId value) {
     } catch (const UserError&) {
       error = std::current_exception();
     }
-    run_due_watchers();
+    try {
+      run_due_watchers();
+    } catch (...) {
+      if (!error) error = std::current_exception();  // the first of the two is reported
+    }
     if (error) std::rethrow_exception(error);
   }
 }
