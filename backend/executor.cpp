@@ -91,9 +91,7 @@ at::Tensor Executor::side_by_side(const Plan& plan, const PlannedBatch& b, std::
     const BatchArg& arg = plan.args[b.args_begin + k];
     if (arg.kind == BatchArg::kShared || !pick_rows(plan, arg.reads_begin, arg.reads_end, arg.perm)) return {};
   }
-  std::vector<int64_t> sizes{b.n};
-  sizes.insert(sizes.end(), shape.dims().begin(), shape.dims().end());
-  at::Tensor out = row_gathers_.gather(row_sources_, row_batches_, picks_, args.size(), sizes);
+  at::Tensor out = row_gathers_.gather(row_sources_, row_batches_, picks_, args.size(), batched_sizes(b.n, shape));
   ++counters_.gather_launches;
   counters_.gathered_inputs += args.size();
   counters_.gathered_bytes += static_cast<uint64_t>(out.numel()) * out.element_size();
@@ -174,6 +172,20 @@ const std::vector<at::Tensor>& Executor::split_pieces(const Plan& plan, int32_t 
   return pieces;
 }
 
+// Profiling, per op: one launch and its gathers' time so far; then its own time.
+void Executor::lap_gathers(std::string_view op) {
+  const double ms = lap(&counters_.gather_ms);
+  if (!config_.profile) return;
+  ExecCounters::OpTime& t = counters_.by_op[std::string(op)];
+  ++t.launches;
+  t.gather_ms += ms;
+}
+
+void Executor::lap_op(std::string_view op) {
+  const double ms = lap(&counters_.op_ms);
+  if (config_.profile) counters_.by_op[std::string(op)].op_ms += ms;
+}
+
 double Executor::lap(double* into) {
   if (!config_.profile) return 0;
   synchronize(config_.device);
@@ -250,12 +262,7 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
   if (b.program) fused_inputs(plan, b);
   else if (!out.defined())
     for (uint32_t k = 0; k < b.arity; ++k) inputs_.push_back(input(plan, b, plan.args[b.args_begin + k]));
-  const double gather_ms = lap(&counters_.gather_ms);
-  if (config_.profile) {
-    ExecCounters::OpTime& t = counters_.by_op[b.program ? std::string("fused") : std::string(op_info(b.op).name)];
-    ++t.launches;
-    t.gather_ms += gather_ms;
-  }
+  lap_gathers(b.program ? "fused" : op_info(b.op).name);
   if (b.program) return launch_fused(plan, b);
   if (out.defined()) {
     // the concat, gathered
@@ -266,7 +273,7 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
     RunCtx ctx(args);
     out = op_info(b.op).run(ctx);
   }
-  if (const double ms = lap(&counters_.op_ms); config_.profile) counters_.by_op[std::string(op_info(b.op).name)].op_ms += ms;
+  lap_op(op_info(b.op).name);
   check_output(plan.nodes[b.nodes_begin], b, out);
   if (b.shared) out = out.select(0, 0);
   SHEAF_ASSERT(s_.batch_out.size() == b.out, "batch output slot mismatch");
@@ -305,15 +312,10 @@ void Executor::launch_call(const Plan& plan, const PlannedBatch& b) {
     inputs_.push_back(t);
     fused_in_.push_back(FusedInput{std::move(t), std::move(rows)});
   }
-  const double gather_ms = lap(&counters_.gather_ms);
-  if (config_.profile) {
-    ExecCounters::OpTime& t = counters_.by_op["call"];
-    ++t.launches;
-    t.gather_ms += gather_ms;
-  }
+  lap_gathers("call");
   const LaunchArgs args = launch_args(plan, b);
   std::vector<at::Tensor> results = body.run(args, fused_in_, call_groups_);
-  if (const double ms = lap(&counters_.op_ms); config_.profile) counters_.by_op["call"].op_ms += ms;
+  lap_op("call");
   SHEAF_ASSERT(results.size() == b.outputs && s_.batch_out.size() == b.out, "a call batch of ", b.outputs,
                " outputs got ", results.size(), " results");
   for (uint32_t k = 0; k < b.outputs; ++k) {
@@ -358,7 +360,7 @@ void Executor::launch_fused(const Plan& plan, const PlannedBatch& b) {
       lazy_.add(b.out, b.program, fused_in_, b.n);
       break;
     }
-  if (const double ms = lap(&counters_.op_ms); config_.profile) counters_.by_op["fused"].op_ms += ms;
+  lap_op("fused");
   SHEAF_ASSERT(values.size() == b.outputs && s_.batch_out.size() == b.out, "fused batch output mismatch");
   for (at::Tensor& v : values) s_.batch_out.push_back(std::move(v));
   ++counters_.fused_batches;

@@ -6,6 +6,7 @@
 #include <c10/core/Device.h>
 
 #include <chrono>
+#include <string_view>
 
 #include <vector>
 
@@ -59,6 +60,8 @@ class Executor {
   void check_output(NodeId node, const PlannedBatch& b, const at::Tensor& out) const;
   [[noreturn]] void rethrow(const Plan& plan, const PlannedBatch& b, const std::exception& e) const;
   double lap(double* into);  // profiling: ms since the last lap, to the device's idle point (0 otherwise)
+  void lap_gathers(std::string_view op);
+  void lap_op(std::string_view op);
 
   NodeStore& s_;
   LazyValues& lazy_;

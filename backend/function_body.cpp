@@ -21,12 +21,6 @@ bool reads_payload(const NodeStore& s, NodeId v) {
          op == code_of<op::PickNegLogSoftmax> || op >= kNumOps;  // users' ops may read it too
 }
 
-std::vector<int64_t> batched_sizes(int64_t n, const Shape& s) {
-  std::vector<int64_t> sizes{n};
-  sizes.insert(sizes.end(), s.dims().begin(), s.dims().end());
-  return sizes;
-}
-
 }  // namespace
 
 void FunctionBody::compile(NodeStore& s, ReadyQueue& ready, std::span<const NodeId> args,
@@ -62,6 +56,7 @@ void FunctionBody::compile(NodeStore& s, ReadyQueue& ready, std::span<const Node
       const NodeId v = dag.node[i];
       if (arg_of_[v] >= 0 || !live[v]) continue;
       Step step{v, nullptr, {}, {}, {}};
+      step.payload = reads_payload(s, v);
       if (s.op[v] == code_of<op::Call>)  // a call's results: the call and the nodes recorded after it
         for (int64_t k = 0; k < s.attrs_of(v)[1]; ++k) step.members.push_back(v + static_cast<NodeId>(k));
       steps_.push_back(std::move(step));
@@ -181,7 +176,7 @@ void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::vecto
   la.weight_grads = a.weight_grads;
   at::Tensor index;
   std::vector<int64_t> payload, counts;
-  if (reads_payload(s, v)) {
+  if (step.payload) {
     // [payload per row | segment id per list element]
     const auto k = static_cast<int64_t>(node_args.size());
     const int64_t total = info.traits.segmented ? rows * k : 0;

@@ -79,6 +79,7 @@ class FunctionBody {
     std::vector<NodeId> members;  // its members, in program order
     std::vector<uint8_t> keep;    // members read outside the region, or results
     int32_t group = -1;           // a concat of arguments: its group
+    bool payload = false;         // an op that reads its payload: handed one per row
   };
   void plan_arguments(const NodeStore& s, size_t arity);
   void run_fused_step(const Step& step, int64_t n, std::span<const FusedInput> args,

@@ -30,12 +30,6 @@ size_t members_of(const FusedProgram& p) {
 }
 using torch::autograd::variable_list;
 
-std::vector<int64_t> batched_sizes(int64_t n, const Shape& s) {
-  std::vector<int64_t> sizes{n};
-  sizes.insert(sizes.end(), s.dims().begin(), s.dims().end());
-  return sizes;
-}
-
 // Inputs as the kernels read them: tensors contiguous, the per-example ones
 // [n, numel]; rows read in place as they are.
 std::vector<FusedInput> kernel_inputs(const FusedProgram& p, std::span<const FusedInput> inputs, int64_t n) {

@@ -391,16 +391,13 @@ void backward(const FusedProgram& p, std::span<const FusedInput> inputs, std::sp
       auto [gb, gbs] = binary ? direct(regs[in.b], want_b) : std::pair<float*, int64_t>{nullptr, 0};
       if (binary && in.a == in.b) gb = nullptr;
       const bool temp_a = want_a && ga == nullptr, temp_b = binary && want_b && gb == nullptr;
-      if (temp_a) {
-        std::fill_n(fa, count, 0.0f);
-        ga = fa;
-        gas = b.cols;
-      }
-      if (temp_b) {
-        std::fill_n(fb, count, 0.0f);
-        gb = fb;
-        gbs = b.cols;
-      }
+      auto through = [&](float* block, float*& g, int64_t& stride) {  // a zeroed block, added in afterwards
+        std::fill_n(block, count, 0.0f);
+        g = block;
+        stride = b.cols;
+      };
+      if (temp_a) through(fa, ga, gas);
+      if (temp_b) through(fb, gb, gbs);
       if (ga || gb)
         kernels[in.op].bwd(a.p, a.stride, bb.p, bb.stride, m.ptr[member], b.cols, adj + member * count,
                            attr_of_instr(in), ga, gas, gb, gbs, b.rows, b.cols);

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace sheaf {
 
@@ -47,5 +48,12 @@ class Shape {
   std::array<int64_t, kMaxRank> dims_{};
   int rank_ = 0;
 };
+
+// The sizes of a batch of n values of shape s: [n, s...].
+inline std::vector<int64_t> batched_sizes(int64_t n, const Shape& s) {
+  std::vector<int64_t> sizes{n};
+  sizes.insert(sizes.end(), s.dims().begin(), s.dims().end());
+  return sizes;
+}
 
 }  // namespace sheaf

@@ -149,19 +149,24 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
   std::vector<const Strategy*> strategies = o.strategies;
   if (strategies.empty()) strategies.assign(all_strategies().begin(), all_strategies().end());
 
-  // Each example alone, in a graph of its own.
+  // Each example alone, in a graph of its own (the reference: op by op, no
+  // fusion, unless only fused runs are asked for), and the parameters'
+  // gradients summed over the examples.
+  auto each_alone = [&](bool inline_functions, std::vector<Run>& runs, std::vector<at::Tensor>& summed) {
+    for (int i = 0; i < num_examples; ++i) {
+      runs.push_back(run_examples({i}, program, o, default_strategy(), o.fusion == Fusion::kOn, grads, true,
+                                  inline_functions));
+      if (summed.empty()) {
+        summed = runs.back().grads;
+      } else {
+        for (size_t p = 0; p < summed.size(); ++p) summed[p] = summed[p] + runs.back().grads[p];
+      }
+    }
+  };
   std::vector<Run> alone;
   std::vector<at::Tensor> alone_grads;
-  for (int i = 0; i < num_examples; ++i) {
-    // The reference: op by op (no fusion), unless only fused runs are asked for.
-    alone.push_back(run_examples({i}, program, o, default_strategy(), o.fusion == Fusion::kOn, grads, true));
-    report.alone_launches += alone.back().graph->stats().batches;
-    if (alone_grads.empty()) {
-      alone_grads = alone.back().grads;
-    } else {
-      for (size_t p = 0; p < alone_grads.size(); ++p) alone_grads[p] = alone_grads[p] + alone.back().grads[p];
-    }
-  }
+  each_alone(false, alone, alone_grads);
+  for (const Run& r : alone) report.alone_launches += r.graph->stats().batches;
 
   // Programs that call sheaf::Functions: also each example alone with the
   // bodies written out op by op, compared on outputs and gradients (the node
@@ -173,14 +178,7 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
   }
   std::vector<Run> inlined;
   std::vector<at::Tensor> inlined_grads;
-  for (int i = 0; calls && i < num_examples; ++i) {
-    inlined.push_back(run_examples({i}, program, o, default_strategy(), o.fusion == Fusion::kOn, grads, true, true));
-    if (inlined_grads.empty()) {
-      inlined_grads = inlined.back().grads;
-    } else {
-      for (size_t p = 0; p < inlined_grads.size(); ++p) inlined_grads[p] = inlined_grads[p] + inlined.back().grads[p];
-    }
-  }
+  if (calls) each_alone(true, inlined, inlined_grads);
 
   auto fail = [&](int example, const std::string& strategy, const std::string& what) {
     if (!report.ok) return;
@@ -192,6 +190,15 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
     if (example >= 0) os << ", example " << example;
     os << "): " << what << " [atol " << o.atol << ", rtol " << o.rtol << "]";
     report.message = os.str();
+  };
+
+  // Counts a comparison; past the tolerance, fails with what(the largest difference).
+  auto expect_close = [&](const at::Tensor& batched, const at::Tensor& reference, int example,
+                          const std::string& strategy, const auto& what) {
+    const Diff d = compare(batched, reference, o.atol, o.rtol);
+    ++report.values_compared;
+    report.max_abs_diff = std::max(report.max_abs_diff, d.max_abs);
+    if (d.worst_excess > 0) fail(example, strategy, what(d.max_abs));
   };
 
   std::vector<int> all(static_cast<size_t>(num_examples));
@@ -224,38 +231,24 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
                                     where(as, an[k]), " alone"));
           break;
         }
-        Diff d = compare(value_of(batched, bn[k]), value_of(alone[static_cast<size_t>(i)], an[k]), o.atol, o.rtol);
-        ++report.values_compared;
-        report.max_abs_diff = std::max(report.max_abs_diff, d.max_abs);
-        if (d.worst_excess > 0)
-          fail(i, name, detail::cat("node ", k, " of the example (", where(bs, bn[k]), ") differs by up to ",
-                                    d.max_abs));
+        expect_close(value_of(batched, bn[k]), value_of(alone[static_cast<size_t>(i)], an[k]), i, name, [&](double d) {
+          return detail::cat("node ", k, " of the example (", where(bs, bn[k]), ") differs by up to ", d);
+        });
       }
     }
-    for (size_t i = 0; i < inlined.size(); ++i) {
-      Diff d = compare(batched.outputs[i].value(), inlined[i].outputs[0].value(), o.atol, o.rtol);
-      ++report.values_compared;
-      report.max_abs_diff = std::max(report.max_abs_diff, d.max_abs);
-      if (d.worst_excess > 0)
-        fail(static_cast<int>(i), name, detail::cat("the output differs by up to ", d.max_abs,
-                                                     " from the same program with its functions written inline"));
-    }
-    for (size_t p = 0; p < inlined_grads.size(); ++p) {
-      Diff d = compare(batched.grads[p], inlined_grads[p], o.atol, o.rtol);
-      ++report.values_compared;
-      report.max_abs_diff = std::max(report.max_abs_diff, d.max_abs);
-      if (d.worst_excess > 0)
-        fail(-1, name, detail::cat("the gradient of params[", p, "] differs by up to ", d.max_abs,
-                                   " from the same program with its functions written inline"));
-    }
-    for (size_t p = 0; p < o.params.size(); ++p) {
-      Diff d = compare(batched.grads[p], alone_grads[p], o.atol, o.rtol);
-      ++report.values_compared;
-      report.max_abs_diff = std::max(report.max_abs_diff, d.max_abs);
-      if (d.worst_excess > 0)
-        fail(-1, name, detail::cat("the gradient of params[", p, "] (shape ", o.params[p].sizes(), ") differs by up to ",
-                                   d.max_abs));
-    }
+    for (size_t i = 0; i < inlined.size(); ++i)
+      expect_close(batched.outputs[i].value(), inlined[i].outputs[0].value(), static_cast<int>(i), name, [](double d) {
+        return detail::cat("the output differs by up to ", d, " from the same program with its functions written inline");
+      });
+    for (size_t p = 0; p < inlined_grads.size(); ++p)
+      expect_close(batched.grads[p], inlined_grads[p], -1, name, [&](double d) {
+        return detail::cat("the gradient of params[", p, "] differs by up to ", d,
+                           " from the same program with its functions written inline");
+      });
+    for (size_t p = 0; p < o.params.size(); ++p)
+      expect_close(batched.grads[p], alone_grads[p], -1, name, [&](double d) {
+        return detail::cat("the gradient of params[", p, "] (shape ", o.params[p].sizes(), ") differs by up to ", d);
+      });
   }
   return report;
 }

@@ -1,7 +1,8 @@
 #include "function.h"
 
-#include <array>
 #include <atomic>
+
+#include <c10/util/SmallVector.h>
 
 #include <sheaf/engine/engine.h>
 
@@ -52,11 +53,9 @@ void Function::call_into(std::span<const Operand> args, std::vector<Expr>& resul
     throw_user(site, "every argument is a tensor, so there is no graph to record on; make one of them an Expr with "
                      "g.param(tensor)");
   // On the stack for the usual few (not a thread_local: a body may call functions while this call records it).
-  std::array<NodeId, 8> inline_ids{};
-  std::vector<NodeId> heap_ids(args.size() > inline_ids.size() ? args.size() : 0);
-  const std::span<NodeId> ids = heap_ids.empty() ? std::span(inline_ids.data(), args.size()) : std::span(heap_ids);
-  for (size_t i = 0; i < args.size(); ++i)
-    ids[i] = args[i].is_expr() ? g->node_of(args[i].expr(), def_->name, loc) : g->trace().param(args[i].tensor(), loc);
+  c10::SmallVector<NodeId, 8> ids;
+  for (const Operand& a : args)
+    ids.push_back(a.is_expr() ? g->node_of(a.expr(), def_->name, loc) : g->trace().param(a.tensor(), loc));
   g->call(def_, ids, expected, results, loc);
 }
 

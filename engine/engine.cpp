@@ -11,9 +11,9 @@
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/tensor.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdlib>
 #include <iostream>
 
@@ -254,17 +254,12 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
   const NodeStore& s = trace_.store();
   for (NodeId a : args)
     if (s.shape[a] == kUnknownShape) return call_later(function, args, expected, out, site);
-  // On the stack (a body being recorded may call back into this graph: no member scratch).
-  constexpr size_t kInline = 8;
-  std::array<Shape, kInline> shapes_inline;
-  std::array<uint8_t, kInline> shared_inline{};
-  std::vector<Shape> shapes_heap(args.size() > kInline ? args.size() : 0);
-  std::vector<uint8_t> shared_heap(shapes_heap.size());
-  const std::span<Shape> shapes = shapes_heap.empty() ? std::span(shapes_inline.data(), args.size()) : std::span(shapes_heap);
-  const std::span<uint8_t> shared = shapes_heap.empty() ? std::span(shared_inline.data(), args.size()) : std::span(shared_heap);
-  for (size_t i = 0; i < args.size(); ++i) {
-    shapes[i] = s.shape_of(args[i]);
-    shared[i] = s.has(args[i], NodeStore::kShared);
+  // On the stack for the usual few (a body being recorded may call back into this graph: no member scratch).
+  c10::SmallVector<Shape, 8> shapes;
+  c10::SmallVector<uint8_t, 8> shared;
+  for (NodeId a : args) {
+    shapes.push_back(s.shape_of(a));
+    shared.push_back(s.has(a, NodeStore::kShared));
   }
   const uint32_t index = functions_.variant_for(def, shapes, shared, generation_, options_, site, trace_);
   const std::vector<Shape>& results = functions_.variant(index).results;
@@ -272,19 +267,20 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
     throw_user(site, "function '", def.name, "' returned ", results.size(), " results where the call takes ", expected);
   // The call's value is its first result; each further result is a CallResult
   // node recorded right after it, computed by the same batch (ops/call.h).
-  call_attrs_.assign({static_cast<int64_t>(index), static_cast<int64_t>(results.size()), results[0].rank()});
-  call_attrs_.insert(call_attrs_.end(), results[0].dims().begin(), results[0].dims().end());
-  const NodeId node = trace_.record(code_of<op::Call>, args, call_attrs_, 0, loc);
-  auto shape_attrs = [&](int64_t k, const Shape& r) {
-    call_attrs_.assign({k, r.rank()});
+  // Attributes: `head`, then a result's shape (rank, dims).
+  auto attrs = [&](std::initializer_list<int64_t> head, const Shape& r) -> std::span<const int64_t> {
+    call_attrs_.assign(head);
+    call_attrs_.push_back(r.rank());
     call_attrs_.insert(call_attrs_.end(), r.dims().begin(), r.dims().end());
+    return call_attrs_;
   };
+  const NodeId node = trace_.record(code_of<op::Call>, args,
+                                    attrs({index, static_cast<int64_t>(results.size())}, results[0]), 0, loc);
   out.clear();
   out.push_back(expr(node));
-  for (size_t k = 1; k < results.size(); ++k) {
-    shape_attrs(static_cast<int64_t>(k), results[k]);
-    out.push_back(expr(trace_.record(code_of<op::CallResult>, std::span(&node, 1), call_attrs_, 0, loc)));
-  }
+  for (size_t k = 1; k < results.size(); ++k)
+    out.push_back(expr(trace_.record(code_of<op::CallResult>, std::span(&node, 1),
+                                     attrs({static_cast<int64_t>(k)}, results[k]), 0, loc)));
 }
 
 // Arguments downstream of a dsl::cond: the body's signature is not known yet.
@@ -327,10 +323,7 @@ void Engine::call_inline(const FunctionDef& def, std::span<const NodeId> args, s
   std::vector<Expr> in;
   for (NodeId a : args) in.push_back(expr(a));
   std::vector<Expr> results = def.body(in);
-  for (size_t k = 0; k < results.size(); ++k)
-    if (find(results[k]) != this)
-      throw_user(site, "result ", k, " of function '", def.name, "' is not a value of this graph (an empty Expr?)");
-  if (results.empty()) throw_user(site, "function '", def.name, "' returned no results");
+  check_results(def, results, *this, site);
   out = std::move(results);
 }
 

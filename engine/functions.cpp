@@ -29,6 +29,15 @@ std::string describe(std::span<const Shape> shapes, std::span<const uint8_t> sha
 
 }  // namespace
 
+void check_results(const FunctionDef& def, std::span<const Expr> results, const Engine& graph, const Site& site) {
+  if (results.empty()) throw_user(site, "function '", def.name, "' returned no results");
+  for (size_t k = 0; k < results.size(); ++k)
+    if (Engine::find(results[k]) != &graph)
+      throw_user(site, "result ", k, " of function '", def.name,
+                 "' is not computed in its body from its arguments (an Expr from outside the function, or an empty "
+                 "one): pass outside values in as arguments");
+}
+
 void FunctionCache::trim(uint32_t epoch) {
   std::erase_if(variants_, [&](const std::unique_ptr<Variant>& v) {
     return v->epoch == kNone32 || epoch - v->epoch > kKeepClears;  // (generations wrap: unsigned difference)
@@ -133,15 +142,9 @@ void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const S
                  format_loc(caller.site_of(static_cast<NodeId>(caller_nodes)).loc),
                  "): its body used an Expr from outside the function; pass outside values in as arguments");
   }
-  if (results.empty()) throw_user(site, "function '", def.name, "' returned no results");
+  check_results(def, results, e, site);
   const NodeStore& s = e.store();
-  for (size_t k = 0; k < results.size(); ++k) {
-    if (Engine::find(results[k]) != &e)
-      throw_user(site, "result ", k, " of function '", def.name,
-                 "' is not computed in its body from its arguments (an Expr from outside the function, or an empty "
-                 "one): pass outside values in as arguments");
-    result_nodes.push_back(results[k].id());
-  }
+  for (const Expr& r : results) result_nodes.push_back(r.id());
   for (NodeId n = 0; n < s.size(); ++n) {
     const Site at = e.trace().site_of(n);
     if (s.has(n, NodeStore::kPlaceholder) || s.shape[n] == kUnknownShape)

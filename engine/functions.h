@@ -35,6 +35,12 @@ struct FunctionDef {
   std::source_location defined_at;
 };
 
+class Engine;
+
+// What a body returned, checked: some results, each a value of `graph` (where
+// the body recorded). UserError naming the call's site otherwise.
+void check_results(const FunctionDef& def, std::span<const Expr> results, const Engine& graph, const Site& site);
+
 class FunctionCache final : public FunctionTable {
  public:
   // A function's body for one argument signature.

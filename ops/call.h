@@ -9,16 +9,6 @@
 
 namespace sheaf::op {
 
-// Attributes from `first` on: rank, dims... (a shape).
-inline Shape shape_attrs(const InferCtx& c, size_t first) {
-  if (c.attrs().size() < first + 1 || c.attr(first) < 0 || c.attr(first) > kMaxRank ||
-      c.attrs().size() != first + 1 + static_cast<size_t>(c.attr(first)))
-    c.fail("malformed attributes (record calls through sheaf::Function)");
-  Shape out;
-  for (int64_t i = 0; i < c.attr(first); ++i) out.push(c.attr(first + 1 + static_cast<size_t>(i)));
-  return out;
-}
-
 // args: the function's arguments; attrs: the body's index in the graph's
 // function table, the number of results K, then the shape of the first
 // result (rank, dims...). Its value is the first result; results 1..K-1 are
@@ -28,7 +18,7 @@ inline Shape shape_attrs(const InferCtx& c, size_t first) {
 struct Call {
   static constexpr std::string_view name = "call";
   static constexpr OpTraits traits{.arity = OpTraits::kVariadic};
-  static Shape infer(const InferCtx& c) { return shape_attrs(c, 2); }
+  static Shape infer(const InferCtx& c) { return shape_from_attrs(c, 2); }
   static at::Tensor run(RunCtx&);  // never: the executor runs the body (backend/function_body.h)
 };
 
@@ -37,7 +27,7 @@ struct Call {
 struct CallResult {
   static constexpr std::string_view name = "call_result";
   static constexpr OpTraits traits{.arity = 1};
-  static Shape infer(const InferCtx& c) { return shape_attrs(c, 1); }
+  static Shape infer(const InferCtx& c) { return shape_from_attrs(c, 1); }
   static at::Tensor run(RunCtx&);
 };
 

@@ -38,6 +38,11 @@ inline Shape infer_elementwise(const InferCtx& c) {
 
 // attrs[first] is a rank, followed by that many dims (leaves carry their shape).
 inline Shape shape_from_attrs(const InferCtx& c, size_t first) {
+  // The DSL writes these attributes (rank, then the dims, last): anything else
+  // is a node recorded around it.
+  if (c.attrs().size() < first + 1 || c.attr(first) < 0 || c.attr(first) > kMaxRank ||
+      c.attrs().size() != first + 1 + static_cast<size_t>(c.attr(first)))
+    c.fail("malformed shape attributes (record through the DSL, sheaf::Graph and sheaf::Function)");
   Shape s;
   for (int64_t i = 0; i < c.attr(first); ++i) {
     int64_t d = c.attr(first + 1 + static_cast<size_t>(i));

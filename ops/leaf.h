@@ -34,9 +34,7 @@ struct Constant {
   static constexpr OpTraits traits{.arity = 0, .source = true};
   static Shape infer(const InferCtx& c) { return shape_from_attrs(c, 1); }
   static at::Tensor run(RunCtx& c) {
-    std::vector<int64_t> sizes{c.n()};
-    for (int64_t d : c.out_shape().dims()) sizes.push_back(d);
-    return at::full(sizes, c.attr_f(0), c.options());
+    return at::full(batched_sizes(c.n(), c.out_shape()), c.attr_f(0), c.options());
   }
 };
 

@@ -134,9 +134,7 @@ inline at::Tensor segment_sum(RunCtx& c) {
     for (int64_t d : c.out_shape().dims()) sizes.push_back(d);
     return x.view(sizes).sum(1);
   }
-  std::vector<int64_t> sizes{n};
-  for (int64_t d : c.out_shape().dims()) sizes.push_back(d);
-  return at::index_add(at::zeros(sizes, x.options()), 0, c.segment_ids(), x);
+  return at::index_add(at::zeros(batched_sizes(n, c.out_shape()), x.options()), 0, c.segment_ids(), x);
 }
 
 struct SumList {

@@ -105,9 +105,7 @@ struct Reshape {
     return out;
   }
   static at::Tensor run(RunCtx& c) {
-    std::vector<int64_t> sizes{c.in(0).size(0)};  // n, or 1 for a shared value
-    for (int64_t d : c.out_shape().dims()) sizes.push_back(d);
-    return c.in(0).reshape(sizes);
+    return c.in(0).reshape(batched_sizes(c.in(0).size(0), c.out_shape()));  // n, or 1 for a shared value
   }
 };
 

@@ -161,10 +161,19 @@ class Planner {
     return two;
   }
 
-  // Rows of a batch of fused regions: ordered by reader where parallel_readers says so, then by the path ahead and where
-  // each region's first per-example input lives (order_rows' keys); member k
-  // of row i is batch out + k, row i.
-  void place_regions(const RoundDag& dag, std::span<const uint32_t> locals, PlannedBatch& b) {
+  // n regions of one pattern: rows ordered by reader where parallel_readers
+  // says so, then by the path ahead and where each region's first per-example
+  // input lives (order_rows' keys);
+  // member k of row i is batch out + k, row i.
+  void add_fused_batch(const RoundDag& dag, std::span<const uint32_t> locals) {
+    const Region& first = fuser_->region(dag.region[locals[0]]);
+    PlannedBatch b{};
+    b.program = first.program;
+    b.outputs = first.members_len;
+    b.op = s_.op[fuser_->members(first).back()];
+    b.shared = false;
+    b.out = base_ + static_cast<uint32_t>(rows_.size());
+    b.n = static_cast<uint32_t>(locals.size());
     order_.clear();
     for (uint32_t l : locals) {
       const Region& r = fuser_->region(dag.region[l]);
@@ -190,23 +199,10 @@ class Planner {
         const NodeId node = members[k];
         at[size_t{k} * b.n + i] = node;
         s_.value_batch[node] = b.out + k;
-        s_.value_row[node] = b.shared ? kWholeRow : i;
+        s_.value_row[node] = i;
       }
     }
-    rows_.insert(rows_.end(), b.outputs, b.shared ? 0 : b.n);
-  }
-
-  // n regions of one pattern: one kernel.
-  void add_fused_batch(const RoundDag& dag, std::span<const uint32_t> locals) {
-    const Region& first = fuser_->region(dag.region[locals[0]]);
-    PlannedBatch b{};
-    b.program = first.program;
-    b.outputs = first.members_len;
-    b.op = s_.op[fuser_->members(first).back()];
-    b.shared = false;
-    b.out = base_ + static_cast<uint32_t>(rows_.size());
-    b.n = static_cast<uint32_t>(locals.size());
-    place_regions(dag, locals, b);
+    rows_.insert(rows_.end(), b.outputs, b.n);
     // A member's value leaves the kernel if any region of the batch needs it
     // outside, or if a later round read it in an earlier batch of this pattern.
     b.keep_begin = static_cast<uint32_t>(p_.keep.size());
@@ -219,13 +215,6 @@ class Planner {
     }
     b.args_begin = static_cast<uint32_t>(p_.args.size());
     b.arity = first.inputs_len;
-    plan_region_inputs(b, first);
-    b.payload = static_cast<int64_t>(p_.indices.size());
-    p_.batches.push_back(b);
-  }
-
-  // Input e of a batch of regions: row i reads input e of its region.
-  void plan_region_inputs(const PlannedBatch& b, const Region& first) {
     for (uint32_t e = 0; e < b.arity; ++e) {
       const NodeId in0 = fuser_->inputs(first)[e];
       if (s_.has(in0, NodeStore::kShared)) {  // the pattern makes it the same node for all rows
@@ -237,6 +226,8 @@ class Planner {
       for (uint32_t i = 0; i < b.n; ++i) sources_.push_back(row_of(fuser_->inputs(fuser_->region(order_[i].id))[e]));
       add_input();
     }
+    b.payload = static_cast<int64_t>(p_.indices.size());
+    p_.batches.push_back(b);
   }
 
   // After every batch is planned: slice batches that read the same batch whole,

@@ -292,13 +292,7 @@ void Trace::when_shapes_known(std::span<const NodeId> nodes, std::function<void(
   uint32_t missing = 0;
   for (NodeId a : nodes) {
     if (s_.shape[a] != kUnknownShape) continue;
-    if (dep_head_.size() < s_.size()) {
-      dep_head_.resize(s_.size(), kNone32);
-      missing_.resize(s_.size(), 0);
-    }
-    dep_node_.push_back(kWatcher | w);
-    dep_next_.push_back(dep_head_[a]);
-    dep_head_[a] = static_cast<uint32_t>(dep_node_.size() - 1);
+    depend(a, kWatcher | w);
     ++missing;
   }
   if (missing == 0) return fn();
@@ -327,15 +321,8 @@ void Trace::run_due_watchers() {
 // n has an unknown argument (or, for a placeholder, an unknown value): it is put
 // on the waiting list of each.
 void Trace::wait_for_shapes(NodeId n) {
-  const size_t size = s_.size();
-  if (dep_head_.size() < size) {
-    dep_head_.resize(size, kNone32);
-    missing_.resize(size, 0);
-  }
   auto wait_on = [&](NodeId a) {
-    dep_node_.push_back(n);
-    dep_next_.push_back(dep_head_[a]);
-    dep_head_[a] = static_cast<uint32_t>(dep_node_.size() - 1);
+    depend(a, n);
     ++missing_[n];
   };
   if (s_.has(n, NodeStore::kPlaceholder)) {
@@ -344,6 +331,17 @@ void Trace::wait_for_shapes(NodeId n) {
   }
   for (NodeId a : s_.args_of(n))
     if (s_.shape[a] == kUnknownShape) wait_on(a);
+}
+
+// `waiter` (a node, or kWatcher | a watcher) goes on a's list of what its shape wakes.
+void Trace::depend(NodeId a, NodeId waiter) {
+  if (dep_head_.size() < s_.size()) {
+    dep_head_.resize(s_.size(), kNone32);
+    missing_.resize(s_.size(), 0);
+  }
+  dep_node_.push_back(waiter);
+  dep_next_.push_back(dep_head_[a]);
+  dep_head_[a] = static_cast<uint32_t>(dep_node_.size() - 1);
 }
 
 // Infers, in dependency order, every node that waited only on n. A user error

@@ -85,6 +85,7 @@ class Trace {
   SigId signature(NodeId n, const OpTraits& traits);
   uint64_t next_key(int64_t example);  // a dropout key, unique per (example, node ordinal)
   void wait_for_shapes(NodeId n);
+  void depend(NodeId a, NodeId waiter);
   void shape_became_known(NodeId n);
   bool infer_deferred(NodeId n);
 
