@@ -213,6 +213,7 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
 int run_treelstm(const Options& o);
 int run_shift_reduce(const Options& o);
 int run_host(const Options& o);
+int run_calibrate(const Options& o);  // scheduler/cost.h's figures
 int run_gated_rvnn(const Options& o);
 int run_tagger(const Options& o);  // tagger and tagger-char
 int run_attention(const Options& o);

@@ -141,7 +141,8 @@ void Engine::prepare(std::span<const Expr> targets, const ForwardOptions& option
 // launch (the round only resolved placeholders).
 bool Engine::schedule_round(const Strategy& strategy, bool validate) {
   const auto t0 = Clock::now();
-  const bool launch = scheduler_.schedule(trace_, strategy, validate, options_.fuse);
+  const bool launch = scheduler_.schedule(trace_, strategy, validate, options_.fuse,
+                                         options_.cost ? *options_.cost : CostModel::for_device(options_.device));
   if (!launch) finish_aliases();
   stats_.schedule_ms += ms_since(t0);
   const Scheduler::Times& parts = scheduler_.times();
@@ -151,10 +152,25 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate) {
   stats_.plan_ms = parts.plan_ms;
   stats_.round_visits = parts.visits;
   if (launch) stats_.strategy_used = scheduler_.chosen();
+  if (!scheduler_.compared().empty()) {
+    const auto candidates = strategy.candidates();
+    stats_.compared.clear();
+    for (size_t k = 0; k < candidates.size(); ++k) {
+      const Scheduler::Costed& c = scheduler_.compared()[k];
+      stats_.compared.push_back({candidates[k]->name(), c.launches, c.gathered_bytes, c.cost_us});
+    }
+  }
   stats_.deferred_inferences = trace_.deferred_inferences();
   if (!launch) return false;
   stats_.split_shared += scheduler_.split_shared();
   if (debug_enabled()) {
+    if (!scheduler_.compared().empty()) {
+      std::cerr << "[sheaf] " << strategy.name() << " compared:";
+      for (const Stats::Candidate& c : stats_.compared)
+        std::cerr << " " << c.name << " (" << c.launches << " launches, " << c.gathered_bytes << " bytes gathered: "
+                  << c.cost_us << " us)";
+      std::cerr << "; picked " << scheduler_.chosen() << "\n";
+    }
     std::cerr << "[sheaf] " << scheduler_.plan().str();
     if (scheduler_.split_shared() > 0) {
       const Site site = trace_.site_of(scheduler_.split_shared_example());
@@ -232,7 +248,10 @@ void Engine::clear() {
   free_waiters_.clear();
   live_waiters_ = 0;
   failures_.clear();
+  std::vector<Stats::Candidate> compared = std::move(stats_.compared);  // its buffer: no allocation per batch
+  compared.clear();
   stats_ = Stats();
+  stats_.compared = std::move(compared);
   prepared_ = false;
   recording_ = false;
   frozen_ = false;

@@ -23,12 +23,14 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <source_location>
 #include <span>
 #include <string>
 #include <vector>
 
 #include <sheaf/core/shape.h>
+#include <sheaf/scheduler/cost.h>
 #include "expr.h"
 #include "stats.h"
 
@@ -57,6 +59,9 @@ struct GraphOptions {
   // Record a sheaf::Function's body at every call, as if it were written inline
   // (one node per op): the checker's reference for function calls.
   bool inline_functions = false;
+  // What a launch and a gathered byte cost, for strategies that compare
+  // schedules (auto). Unset: CostModel::for_device(device) (scheduler/cost.h).
+  std::optional<CostModel> cost;
 };
 
 struct ForwardOptions {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <sheaf/backend/counters.h>
 
@@ -23,6 +24,15 @@ struct Stats : ExecCounters {
   uint64_t deferred_inferences = 0;
   // The schedule of the last round: the strategy's name, or the one `auto` picked.
   std::string_view strategy_used;
+  // A strategy that compares schedules (auto), in the last round that compared
+  // them (every 16th): each candidate's plan, costed by GraphOptions::cost.
+  struct Candidate {
+    std::string_view name;
+    uint64_t launches = 0;
+    uint64_t gathered_bytes = 0;  // rows not read as views (scheduler/plan.h)
+    double cost_us = 0;           // CostModel::of
+  };
+  std::vector<Candidate> compared;
   // Wall-clock milliseconds:
   double trace_ms = 0;     // recording: from the first node recorded after clear()/forward() to the next
                            // forward()/prepare(), plus control-flow callbacks (branches, loop bodies, coroutines)

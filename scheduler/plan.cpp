@@ -224,7 +224,7 @@ class Planner {
       }
       sources_.clear();
       for (uint32_t i = 0; i < b.n; ++i) sources_.push_back(row_of(fuser_->inputs(fuser_->region(order_[i].id))[e]));
-      add_input();
+      add_input(in0);
     }
     b.payload = static_cast<int64_t>(p_.indices.size());
     p_.batches.push_back(b);
@@ -444,16 +444,18 @@ class Planner {
       // The lists of all nodes, flattened in row order, are one input.
       sources_.clear();
       b.segments = static_cast<int64_t>(p_.indices.size());
+      NodeId like = kNoNode;
       for (uint32_t i = 0; i < b.n; ++i)
         for (NodeId a : s_.args_of(nodes[i])) {
           sources_.push_back(row_of(a));
           p_.indices.push_back(i);
+          like = a;
         }
       b.total = static_cast<uint32_t>(sources_.size());
       b.counts = static_cast<int64_t>(p_.indices.size());
       for (NodeId node : nodes) p_.indices.push_back(static_cast<int64_t>(s_.args_of(node).size()));
       b.arity = 1;
-      add_input();
+      add_input(like);
       return;
     }
     if (stackable(first, traits)) {
@@ -462,7 +464,7 @@ class Planner {
         for (NodeId a : s_.args_of(node)) sources_.push_back(row_of(a));
       b.arity = 1;
       b.stacked = true;
-      add_input();
+      add_input(s_.args_of(first)[0]);
       return;
     }
     b.arity = static_cast<uint32_t>(s_.args_of(first).size());
@@ -475,7 +477,7 @@ class Planner {
       }
       sources_.clear();
       for (NodeId node : nodes) sources_.push_back(row_of(s_.args_of(node)[k]));
-      add_input();
+      add_input(a0);
     }
   }
 
@@ -503,7 +505,9 @@ class Planner {
   // when they are contiguous, else one read per source batch (a range or an index
   // list), concatenated, then permuted into row order if the sources interleave.
   // A row kWholeRow is a shared value (only in the list of a shared sum).
-  void add_input() {
+  // `like`: a node whose shape every row has (for the bytes a gather copies;
+  // kNoNode: no rows).
+  void add_input(NodeId like) {
     BatchArg arg{BatchArg::kGather, static_cast<uint32_t>(p_.reads.size()), 0};
     bool contiguous = true, whole = false;
     for (size_t j = 0; j < sources_.size(); ++j) {
@@ -519,6 +523,8 @@ class Planner {
       for (const RowRef& l : sources_) read(Read{l.batch, l.row, 1});
     } else {
       read_by_source(arg);
+      if (like != kNoNode)
+        p_.gathered_bytes += sources_.size() * static_cast<uint64_t>(s_.shape_of(s_.resolve(like)).numel()) * sizeof(float);
     }
     arg.reads_end = static_cast<uint32_t>(p_.reads.size());
     p_.args.push_back(arg);
@@ -621,6 +627,7 @@ void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, st
   plan.split_sizes.clear();
   plan.indices.clear();
   plan.keep.clear();
+  plan.gathered_bytes = 0;
   plan.nodes.reserve(dag.size());
   plan.indices.reserve(3 * dag.size());  // payloads, and gathers for some inputs
   plan.args.reserve(2 * batches.size());

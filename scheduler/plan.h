@@ -95,6 +95,10 @@ struct Plan {
   std::vector<int64_t> split_sizes;
   std::vector<int64_t> indices;  // gathers, payloads and segment ids for the whole round
   std::vector<uint8_t> keep;     // fused batches: per member, whether anything outside its region reads it
+  // Bytes of the rows that are not read as views (float rows): what the
+  // round's gathers copy at most (a CPU fused kernel reads gathered rows in
+  // place; splits serve some reads without copies). For scheduler/cost.h.
+  uint64_t gathered_bytes = 0;
 
   std::span<const int64_t> sizes_of(const SplitGroup& g) const { return {split_sizes.data() + g.sizes_begin, g.sizes_len}; }
   std::string str() const;

@@ -19,26 +19,66 @@ void lap(Clock::time_point& t, double& into) {
 }
 }  // namespace
 
-bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, bool fuse) {
+bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, bool fuse, const CostModel& cost) {
   auto t = Clock::now();
   aliases_.clear();
+  compared_.clear();
   build_round(trace.store(), trace.ready(), aliases_, dag_, times_.visits);
   lap(t, times_.round_ms);
   if (dag_.size() == 0) return false;
   if (fuse) fuser_.fuse(trace.store(), dag_);
   lap(t, times_.fuse_ms);
-  batches_.clear();
   if (memo_owner_ != &strategy) {
     memo_ = StrategyMemo();
     memo_owner_ = &strategy;
   }
-  strategy.schedule(dag_, batches_, memo_);
-  if (validate) validate_batches(dag_, batches_, strategy.name());
-  lap(t, times_.strategy_ms);
-  make_plan(trace.store(), dag_, batches_, strategy.name(), plan_, fuse ? &fuser_ : nullptr);
+  const Fuser* fuser = fuse ? &fuser_ : nullptr;
+  const std::span<const Strategy* const> candidates = strategy.candidates();
+  if (candidates.empty()) {
+    plan_with(trace, strategy, strategy.name(), validate, fuser);
+  } else if (memo_.rounds_left > 0) {
+    --memo_.rounds_left;
+    plan_with(trace, *candidates[static_cast<size_t>(memo_.choice)], strategy.name(), validate, fuser);
+  } else {
+    compare(trace, strategy, validate, fuser, cost);
+  }
+  t = Clock::now();
   count_split_shared(trace);
   lap(t, times_.plan_ms);
   return true;
+}
+
+// `label`: the strategy asked for (plans and errors name it).
+void Scheduler::plan_with(Trace& trace, const Strategy& strategy, std::string_view label, bool validate,
+                          const Fuser* fuser) {
+  auto t = Clock::now();
+  batches_.clear();
+  strategy.schedule(dag_, batches_);
+  if (validate) validate_batches(dag_, batches_, label);
+  lap(t, times_.strategy_ms);
+  make_plan(trace.store(), dag_, batches_, label, plan_, fuser);
+  lap(t, times_.plan_ms);
+}
+
+// Plans the round with each candidate and keeps the cheapest (ties: the
+// first), used alone for the next kRecheck - 1 rounds: a comparison costs a
+// schedule and a plan per candidate. Only plans, no timing, decide: the same
+// graph gets the same schedule on every run.
+void Scheduler::compare(Trace& trace, const Strategy& strategy, bool validate, const Fuser* fuser,
+                        const CostModel& cost) {
+  static constexpr int kRecheck = 16;
+  const std::span<const Strategy* const> candidates = strategy.candidates();
+  size_t best = 0;
+  for (size_t k = 0; k < candidates.size(); ++k) {
+    plan_with(trace, *candidates[k], strategy.name(), validate, fuser);
+    const Costed c{plan_.batches.size(), plan_.gathered_bytes, cost.of(plan_.batches.size(), plan_.gathered_bytes)};
+    compared_.push_back(c);
+    if (c.cost_us < compared_[best].cost_us) best = k;
+  }
+  // The store holds the rows of the last plan made.
+  if (best + 1 != candidates.size()) plan_with(trace, *candidates[best], strategy.name(), validate, fuser);
+  memo_.choice = static_cast<int>(best);
+  memo_.rounds_left = kRecheck - 1;
 }
 
 // Lone batches whose shared operand is read by that node only, grouped by what

@@ -7,11 +7,13 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <vector>
 
 #include <sheaf/tracer/trace.h>
 
 #include "batches.h"
+#include "cost.h"
 #include "fusion.h"
 #include "plan.h"
 #include "round.h"
@@ -29,15 +31,23 @@ class Scheduler {
 
   // Takes the nodes of `trace` that can run now (its ready queue), fuses
   // elementwise regions (if `fuse`: scheduler/fusion.h) and plans them with
-  // `strategy` (checking the strategy's batches if `validate`). Returns false
-  // when the round has nothing to launch (it only resolved placeholders: see
-  // aliases()).
-  bool schedule(Trace& trace, const Strategy& strategy, bool validate, bool fuse);
+  // `strategy` (checking the strategy's batches if `validate`; a strategy with
+  // candidates: the cheapest by `cost`). Returns false when the round has
+  // nothing to launch (it only resolved placeholders: see aliases()).
+  bool schedule(Trace& trace, const Strategy& strategy, bool validate, bool fuse, const CostModel& cost);
 
   const Plan& plan() const { return plan_; }
   const Times& times() const { return times_; }
   // The schedule the last round used (auto: the strategy it picked).
   std::string_view chosen() const { return memo_owner_ ? memo_owner_->chosen(memo_) : std::string_view(); }
+  // A strategy with candidates, in a round that compared them: what each cost
+  // (launches, gathered bytes, CostModel::of), in candidates() order; else empty.
+  struct Costed {
+    size_t launches = 0;
+    uint64_t gathered_bytes = 0;
+    double cost_us = 0;
+  };
+  std::span<const Costed> compared() const { return compared_; }
   const RoundDag& dag() const { return dag_; }
   // Resolved placeholders whose values this round makes ready.
   std::vector<NodeId>& aliases() { return aliases_; }
@@ -66,6 +76,10 @@ class Scheduler {
   std::vector<std::pair<uint64_t, NodeId>> loose_;  // scratch: (key without shared identities, node)
   std::vector<int64_t> key_;                         // scratch: one such key
 
+  std::vector<Costed> compared_;
+
+  void plan_with(Trace& trace, const Strategy& strategy, std::string_view label, bool validate, const Fuser* fuser);
+  void compare(Trace& trace, const Strategy& strategy, bool validate, const Fuser* fuser, const CostModel& cost);
   void count_split_shared(const Trace& trace);
   void count_split_region(const Trace& trace, const Region& region);
 };

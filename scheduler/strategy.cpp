@@ -159,54 +159,46 @@ class LazyStrategy final : public Strategy {
   }
 };
 
-// Ours, the default: depth and DyNet's agenda each merged; the schedule with
-// fewer launches wins. Neither heuristic dominates: depth keeps the level
-// structure of trees, the agenda re-aligns sequences whose depths drift apart
-// (a parser's steps, where REDUCE adds latency that SHIFT does not).
+// DyNet's agenda, then merged as lazy merges depth's batches: one of auto's candidates.
+class MergedAgendaStrategy final : public Strategy {
+ public:
+  std::string_view name() const override { return "agenda"; }  // what auto reports it picked
+  void schedule(const RoundDag& dag, Batches& out) const override {
+    AgendaStrategy().schedule(dag, out);
+    merge_batches(dag, out);
+  }
+};
+
+// Ours, the default: depth and DyNet's agenda each merged; the scheduler keeps
+// the cheaper (scheduler/cost.h). Neither heuristic dominates: depth keeps the
+// level structure of trees, the agenda re-aligns sequences whose depths drift
+// apart (a parser's steps, where REDUCE adds latency that SHIFT does not).
 class AutoStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "auto"; }
+  // Without a scheduler to cost plans: the schedule with fewer launches.
   void schedule(const RoundDag& dag, Batches& out) const override {
-    StrategyMemo fresh;
-    schedule(dag, out, fresh);
-  }
-  // With a memo, the winner of the last comparison is used alone for the next
-  // kRecheck - 1 rounds: comparing costs a second schedule and merge per round.
-  void schedule(const RoundDag& dag, Batches& out, StrategyMemo& memo) const override {
-    static constexpr int kRecheck = 16;
-    if (memo.rounds_left > 0) {
-      --memo.rounds_left;
-      run(memo.choice, dag, out);
-      return;
-    }
-    Batches& agenda = t_scratch.other;
-    agenda.clear();
-    run(0, dag, out);
-    run(1, dag, agenda);
-    memo.choice = agenda.size() < out.size() ? 1 : 0;
-    if (memo.choice == 1) std::swap(out, agenda);  // both keep their buffers
-    memo.rounds_left = kRecheck - 1;
+    Batches& other = t_scratch.other;
+    other.clear();
+    candidates()[0]->schedule(dag, out);
+    candidates()[1]->schedule(dag, other);
+    if (other.size() < out.size()) std::swap(out, other);  // both keep their buffers
   }
   std::string_view chosen(const StrategyMemo& memo) const override {
-    return memo.choice == 1 ? "agenda" : memo.choice == 0 ? "lazy" : "auto";
+    return memo.choice >= 0 ? candidates()[static_cast<size_t>(memo.choice)]->name() : name();
   }
-
- private:
-  static void run(int choice, const RoundDag& dag, Batches& out) {
-    if (choice == 0) {
-      LazyStrategy().schedule(dag, out);
-    } else {
-      AgendaStrategy().schedule(dag, out);
-      merge_batches(dag, out);
-    }
-  }
+  std::span<const Strategy* const> candidates() const override;
 };
 
 const DepthStrategy g_depth;
 const AgendaStrategy g_agenda;
 const LazyStrategy g_lazy;
+const MergedAgendaStrategy g_merged_agenda;
 const AutoStrategy g_auto;
 const Strategy* const g_all[] = {&g_auto, &g_lazy, &g_agenda, &g_depth};
+const Strategy* const g_auto_candidates[] = {&g_lazy, &g_merged_agenda};
+
+std::span<const Strategy* const> AutoStrategy::candidates() const { return g_auto_candidates; }
 
 }  // namespace
 

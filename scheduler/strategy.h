@@ -26,6 +26,11 @@ class Strategy {
   // The schedule used in the last round scheduled with this memo: the name, or,
   // for a strategy that picks among others (auto), the one it picked.
   virtual std::string_view chosen(const StrategyMemo&) const { return name(); }
+  // A strategy that picks among others: them. The scheduler plans the round
+  // with each, keeps the cheapest by its CostModel (scheduler/cost.h), and
+  // uses that one alone for the next rounds (the memo's choice) until the
+  // next comparison. schedule() without a scheduler picks by launches.
+  virtual std::span<const Strategy* const> candidates() const { return {}; }
 };
 
 // TensorFlow Fold: nodes at the same depth (longest path from the inputs) with the
@@ -39,8 +44,9 @@ const Strategy& agenda_strategy();
 // its signature (later, its consumers permitting, or earlier, its arguments
 // permitting) does. Never more launches than depth; batches what depth cannot.
 const Strategy& lazy_strategy();
-// Ours, the default: lazy, and the agenda with the same merging; the one with
-// fewer launches.
+// Ours, the default: lazy, and the agenda with the same merging; the cheaper
+// by the graph's CostModel (launches, gathered bytes, scheduling time),
+// compared every 16 rounds.
 const Strategy& auto_strategy();
 const Strategy& default_strategy();
 

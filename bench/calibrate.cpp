@@ -1,0 +1,104 @@
+// Calibration of scheduler/cost.h's CostModel on this machine and device:
+//
+// * launch_us: a Sheaf graph of one example, a chain of `depth` affine ops,
+//   trained (forward and backward): one batch per op. The slope of time over
+//   depth (two depths) is what one more batch costs: dispatch, autograd,
+//   host work per batch; the graph's fixed costs cancel.
+// * gather_us_per_mb: rows of a [rows, width] tensor gathered in a shuffled
+//   order and their gradient scattered back (index_select and its backward),
+//   the slope over two widths: bandwidth, not per-call overhead.
+//
+// Medians of --repeat runs of each. Prints the two figures (JSON with --json),
+// ready for GraphOptions::cost or CostModel::for_device's table.
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include <sheaf/backend/runtime.h>
+
+#include "harness.h"
+
+namespace sheaf::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+// Milliseconds for one training step of a chain of `depth` affine ops on one example.
+double chain_ms(c10::Device device, int depth, int repeat) {
+  const auto opts = at::TensorOptions().device(device);
+  at::Tensor W = (at::randn({4, 4}, opts) * 0.3).requires_grad_();
+  at::Tensor b = at::zeros({4}, opts).requires_grad_();
+  at::Tensor x0 = at::randn({4}, opts);
+  std::vector<double> times;
+  Graph g(GraphOptions{.device = device});
+  for (int r = 0; r < repeat + 1; ++r) {
+    synchronize(device);
+    const auto t0 = Clock::now();
+    g.clear();
+    Expr x = g.input(x0);
+    for (int k = 0; k < depth; ++k) x = dsl::affine(W, x, b);
+    Expr loss = dsl::sum(x);
+    g.forward(loss);
+    loss.value().backward();
+    synchronize(device);
+    if (r > 0) times.push_back(ms_since(t0));  // the first run warms up
+  }
+  return median(times);
+}
+
+// Milliseconds to gather `rows` rows of `width` floats in shuffled order and scatter their gradient back.
+double gather_ms(c10::Device device, int64_t rows, int64_t width, int repeat) {
+  const auto opts = at::TensorOptions().device(device);
+  at::Tensor src = at::randn({rows, width}, opts).requires_grad_();
+  at::Tensor perm = at::randperm(rows, at::TensorOptions().dtype(at::kLong).device(device));
+  at::Tensor grad = at::ones({rows, width}, opts);
+  std::vector<double> times;
+  for (int r = 0; r < repeat + 1; ++r) {
+    synchronize(device);
+    const auto t0 = Clock::now();
+    constexpr int kTimes = 20;  // several per timing: one is microseconds
+    for (int k = 0; k < kTimes; ++k) {
+      at::Tensor out = at::index_select(src, 0, perm);
+      torch::autograd::grad({out}, {src}, {grad});
+    }
+    synchronize(device);
+    if (r > 0) times.push_back(ms_since(t0) / kTimes);
+  }
+  return median(times);
+}
+
+}  // namespace
+
+int run_calibrate(const Options& o) {
+  const c10::Device device(o.device);
+  constexpr int kShort = 20, kLong = 220;
+  const double short_ms = chain_ms(device, kShort, o.repeat), long_ms = chain_ms(device, kLong, o.repeat);
+  const double launch_us = (long_ms - short_ms) * 1000.0 / (kLong - kShort);
+  constexpr int64_t kRows = 64, kNarrow = 128, kWide = 2048;  // 32 KiB and 512 KiB: a batch's rows
+  const double narrow_ms = gather_ms(device, kRows, kNarrow, o.repeat), wide_ms = gather_ms(device, kRows, kWide, o.repeat);
+  const double mb = static_cast<double>(kRows * (kWide - kNarrow) * 4) / (1024.0 * 1024.0);
+  const double gather_us_per_mb = (wide_ms - narrow_ms) * 1000.0 / mb;
+  if (o.json) {
+    Json j;
+    j.add("workload", "calibrate").add("device", o.device).add("threads", o.threads).add("repeat", o.repeat)
+        .add("launch_us", launch_us).add("gather_us_per_mb", gather_us_per_mb)
+        .add("chain_ms", std::vector<double>{short_ms, long_ms}).add("gather_ms", std::vector<double>{narrow_ms, wide_ms});
+    std::printf("%s\n", j.str().c_str());
+  } else {
+    std::printf("calibrate, %s: one more batch %.2f us (chains of %d and %d affine ops: %.3f and %.3f ms a step); "
+                "a gathered MiB %.1f us (64 rows of %lld and %lld floats: %.4f and %.4f ms)\n"
+                "  GraphOptions::cost = sheaf::CostModel{.launch_us = %.3g, .gather_us_per_mb = %.3g}\n",
+                o.device.c_str(), launch_us, kShort, kLong, short_ms, long_ms, gather_us_per_mb,
+                static_cast<long long>(kNarrow), static_cast<long long>(kWide), narrow_ms, wide_ms, launch_us,
+                gather_us_per_mb);
+  }
+  return 0;
+}
+
+}  // namespace sheaf::bench

@@ -1,0 +1,53 @@
+// What a round's plan costs, for the strategies that choose between schedules
+// (auto): its launches and the bytes it gathers.
+//
+// Counting launches alone can pick the slower schedule: one that saves a few
+// launches by gathering many more rows (issue 14 saw a tagger whose schedule
+// took half the launches of another and ran at 0.75x its speed). The constants are per device, measured with
+// `sheaf-bench --workload calibrate` (docs/benchmarks.md says on what).
+//
+// Host time is left out on purpose: every candidate's scheduling is linear in
+// the round's nodes (they differ by a few percent of it), and a choice that
+// depended on a measured time would change from run to run, and with it the
+// order of floating-point sums: training would not repeat bit for bit.
+//
+//   sheaf::GraphOptions o;
+//   o.cost = sheaf::CostModel{.launch_us = 12, .gather_us_per_mb = 90};  // your own machine's figures
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace sheaf {
+
+struct CostModel {
+  // What one more batch costs, forward and backward: dispatch, an autograd
+  // node, host work per batch. Every schedule of a round does the same
+  // arithmetic, so the arithmetic is not counted.
+  double launch_us = 0;
+  // A megabyte (2^20 bytes) of rows gathered forward and added back backward.
+  double gather_us_per_mb = 0;
+  // Calibrated figures for the device's type (below).
+  static CostModel for_device(c10::Device device);
+
+  // Microseconds.
+  double of(size_t launches, uint64_t gathered_bytes) const {
+    return launch_us * static_cast<double>(launches) +
+           gather_us_per_mb * static_cast<double>(gathered_bytes) / (1024.0 * 1024.0);
+  }
+};
+
+// CPU: `sheaf-bench --workload calibrate --threads 1 --repeat 9`, AMD EPYC
+// (Zen 5) with OpenBLAS, 2026-11-25: 5.6-5.7 us a batch, 50-53 us a MiB (so a
+// launch weighs as much as ~110 KiB gathered). CUDA: not measured on a GPU yet:
+// a launch costs the CPU's host work plus a kernel launch, and a gather runs at
+// device bandwidth (~2 TB/s on an H100, both ways): estimates, to be replaced
+// by the same command's figures on a GPU.
+inline CostModel CostModel::for_device(c10::Device device) {
+  if (device.is_cuda()) return {.launch_us = 15, .gather_us_per_mb = 1};
+  return {.launch_us = 5.6, .gather_us_per_mb = 50};
+}
+
+}  // namespace sheaf

@@ -1,0 +1,101 @@
+// auto's choice by cost (scheduler/cost.h): the plans it compares, what each
+// costs, and that the CostModel, not the launch count alone, decides.
+#include <random>
+
+#include "../support.h"
+
+using namespace sheaf;
+
+namespace {
+
+// Examples that interleave a one-op and a two-op step at random (a parser's
+// SHIFT and REDUCE): depth-based and agenda schedules differ, and here neither
+// wins on both counts (checked below).
+struct Steps {
+  at::Tensor W = test::param({8, 8}, 3), U = test::param({8, 8}, 4);
+  std::vector<at::Tensor> inputs;
+  Steps() {
+    for (int i = 0; i < 16; ++i) inputs.push_back(test::param({8}, 100 + static_cast<uint64_t>(i)));
+  }
+  // The loss; `cost` unset: the device's calibrated model.
+  Expr record(Graph& g) const {
+    std::mt19937 rng(1);
+    std::vector<Expr> outs;
+    for (int i = 0; i < 16; ++i) {
+      auto s = g.example(i);
+      Expr x = g.input(inputs[static_cast<size_t>(i)]);
+      const int steps = 6 + static_cast<int>(rng() % 6);
+      for (int k = 0; k < steps; ++k)
+        x = rng() % 2 ? dsl::tanh(dsl::matmul(W, x)) : dsl::sigmoid(dsl::matmul(U, dsl::tanh(dsl::matmul(W, x))));
+      outs.push_back(dsl::sum(x));
+    }
+    return dsl::sum(outs);
+  }
+};
+
+struct Run {
+  std::vector<Stats::Candidate> compared;
+  std::string picked;
+  uint64_t batches;
+  double loss;
+  at::Tensor grad_W;
+};
+
+Run run(const Steps& p, std::optional<CostModel> cost) {
+  Graph g({.fuse = false, .cost = cost});
+  Expr loss = p.record(g);
+  g.forward(loss);
+  p.W.mutable_grad() = at::Tensor();
+  loss.value().backward();
+  return {g.stats().compared, std::string(g.stats().strategy_used), g.stats().batches, loss.item(), p.W.grad().clone()};
+}
+
+}  // namespace
+
+TEST_CASE("auto keeps the plan its CostModel finds cheaper, and says what it compared", "[scheduler][cost]") {
+  Steps p;
+  const Run by_default = run(p, std::nullopt);
+  REQUIRE(by_default.compared.size() == 2);
+  CHECK(by_default.compared[0].name == "lazy");
+  CHECK(by_default.compared[1].name == "agenda");
+  const CostModel cpu = CostModel::for_device(c10::kCPU);
+  for (const Stats::Candidate& c : by_default.compared)
+    CHECK(c.cost_us == Approx(cpu.of(c.launches, c.gathered_bytes)));
+  const Stats::Candidate& a = by_default.compared[0];
+  const Stats::Candidate& b = by_default.compared[1];
+  // The program trades launches for gathers: the two counts disagree on the winner.
+  REQUIRE(a.launches != b.launches);
+  REQUIRE((a.launches < b.launches) != (a.gathered_bytes < b.gathered_bytes));
+  const std::string fewer_launches(a.launches < b.launches ? a.name : b.name);
+  const std::string fewer_bytes(a.gathered_bytes < b.gathered_bytes ? a.name : b.name);
+  CHECK(by_default.picked == std::string(a.cost_us <= b.cost_us ? a.name : b.name));
+
+  const Run launches_only = run(p, CostModel{.launch_us = 1, .gather_us_per_mb = 0});
+  const Run bytes_only = run(p, CostModel{.launch_us = 0, .gather_us_per_mb = 1});
+  CHECK(launches_only.picked == fewer_launches);
+  CHECK(bytes_only.picked == fewer_bytes);
+  // The plan it costed is the plan that ran.
+  for (const Run* r : {&by_default, &launches_only, &bytes_only}) {
+    const Stats::Candidate& used = r->compared[r->compared[0].name == r->picked ? 0 : 1];
+    CHECK(r->batches == used.launches);
+  }
+  // Whichever it picks, the same values.
+  CHECK(launches_only.loss == Approx(bytes_only.loss).epsilon(1e-6));
+  CHECK(at::allclose(launches_only.grad_W, bytes_only.grad_W, 1e-5, 1e-6));
+}
+
+TEST_CASE("a plan counts the bytes of the rows it cannot read as views", "[scheduler][cost]") {
+  at::Tensor W = test::param({8, 8}, 5);
+  Graph g({.fuse = false});
+  std::vector<Expr> outs;
+  for (int i = 0; i < 4; ++i) {
+    auto s = g.example(i);
+    Expr a = dsl::tanh(g.input(test::param({8}, 10 + static_cast<uint64_t>(i))));
+    Expr b = i % 2 ? dsl::sigmoid(a) : a;  // rows of two batches, interleaved
+    outs.push_back(dsl::matmul(W, b));
+  }
+  g.forward(outs);
+  REQUIRE(g.stats().compared.size() == 2);
+  for (const Stats::Candidate& c : g.stats().compared) CHECK(c.gathered_bytes == 4 * 8 * sizeof(float));
+  CHECK(g.stats().gathered_bytes == 4 * 8 * sizeof(float));  // what the executor copied
+}
