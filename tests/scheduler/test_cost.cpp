@@ -81,7 +81,9 @@ TEST_CASE("auto keeps the plan its CostModel finds cheaper, and says what it com
   }
   // Whichever it picks, the same values.
   CHECK(launches_only.loss == Approx(bytes_only.loss).epsilon(1e-6));
-  CHECK(at::allclose(launches_only.grad_W, bytes_only.grad_W, 1e-5, 1e-6));
+  // (Sums in another order: float rounding apart.)
+  const double scale = launches_only.grad_W.abs().max().item<double>();
+  CHECK((launches_only.grad_W - bytes_only.grad_W).abs().max().item<double>() <= 1e-5 * scale);
 }
 
 TEST_CASE("a plan counts the bytes of the rows it cannot read as views", "[scheduler][cost]") {
