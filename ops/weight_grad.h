@@ -31,9 +31,10 @@ class WeightGradBatcher {
   std::vector<std::pair<std::pair<const void*, const void*>, std::shared_ptr<Tap>>> taps_;
 };
 
-// The product alone, with GEMV for one row and a few rows padded to a multiple
-// of 4 (OpenBLAS: one row through GEMM is several times slower than GEMV, and
-// 7 rows at h=128 take 104 us where 8 take 69 us).
+// The product alone, with GEMV for one row and, for large enough weights, a
+// few rows padded to a multiple of 4 (OpenBLAS: one row through GEMM is
+// several times slower than GEMV, and 7 rows of a [640, 288] weight take
+// 76 us where 8 take 52 us).
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 
 }  // namespace sheaf
