@@ -73,6 +73,13 @@ void System::Counters::add(const Stats& s) {
   in_place_inputs += static_cast<double>(s.in_place_inputs);
   zero_copy_inputs += static_cast<double>(s.zero_copy_inputs);
   if (!s.strategy_used.empty()) ++strategy_used[std::string(s.strategy_used)];
+  for (const Stats::Candidate& c : s.compared) {
+    std::array<double, 4>& sum = compared[std::string(c.name)];
+    sum[0] += static_cast<double>(c.launches);
+    sum[1] += static_cast<double>(c.gathered_bytes);
+    sum[2] += c.cost_us;
+    sum[3] += 1;
+  }
   steps += 1;
   for (const auto& [op, t] : s.by_op) {
     ExecCounters::OpTime& mine = by_op[op];
@@ -263,6 +270,10 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
           if (it->second > most->second) most = it;
         j.add("strategy_used", most->first);
       }
+      // What auto weighed, per candidate, averaged over the rounds that compared:
+      // [launches, gathered bytes, cost in us] (scheduler/cost.h).
+      for (const auto& [name, sum] : s.counters.compared)
+        j.add("compared_" + name, std::vector<double>{sum[0] / sum[3], sum[1] / sum[3], sum[2] / sum[3]});
       if (o.profile) {
         const double ph = std::max(1.0, s.phases->steps);
         j.add("profile", 1).add("forward_ms_per_batch", s.phases->forward / ph)

@@ -38,6 +38,8 @@ out=docs/results-$device.jsonl
     --json --systems per-example,sheaf:auto,sheaf:auto+prefetch,hand
   # Host work alone (ns per node for recording and each scheduling step).
   "$bench" --workload host --hidden 128 --batch 64 --trees 1024 "${args[@]}" --systems sheaf,sheaf:auto/inline
+  # What a launch and a gathered MiB cost here (scheduler/cost.h's CostModel for this device).
+  "$bench" --workload calibrate --device "$device" --threads 1 --repeat 9 --json
 } > "$out"
 machine="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $("$bench" --info --threads 1)"
 python3 bench/report.py docs/results-*.jsonl --markdown docs/benchmark-results.md --plot docs/benchmark-results.png \
