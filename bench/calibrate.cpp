@@ -80,7 +80,10 @@ int run_calibrate(const Options& o) {
   constexpr int kShort = 20, kLong = 220;
   const double short_ms = chain_ms(device, kShort, o.repeat), long_ms = chain_ms(device, kLong, o.repeat);
   const double launch_us = (long_ms - short_ms) * 1000.0 / (kLong - kShort);
-  constexpr int64_t kRows = 64, kNarrow = 128, kWide = 2048;  // 32 KiB and 512 KiB: a batch's rows
+  // 8 KiB and 96 KiB: a batch's rows, below glibc's mmap threshold (a larger
+  // tensor can cost page faults at every allocation: 50 to 370 us a MiB
+  // between two runs of the same command).
+  constexpr int64_t kRows = 64, kNarrow = 32, kWide = 384;
   const double narrow_ms = gather_ms(device, kRows, kNarrow, o.repeat), wide_ms = gather_ms(device, kRows, kWide, o.repeat);
   const double mb = static_cast<double>(kRows * (kWide - kNarrow) * 4) / (1024.0 * 1024.0);
   const double gather_us_per_mb = (wide_ms - narrow_ms) * 1000.0 / mb;

@@ -12,7 +12,7 @@
 // order of floating-point sums: training would not repeat bit for bit.
 //
 //   sheaf::GraphOptions o;
-//   o.cost = sheaf::CostModel{.launch_us = 12, .gather_us_per_mb = 90};  // your own machine's figures
+//   o.cost = sheaf::CostModel{.launch_us = 12, .gather_us_per_mb = 60};  // your own machine's figures
 #pragma once
 
 #include <c10/core/Device.h>
@@ -40,14 +40,14 @@ struct CostModel {
 };
 
 // CPU: `sheaf-bench --workload calibrate --threads 1 --repeat 9`, AMD EPYC
-// (Zen 5) with OpenBLAS, 2026-11-25: 5.6-5.7 us a batch, 50-53 us a MiB (so a
-// launch weighs as much as ~110 KiB gathered). CUDA: not measured on a GPU yet:
-// a launch costs the CPU's host work plus a kernel launch, and a gather runs at
-// device bandwidth (~2 TB/s on an H100, both ways): estimates, to be replaced
-// by the same command's figures on a GPU.
+// (Zen 5) with OpenBLAS, 2026-11-26: 5.8-6.0 us a batch, 34-38 us a MiB (a
+// launch weighs as much as ~170 KiB gathered). CUDA: not measured on a GPU
+// yet: a launch costs the CPU's host work plus a kernel launch, and a gather
+// runs at device bandwidth (~2 TB/s on an H100, both ways): estimates, to be
+// replaced by the same command's figures on a GPU.
 inline CostModel CostModel::for_device(c10::Device device) {
   if (device.is_cuda()) return {.launch_us = 15, .gather_us_per_mb = 1};
-  return {.launch_us = 5.6, .gather_us_per_mb = 50};
+  return {.launch_us = 5.9, .gather_us_per_mb = 35};
 }
 
 }  // namespace sheaf
