@@ -14,6 +14,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 
@@ -40,8 +41,15 @@ bool debug_enabled() {
 
 thread_local Engine* t_delivering = nullptr;
 
-GraphOptions with_concrete_device(GraphOptions o) {
+// The options with the device made concrete, checked.
+GraphOptions checked_options(GraphOptions o) {
   o.device = concrete_device(o.device);
+  if (o.cost) {
+    const CostModel& c = *o.cost;
+    if (!std::isfinite(c.launch_us) || !std::isfinite(c.gather_us_per_mb) || c.launch_us < 0 || c.gather_us_per_mb < 0)
+      throw UserError(detail::cat("sheaf: GraphOptions::cost needs finite, non-negative figures; got launch_us = ",
+                                  c.launch_us, ", gather_us_per_mb = ", c.gather_us_per_mb));
+  }
   return o;
 }
 
@@ -49,7 +57,7 @@ GraphOptions with_concrete_device(GraphOptions o) {
 
 Engine::Engine(Graph& graph, GraphOptions options)
     : graph_(graph),
-      options_(with_concrete_device(options)),
+      options_(checked_options(options)),
       trace_(options_.device),
       slot_(acquire_slot(this)),
       generation_(generation_of(slot_)) {}

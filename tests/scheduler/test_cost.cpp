@@ -1,5 +1,6 @@
 // auto's choice by cost (scheduler/cost.h): the plans it compares, what each
 // costs, and that the CostModel, not the launch count alone, decides.
+#include <cmath>
 #include <random>
 
 #include "../support.h"
@@ -100,4 +101,11 @@ TEST_CASE("a plan counts the bytes of the rows it cannot read as views", "[sched
   REQUIRE(g.stats().compared.size() == 2);
   for (const Stats::Candidate& c : g.stats().compared) CHECK(c.gathered_bytes == 4 * 8 * sizeof(float));
   CHECK(g.stats().gathered_bytes == 4 * 8 * sizeof(float));  // what the executor copied
+}
+
+TEST_CASE("a CostModel with a negative or non-finite figure is a user error", "[scheduler][cost][errors]") {
+  CHECK_THROWS_AS(Graph({.cost = CostModel{.launch_us = -1, .gather_us_per_mb = 1}}), UserError);
+  CHECK_THROWS_WITH(Graph({.cost = CostModel{.launch_us = 1, .gather_us_per_mb = std::nan("")}}),
+                    Catch::Matchers::Contains("GraphOptions::cost"));
+  CHECK_NOTHROW(Graph({.cost = CostModel{.launch_us = 0, .gather_us_per_mb = 0}}));
 }
