@@ -4,9 +4,10 @@
 //   trained (forward and backward): one batch per op. The slope of time over
 //   depth (two depths) is what one more batch costs: dispatch, autograd,
 //   host work per batch; the graph's fixed costs cancel.
-// * gather_us_per_mb: rows of a [rows, width] tensor gathered in a shuffled
-//   order and their gradient scattered back (index_select and its backward),
-//   the slope over two widths: bandwidth, not per-call overhead.
+// * gather_us_per_mb and gather_us: rows of a [rows, width] tensor gathered
+//   in a shuffled order and their gradient scattered back (index_select and
+//   its backward) at two widths: the slope is the bandwidth, what is left of
+//   the narrow one the fixed cost of a gather.
 //
 // Medians of --repeat runs of each. Prints the two figures (JSON with --json),
 // ready for GraphOptions::cost or CostModel::for_device's table.
@@ -87,19 +88,21 @@ int run_calibrate(const Options& o) {
   const double narrow_ms = gather_ms(device, kRows, kNarrow, o.repeat), wide_ms = gather_ms(device, kRows, kWide, o.repeat);
   const double mb = static_cast<double>(kRows * (kWide - kNarrow) * 4) / (1024.0 * 1024.0);
   const double gather_us_per_mb = (wide_ms - narrow_ms) * 1000.0 / mb;
+  const double gather_us =
+      narrow_ms * 1000.0 - gather_us_per_mb * static_cast<double>(kRows * kNarrow * 4) / (1024.0 * 1024.0);
   if (o.json) {
     Json j;
     j.add("workload", "calibrate").add("device", o.device).add("threads", o.threads).add("repeat", o.repeat)
-        .add("launch_us", launch_us).add("gather_us_per_mb", gather_us_per_mb)
+        .add("launch_us", launch_us).add("gather_us", gather_us).add("gather_us_per_mb", gather_us_per_mb)
         .add("chain_ms", std::vector<double>{short_ms, long_ms}).add("gather_ms", std::vector<double>{narrow_ms, wide_ms});
     std::printf("%s\n", j.str().c_str());
   } else {
     std::printf("calibrate, %s: one more batch %.2f us (chains of %d and %d affine ops: %.3f and %.3f ms a step); "
-                "a gathered MiB %.1f us (64 rows of %lld and %lld floats: %.4f and %.4f ms)\n"
-                "  GraphOptions::cost = sheaf::CostModel{.launch_us = %.3g, .gather_us_per_mb = %.3g}\n",
-                o.device.c_str(), launch_us, kShort, kLong, short_ms, long_ms, gather_us_per_mb,
+                "a gather %.2f us plus %.1f us a MiB (64 rows of %lld and %lld floats: %.4f and %.4f ms)\n"
+                "  GraphOptions::cost = sheaf::CostModel{.launch_us = %.3g, .gather_us = %.3g, .gather_us_per_mb = %.3g}\n",
+                o.device.c_str(), launch_us, kShort, kLong, short_ms, long_ms, gather_us, gather_us_per_mb,
                 static_cast<long long>(kNarrow), static_cast<long long>(kWide), narrow_ms, wide_ms, launch_us,
-                gather_us_per_mb);
+                gather_us, gather_us_per_mb);
   }
   return 0;
 }

@@ -74,11 +74,12 @@ void System::Counters::add(const Stats& s) {
   zero_copy_inputs += static_cast<double>(s.zero_copy_inputs);
   if (!s.strategy_used.empty()) ++strategy_used[std::string(s.strategy_used)];
   for (const Stats::Candidate& c : s.compared) {
-    std::array<double, 4>& sum = compared[std::string(c.name)];
+    std::array<double, 5>& sum = compared[std::string(c.name)];
     sum[0] += static_cast<double>(c.launches);
-    sum[1] += static_cast<double>(c.gathered_bytes);
-    sum[2] += c.cost_us;
-    sum[3] += 1;
+    sum[1] += static_cast<double>(c.gathers);
+    sum[2] += static_cast<double>(c.gathered_bytes);
+    sum[3] += c.cost_us;
+    sum[4] += 1;
   }
   steps += 1;
   for (const auto& [op, t] : s.by_op) {
@@ -270,10 +271,11 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
           if (it->second > most->second) most = it;
         j.add("strategy_used", most->first);
       }
-      // What auto weighed, per candidate, averaged over the rounds that compared:
-      // [launches, gathered bytes, cost in us] (scheduler/cost.h).
+      // What auto weighed, per candidate: [launches, gathers, gathered bytes,
+      // cost in us] (scheduler/cost.h), averaged over the batches in which it
+      // compared (each batch's last comparison: Stats keeps one).
       for (const auto& [name, sum] : s.counters.compared)
-        j.add("compared_" + name, std::vector<double>{sum[0] / sum[3], sum[1] / sum[3], sum[2] / sum[3]});
+        j.add("compared_" + name, std::vector<double>{sum[0] / sum[4], sum[1] / sum[4], sum[2] / sum[4], sum[3] / sum[4]});
       if (o.profile) {
         const double ph = std::max(1.0, s.phases->steps);
         j.add("profile", 1).add("forward_ms_per_batch", s.phases->forward / ph)

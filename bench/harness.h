@@ -51,9 +51,9 @@ struct System {
     double launches = 0, trace_ms = 0, sched_ms = 0, exec_ms = 0, gather_ms = 0, op_ms = 0, rounds = 0, steps = 0;
     double gathered_bytes = 0, gathered_inputs = 0, zero_copy_inputs = 0, in_place_inputs = 0;
     std::map<std::string, int> strategy_used;  // batches by the schedule they used (auto: its pick)
-    // auto's comparisons: per candidate, the summed launches, gathered bytes and
-    // cost of the plans it compared, and how many times.
-    std::map<std::string, std::array<double, 4>> compared;
+    // auto's comparisons: per candidate, the summed launches, gathers,
+    // gathered bytes and cost of the plans it compared, and how many.
+    std::map<std::string, std::array<double, 5>> compared;
     std::map<std::string, ExecCounters::OpTime> by_op;  // with --profile
     void add(const Stats& s);  // one batch of a Sheaf graph
   } counters;

@@ -46,9 +46,11 @@ GraphOptions checked_options(GraphOptions o) {
   o.device = concrete_device(o.device);
   if (o.cost) {
     const CostModel& c = *o.cost;
-    if (!std::isfinite(c.launch_us) || !std::isfinite(c.gather_us_per_mb) || c.launch_us < 0 || c.gather_us_per_mb < 0)
+    const double figures[] = {c.launch_us, c.gather_us, c.gather_us_per_mb};
+    if (std::any_of(std::begin(figures), std::end(figures), [](double v) { return !std::isfinite(v) || v < 0; }))
       throw UserError(detail::cat("sheaf: GraphOptions::cost needs finite, non-negative figures; got launch_us = ",
-                                  c.launch_us, ", gather_us_per_mb = ", c.gather_us_per_mb));
+                                  c.launch_us, ", gather_us = ", c.gather_us, ", gather_us_per_mb = ",
+                                  c.gather_us_per_mb));
   }
   return o;
 }
@@ -165,7 +167,7 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate) {
     stats_.compared.clear();
     for (size_t k = 0; k < candidates.size(); ++k) {
       const Scheduler::Costed& c = scheduler_.compared()[k];
-      stats_.compared.push_back({candidates[k]->name(), c.launches, c.gathered_bytes, c.cost_us});
+      stats_.compared.push_back({candidates[k]->name(), c.launches, c.gathers, c.gathered_bytes, c.cost_us});
     }
   }
   stats_.deferred_inferences = trace_.deferred_inferences();
@@ -175,7 +177,8 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate) {
     if (!scheduler_.compared().empty()) {
       std::cerr << "[sheaf] " << strategy.name() << " compared:";
       for (const Stats::Candidate& c : stats_.compared)
-        std::cerr << " " << c.name << " (" << c.launches << " launches, " << c.gathered_bytes << " bytes gathered: "
+        std::cerr << " " << c.name << " (" << c.launches << " launches, " << c.gathers << " gathers of "
+                  << c.gathered_bytes << " bytes: "
                   << c.cost_us << " us)";
       std::cerr << "; picked " << scheduler_.chosen() << "\n";
     }

@@ -106,7 +106,8 @@ std::string Stats::str() const {
   if (!strategy_used.empty()) os << "; schedule " << strategy_used;
   for (size_t k = 0; k < compared.size(); ++k)
     os << (k ? ", " : " (compared: ") << compared[k].name << " " << compared[k].launches << " launches + "
-       << compared[k].gathered_bytes / 1024 << " KiB gathered = " << compared[k].cost_us << " us"
+       << compared[k].gathers << " gathers of " << compared[k].gathered_bytes / 1024 << " KiB = " << compared[k].cost_us
+       << " us"
        << (k + 1 == compared.size() ? ")" : "");
   return os.str();
 }

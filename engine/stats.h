@@ -29,7 +29,8 @@ struct Stats : ExecCounters {
   struct Candidate {
     std::string_view name;
     uint64_t launches = 0;
-    uint64_t gathered_bytes = 0;  // rows not read as views (scheduler/plan.h)
+    uint64_t gathers = 0;         // inputs with rows not read as views (scheduler/plan.h)
+    uint64_t gathered_bytes = 0;  // those rows' bytes
     double cost_us = 0;           // CostModel::of
   };
   std::vector<Candidate> compared;

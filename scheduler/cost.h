@@ -1,5 +1,5 @@
 // What a round's plan costs, for the strategies that choose between schedules
-// (auto): its launches and the bytes it gathers.
+// (auto): its launches, its gathers and the bytes they copy.
 //
 // Counting launches alone can pick the slower schedule: one that saves a few
 // launches by gathering many more rows (issue 14 saw a tagger whose schedule
@@ -12,7 +12,7 @@
 // order of floating-point sums: training would not repeat bit for bit.
 //
 //   sheaf::GraphOptions o;
-//   o.cost = sheaf::CostModel{.launch_us = 12, .gather_us_per_mb = 60};  // your own machine's figures
+//   o.cost = sheaf::CostModel{.launch_us = 12, .gather_us = 6, .gather_us_per_mb = 60};  // your machine's figures
 #pragma once
 
 #include <c10/core/Device.h>
@@ -27,27 +27,32 @@ struct CostModel {
   // node, host work per batch. Every schedule of a round does the same
   // arithmetic, so the arithmetic is not counted.
   double launch_us = 0;
+  // One gathered input, forward and backward, besides its bytes (the call,
+  // the output's allocation, its autograd node).
+  double gather_us = 0;
   // A megabyte (2^20 bytes) of rows gathered forward and added back backward.
   double gather_us_per_mb = 0;
   // Calibrated figures for the device's type (below).
   static CostModel for_device(c10::Device device);
 
   // Microseconds.
-  double of(size_t launches, uint64_t gathered_bytes) const {
-    return launch_us * static_cast<double>(launches) +
+  double of(size_t launches, size_t gathers, uint64_t gathered_bytes) const {
+    return launch_us * static_cast<double>(launches) + gather_us * static_cast<double>(gathers) +
            gather_us_per_mb * static_cast<double>(gathered_bytes) / (1024.0 * 1024.0);
   }
 };
 
 // CPU: `sheaf-bench --workload calibrate --threads 1 --repeat 9`, AMD EPYC
-// (Zen 5) with OpenBLAS, 2026-11-26: 5.8-6.0 us a batch, 34-38 us a MiB (a
-// launch weighs as much as ~170 KiB gathered). CUDA: not measured on a GPU
-// yet: a launch costs the CPU's host work plus a kernel launch, and a gather
-// runs at device bandwidth (~2 TB/s on an H100, both ways): estimates, to be
+// (Zen 5) with OpenBLAS, 2026-11-26: 5.8-6.0 us a batch, 34-40 us a MiB, and
+// 7.2-7.4 us a gather besides its bytes (measured on index_select; the CPU's
+// row gathers are cheaper, so this leans toward fewer gathers). A launch
+// weighs as much as ~170 KiB gathered. CUDA: not measured on a GPU yet: a
+// launch costs the CPU's host work plus a kernel launch, and a gather runs at
+// device bandwidth (~2 TB/s on an H100, both ways): estimates, to be
 // replaced by the same command's figures on a GPU.
 inline CostModel CostModel::for_device(c10::Device device) {
-  if (device.is_cuda()) return {.launch_us = 15, .gather_us_per_mb = 1};
-  return {.launch_us = 5.9, .gather_us_per_mb = 35};
+  if (device.is_cuda()) return {.launch_us = 15, .gather_us = 15, .gather_us_per_mb = 1};
+  return {.launch_us = 5.9, .gather_us = 7.3, .gather_us_per_mb = 36};
 }
 
 }  // namespace sheaf

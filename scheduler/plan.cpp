@@ -523,6 +523,7 @@ class Planner {
       for (const RowRef& l : sources_) read(Read{l.batch, l.row, 1});
     } else {
       read_by_source(arg);
+      ++p_.gathers;
       if (like != kNoNode)
         p_.gathered_bytes += sources_.size() * static_cast<uint64_t>(s_.shape_of(s_.resolve(like)).numel()) * sizeof(float);
     }
@@ -628,6 +629,7 @@ void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, st
   plan.indices.clear();
   plan.keep.clear();
   plan.gathered_bytes = 0;
+  plan.gathers = 0;
   plan.nodes.reserve(dag.size());
   plan.indices.reserve(3 * dag.size());  // payloads, and gathers for some inputs
   plan.args.reserve(2 * batches.size());

@@ -99,6 +99,7 @@ struct Plan {
   // round's gathers copy at most (a CPU fused kernel reads gathered rows in
   // place; splits serve some reads without copies). For scheduler/cost.h.
   uint64_t gathered_bytes = 0;
+  uint32_t gathers = 0;  // inputs with such rows
 
   std::span<const int64_t> sizes_of(const SplitGroup& g) const { return {split_sizes.data() + g.sizes_begin, g.sizes_len}; }
   std::string str() const;

@@ -35,10 +35,10 @@ bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, 
   const Fuser* fuser = fuse ? &fuser_ : nullptr;
   const std::span<const Strategy* const> candidates = strategy.candidates();
   if (candidates.empty()) {
-    plan_with(trace, strategy, strategy.name(), validate, fuser);
+    plan_with(trace, strategy, &memo_, strategy.name(), validate, fuser);
   } else if (memo_.rounds_left > 0) {
     --memo_.rounds_left;
-    plan_with(trace, *candidates[static_cast<size_t>(memo_.choice)], strategy.name(), validate, fuser);
+    plan_with(trace, *candidates[static_cast<size_t>(memo_.choice)], nullptr, strategy.name(), validate, fuser);
   } else {
     compare(trace, strategy, validate, fuser, cost);
   }
@@ -48,12 +48,14 @@ bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, 
   return true;
 }
 
-// `label`: the strategy asked for (plans and errors name it).
-void Scheduler::plan_with(Trace& trace, const Strategy& strategy, std::string_view label, bool validate,
-                          const Fuser* fuser) {
+// `label`: the strategy asked for (plans and errors name it). `memo`: what the
+// graph remembers for `strategy` (none for a candidate: its chooser has it).
+void Scheduler::plan_with(Trace& trace, const Strategy& strategy, StrategyMemo* memo, std::string_view label,
+                          bool validate, const Fuser* fuser) {
   auto t = Clock::now();
   batches_.clear();
-  strategy.schedule(dag_, batches_);
+  if (memo) strategy.schedule(dag_, batches_, *memo);
+  else strategy.schedule(dag_, batches_);
   if (validate) validate_batches(dag_, batches_, label);
   lap(t, times_.strategy_ms);
   make_plan(trace.store(), dag_, batches_, label, plan_, fuser);
@@ -70,13 +72,14 @@ void Scheduler::compare(Trace& trace, const Strategy& strategy, bool validate, c
   const std::span<const Strategy* const> candidates = strategy.candidates();
   size_t best = 0;
   for (size_t k = 0; k < candidates.size(); ++k) {
-    plan_with(trace, *candidates[k], strategy.name(), validate, fuser);
-    const Costed c{plan_.batches.size(), plan_.gathered_bytes, cost.of(plan_.batches.size(), plan_.gathered_bytes)};
+    plan_with(trace, *candidates[k], nullptr, strategy.name(), validate, fuser);
+    const Costed c{plan_.batches.size(), plan_.gathers, plan_.gathered_bytes,
+                   cost.of(plan_.batches.size(), plan_.gathers, plan_.gathered_bytes)};
     compared_.push_back(c);
     if (c.cost_us < compared_[best].cost_us) best = k;
   }
   // The store holds the rows of the last plan made.
-  if (best + 1 != candidates.size()) plan_with(trace, *candidates[best], strategy.name(), validate, fuser);
+  if (best + 1 != candidates.size()) plan_with(trace, *candidates[best], nullptr, strategy.name(), validate, fuser);
   memo_.choice = static_cast<int>(best);
   memo_.rounds_left = kRecheck - 1;
 }

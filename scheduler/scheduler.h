@@ -41,9 +41,11 @@ class Scheduler {
   // The schedule the last round used (auto: the strategy it picked).
   std::string_view chosen() const { return memo_owner_ ? memo_owner_->chosen(memo_) : std::string_view(); }
   // A strategy with candidates, in a round that compared them: what each cost
-  // (launches, gathered bytes, CostModel::of), in candidates() order; else empty.
+  // (launches, gathers, gathered bytes, CostModel::of), in candidates() order;
+  // else empty.
   struct Costed {
     size_t launches = 0;
+    size_t gathers = 0;
     uint64_t gathered_bytes = 0;
     double cost_us = 0;
   };
@@ -78,7 +80,8 @@ class Scheduler {
 
   std::vector<Costed> compared_;
 
-  void plan_with(Trace& trace, const Strategy& strategy, std::string_view label, bool validate, const Fuser* fuser);
+  void plan_with(Trace& trace, const Strategy& strategy, StrategyMemo* memo, std::string_view label, bool validate,
+                 const Fuser* fuser);
   void compare(Trace& trace, const Strategy& strategy, bool validate, const Fuser* fuser, const CostModel& cost);
   void count_split_shared(const Trace& trace);
   void count_split_region(const Trace& trace, const Region& region);

@@ -141,7 +141,9 @@ class AgendaStrategy final : public Strategy {
       std::pop_heap(agenda.begin(), agenda.end(), kMinFirst);
       const uint32_t s = agenda.back().second;
       agenda.pop_back();
-      batch.swap(ready[s]);
+      // A copy, not a swap: swapped buffers would wander between signatures
+      // and grow again (an allocation per round once warm).
+      batch.assign(ready[s].begin(), ready[s].end());
       ready[s].clear();
       emit(batch);
     }

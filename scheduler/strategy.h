@@ -45,7 +45,7 @@ const Strategy& agenda_strategy();
 // permitting) does. Never more launches than depth; batches what depth cannot.
 const Strategy& lazy_strategy();
 // Ours, the default: lazy, and the agenda with the same merging; the cheaper
-// by the graph's CostModel (launches, gathered bytes, scheduling time),
+// by the graph's CostModel (launches, gathers and their bytes: not timed),
 // compared every 16 rounds.
 const Strategy& auto_strategy();
 const Strategy& default_strategy();

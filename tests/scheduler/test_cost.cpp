@@ -61,7 +61,7 @@ TEST_CASE("auto keeps the plan its CostModel finds cheaper, and says what it com
   CHECK(by_default.compared[1].name == "agenda");
   const CostModel cpu = CostModel::for_device(c10::kCPU);
   for (const Stats::Candidate& c : by_default.compared)
-    CHECK(c.cost_us == Approx(cpu.of(c.launches, c.gathered_bytes)));
+    CHECK(c.cost_us == Approx(cpu.of(c.launches, c.gathers, c.gathered_bytes)));
   const Stats::Candidate& a = by_default.compared[0];
   const Stats::Candidate& b = by_default.compared[1];
   // The program trades launches for gathers: the two counts disagree on the winner.
@@ -99,12 +99,16 @@ TEST_CASE("a plan counts the bytes of the rows it cannot read as views", "[sched
   }
   g.forward(outs);
   REQUIRE(g.stats().compared.size() == 2);
-  for (const Stats::Candidate& c : g.stats().compared) CHECK(c.gathered_bytes == 4 * 8 * sizeof(float));
+  for (const Stats::Candidate& c : g.stats().compared) {
+    CHECK(c.gathers == 1);
+    CHECK(c.gathered_bytes == 4 * 8 * sizeof(float));
+  }
   CHECK(g.stats().gathered_bytes == 4 * 8 * sizeof(float));  // what the executor copied
 }
 
 TEST_CASE("a CostModel with a negative or non-finite figure is a user error", "[scheduler][cost][errors]") {
   CHECK_THROWS_AS(Graph({.cost = CostModel{.launch_us = -1, .gather_us_per_mb = 1}}), UserError);
+  CHECK_THROWS_AS(Graph({.cost = CostModel{.launch_us = 1, .gather_us = -2}}), UserError);
   CHECK_THROWS_WITH(Graph({.cost = CostModel{.launch_us = 1, .gather_us_per_mb = std::nan("")}}),
                     Catch::Matchers::Contains("GraphOptions::cost"));
   CHECK_NOTHROW(Graph({.cost = CostModel{.launch_us = 0, .gather_us_per_mb = 0}}));
