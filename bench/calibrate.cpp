@@ -28,7 +28,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+// The median over `repeat` runs of `body` (after one to warm up), in
+// milliseconds, the device idle before and after each.
+template <class F>
+double median_ms(c10::Device device, int repeat, F&& body) {
+  std::vector<double> times;
+  for (int r = 0; r < repeat + 1; ++r) {
+    synchronize(device);
+    const auto t0 = Clock::now();
+    body();
+    synchronize(device);
+    if (r > 0) times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  return median(times);
+}
 
 // Milliseconds for one training step of a chain of `depth` affine ops on one example.
 double chain_ms(c10::Device device, int depth, int repeat) {
@@ -36,21 +49,15 @@ double chain_ms(c10::Device device, int depth, int repeat) {
   at::Tensor W = (at::randn({4, 4}, opts) * 0.3).requires_grad_();
   at::Tensor b = at::zeros({4}, opts).requires_grad_();
   at::Tensor x0 = at::randn({4}, opts);
-  std::vector<double> times;
   Graph g(GraphOptions{.device = device});
-  for (int r = 0; r < repeat + 1; ++r) {
-    synchronize(device);
-    const auto t0 = Clock::now();
+  return median_ms(device, repeat, [&] {
     g.clear();
     Expr x = g.input(x0);
     for (int k = 0; k < depth; ++k) x = dsl::affine(W, x, b);
     Expr loss = dsl::sum(x);
     g.forward(loss);
     loss.value().backward();
-    synchronize(device);
-    if (r > 0) times.push_back(ms_since(t0));  // the first run warms up
-  }
-  return median(times);
+  });
 }
 
 // Milliseconds to gather `rows` rows of `width` floats in shuffled order and scatter their gradient back.
@@ -59,19 +66,13 @@ double gather_ms(c10::Device device, int64_t rows, int64_t width, int repeat) {
   at::Tensor src = at::randn({rows, width}, opts).requires_grad_();
   at::Tensor perm = at::randperm(rows, at::TensorOptions().dtype(at::kLong).device(device));
   at::Tensor grad = at::ones({rows, width}, opts);
-  std::vector<double> times;
-  for (int r = 0; r < repeat + 1; ++r) {
-    synchronize(device);
-    const auto t0 = Clock::now();
-    constexpr int kTimes = 20;  // several per timing: one is microseconds
+  constexpr int kTimes = 20;  // several per timing: one is microseconds
+  return median_ms(device, repeat, [&] {
     for (int k = 0; k < kTimes; ++k) {
       at::Tensor out = at::index_select(src, 0, perm);
       torch::autograd::grad({out}, {src}, {grad});
     }
-    synchronize(device);
-    if (r > 0) times.push_back(ms_since(t0) / kTimes);
-  }
-  return median(times);
+  }) / kTimes;
 }
 
 }  // namespace

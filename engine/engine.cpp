@@ -41,17 +41,17 @@ bool debug_enabled() {
 
 thread_local Engine* t_delivering = nullptr;
 
-// The options with the device made concrete, checked.
+// The options with the device made concrete and the cost model set (the
+// device's unless given), checked.
 GraphOptions checked_options(GraphOptions o) {
   o.device = concrete_device(o.device);
-  if (o.cost) {
-    const CostModel& c = *o.cost;
-    const double figures[] = {c.launch_us, c.gather_us, c.gather_us_per_mb};
-    if (std::any_of(std::begin(figures), std::end(figures), [](double v) { return !std::isfinite(v) || v < 0; }))
-      throw UserError(detail::cat("sheaf: GraphOptions::cost needs finite, non-negative figures; got launch_us = ",
-                                  c.launch_us, ", gather_us = ", c.gather_us, ", gather_us_per_mb = ",
-                                  c.gather_us_per_mb));
-  }
+  if (!o.cost) o.cost = CostModel::for_device(o.device);
+  const CostModel& c = *o.cost;
+  const double figures[] = {c.launch_us, c.gather_us, c.gather_us_per_mb};
+  if (std::any_of(std::begin(figures), std::end(figures), [](double v) { return !std::isfinite(v) || v < 0; }))
+    throw UserError(detail::cat("sheaf: GraphOptions::cost needs finite, non-negative figures; got launch_us = ",
+                                c.launch_us, ", gather_us = ", c.gather_us, ", gather_us_per_mb = ",
+                                c.gather_us_per_mb));
   return o;
 }
 
@@ -151,8 +151,7 @@ void Engine::prepare(std::span<const Expr> targets, const ForwardOptions& option
 // launch (the round only resolved placeholders).
 bool Engine::schedule_round(const Strategy& strategy, bool validate) {
   const auto t0 = Clock::now();
-  const bool launch = scheduler_.schedule(trace_, strategy, validate, options_.fuse,
-                                         options_.cost ? *options_.cost : CostModel::for_device(options_.device));
+  const bool launch = scheduler_.schedule(trace_, strategy, validate, options_.fuse, *options_.cost);
   if (!launch) finish_aliases();
   stats_.schedule_ms += ms_since(t0);
   const Scheduler::Times& parts = scheduler_.times();
@@ -162,26 +161,14 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate) {
   stats_.plan_ms = parts.plan_ms;
   stats_.round_visits = parts.visits;
   if (launch) stats_.strategy_used = scheduler_.chosen();
-  if (!scheduler_.compared().empty()) {
-    const auto candidates = strategy.candidates();
-    stats_.compared.clear();
-    for (size_t k = 0; k < candidates.size(); ++k) {
-      const Scheduler::Costed& c = scheduler_.compared()[k];
-      stats_.compared.push_back({candidates[k]->name(), c.launches, c.gathers, c.gathered_bytes, c.cost_us});
-    }
-  }
+  if (!scheduler_.compared().empty()) stats_.compared.assign(scheduler_.compared().begin(), scheduler_.compared().end());
   stats_.deferred_inferences = trace_.deferred_inferences();
   if (!launch) return false;
   stats_.split_shared += scheduler_.split_shared();
   if (debug_enabled()) {
-    if (!scheduler_.compared().empty()) {
-      std::cerr << "[sheaf] " << strategy.name() << " compared:";
-      for (const Stats::Candidate& c : stats_.compared)
-        std::cerr << " " << c.name << " (" << c.launches << " launches, " << c.gathers << " gathers of "
-                  << c.gathered_bytes << " bytes: "
-                  << c.cost_us << " us)";
-      std::cerr << "; picked " << scheduler_.chosen() << "\n";
-    }
+    if (!scheduler_.compared().empty())
+      std::cerr << "[sheaf] " << strategy.name() << " compared: " << describe(scheduler_.compared()) << "; picked "
+                << scheduler_.chosen() << "\n";
     std::cerr << "[sheaf] " << scheduler_.plan().str();
     if (scheduler_.split_shared() > 0) {
       const Site site = trace_.site_of(scheduler_.split_shared_example());

@@ -104,11 +104,7 @@ std::string Stats::str() const {
   if (gather_ms > 0 || op_ms > 0) os << " (profiled: gathers " << gather_ms << ", ops " << op_ms << ")";
   if (split_shared > 0) os << "; " << split_shared << " batches split by distinct shared operands";
   if (!strategy_used.empty()) os << "; schedule " << strategy_used;
-  for (size_t k = 0; k < compared.size(); ++k)
-    os << (k ? ", " : " (compared: ") << compared[k].name << " " << compared[k].launches << " launches + "
-       << compared[k].gathers << " gathers of " << compared[k].gathered_bytes / 1024 << " KiB = " << compared[k].cost_us
-       << " us"
-       << (k + 1 == compared.size() ? ")" : "");
+  if (!compared.empty()) os << " (compared: " << describe(compared) << ")";
   return os.str();
 }
 

@@ -60,7 +60,8 @@ struct GraphOptions {
   // (one node per op): the checker's reference for function calls.
   bool inline_functions = false;
   // What a launch and a gathered byte cost, for strategies that compare
-  // schedules (auto). Unset: CostModel::for_device(device) (scheduler/cost.h).
+  // schedules (auto). Unset: CostModel::for_device(device) (scheduler/cost.h),
+  // which the graph's options() then hold.
   std::optional<CostModel> cost;
 };
 

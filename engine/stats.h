@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <sheaf/backend/counters.h>
+#include <sheaf/scheduler/cost.h>
 
 namespace sheaf {
 
@@ -26,13 +27,7 @@ struct Stats : ExecCounters {
   std::string_view strategy_used;
   // A strategy that compares schedules (auto), in the last round that compared
   // them (every 16th): each candidate's plan, costed by GraphOptions::cost.
-  struct Candidate {
-    std::string_view name;
-    uint64_t launches = 0;
-    uint64_t gathers = 0;         // inputs with rows not read as views (scheduler/plan.h)
-    uint64_t gathered_bytes = 0;  // those rows' bytes
-    double cost_us = 0;           // CostModel::of
-  };
+  using Candidate = PlanCost;
   std::vector<Candidate> compared;
   // Wall-clock milliseconds:
   double trace_ms = 0;     // recording: from the first node recorded after clear()/forward() to the next

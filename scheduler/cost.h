@@ -3,8 +3,9 @@
 //
 // Counting launches alone can pick the slower schedule: one that saves a few
 // launches by gathering many more rows (issue 14 saw a tagger whose schedule
-// took half the launches of another and ran at 0.75x its speed). The constants are per device, measured with
-// `sheaf-bench --workload calibrate` (docs/benchmarks.md says on what).
+// took half the launches of another and ran at 0.75x its speed). The
+// constants are per device, measured with `sheaf-bench --workload calibrate`
+// (docs/benchmarks.md says on what).
 //
 // Host time is left out on purpose: every candidate's scheduling is linear in
 // the round's nodes (they differ by a few percent of it), and a choice that
@@ -19,6 +20,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
 
 namespace sheaf {
 
@@ -41,6 +45,17 @@ struct CostModel {
            gather_us_per_mb * static_cast<double>(gathered_bytes) / (1024.0 * 1024.0);
   }
 };
+
+// One candidate's plan of a round, costed (Scheduler::compared, Stats::compared).
+struct PlanCost {
+  std::string_view name;  // the candidate strategy
+  uint64_t launches = 0;
+  uint64_t gathers = 0;         // inputs with rows not read as views (scheduler/plan.h)
+  uint64_t gathered_bytes = 0;  // those rows' bytes
+  double cost_us = 0;           // CostModel::of
+};
+// "lazy 184 launches + 799 gathers of 6954 KiB = 7163 us, agenda ..."
+std::string describe(std::span<const PlanCost> costs);
 
 // CPU: `sheaf-bench --workload calibrate --threads 1 --repeat 9`, AMD EPYC
 // (Zen 5) with OpenBLAS, 2026-11-26: 5.8-6.0 us a batch, 34-40 us a MiB, and

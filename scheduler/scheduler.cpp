@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sstream>
 
 #include <sheaf/core/hash.h>
 
@@ -73,8 +74,8 @@ void Scheduler::compare(Trace& trace, const Strategy& strategy, bool validate, c
   size_t best = 0;
   for (size_t k = 0; k < candidates.size(); ++k) {
     plan_with(trace, *candidates[k], nullptr, strategy.name(), validate, fuser);
-    const Costed c{plan_.batches.size(), plan_.gathers, plan_.gathered_bytes,
-                   cost.of(plan_.batches.size(), plan_.gathers, plan_.gathered_bytes)};
+    const PlanCost c{candidates[k]->name(), plan_.batches.size(), plan_.gathers, plan_.gathered_bytes,
+                     cost.of(plan_.batches.size(), plan_.gathers, plan_.gathered_bytes)};
     compared_.push_back(c);
     if (c.cost_us < compared_[best].cost_us) best = k;
   }
@@ -82,6 +83,14 @@ void Scheduler::compare(Trace& trace, const Strategy& strategy, bool validate, c
   if (best + 1 != candidates.size()) plan_with(trace, *candidates[best], nullptr, strategy.name(), validate, fuser);
   memo_.choice = static_cast<int>(best);
   memo_.rounds_left = kRecheck - 1;
+}
+
+std::string describe(std::span<const PlanCost> costs) {
+  std::ostringstream os;
+  for (size_t k = 0; k < costs.size(); ++k)
+    os << (k ? ", " : "") << costs[k].name << " " << costs[k].launches << " launches + " << costs[k].gathers
+       << " gathers of " << costs[k].gathered_bytes / 1024 << " KiB = " << costs[k].cost_us << " us";
+  return os.str();
 }
 
 // Lone batches whose shared operand is read by that node only, grouped by what

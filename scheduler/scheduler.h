@@ -40,16 +40,9 @@ class Scheduler {
   const Times& times() const { return times_; }
   // The schedule the last round used (auto: the strategy it picked).
   std::string_view chosen() const { return memo_owner_ ? memo_owner_->chosen(memo_) : std::string_view(); }
-  // A strategy with candidates, in a round that compared them: what each cost
-  // (launches, gathers, gathered bytes, CostModel::of), in candidates() order;
-  // else empty.
-  struct Costed {
-    size_t launches = 0;
-    size_t gathers = 0;
-    uint64_t gathered_bytes = 0;
-    double cost_us = 0;
-  };
-  std::span<const Costed> compared() const { return compared_; }
+  // A strategy with candidates, in a round that compared them: what each
+  // cost, in candidates() order; else empty.
+  std::span<const PlanCost> compared() const { return compared_; }
   const RoundDag& dag() const { return dag_; }
   // Resolved placeholders whose values this round makes ready.
   std::vector<NodeId>& aliases() { return aliases_; }
@@ -78,7 +71,7 @@ class Scheduler {
   std::vector<std::pair<uint64_t, NodeId>> loose_;  // scratch: (key without shared identities, node)
   std::vector<int64_t> key_;                         // scratch: one such key
 
-  std::vector<Costed> compared_;
+  std::vector<PlanCost> compared_;
 
   void plan_with(Trace& trace, const Strategy& strategy, StrategyMemo* memo, std::string_view label, bool validate,
                  const Fuser* fuser);
