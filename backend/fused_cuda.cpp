@@ -160,6 +160,15 @@ struct Args {
   }
 };
 
+// The device the launch runs on: that of the first defined tensor (an output
+// the program only uses as scratch, or a gradient nobody needs, is undefined).
+c10::Device device_of(std::initializer_list<std::span<const at::Tensor>> groups) {
+  for (auto g : groups)
+    for (const at::Tensor& t : g)
+      if (t.defined()) return t.device();
+  throw_internal("a fused CUDA launch without a defined tensor");
+}
+
 }  // namespace
 
 bool available(std::string* why) {
@@ -169,7 +178,7 @@ bool available(std::string* why) {
 }
 
 void forward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> outputs, int64_t n) {
-  const c10::cuda::CUDAGuard guard(outputs.empty() ? inputs[0].device() : outputs[0].device());
+  const c10::cuda::CUDAGuard guard(device_of({outputs, inputs}));
   const Kernels k = kernels_for(p);
   Args args(n, {inputs, outputs});
   launch(k.fwd, n, p.numel, args.args);
@@ -177,7 +186,7 @@ void forward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::spa
 
 void backward(const FusedProgram& p, std::span<const at::Tensor> inputs, std::span<const at::Tensor> grads_out,
               std::span<at::Tensor> grads_in, int64_t n) {
-  const c10::cuda::CUDAGuard guard(inputs[0].device());
+  const c10::cuda::CUDAGuard guard(device_of({inputs, grads_out}));
   const Kernels k = kernels_for(p);
   std::vector<at::Tensor> gin(grads_in.begin(), grads_in.end());
   Args args(n, {inputs, grads_out, gin});

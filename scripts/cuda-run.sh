@@ -7,10 +7,13 @@
 # HEADERS_DIR: made by scripts/vendor-headers.sh on a machine that has the
 # header-only packages. STEPs (default: build test profile bench), in order:
 #   build     configure + build into $BUILD_DIR (default build-cuda); device.txt, build.log
+#             ($BUILD_TARGETS, default all: e.g. "sheaf-tests sheaf-bench" to save device time)
 #   test      sheaf-tests "[cuda]" (every op, control flow, TreeLSTM, parser on the GPU); tests-cuda.txt
 #   alltests  the whole suite (CPU tests too, against this LibTorch); tests-all.txt
 #   profile   one profiled pass of TreeLSTM train+infer, phases synchronised; profile.txt
+#   calibrate sheaf-bench --workload calibrate --device cuda: the CostModel's CUDA figures; calibrate-cuda.txt
 #   bench     the GPU benchmark set; results-cuda.jsonl (docs/ takes it, see bench/report.py)
+#             ($SHEAF_TREES trees per run, default 512)
 # Steps after a failed one still run; the exit status says whether any failed.
 # SHEAF_DEADLINE (seconds, default 540) stops the bench step's runs from starting past it.
 set -uo pipefail
@@ -47,7 +50,8 @@ for step in "${steps[@]}"; do
       if cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
            -DSHEAF_HANA_INCLUDE_DIR="$hdr" -DSHEAF_CLI11_INCLUDE_DIR="$hdr" -DSHEAF_CATCH2_INCLUDE_DIR="$hdr" -DSHEAF_GLOO_INCLUDE_DIR="$hdr" \
            >"$out/build.log" 2>&1 &&
-         cmake --build "$build" -j"$(nproc)" -- "${keep_going[@]}" >>"$out/build.log" 2>&1; then
+         cmake --build "$build" -j"$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} -- "${keep_going[@]}" \
+           >>"$out/build.log" 2>&1; then
         echo "built"
       else
         failed=1
@@ -67,18 +71,21 @@ for step in "${steps[@]}"; do
         --systems per-example,sheaf,hand --modes train,infer "${data_args[@]}" >"$out/profile.txt" 2>&1 || failed=1
       grep -v "repeat" "$out/profile.txt"
       ;;
+    calibrate)
+      bounded "$bench" --workload calibrate --device cuda --threads 1 --repeat 9 >"$out/calibrate-cuda.txt" 2>&1 || failed=1
+      cat "$out/calibrate-cuda.txt"
+      ;;
     bench)
       res=$out/results-cuda.jsonl
       : >"$res"
       common=(--device cuda --threads 1 --repeat 3 --json "${data_args[@]}")
       # Most important first: a run cut by the deadline loses only what follows it.
-      for args in "--hidden 256 --batch 64" "--hidden 512 --batch 64" "--hidden 256 --batch 256" \
-                  "--hidden 512 --batch 256"; do
+      for args in "treelstm --hidden 256 --batch 64" "treelstm --hidden 256 --batch 256" "shift_reduce --hidden 256 --batch 64" \
+                  "treelstm --hidden 512 --batch 64" "treelstm --hidden 512 --batch 256"; do
+        systems=(); [[ $args == treelstm* ]] && systems=(--systems per-example,sheaf:auto,sheaf:lazy,sheaf:auto+prefetch,hand)
         # shellcheck disable=SC2086
-        bounded "$bench" --workload treelstm $args --trees 512 "${common[@]}" \
-          --systems per-example,sheaf,sheaf:lazy+prefetch,sheaf:auto+prefetch,hand >>"$res" || failed=1
+        bounded "$bench" --workload $args --trees "${SHEAF_TREES:-512}" "${common[@]}" "${systems[@]}" >>"$res" || failed=1
       done
-      bounded "$bench" --workload shift_reduce --hidden 256 --batch 64 --trees 256 "${common[@]}" >>"$res" || failed=1
       python3 - "$res" <<'EOF'
 import json, sys
 for line in open(sys.argv[1]):
