@@ -6,8 +6,9 @@
 //   host work per batch; the graph's fixed costs cancel.
 // * gather_us_per_mb and gather_us: rows of a [rows, width] tensor gathered
 //   in a shuffled order and their gradient scattered back (index_select and
-//   its backward) at two widths: the slope is the bandwidth, what is left of
-//   the narrow one the fixed cost of a gather.
+//   its backward, twenty gathers to one backward pass, as in a round) at two
+//   widths: the slope is the bandwidth, what is left of the narrow one the
+//   fixed cost of a gather. A slope under the timer's resolution reads 0.
 //
 // Medians of --repeat runs of each. Prints the two figures (JSON with --json),
 // ready for GraphOptions::cost or CostModel::for_device's table.
@@ -15,6 +16,7 @@
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -68,10 +70,9 @@ double gather_ms(c10::Device device, int64_t rows, int64_t width, int repeat) {
   at::Tensor grad = at::ones({rows, width}, opts);
   constexpr int kTimes = 20;  // several per timing: one is microseconds
   return median_ms(device, repeat, [&] {
-    for (int k = 0; k < kTimes; ++k) {
-      at::Tensor out = at::index_select(src, 0, perm);
-      torch::autograd::grad({out}, {src}, {grad});
-    }
+    std::vector<at::Tensor> outs, grads(kTimes, grad);
+    for (int k = 0; k < kTimes; ++k) outs.push_back(at::index_select(src, 0, perm));
+    torch::autograd::grad(outs, {src}, grads);
   }) / kTimes;
 }
 
@@ -82,15 +83,18 @@ int run_calibrate(const Options& o) {
   constexpr int kShort = 20, kLong = 220;
   const double short_ms = chain_ms(device, kShort, o.repeat), long_ms = chain_ms(device, kLong, o.repeat);
   const double launch_us = (long_ms - short_ms) * 1000.0 / (kLong - kShort);
-  // 8 KiB and 96 KiB: a batch's rows, below glibc's mmap threshold (a larger
-  // tensor can cost page faults at every allocation: 50 to 370 us a MiB
-  // between two runs of the same command).
-  constexpr int64_t kRows = 64, kNarrow = 32, kWide = 384;
+  // CPU: 8 KiB and 96 KiB, a batch's rows, below glibc's mmap threshold (a
+  // larger tensor can cost page faults at every allocation: 50 to 370 us a
+  // MiB between two runs of the same command). CUDA: 0.5 and 16 MiB, since
+  // smaller copies take less time than their launch and the slope is noise
+  // (it read -21 us a MiB on an H200 with the CPU's sizes).
+  const bool cuda = device.is_cuda();
+  const int64_t kRows = cuda ? 4096 : 64, kNarrow = 32, kWide = cuda ? 1024 : 384;
   const double narrow_ms = gather_ms(device, kRows, kNarrow, o.repeat), wide_ms = gather_ms(device, kRows, kWide, o.repeat);
   const double mb = static_cast<double>(kRows * (kWide - kNarrow) * 4) / (1024.0 * 1024.0);
-  const double gather_us_per_mb = (wide_ms - narrow_ms) * 1000.0 / mb;
-  const double gather_us =
-      narrow_ms * 1000.0 - gather_us_per_mb * static_cast<double>(kRows * kNarrow * 4) / (1024.0 * 1024.0);
+  const double gather_us_per_mb = std::max(0.0, (wide_ms - narrow_ms) * 1000.0 / mb);
+  const double gather_us = std::max(
+      0.0, narrow_ms * 1000.0 - gather_us_per_mb * static_cast<double>(kRows * kNarrow * 4) / (1024.0 * 1024.0));
   if (o.json) {
     Json j;
     j.add("workload", "calibrate").add("device", o.device).add("threads", o.threads).add("repeat", o.repeat)
@@ -99,10 +103,10 @@ int run_calibrate(const Options& o) {
     std::printf("%s\n", j.str().c_str());
   } else {
     std::printf("calibrate, %s: one more batch %.2f us (chains of %d and %d affine ops: %.3f and %.3f ms a step); "
-                "a gather %.2f us plus %.1f us a MiB (64 rows of %lld and %lld floats: %.4f and %.4f ms)\n"
+                "a gather %.2f us plus %.1f us a MiB (%lld rows of %lld and %lld floats: %.4f and %.4f ms)\n"
                 "  GraphOptions::cost = sheaf::CostModel{.launch_us = %.3g, .gather_us = %.3g, .gather_us_per_mb = %.3g}\n",
                 o.device.c_str(), launch_us, kShort, kLong, short_ms, long_ms, gather_us, gather_us_per_mb,
-                static_cast<long long>(kNarrow), static_cast<long long>(kWide), narrow_ms, wide_ms, launch_us,
+                static_cast<long long>(kRows), static_cast<long long>(kNarrow), static_cast<long long>(kWide), narrow_ms, wide_ms, launch_us,
                 gather_us, gather_us_per_mb);
   }
   return 0;

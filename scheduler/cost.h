@@ -57,17 +57,18 @@ struct PlanCost {
 // "lazy 184 launches + 799 gathers of 6954 KiB = 7163 us, agenda ..."
 std::string describe(std::span<const PlanCost> costs);
 
-// CPU: `sheaf-bench --workload calibrate --threads 1 --repeat 9`, AMD EPYC
-// (Zen 5) with OpenBLAS, 2026-11-26: 5.8-6.0 us a batch, 34-40 us a MiB, and
-// 7.2-7.4 us a gather besides its bytes (measured on index_select; the CPU's
-// row gathers are cheaper, so this leans toward fewer gathers). A launch
-// weighs as much as ~170 KiB gathered. CUDA: not measured on a GPU yet: a
-// launch costs the CPU's host work plus a kernel launch, and a gather runs at
-// device bandwidth (~2 TB/s on an H100, both ways): estimates, to be
-// replaced by the same command's figures on a GPU.
+// `sheaf-bench --workload calibrate --threads 1 --repeat 9`, 2026-11-26.
+// CPU: AMD EPYC (Zen 5) with OpenBLAS: 6.3-6.4 us a batch, 6.9-7.1 us a
+// gather besides its bytes (measured on index_select; the CPU's row gathers
+// are cheaper, so this leans toward fewer gathers) and 78-82 us a MiB (the
+// rows copied forward and their gradients added up backward). A launch weighs
+// as much as ~80 KiB gathered. CUDA: NVIDIA H200 with torch 2.11: 41-43 us a
+// batch and 49-57 us a gather, nearly all of it host work (dispatch,
+// autograd, the launches), and 1.1 us a MiB: on a GPU, bytes hardly count and
+// a gather weighs about as much as a launch.
 inline CostModel CostModel::for_device(c10::Device device) {
-  if (device.is_cuda()) return {.launch_us = 15, .gather_us = 15, .gather_us_per_mb = 1};
-  return {.launch_us = 5.9, .gather_us = 7.3, .gather_us_per_mb = 36};
+  if (device.is_cuda()) return {.launch_us = 42, .gather_us = 53, .gather_us_per_mb = 1.1};
+  return {.launch_us = 6.4, .gather_us = 7.0, .gather_us_per_mb = 80};
 }
 
 }  // namespace sheaf
