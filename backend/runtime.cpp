@@ -8,7 +8,13 @@
 #include <torch/cuda.h>
 #include <torch/version.h>
 
+#include <algorithm>
+#include <limits>
 #include <sstream>
+
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <sheaf/core/error.h>
 
@@ -25,6 +31,18 @@ F openblas(const char* name) {
 void set_threads(int n) {
   at::set_num_threads(n);
   if (auto f = openblas<void (*)(int)>("openblas_set_num_threads")) f(n);
+}
+
+bool retain_host_memory(std::size_t keep_bytes) {
+#ifdef __GLIBC__
+  // Setting either turns off glibc's own adjustment of both, so both are set:
+  // the mmap threshold to its ceiling (HEAP_MAX_SIZE / 2: 32 MiB on 64-bit).
+  const int keep = static_cast<int>(std::min<std::size_t>(keep_bytes, std::numeric_limits<int>::max()));
+  return mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 && mallopt(M_TRIM_THRESHOLD, keep) == 1;
+#else
+  (void)keep_bytes;
+  return false;
+#endif
 }
 
 std::string runtime_info() {

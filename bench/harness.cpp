@@ -259,7 +259,8 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
       Json j;
       j.add("workload", o.workload).add("system", s.name).add("strategy", s.strategy).add("mode", mode)
           .add("device", o.device).add("hidden", hidden).add("batch", o.batch).add("trees", items)
-          .add("threads", o.threads).add("repeat", o.repeat).add("trees_per_sec", tps).add("runs", runs[k])
+          .add("threads", o.threads).add("repeat", o.repeat).add("host_memory", o.host_memory)
+          .add("trees_per_sec", tps).add("runs", runs[k])
           .add("speedup_vs_per_example", per_example > 0 ? tps / per_example : 0.0)
           .add("ratio_vs_hand", hand > 0 ? tps / hand : 0.0)
           .add("launches_per_batch", s.counters.launches / steps)

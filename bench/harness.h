@@ -39,6 +39,7 @@ struct Options {
   bool root_only = false;
   std::string device = "cpu";
   bool profile = false;  // phases timed with the device synchronised between them
+  std::string host_memory = "retain";  // retain (sheaf::retain_host_memory, for every system) or default
 };
 
 // One system's way of running one batch (index into the workload's batches).

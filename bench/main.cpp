@@ -37,6 +37,10 @@ int main(int argc, char** argv) {
   app.add_flag("--profile", o.profile,
                "time each phase (forward: trace, schedule, gathers, ops; backward; optimizer) with the device "
                "synchronised between them; throughput is then not comparable");
+  app.add_option("--host-memory", o.host_memory,
+                 "retain: sheaf::retain_host_memory() at start, for every system (glibc keeps freed memory instead "
+                 "of faulting it in again each batch); default: glibc's own settings")
+      ->check(CLI::IsMember({"retain", "default"}));
   bool info = false;
   app.add_flag("--info", info, "print the LibTorch/BLAS/threads line and exit");
   CLI11_PARSE(app, argc, argv);
@@ -48,6 +52,7 @@ int main(int argc, char** argv) {
 
   try {
     sheaf::set_threads(o.threads);
+    if (o.host_memory == "retain" && !sheaf::retain_host_memory()) o.host_memory = "default";
     if (!o.json) std::printf("%s\n", sheaf::runtime_info().c_str());
     if (o.workload == "host") return sheaf::bench::run_host(o);
     if (o.workload == "calibrate") return sheaf::bench::run_calibrate(o);

@@ -124,6 +124,7 @@ void train_epoch(const Config& c, int epoch, Graph& g, const Strategy& s, const 
 
 int run(const Config& c) {
   set_threads(c.threads);
+  retain_host_memory();  // freed memory stays in the process: no page faults to get it back each batch
   const Strategy& strategy = strategy_named(c.strategy);  // fail on a bad name before loading anything
   if (!c.quiet) std::printf("%s\n", runtime_info().c_str());
   const Dataset d = load_data(c);
