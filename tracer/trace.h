@@ -119,6 +119,17 @@ class Trace {
   std::vector<const Shape*> arg_shapes_;
   std::vector<uint8_t> arg_shared_;
   std::vector<int64_t> key_scratch_;
+  // The last node of each op (by op code) whose shape was inferred, keyed by
+  // everything its shape and signature depend on (arguments' shapes, shared
+  // arguments themselves, attributes, payload): most nodes repeat it, and a
+  // hit skips inference, interning and the signature's key.
+  struct LastRecord {
+    std::array<int64_t, 16> key{};
+    size_t len = 0;
+    ShapeId shape = kUnknownShape;
+    SigId sig = kNoSig;
+  };
+  std::array<LastRecord, 64> last_record_{};
   // The last signature key of each op (by op code): most nodes repeat it.
   struct LastSig {
     std::array<int64_t, 12> key{};
