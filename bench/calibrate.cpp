@@ -106,8 +106,8 @@ int run_calibrate(const Options& o) {
                 "a gather %.2f us plus %.1f us a MiB (%lld rows of %lld and %lld floats: %.4f and %.4f ms)\n"
                 "  GraphOptions::cost = sheaf::CostModel{.launch_us = %.3g, .gather_us = %.3g, .gather_us_per_mb = %.3g}\n",
                 o.device.c_str(), launch_us, kShort, kLong, short_ms, long_ms, gather_us, gather_us_per_mb,
-                static_cast<long long>(kRows), static_cast<long long>(kNarrow), static_cast<long long>(kWide), narrow_ms, wide_ms, launch_us,
-                gather_us, gather_us_per_mb);
+                static_cast<long long>(kRows), static_cast<long long>(kNarrow), static_cast<long long>(kWide),
+                narrow_ms, wide_ms, launch_us, gather_us, gather_us_per_mb);
   }
   return 0;
 }

@@ -188,9 +188,10 @@ std::vector<std::vector<double>> measure(const Options& o, std::vector<System>& 
     for (size_t k = 0; k < systems.size(); ++k) {
       // On a GPU, an untimed step first: the system that ran after another
       // paid ~27 ms more for its first batch on an H200 (TreeLSTM, batch 256:
-      // whichever Sheaf strategy came first, half its throughput; cause not
-      // established, the allocator likely). Each system is timed in its
-      // steady state, as a user who runs one system sees it.
+      // whichever Sheaf strategy came first, half its throughput). With this
+      // step it paid ~9 ms more; the cause is not established (the allocator
+      // is the suspect), so the first Sheaf system after per-example still
+      // reads low there.
       if (device.is_cuda()) {
         systems[k].step(0);
         synchronize(device);

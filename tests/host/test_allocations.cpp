@@ -95,8 +95,6 @@ Counts count_batch(Graph& g, const models::TreeLSTM& model, std::span<const data
 
 }  // namespace
 
-// A straight-line cell per example (no dsl::chunk, whose result vector is the
-// caller's): after a warm-up, recording it allocates nothing at all.
 // Page faults taken by this process so far (minor: memory the kernel maps in).
 long minor_faults() {
   rusage u{};
@@ -128,6 +126,8 @@ TEST_CASE("retain_host_memory: a buffer freed and taken again costs no page faul
   CHECK(minor_faults() - before < 256);
 }
 
+// A straight-line cell per example (no dsl::chunk, whose result vector is the
+// caller's): after a warm-up, recording it allocates nothing at all.
 TEST_CASE("Recording straight-line per-example code allocates nothing in steady state", "[host][allocations]") {
   at::NoGradGuard no_grad;
   const at::Tensor W = at::randn({16, 16}), b = at::randn({16});
