@@ -246,6 +246,7 @@ LaunchArgs Executor::launch_args(const Plan& plan, const PlannedBatch& b) {
   a.seed = config_.seed;
   a.train = config_.train;
   a.weight_grads = config_.batch_weight_grads ? &weight_grads_ : nullptr;
+  a.transposed = config_.transposed;
   if (b.segments >= 0) {
     a.segments_off = b.segments;
     a.segments_len = b.total;

@@ -30,6 +30,7 @@ struct ExecConfig {
   bool profile = false; // wait for the device around gathers and ops (ExecCounters' times)
   bool batch_weight_grads = true;  // one gradient product per shared weight per round (ops/weight_grad.h)
   const FunctionTable* functions = nullptr;  // the bodies of the graph's function calls
+  TransposedWeights* transposed = nullptr;   // W^T of shared weights, kept for the graph (ops/weight_grad.h)
 };
 
 class Executor {

@@ -174,6 +174,7 @@ void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::vecto
   la.seed = a.seed;
   la.train = a.train;
   la.weight_grads = a.weight_grads;
+  la.transposed = a.transposed;
   at::Tensor index;
   std::vector<int64_t> payload, counts;
   if (step.payload) {

@@ -184,7 +184,7 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate) {
 void Engine::execute_round() {
   const auto t0 = Clock::now();
   exec_config_ = ExecConfig{options_.device, options_.seed, options_.train, options_.profile,
-                            options_.batch_weight_grads, &functions_};
+                            options_.batch_weight_grads, &functions_, &transposed_};
   Executor exec(trace_.store(), lazy_, exec_config_, stats_);
   try {
     exec.run(scheduler_.plan());
@@ -255,6 +255,7 @@ void Engine::clear() {
   frozen_ = false;
   generation_ = bump_generation(slot_);
   functions_.trim(generation_);
+  transposed_.clear();
 }
 
 // ---------------------------------------------------------------------------

@@ -144,6 +144,7 @@ class Engine {
   LazyValues lazy_;  // values fused batches left in their kernels
   FunctionCache functions_;
   ExecConfig exec_config_;
+  TransposedWeights transposed_;  // W^T of the shared weights this graph applies repeatedly, until clear()
   uint32_t slot_;
   uint32_t generation_;
   Stats stats_;

@@ -9,6 +9,7 @@
 #include <ATen/ops/linear.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mv.h>
+#include <c10/core/GradMode.h>
 
 #include "common.h"
 #include "matvec.h"
@@ -20,8 +21,11 @@ namespace sheaf::op {
 // few rows padded: ops/weight_grad.h), and with autograd the weight's gradient
 // joins the round's single product for that weight.
 inline at::Tensor shared_linear(RunCtx& c, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  if (WeightGradBatcher* batcher = c.weight_grads()) return batcher->linear(x, w, b);
-  return linear_rows(x, w, b);
+  const at::Tensor* wt = c.transposed() && x.dim() == 2 ? c.transposed()->get(w) : nullptr;
+  if (WeightGradBatcher* batcher = c.weight_grads()) return batcher->linear(x, w, b, wt);
+  // Plain autograd needs W itself in the product for W's gradient.
+  if (wt && w.requires_grad() && c10::GradMode::is_enabled()) wt = nullptr;
+  return linear_rows(x, w, b, wt);
 }
 
 // W x + b. W: [m, k] (shared or per example); x: [k] or [t, k]; b: [m].

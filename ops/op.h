@@ -27,6 +27,7 @@
 namespace sheaf {
 
 class WeightGradBatcher;  // ops/weight_grad.h
+class TransposedWeights;  // ops/weight_grad.h
 
 struct OpTraits {
   static constexpr int kVariadic = -1;
@@ -96,6 +97,7 @@ struct LaunchArgs {
   uint64_t seed = 0;
   bool train = true;
   WeightGradBatcher* weight_grads = nullptr;  // the round's (ops/weight_grad.h); null: plain autograd
+  TransposedWeights* transposed = nullptr;    // the graph's (ops/weight_grad.h); null: none
 };
 
 class RunCtx {
@@ -129,6 +131,7 @@ class RunCtx {
   uint64_t seed() const { return a_.seed; }
   bool train() const { return a_.train; }
   WeightGradBatcher* weight_grads() const { return a_.weight_grads; }
+  TransposedWeights* transposed() const { return a_.transposed; }
 
  private:
   const LaunchArgs& a_;

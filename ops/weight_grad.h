@@ -18,13 +18,45 @@
 
 namespace sheaf {
 
+// Contiguous copies of W^T for the shared weights a graph applies again and
+// again (a cell's weight at every step or tree level). OpenBLAS packs a [k, n]
+// row-major operand faster than the [n, k] one at::linear hands it. One Zen 5
+// core, OpenBLAS 0.3.21 (Haswell kernels), x [m, k] W^T + b, time saved by W^T:
+//   m = 8:  k = 288, 416 or 544: 8-13% for n = 128-1024; k = 256 or 512: 0-4%
+//           for n >= 512, 8-18% for n <= 256; k <= 96: 13-27%
+//   m = 32: 7-10% where k is not a multiple of 128; m = 64: 3-7%; m = 256: 0-3%
+// So W^T is used where the inner size is not a multiple of 128 or the weight is
+// small (<= 64Ki entries): the parser's cells ([640, 288], [128, 416]) infer 8%
+// faster. Elsewhere the copy (~0.35 ns an entry) does not pay for itself within
+// a batch (a Tree-LSTM's [640, 256] read 2% slower). A weight is transposed at
+// its second product in a graph, so a weight used once never pays for the copy. The Engine owns one and clears it with the
+// graph; an entry is also dropped when the weight's data or version counter
+// changes (an optimizer step in place). CPU only: cuBLAS reads either layout.
+class TransposedWeights {
+ public:
+  // W^T for w, or null where the plain layout is used (first use, not 2-D, not
+  // on the CPU). The pointer stays valid until the next call or clear().
+  const at::Tensor* get(const at::Tensor& w);
+  void clear() { entries_.clear(); }
+
+ private:
+  struct Entry {
+    at::Tensor w;  // held: its address cannot come back as another tensor's
+    const void* data = nullptr;
+    int64_t version = 0;
+    at::Tensor wt;  // undefined until the second use
+  };
+  std::vector<Entry> entries_;
+};
+
 class WeightGradBatcher {
  public:
   WeightGradBatcher();
   ~WeightGradBatcher();
   // x W^T (+ b) for rows x [..., k], W [m, k], b [m] or undefined. With
   // autograd on W, its gradient (and b's) joins this batcher's product for W.
-  at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+  // wt: W^T contiguous (TransposedWeights) or null.
+  at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor* wt = nullptr);
 
  private:
   struct Tap;
@@ -34,7 +66,8 @@ class WeightGradBatcher {
 // The product alone, with GEMV for one row and, for large enough weights, a
 // few rows padded to a multiple of 4 (OpenBLAS: one row through GEMM is
 // several times slower than GEMV, and 7 rows of a [640, 288] weight take
-// 76 us where 8 take 52 us).
-at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+// 76 us where 8 take 52 us). With wt (W^T, contiguous; no gradient reaches W
+// through it) the product reads W^T instead.
+at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor* wt = nullptr);
 
 }  // namespace sheaf

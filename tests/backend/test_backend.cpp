@@ -1,6 +1,8 @@
 // The executor: views instead of copies, one output tensor per batch, devices.
 #include <torch/csrc/autograd/autograd.h>
 
+#include <sheaf/ops/weight_grad.h>
+
 #include "../support.h"
 
 using namespace sheaf;
@@ -135,6 +137,56 @@ TEST_CASE("gradients reach parameters through batched launches", "[backend]") {
   at::Tensor expected = at::zeros({3, 3});
   for (int i = 0; i < 5; ++i) expected += at::ones({3, 1}) * data({3}, i).unsqueeze(0);
   CHECK(at::allclose(W.grad(), expected, 1e-5, 1e-5));
+}
+
+TEST_CASE("TransposedWeights: W^T from a weight's second use, a fresh one after an update in place", "[backend]") {
+  TransposedWeights cache;
+  at::Tensor W = param({6, 10}, 21);
+  CHECK(cache.get(W) == nullptr);  // first use: the plain layout
+  const at::Tensor* wt = cache.get(W);
+  REQUIRE(wt != nullptr);
+  CHECK(wt->is_contiguous());
+  CHECK(at::equal(*wt, W.detach().t()));
+  {
+    at::NoGradGuard no_grad;
+    W.add_(1.0);
+  }
+  CHECK(cache.get(W) == nullptr);  // the version moved: not the stale copy
+  wt = cache.get(W);
+  REQUIRE(wt != nullptr);
+  CHECK(at::equal(*wt, W.detach().t()));
+  CHECK(cache.get(param({256, 256}, 22)) == nullptr);  // where W^T is no faster: never copied
+  CHECK(cache.get(param({256, 256}, 22)) == nullptr);
+  cache.clear();
+  CHECK(cache.get(W) == nullptr);
+}
+
+TEST_CASE("a weight updated in place between rounds of one graph: later rounds read the new values", "[backend]") {
+  at::Tensor W = param({5, 5}, 23), b = param({5}, 24);
+  Graph g;
+  auto apply = [&](Expr x) { return dsl::affine(W, dsl::affine(W, x, b), b); };  // two uses a round: W^T kept
+  std::vector<Expr> xs, first, second;
+  for (int i = 0; i < 4; ++i) {
+    auto s = g.example(i);
+    xs.push_back(g.input(data({5}, i)));
+    first.push_back(apply(xs.back()));
+  }
+  g.forward(first);
+  {
+    at::NoGradGuard no_grad;
+    W.mul_(-0.5);
+  }
+  for (int i = 0; i < 4; ++i) {
+    auto s = g.example(i);
+    second.push_back(apply(xs[static_cast<size_t>(i)]));
+  }
+  g.forward(second);
+  at::NoGradGuard no_grad;
+  for (int i = 0; i < 4; ++i) {
+    const at::Tensor x = data({5}, i);
+    const at::Tensor expected = at::addmv(b, W, at::addmv(b, W, x));
+    CHECK(at::allclose(second[static_cast<size_t>(i)].value(), expected, 1e-5, 1e-5));
+  }
 }
 
 TEST_CASE("parameters on another device are refused with a clear error", "[backend][errors]") {
