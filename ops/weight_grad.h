@@ -21,10 +21,11 @@ namespace sheaf {
 // Contiguous copies of W^T for the shared weights a graph applies again and
 // again (a cell's weight at every step or tree level). OpenBLAS packs a [k, n]
 // row-major operand faster than the [n, k] one at::linear hands it. One Zen 5
-// core, OpenBLAS 0.3.21 (Haswell kernels), x [m, k] W^T + b, time saved by W^T:
-//   m = 8:  k = 288, 416 or 544: 8-13% for n = 128-1024; k = 256 or 512: 0-4%
-//           for n >= 512, 8-18% for n <= 256; k <= 96: 13-27%
-//   m = 32: 7-10% where k is not a multiple of 128; m = 64: 3-7%; m = 256: 0-3%
+// core (OPENBLAS_NUM_THREADS=1), OpenBLAS 0.3.21 with its Haswell kernels,
+// x [m, k] W^T + b for n = 128-1024, k = 64-544, time saved by W^T:
+//   m = 8:  22-27% where k is not a multiple of 128; k = 128, 256, 512: 2-9%
+//           for n >= 512, 6-20% for n <= 256
+//   m = 32: 8-14% where k is not a multiple of 128; k = 128, 256, 512: -1-7%
 // So W^T is used where the inner size is not a multiple of 128 or the weight is
 // small (<= 64Ki entries): the parser's cells ([640, 288], [128, 416]) infer 8%
 // faster. Elsewhere the copy (~0.35 ns an entry) does not pay for itself within
