@@ -20,9 +20,11 @@ namespace sheaf::op {
 // A shared weight applied to the batch's rows: one product (GEMV for one row, a
 // few rows padded: ops/weight_grad.h), and with autograd the weight's gradient
 // joins the round's single product for that weight.
-inline at::Tensor shared_linear(RunCtx& c, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+// b: shared [m], per row [n, m] (bias_rows; x is [n, k]) or undefined.
+inline at::Tensor shared_linear(RunCtx& c, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                                bool bias_rows = false) {
   const at::Tensor* wt = c.transposed() && x.dim() == 2 ? c.transposed()->get(w) : nullptr;
-  if (WeightGradBatcher* batcher = c.weight_grads()) return batcher->linear(x, w, b, wt);
+  if (WeightGradBatcher* batcher = c.weight_grads()) return batcher->linear(x, w, b, wt, bias_rows);
   // Plain autograd needs W itself in the product for W's gradient.
   if (wt && w.requires_grad() && c10::GradMode::is_enabled()) wt = nullptr;
   return linear_rows(x, w, b, wt);
@@ -50,7 +52,11 @@ struct Affine {
     at::Tensor y;
     if (c.shared(0)) {
       if (c.shared(2)) return shared_linear(c, c.batched(1), c.in(0), c.in(2));
-      y = shared_linear(c, c.batched(1), c.in(0), at::Tensor());
+      const at::Tensor x = c.batched(1);
+      // A bias per example (an LSTM's input projection as the recurrent
+      // product's bias): added by the product itself, not by one more launch.
+      if (x.dim() == 2) return shared_linear(c, x, c.in(0), c.batched(2), /*bias_rows=*/true);
+      y = shared_linear(c, x, c.in(0), at::Tensor());
     } else {
       at::Tensor x = c.batched(1);
       y = x.dim() == 2 ? batched_matvec(c.in(0), x) : at::bmm(x, c.in(0).transpose(1, 2));

@@ -51,11 +51,13 @@ struct WeightGradNode : torch::autograd::Node {
   }
 };
 
-// One batch's x W^T + b: dX now, (dY, X) for the weight's node.
+// One batch's x W^T + b: dX now, (dY, X) for the weight's node; with a bias
+// per row (bias_rows), its gradient dY too.
 struct LinearNode : torch::autograd::Node {
   std::shared_ptr<Rows> rows;
   SavedVariable x, w;
-  std::vector<int64_t> x_sizes;
+  std::vector<int64_t> x_sizes, b_sizes;
+  bool bias_rows = false;
   std::string name() const override { return "sheaf::LinearBackward"; }
   void release_variables() override {
     x.reset_data();
@@ -67,8 +69,9 @@ struct LinearNode : torch::autograd::Node {
     const at::Tensor weight = w.unpack();
     const at::Tensor dy = grads[0].reshape({-1, weight.size(0)});
     if (should_compute_output(0)) out[0] = at::mm(dy, weight).view(x_sizes);
+    if (bias_rows && should_compute_output(2)) out[2] = grads[0].reshape(b_sizes);
     rows->pending.emplace_back(dy, x.unpack().reshape({-1, weight.size(1)}));
-    return out;  // the weight's and the bias's gradients come from WeightGradNode
+    return out;  // the weight's and a shared bias's gradients come from WeightGradNode
   }
 };
 
@@ -112,8 +115,9 @@ at::Tensor product_t(const at::Tensor& x, const at::Tensor& wt, const at::Tensor
 }  // namespace
 
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor* wt) {
+  const bool bias_rows = b.defined() && b.dim() == 2;
   if (x.dim() == 2 && x.size(0) == 1) {
-    at::Tensor y = b.defined() ? at::addmv(b, w, x[0]) : at::mv(w, x[0]);
+    at::Tensor y = b.defined() ? at::addmv(bias_rows ? b[0] : b, w, x[0]) : at::mv(w, x[0]);
     return y.unsqueeze(0);
   }
   const int64_t m = x.dim() == 2 ? x.size(0) : 0;
@@ -125,13 +129,14 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   const bool pad = m % 4 == 3 ? size >= 16384 : size >= 131072;
   if (m > 0 && m < 64 && m % 4 != 0 && pad) {
     at::Tensor padded = at::constant_pad_nd(x, {0, 0, 0, 4 - m % 4});
-    return (wt ? product_t(padded, *wt, b) : at::linear(padded, w, b)).narrow(0, 0, m);
+    const at::Tensor pb = bias_rows ? at::constant_pad_nd(b, {0, 0, 0, 4 - m % 4}) : b;
+    return (wt ? product_t(padded, *wt, pb) : at::linear(padded, w, pb)).narrow(0, 0, m);
   }
   return m > 0 && wt ? product_t(x, *wt, b) : at::linear(x, w, b);
 }
 
 at::Tensor WeightGradBatcher::linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
-                                     const at::Tensor* wt) {
+                                     const at::Tensor* wt, bool bias_rows) {
   const bool track = c10::GradMode::is_enabled() && (w.requires_grad() || (b.defined() && b.requires_grad()));
   if (!track) return linear_rows(x, w, b, wt);
   at::Tensor y;
@@ -139,8 +144,12 @@ at::Tensor WeightGradBatcher::linear(const at::Tensor& x, const at::Tensor& w, c
     c10::AutoGradMode no_grad(false);
     y = linear_rows(x, w, b, wt);
   }
-  // The weight's node, made at its first use in this round.
-  const std::pair<const void*, const void*> key{w.unsafeGetTensorImpl(), b.defined() ? b.unsafeGetTensorImpl() : nullptr};
+  // The weight's node, made at its first use in this round; a bias per row is
+  // not its business (each batch's node hands that gradient on).
+  const at::Tensor none;
+  const at::Tensor& shared_b = bias_rows ? none : b;
+  const std::pair<const void*, const void*> key{w.unsafeGetTensorImpl(),
+                                                shared_b.defined() ? shared_b.unsafeGetTensorImpl() : nullptr};
   std::shared_ptr<Tap> tap;
   for (auto& [k, t] : taps_)
     if (k == key) tap = t;
@@ -148,12 +157,12 @@ at::Tensor WeightGradBatcher::linear(const at::Tensor& x, const at::Tensor& w, c
     tap = std::make_shared<Tap>();
     tap->node = detail::make_node<WeightGradNode>();
     tap->node->rows = tap->rows;
-    tap->node->has_bias = b.defined();
+    tap->node->has_bias = shared_b.defined();
     torch::autograd::edge_list edges{torch::autograd::impl::gradient_edge(w)};
     tap->node->add_input_metadata(w);
-    if (b.defined()) {
-      edges.push_back(torch::autograd::impl::gradient_edge(b));
-      tap->node->add_input_metadata(b);
+    if (shared_b.defined()) {
+      edges.push_back(torch::autograd::impl::gradient_edge(shared_b));
+      tap->node->add_input_metadata(shared_b);
     }
     tap->node->set_next_edges(std::move(edges));
     taps_.emplace_back(key, tap);
@@ -163,8 +172,12 @@ at::Tensor WeightGradBatcher::linear(const at::Tensor& x, const at::Tensor& w, c
   node->x = SavedVariable(x, /*is_output=*/false);
   node->w = SavedVariable(w, /*is_output=*/false);
   node->x_sizes = x.sizes().vec();
+  node->bias_rows = bias_rows;
+  if (bias_rows) node->b_sizes = b.sizes().vec();
   node->set_next_edges({torch::autograd::impl::gradient_edge(x), torch::autograd::Edge(tap->node, 0),
-                        b.defined() ? torch::autograd::Edge(tap->node, 1) : torch::autograd::Edge()});
+                        bias_rows          ? torch::autograd::impl::gradient_edge(b)
+                        : b.defined()      ? torch::autograd::Edge(tap->node, 1)
+                                           : torch::autograd::Edge()});
   torch::autograd::set_history(y, node);
   return y;
 }

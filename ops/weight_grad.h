@@ -56,8 +56,11 @@ class WeightGradBatcher {
   ~WeightGradBatcher();
   // x W^T (+ b) for rows x [..., k], W [m, k], b [m] or undefined. With
   // autograd on W, its gradient (and b's) joins this batcher's product for W.
-  // wt: W^T contiguous (TransposedWeights) or null.
-  at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor* wt = nullptr);
+  // wt: W^T contiguous (TransposedWeights) or null. bias_rows: b is [rows, m],
+  // one bias per row of x (a per-example bias: an LSTM step's input
+  // projection), added by the same product; its gradient is dY.
+  at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor* wt = nullptr,
+                    bool bias_rows = false);
 
  private:
   struct Tap;
@@ -68,7 +71,8 @@ class WeightGradBatcher {
 // few rows padded to a multiple of 4 (OpenBLAS: one row through GEMM is
 // several times slower than GEMV, and 7 rows of a [640, 288] weight take
 // 76 us where 8 take 52 us). With wt (W^T, contiguous; no gradient reaches W
-// through it) the product reads W^T instead.
+// through it) the product reads W^T instead. b: [m], [rows, m] (a bias per
+// row) or undefined.
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor* wt = nullptr);
 
 }  // namespace sheaf

@@ -119,6 +119,10 @@ inline const std::vector<OpCase>& cases() {
        [](Graph& g, Expr h, int i, const Params& p) { return dsl::affine(g.input(p.data({kD, kD}, i, 4)), h, p.b); }},
       {"affine per-example b",
        [](Graph& g, Expr h, int i, const Params& p) { return dsl::affine(p.W, h, g.input(p.data({kD}, i, 5))); }},
+      // The bias computed in the graph (an LSTM step's input projection): its
+      // gradient comes from the product's own node.
+      {"affine per-example b with a gradient",
+       [](Graph&, Expr h, int, const Params& p) { return dsl::affine(p.W, h, dsl::tanh(h) * 0.5); }},
       {"affine [t, in]",
        [](Graph& g, Expr h, int i, const Params& p) {
          return h * dsl::sum(dsl::affine(p.W, g.input(p.data({3, kD}, i, 8)), p.b)) + h;
