@@ -28,6 +28,7 @@ namespace sheaf::bench {
 struct Options {
   std::string workload = "treelstm";
   std::string data;  // empty: synthetic
+  std::string write_data;  // taggers: write the corpus (DyNet's word|TAG format) here and exit
   std::vector<int64_t> hidden{128};
   int64_t batch = 64;
   int64_t trees = 512;

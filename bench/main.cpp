@@ -23,6 +23,9 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data,
                  "SST directory (train.txt, dev.txt, test.txt); for the taggers a word|TAG file or a directory with "
                  "train.txt; default: synthetic data");
+  app.add_option("--write-data", o.write_data,
+                 "taggers: write the sentences they would use (the synthetic corpus, or --data's) to this file in "
+                 "DyNet's word|TAG format and exit: the same data for another system (bench/dynet)");
   app.add_option("--hidden", o.hidden, "hidden sizes")->delimiter(',');
   app.add_option("--batch", o.batch, "trees per batch")->check(CLI::PositiveNumber);
   app.add_option("--trees", o.trees, "trees (taggers: sentences; attention: pairs) per timed pass (a multiple of --batch is used)")->check(CLI::PositiveNumber);

@@ -25,14 +25,18 @@ using models::Tagger;
 
 }  // namespace
 
+namespace {
+// Every sentence of the corpus: the vocabulary (and so which words are rare)
+// comes from all of them, the timed passes use the first --trees.
+std::vector<data::TaggedSentence> all_sentences(const Options& o) {
+  if (o.data.empty()) return data::synthetic_tagged({.count = std::max<int>(5000, static_cast<int>(o.trees)), .seed = 1});
+  const std::filesystem::path p(o.data);
+  return data::read_tagged(std::filesystem::is_directory(p) ? (p / "train.txt").string() : o.data);
+}
+}  // namespace
+
 TaggingCorpus load_tagging_corpus(const Options& o) {
-  std::vector<data::TaggedSentence> train;
-  if (o.data.empty()) {
-    train = data::synthetic_tagged({.count = std::max<int>(5000, static_cast<int>(o.trees)), .seed = 1});
-  } else {
-    const std::filesystem::path p(o.data);
-    train = data::read_tagged(std::filesystem::is_directory(p) ? (p / "train.txt").string() : o.data);
-  }
+  std::vector<data::TaggedSentence> train = all_sentences(o);
   TaggingCorpus c{data::TaggingVocab::build(train, 1), {}, {}};
   train.resize(std::min(train.size(), static_cast<size_t>(o.trees)));
   c.sentences = c.vocab.encode(train);
@@ -129,6 +133,11 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const T
 }  // namespace
 
 int run_tagger(const Options& o) {
+  if (!o.write_data.empty()) {
+    data::write_tagged(o.write_data, all_sentences(o));
+    std::printf("wrote %s\n", o.write_data.c_str());
+    return 0;
+  }
   const TaggingCorpus c = load_tagging_corpus(o);
   for (int64_t hidden : o.hidden)
     for (const std::string& mode : o.modes) run_mode(o, mode, hidden, c);

@@ -1,6 +1,7 @@
 #include "tagging.h"
 
 #include <algorithm>
+#include <fstream>
 
 #include <sheaf/core/error.h>
 
@@ -54,6 +55,28 @@ std::vector<TaggedSentence> parse_tagged(std::string_view text, std::string_view
 
 std::vector<TaggedSentence> read_tagged(const std::string& path) {
   return parse_tagged(detail::read_file(path, "tagged file"), path);
+}
+
+void write_tagged(const std::string& path, const std::vector<TaggedSentence>& sentences) {
+  auto writable = [](std::string_view s, bool tag) {
+    return !s.empty() && s.find_first_of(tag ? " \t\r\n|" : " \t\r\n") == std::string_view::npos;
+  };
+  std::ofstream out(path);
+  if (!out) throw UserError("write_tagged: cannot write " + path);
+  for (size_t i = 0; i < sentences.size(); ++i) {
+    const TaggedSentence& s = sentences[i];
+    if (s.words.empty() || s.words.size() != s.tags.size())
+      throw UserError("write_tagged: sentence " + std::to_string(i) + " has " + std::to_string(s.words.size()) +
+                      " words and " + std::to_string(s.tags.size()) + " tags");
+    for (size_t t = 0; t < s.words.size(); ++t) {
+      if (!writable(s.words[t], false) || !writable(s.tags[t], true))
+        throw UserError("write_tagged: sentence " + std::to_string(i) + ", token " + std::to_string(t) + " ('" +
+                        s.words[t] + "|" + s.tags[t] + "') cannot be written as word|TAG");
+      out << (t ? " " : "") << s.words[t] << '|' << s.tags[t];
+    }
+    out << '\n';
+  }
+  if (!out.flush()) throw UserError("write_tagged: cannot write " + path);
 }
 
 std::vector<TaggedSentence> parse_conll(std::string_view text, ConllColumns c, std::string_view source) {

@@ -26,6 +26,10 @@ struct TaggedSentence {
 // lines are skipped. A malformed token is a UserError "<file>:<line>:<column>: ...".
 std::vector<TaggedSentence> read_tagged(const std::string& path);
 std::vector<TaggedSentence> parse_tagged(std::string_view text, std::string_view source = "<string>");
+// Writes sentences in that format (read_tagged reads them back equal). A word or
+// tag that the format cannot hold (empty, with a space or a newline; a tag
+// with '|') is a UserError naming the sentence; so is a file that cannot be written.
+void write_tagged(const std::string& path, const std::vector<TaggedSentence>& sentences);
 
 // CoNLL column files: one token a line, columns separated by tabs (or, if a
 // line has no tab, by runs of spaces), a blank line between sentences, lines

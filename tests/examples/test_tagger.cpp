@@ -78,6 +78,25 @@ TEST_CASE("DyNet's word|TAG format", "[examples][tagger]") {
   CHECK(error_of([] { data::read_tagged("/nonexistent/tags.txt"); }).find("/nonexistent/tags.txt") != std::string::npos);
 }
 
+TEST_CASE("word|TAG files written read back equal, and what the format cannot hold is refused", "[examples][tagger]") {
+  const auto path = (std::filesystem::temp_directory_path() / "sheaf_write_tagged.txt").string();
+  std::vector<data::TaggedSentence> in = data::synthetic_tagged({.count = 30, .seed = 4});
+  in.push_back({{"a|b", "1/2"}, {"SYM", "CD"}});  // a word may hold '|': read splits at the last one
+  data::write_tagged(path, in);
+  const auto back = data::read_tagged(path);
+  REQUIRE(back.size() == in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    CHECK(back[i].words == in[i].words);
+    CHECK(back[i].tags == in[i].tags);
+  }
+  CHECK(error_of([&] { data::write_tagged(path, {{{"two words"}, {"NN"}}}); }).starts_with("write_tagged: sentence 0, token 0"));
+  CHECK(error_of([&] { data::write_tagged(path, {{{"x"}, {"N|N"}}}); }).starts_with("write_tagged: sentence 0, token 0"));
+  CHECK(error_of([&] { data::write_tagged(path, {{{"x", "y"}, {"NN"}}}); }) ==
+        "write_tagged: sentence 0 has 2 words and 1 tags");
+  CHECK(error_of([&] { data::write_tagged("/nonexistent-dir/x.txt", in); }).starts_with("write_tagged: cannot write"));
+  std::filesystem::remove(path);
+}
+
 TEST_CASE("CoNLL-U and CoNLL-2003 columns", "[examples][tagger]") {
   const std::string conllu =
       "# sent_id = 1\n"
