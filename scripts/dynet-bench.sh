@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# DyNet's autobatching side by side with Sheaf (issue 16): DyNet 2.2 from PyPI
-# (the dyNET38 wheel: DyNet with Eigen, AVX2 + FMA, one thread) in a virtual
-# environment, and sheaf-bench's taggers (Sheaf auto and hand-batched), on the
-# same data file, interleaved three times on this machine. The data file is
-# sheaf-bench's synthetic corpus (--write-data). Writes JSON lines to OUT
-# (default docs/dynet/results-tagger.jsonl). Needs PyPI the first time.
-#   scripts/dynet-bench.sh [OUT]
+# DyNet's autobatching side by side with Sheaf: DyNet 2.2 from PyPI (the
+# dyNET38 wheel: DyNet with Eigen, AVX2 + FMA, one thread) in a virtual
+# environment, and sheaf-bench (Sheaf auto and hand-batched), on the same data,
+# interleaved three times on this machine: the BiLSTM taggers (issue 16) on
+# sheaf-bench's synthetic corpus (--write-data), and the Tree-LSTM at h=128 and
+# 256 on SST's train trees when SST_DIR has them. Writes JSON lines to OUT
+# (default docs/dynet/results.jsonl). Needs PyPI the first time.
+#   scripts/dynet-bench.sh [SST_DIR] [OUT]     (SST_DIR default ../shared/data/sst)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bench=./build/bench/sheaf-bench
@@ -17,7 +18,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 data=build/tagger-synthetic.txt
 "$bench" --workload tagger --write-data "$data" > /dev/null
-out=${1:-docs/dynet/results-tagger.jsonl}
+sst=${1:-../shared/data/sst}
+out=${2:-docs/dynet/results.jsonl}
 mkdir -p "$(dirname "$out")"
 {
   for round in 1 2 3; do
@@ -28,6 +30,14 @@ mkdir -p "$(dirname "$out")"
       "$bench" --workload "$w" --data "$data" --hidden 128 --batch 64 --trees 512 --threads 1 --repeat 5 --json \
         --systems sheaf:auto,hand
     done
+    if [ -f "$sst/train.txt" ]; then
+      for h in 128 256; do
+        "$venv/bin/python" bench/dynet/tree_lstm.py --data "$sst" --hidden "$h" --trees 1024 --batch 64 --repeat 5 \
+          --json 2> /dev/null
+        "$bench" --workload treelstm --data "$sst" --hidden "$h" --batch 64 --trees 1024 --threads 1 --repeat 5 --json \
+          --systems sheaf:auto,hand
+      done
+    fi
   done
 } > "$out"
 python3 - "$out" <<'PY'
@@ -36,11 +46,11 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 by = {}
 for r in rows:
     name = r["system"] + (":" + r["strategy"] if r.get("strategy") else "")
-    by.setdefault((r["workload"], r["mode"]), {}).setdefault(name, []).append(r["trees_per_sec"])
-for (w, mode), systems in sorted(by.items()):
+    by.setdefault((r["workload"], r["mode"], r["hidden"]), {}).setdefault(name, []).append(r["trees_per_sec"])
+for (w, mode, hidden), systems in sorted(by.items()):
     med = {k: statistics.median(v) for k, v in systems.items()}
     dynet = med.get("dynet:autobatch")
     line = ", ".join(f"{k} {v:.0f}" + (f" ({v / dynet:.2f}x DyNet)" if dynet and k != "dynet:autobatch" else "")
                      for k, v in med.items())
-    print(f"{w} {mode} (sentences/s, median of 3 rounds): {line}")
+    print(f"{w} {mode} h={hidden} (items/s, median of 3 rounds): {line}")
 PY

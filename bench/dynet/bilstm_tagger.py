@@ -20,10 +20,9 @@ itself (its "agenda" autobatching); 0 runs them one by one.
 Prints one JSON object per measurement (--json) or a line each.
 """
 import argparse
-import json
-import statistics
 import sys
-import time
+
+from timing import report, sentences_per_sec
 
 
 def read_tagged(path):
@@ -128,24 +127,11 @@ def main():
     workload = "tagger-char" if a.chars else "tagger"
     system = "dynet:autobatch" if a.autobatch else "dynet:unbatched"
     for mode in a.modes.split(","):
-        step = train_step if mode == "train" else infer_step
-        for b in batches:  # untimed pass
-            step(b)
-        runs = []
-        for _ in range(a.repeat):
-            t0 = time.perf_counter()
-            for b in batches:
-                step(b)
-            runs.append(len(data) / (time.perf_counter() - t0))
-        tps = statistics.median(runs)
-        row = {"workload": workload, "system": system, "mode": mode, "device": "cpu", "hidden": a.hidden,
-               "batch": a.batch, "trees": len(data), "threads": 1, "repeat": a.repeat, "trees_per_sec": tps,
-               "runs": runs, "tokens_per_sec": tps * tokens / len(data), "dynet_version": "dyNET38 2.2",
-               "data": a.data}
-        if a.json:
-            print(json.dumps(row), flush=True)
-        else:
-            print(f"{workload} {mode} {system}: {tps:.1f} sentences/s, {row['tokens_per_sec']:.0f} tokens/s", flush=True)
+        tps, runs = sentences_per_sec(batches, train_step if mode == "train" else infer_step, a.repeat)
+        report({"workload": workload, "system": system, "mode": mode, "device": "cpu", "hidden": a.hidden,
+                "batch": a.batch, "trees": len(data), "threads": 1, "repeat": a.repeat, "trees_per_sec": tps,
+                "runs": runs, "tokens_per_sec": tps * tokens / len(data), "dynet_version": "dyNET38 2.2",
+                "data": a.data}, a.json, "sentences")
 
 
 if __name__ == "__main__":
