@@ -3,8 +3,8 @@
 # dyNET38 wheel: DyNet with Eigen, AVX2 + FMA, one thread) in a virtual
 # environment, and sheaf-bench (Sheaf auto and hand-batched), on the same data,
 # interleaved three times on this machine: the BiLSTM taggers (issue 16) on
-# sheaf-bench's synthetic corpus (--write-data), and the Tree-LSTM at h=128 and
-# 256 on SST's train trees when SST_DIR has them. Writes JSON lines to OUT
+# sheaf-bench's synthetic corpus (--write-data), and, when SST_DIR has SST's
+# train trees, the Tree-LSTM at h=128 and 256 and the shift-reduce parser. Writes JSON lines to OUT
 # (default docs/dynet/results.jsonl). Needs PyPI the first time.
 #   scripts/dynet-bench.sh [SST_DIR] [OUT]     (SST_DIR default ../shared/data/sst)
 set -euo pipefail
@@ -37,6 +37,10 @@ mkdir -p "$(dirname "$out")"
         "$bench" --workload treelstm --data "$sst" --hidden "$h" --batch 64 --trees 1024 --threads 1 --repeat 5 --json \
           --systems sheaf:auto,hand
       done
+      "$venv/bin/python" bench/dynet/shift_reduce.py --data "$sst" --hidden 128 --trees 512 --batch 64 --repeat 5 \
+        --json 2> /dev/null
+      "$bench" --workload shift_reduce --data "$sst" --hidden 128 --batch 64 --trees 512 --threads 1 --repeat 5 \
+        --json --systems sheaf:auto,hand
     fi
   done
 } > "$out"
