@@ -47,6 +47,10 @@ int main(int argc, char** argv) {
   bool info = false;
   app.add_flag("--info", info, "print the LibTorch/BLAS/threads line and exit");
   CLI11_PARSE(app, argc, argv);
+  if (!o.write_data.empty() && !o.workload.starts_with("tagger")) {
+    std::fprintf(stderr, "sheaf-bench: --write-data is for --workload tagger or tagger-char, not %s\n", o.workload.c_str());
+    return 2;
+  }
   if (info) {
     sheaf::set_threads(o.threads);
     std::printf("%s\n", sheaf::runtime_info().c_str());

@@ -23,10 +23,13 @@ namespace sheaf::op {
 // b: shared [m], per row [n, m] (bias_rows; x is [n, k]) or undefined.
 inline at::Tensor shared_linear(RunCtx& c, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                                 bool bias_rows = false) {
-  const at::Tensor* wt = c.transposed() && x.dim() == 2 ? c.transposed()->get(w) : nullptr;
-  if (WeightGradBatcher* batcher = c.weight_grads()) return batcher->linear(x, w, b, wt, bias_rows);
-  // Plain autograd needs W itself in the product for W's gradient.
-  if (wt && w.requires_grad() && c10::GradMode::is_enabled()) wt = nullptr;
+  WeightGradBatcher* batcher = c.weight_grads();
+  // W^T where the product reads it: several rows, and not plain autograd on W
+  // (which needs W itself in the product for W's gradient).
+  const bool plain_w_grad = !batcher && w.requires_grad() && c10::GradMode::is_enabled();
+  const at::Tensor* wt =
+      c.transposed() && x.dim() == 2 && x.size(0) > 1 && !plain_w_grad ? c.transposed()->get(w) : nullptr;
+  if (batcher) return batcher->linear(x, w, b, wt, bias_rows);
   return linear_rows(x, w, b, wt);
 }
 

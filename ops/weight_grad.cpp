@@ -35,7 +35,11 @@ struct WeightGradNode : torch::autograd::Node {
   std::string name() const override { return "sheaf::WeightGradBackward"; }
   variable_list apply(variable_list&&) override {
     variable_list out(has_bias ? 2 : 1);
-    if (rows->pending.empty()) return out;
+    const bool want_w = task_should_compute_output(0), want_b = has_bias && task_should_compute_output(1);
+    if (rows->pending.empty() || (!want_w && !want_b)) {
+      rows->pending.clear();
+      return out;
+    }
     RECORD_FUNCTION("sheaf::weight_grad", std::vector<c10::IValue>());
     std::vector<at::Tensor> dys, xs;
     for (auto& [dy, x] : rows->pending) {
@@ -44,9 +48,8 @@ struct WeightGradNode : torch::autograd::Node {
     }
     rows->pending.clear();
     const at::Tensor dy = dys.size() == 1 ? dys[0] : at::cat(dys);
-    const at::Tensor x = xs.size() == 1 ? xs[0] : at::cat(xs);
-    if (should_compute_output(0)) out[0] = at::mm(dy.t(), x);
-    if (has_bias && should_compute_output(1)) out[1] = at::sum(dy, 0);
+    if (want_w) out[0] = at::mm(dy.t(), xs.size() == 1 ? xs[0] : at::cat(xs));
+    if (want_b) out[1] = at::sum(dy, 0);
     return out;
   }
 };
@@ -68,9 +71,11 @@ struct LinearNode : torch::autograd::Node {
     if (!grads[0].defined()) return out;
     const at::Tensor weight = w.unpack();
     const at::Tensor dy = grads[0].reshape({-1, weight.size(0)});
-    if (should_compute_output(0)) out[0] = at::mm(dy, weight).view(x_sizes);
-    if (bias_rows && should_compute_output(2)) out[2] = grads[0].reshape(b_sizes);
-    rows->pending.emplace_back(dy, x.unpack().reshape({-1, weight.size(1)}));
+    if (task_should_compute_output(0)) out[0] = at::mm(dy, weight).view(x_sizes);
+    if (bias_rows && task_should_compute_output(2)) out[2] = grads[0].reshape(b_sizes);
+    // Only where this backward runs the weight's node: rows left behind by a
+    // partial backward would be counted again by the next one.
+    if (task_should_compute_output(1)) rows->pending.emplace_back(dy, x.unpack().reshape({-1, weight.size(1)}));
     return out;  // the weight's and a shared bias's gradients come from WeightGradNode
   }
 };
@@ -86,10 +91,13 @@ WeightGradBatcher::WeightGradBatcher() = default;
 WeightGradBatcher::~WeightGradBatcher() = default;
 
 const at::Tensor* TransposedWeights::get(const at::Tensor& w) {
-  if (w.dim() != 2 || !w.is_cpu()) return nullptr;
+  // Inference tensors have no version counter to tell an update by.
+  if (w.dim() != 2 || !w.is_cpu() || w.is_inference()) return nullptr;
   // Where W^T reads faster (bench table in weight_grad.h): an inner size that is
-  // not a multiple of 128, or a small weight.
-  if (w.size(1) % 128 == 0 && w.size(0) * w.size(1) > 65536) return nullptr;
+  // not a multiple of 128, or a small weight; and not past the sizes measured
+  // (an output layer over a vocabulary would be copied for little).
+  const int64_t entries = w.size(0) * w.size(1);
+  if ((w.size(1) % 128 == 0 && entries > 65536) || entries > (int64_t{1} << 20)) return nullptr;
   for (Entry& e : entries_) {
     if (!e.w.is_same(w)) continue;
     if (e.data != w.data_ptr() || e.version != w._version()) {  // changed in place or re-seated: start again
@@ -115,9 +123,10 @@ at::Tensor product_t(const at::Tensor& x, const at::Tensor& wt, const at::Tensor
 }  // namespace
 
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor* wt) {
-  const bool bias_rows = b.defined() && b.dim() == 2;
+  // A bias per row of x (a [1, m] bias broadcasts as before).
+  const bool bias_rows = b.defined() && b.dim() == 2 && x.dim() == 2 && b.size(0) == x.size(0) && b.size(0) > 1;
   if (x.dim() == 2 && x.size(0) == 1) {
-    at::Tensor y = b.defined() ? at::addmv(bias_rows ? b[0] : b, w, x[0]) : at::mv(w, x[0]);
+    at::Tensor y = b.defined() ? at::addmv(b.dim() == 2 ? b[0] : b, w, x[0]) : at::mv(w, x[0]);
     return y.unsqueeze(0);
   }
   const int64_t m = x.dim() == 2 ? x.size(0) : 0;
@@ -137,8 +146,8 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 
 at::Tensor WeightGradBatcher::linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                                      const at::Tensor* wt, bool bias_rows) {
-  const bool track = c10::GradMode::is_enabled() && (w.requires_grad() || (b.defined() && b.requires_grad()));
-  if (!track) return linear_rows(x, w, b, wt);
+  // A frozen weight leaves nothing to batch: plain autograd for x and the bias.
+  if (!c10::GradMode::is_enabled() || !w.requires_grad()) return linear_rows(x, w, b, wt);
   at::Tensor y;
   {
     c10::AutoGradMode no_grad(false);

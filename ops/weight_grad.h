@@ -29,10 +29,16 @@ namespace sheaf {
 // So W^T is used where the inner size is not a multiple of 128 or the weight is
 // small (<= 64Ki entries): the parser's cells ([640, 288], [128, 416]) infer 8%
 // faster. Elsewhere the copy (~0.35 ns an entry) does not pay for itself within
-// a batch (a Tree-LSTM's [640, 256] read 2% slower). A weight is transposed at
-// its second product in a graph, so a weight used once never pays for the copy. The Engine owns one and clears it with the
-// graph; an entry is also dropped when the weight's data or version counter
-// changes (an optimizer step in place). CPU only: cuBLAS reads either layout.
+// a batch (a Tree-LSTM's [640, 256] read 2% slower); nor past 1Mi entries,
+// beyond what was measured. A weight is transposed at its second product in a
+// graph, so a weight used once never pays for the copy. The Engine owns one
+// and clears it with the graph; an entry is also dropped when the weight's data
+// or version counter changes (an optimizer step in place). An update the
+// version counter does not see (through W.data(), or raw writes to its memory)
+// while a graph is alive leaves a stale copy: update shared weights with
+// in-place ops on the tensor itself (optimizers do), or clear() the graph
+// first. Not for inference tensors (no version counter). CPU only: cuBLAS
+// reads either layout.
 class TransposedWeights {
  public:
   // W^T for w, or null where the plain layout is used (first use, not 2-D, not

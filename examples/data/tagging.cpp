@@ -1,6 +1,7 @@
 #include "tagging.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 
 #include <sheaf/core/error.h>
@@ -58,25 +59,40 @@ std::vector<TaggedSentence> read_tagged(const std::string& path) {
 }
 
 void write_tagged(const std::string& path, const std::vector<TaggedSentence>& sentences) {
+  // What the reader reads back: no separator (its is_space) in a word or tag, no '|' in a tag.
   auto writable = [](std::string_view s, bool tag) {
-    return !s.empty() && s.find_first_of(tag ? " \t\r\n|" : " \t\r\n") == std::string_view::npos;
+    return !s.empty() && std::none_of(s.begin(), s.end(), [&](char c) { return is_space(c) || (tag && c == '|'); });
   };
-  std::ofstream out(path);
-  if (!out) throw UserError("write_tagged: cannot write " + path);
+  // Checked first, written to a temporary file and renamed: an error leaves no half-written file.
   for (size_t i = 0; i < sentences.size(); ++i) {
     const TaggedSentence& s = sentences[i];
-    if (s.words.empty() || s.words.size() != s.tags.size())
+    if (s.words.empty()) throw UserError("write_tagged: sentence " + std::to_string(i) + " is empty");
+    if (s.words.size() != s.tags.size())
       throw UserError("write_tagged: sentence " + std::to_string(i) + " has " + std::to_string(s.words.size()) +
                       " words and " + std::to_string(s.tags.size()) + " tags");
     for (size_t t = 0; t < s.words.size(); ++t) {
       if (!writable(s.words[t], false) || !writable(s.tags[t], true))
         throw UserError("write_tagged: sentence " + std::to_string(i) + ", token " + std::to_string(t) + " ('" +
                         s.words[t] + "|" + s.tags[t] + "') cannot be written as word|TAG");
-      out << (t ? " " : "") << s.words[t] << '|' << s.tags[t];
     }
-    out << '\n';
   }
-  if (!out.flush()) throw UserError("write_tagged: cannot write " + path);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) throw UserError("write_tagged: cannot write " + path);
+    for (const TaggedSentence& s : sentences) {
+      for (size_t t = 0; t < s.words.size(); ++t) out << (t ? " " : "") << s.words[t] << '|' << s.tags[t];
+      out << '\n';
+    }
+    if (!out.flush()) {
+      std::remove(tmp.c_str());
+      throw UserError("write_tagged: cannot write " + path);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw UserError("write_tagged: cannot write " + path);
+  }
 }
 
 std::vector<TaggedSentence> parse_conll(std::string_view text, ConllColumns c, std::string_view source) {

@@ -27,8 +27,9 @@ struct TaggedSentence {
 std::vector<TaggedSentence> read_tagged(const std::string& path);
 std::vector<TaggedSentence> parse_tagged(std::string_view text, std::string_view source = "<string>");
 // Writes sentences in that format (read_tagged reads them back equal). A word or
-// tag that the format cannot hold (empty, with a space or a newline; a tag
-// with '|') is a UserError naming the sentence; so is a file that cannot be written.
+// tag that the format cannot hold (empty, with white space; a tag with '|') or
+// an empty sentence is a UserError naming the sentence, and nothing is written;
+// so is a file that cannot be written.
 void write_tagged(const std::string& path, const std::vector<TaggedSentence>& sentences);
 
 // CoNLL column files: one token a line, columns separated by tabs (or, if a

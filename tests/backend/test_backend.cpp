@@ -1,6 +1,8 @@
 // The executor: views instead of copies, one output tensor per batch, devices.
 #include <torch/csrc/autograd/autograd.h>
 
+#include <c10/core/InferenceMode.h>
+
 #include <sheaf/ops/weight_grad.h>
 
 #include "../support.h"
@@ -155,10 +157,56 @@ TEST_CASE("TransposedWeights: W^T from a weight's second use, a fresh one after 
   wt = cache.get(W);
   REQUIRE(wt != nullptr);
   CHECK(at::equal(*wt, W.detach().t()));
-  CHECK(cache.get(param({256, 256}, 22)) == nullptr);  // where W^T is no faster: never copied
-  CHECK(cache.get(param({256, 256}, 22)) == nullptr);
+  const at::Tensor big = param({384, 384}, 22);  // k a multiple of 128, > 64Ki entries: W^T no faster
+  CHECK(cache.get(big) == nullptr);
+  CHECK(cache.get(big) == nullptr);
+  const at::Tensor small = param({256, 256}, 22);  // 64Ki entries: small enough to pay
+  CHECK(cache.get(small) == nullptr);
+  CHECK(cache.get(small) != nullptr);
   cache.clear();
   CHECK(cache.get(W) == nullptr);
+  {
+    c10::InferenceMode inference;  // no version counter to tell an update by: never cached
+    const at::Tensor frozen = at::randn({6, 10});
+    CHECK(cache.get(frozen) == nullptr);
+    CHECK(cache.get(frozen) == nullptr);
+  }
+}
+
+TEST_CASE("linear_rows: a bias per row, and a [1, m] bias broadcast, with and without padding or W^T", "[backend]") {
+  const at::Tensor W = at::randn({640, 288}), wt = W.t().contiguous();
+  for (int64_t m : {1, 3, 5, 8}) {
+    INFO(m << " rows");
+    const at::Tensor x = at::randn({m, 288}), rows = at::randn({m, 640}), one = at::randn({1, 640});
+    const at::Tensor expected = at::matmul(x, W.t());
+    CHECK(at::allclose(linear_rows(x, W, rows), expected + rows, 1e-4, 1e-4));
+    CHECK(at::allclose(linear_rows(x, W, rows, &wt), expected + rows, 1e-4, 1e-4));
+    CHECK(at::allclose(linear_rows(x, W, one), expected + one, 1e-4, 1e-4));
+    CHECK(at::allclose(linear_rows(x, W, one, &wt), expected + one, 1e-4, 1e-4));
+  }
+}
+
+TEST_CASE("a partial backward through a product's per-example bias leaves its weight's gradient exact", "[backend]") {
+  // grad() for r runs each product's node (r feeds the bias) but not the
+  // weight's node: nothing may be left for the full backward after.
+  at::Tensor W = param({5, 5}, 25), r = param({5}, 26);
+  auto run = [&](bool partial_first) {
+    Graph g;
+    std::vector<Expr> ys;
+    for (int i = 0; i < 4; ++i) {
+      auto s = g.example(i);
+      const Expr x = g.input(data({5}, i));
+      ys.push_back(dsl::sum(dsl::tanh(dsl::affine(W, x, dsl::tanh(x * g.param(r))))));
+    }
+    Expr loss = dsl::sum(ys);
+    g.forward(loss);
+    if (partial_first) torch::autograd::grad({loss.value()}, {r}, {}, /*retain_graph=*/true);
+    at::Tensor(W).mutable_grad() = at::Tensor();
+    loss.value().backward();
+    return W.grad().clone();
+  };
+  const at::Tensor once = run(false), after_partial = run(true);
+  CHECK(at::allclose(once, after_partial, 1e-5, 1e-6));
 }
 
 TEST_CASE("a weight updated in place between rounds of one graph: later rounds read the new values", "[backend]") {

@@ -90,6 +90,9 @@ TEST_CASE("word|TAG files written read back equal, and what the format cannot ho
     CHECK(back[i].tags == in[i].tags);
   }
   CHECK(error_of([&] { data::write_tagged(path, {{{"two words"}, {"NN"}}}); }).starts_with("write_tagged: sentence 0, token 0"));
+  CHECK(error_of([&] { data::write_tagged(path, {{{"form\ffeed"}, {"NN"}}}); }).starts_with("write_tagged: sentence 0, token 0"));
+  CHECK(error_of([&] { data::write_tagged(path, {{{}, {}}}); }) == "write_tagged: sentence 0 is empty");
+  CHECK(data::read_tagged(path).size() == in.size());  // a refused write left the file as it was
   CHECK(error_of([&] { data::write_tagged(path, {{{"x"}, {"N|N"}}}); }).starts_with("write_tagged: sentence 0, token 0"));
   CHECK(error_of([&] { data::write_tagged(path, {{{"x", "y"}, {"NN"}}}); }) ==
         "write_tagged: sentence 0 has 2 words and 1 tags");
