@@ -13,24 +13,28 @@ Timing, as sheaf-bench's harness: the first --sentences sentences of the file
 in batches of --batch; one untimed pass, then --repeat timed passes, the median
 reported as sentences/s. Train = one graph per batch holding every sentence's
 loss, summed and scaled by 1/batch, forward, backward and an Adagrad step
-(learning rate 0.05); infer = every token's logits of the batch, computed by one
-dy.forward call. With --autobatch 1 DyNet batches the graph's operations
+(learning rate 0.05, no gradient clipping, as on the LibTorch side); infer =
+every token's logits of the batch, computed by one dy.forward call. This is
+DyNet through its Python API: the graph is built node by node from Python, as
+DyNet's own Python benchmark does. With --autobatch 1 DyNet batches the graph's operations
 itself (its "agenda" autobatching); 0 runs them one by one.
 
 Prints one JSON object per measurement (--json) or a line each.
 """
 import argparse
+import re
 import sys
 
 from timing import report, sentences_per_sec
 
 
 def read_tagged(path):
-    """DyNet's benchmark format: one sentence a line, word|TAG tokens (split at the last '|')."""
+    """DyNet's benchmark format: one sentence a line, word|TAG tokens (split at the last '|'),
+    separated by ASCII white space as the C++ reader (examples/data/tagging.cpp) splits them."""
     sentences = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
-            tokens = line.split()
+            tokens = [t for t in re.split(r"[ \t\r\n\f\v]+", line) if t]
             if not tokens:
                 continue
             sentence = []
@@ -71,12 +75,13 @@ def main():
             counts[w] = counts.get(w, 0) + 1
     words = {w: i for i, w in enumerate(sorted(counts))}
     tags = {t: i for i, t in enumerate(sorted({t for s in corpus for _, t in s}))}
-    chars = {c: i for i, c in enumerate(sorted({c for w in counts for c in w}))}
+    # Characters are bytes, as the C++ model spells words.
+    chars = {c: i for i, c in enumerate(sorted({c for w in counts for c in w.encode("utf-8")}))}
     used = corpus[:a.sentences - a.sentences % a.batch]
     if len(used) < a.batch:
         sys.exit("fewer sentences than one batch")
     data = [([words[w] for w, _ in s], [tags[t] for _, t in s], [counts[w] <= 1 for w, _ in s],
-             [[chars[c] for c in w] for w, _ in s]) for s in used]
+             [[chars[c] for c in w.encode("utf-8")] for w, _ in s]) for s in used]
     batches = [data[i:i + a.batch] for i in range(0, len(data), a.batch)]
     tokens = sum(len(s[0]) for s in data)
 
@@ -93,6 +98,7 @@ def main():
         cfwd = dy.VanillaLSTMBuilder(1, a.char_embed, a.embed // 2, m)
         cbwd = dy.VanillaLSTMBuilder(1, a.char_embed, a.embed // 2, m)
     trainer = dy.AdagradTrainer(m, 0.05)
+    trainer.set_clip_threshold(0)  # DyNet clips at 5 by default: a norm pass the LibTorch side does not make
 
     def word_rep(w, rare, spelling):
         if not (a.chars and rare):

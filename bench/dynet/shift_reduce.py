@@ -11,7 +11,7 @@ two top items with a Tree-LSTM cell that also reads the tracking state; after
 
 Training follows the gold transitions (one graph per batch with every
 sentence's transition losses and sentiment loss, summed and scaled by 1/batch;
-forward, backward, Adagrad 0.05). Inference follows the model's own
+forward, backward, Adagrad 0.05 without clipping). Inference follows the model's own
 predictions. Per-sentence code cannot batch a decision that waits for a value,
 so this runs the batch's sentences in lockstep, as a DyNet user must write it
 to let autobatching see them together: each step builds every unfinished
@@ -93,6 +93,7 @@ def main():
     V = m.add_parameters((5, h))
     v_b = m.add_parameters(5)
     trainer = dy.AdagradTrainer(m, 0.05)
+    trainer.set_clip_threshold(0)  # DyNet clips at 5 by default: a norm pass the LibTorch side does not make
 
     def chunk(x, i, size):
         return dy.pick_range(x, i * size, (i + 1) * size)
