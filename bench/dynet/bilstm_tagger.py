@@ -21,11 +21,10 @@ itself (its "agenda" autobatching); 0 runs them one by one.
 
 Prints one JSON object per measurement (--json) or a line each.
 """
-import argparse
 import re
 import sys
 
-from timing import report, sentences_per_sec
+from common import adagrad, in_batches, parser, run_modes, start_dynet, step_on
 
 
 def read_tagged(path):
@@ -48,25 +47,14 @@ def read_tagged(path):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "--sentences", 512)
     ap.add_argument("--data", required=True, help="word|TAG file (sheaf-bench --workload tagger --write-data FILE)")
     ap.add_argument("--chars", action="store_true", help="spell rare words with character LSTMs")
-    ap.add_argument("--sentences", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--modes", default="train,infer")
-    ap.add_argument("--autobatch", type=int, default=1)
     ap.add_argument("--embed", type=int, default=128)
-    ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--mlp", type=int, default=32)
     ap.add_argument("--char-embed", type=int, default=64)
-    ap.add_argument("--mem", type=int, default=512, help="DyNet's memory pool, MB (2048 was no faster)")
-    ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-
-    import dynet_config
-    dynet_config.set(mem=a.mem, autobatch=a.autobatch, random_seed=1)
-    import dynet as dy
+    dy = start_dynet(a)
 
     corpus = read_tagged(a.data)
     counts = {}
@@ -77,12 +65,10 @@ def main():
     tags = {t: i for i, t in enumerate(sorted({t for s in corpus for _, t in s}))}
     # Characters are bytes, as the C++ model spells words.
     chars = {c: i for i, c in enumerate(sorted({c for w in counts for c in w.encode("utf-8")}))}
-    used = corpus[:a.sentences - a.sentences % a.batch]
-    if len(used) < a.batch:
-        sys.exit("fewer sentences than one batch")
+    used, _ = in_batches(corpus, a.sentences, a.batch, "sentences")
     data = [([words[w] for w, _ in s], [tags[t] for _, t in s], [counts[w] <= 1 for w, _ in s],
              [[chars[c] for c in w.encode("utf-8")] for w, _ in s]) for s in used]
-    batches = [data[i:i + a.batch] for i in range(0, len(data), a.batch)]
+    _, batches = in_batches(data, a.sentences, a.batch, "sentences")
     tokens = sum(len(s[0]) for s in data)
 
     m = dy.ParameterCollection()
@@ -97,8 +83,7 @@ def main():
         C = m.add_lookup_parameters((len(chars), a.char_embed))
         cfwd = dy.VanillaLSTMBuilder(1, a.char_embed, a.embed // 2, m)
         cbwd = dy.VanillaLSTMBuilder(1, a.char_embed, a.embed // 2, m)
-    trainer = dy.AdagradTrainer(m, 0.05)
-    trainer.set_clip_threshold(0)  # DyNet clips at 5 by default: a norm pass the LibTorch side does not make
+    trainer = adagrad(dy, m)
 
     def word_rep(w, rare, spelling):
         if not (a.chars and rare):
@@ -118,10 +103,7 @@ def main():
         losses = []
         for s in batch:
             losses += [dy.pickneglogsoftmax(y, t) for y, t in zip(logits(s), s[1])]
-        loss = dy.esum(losses) * (1.0 / len(batch))
-        loss.forward()
-        loss.backward()
-        trainer.update()
+        step_on(dy, trainer, losses, len(batch))
 
     def infer_step(batch):
         dy.renew_cg()
@@ -130,14 +112,8 @@ def main():
             out += logits(s)
         dy.forward(out)
 
-    workload = "tagger-char" if a.chars else "tagger"
-    system = "dynet:autobatch" if a.autobatch else "dynet:unbatched"
-    for mode in a.modes.split(","):
-        tps, runs = sentences_per_sec(batches, train_step if mode == "train" else infer_step, a.repeat)
-        report({"workload": workload, "system": system, "mode": mode, "device": "cpu", "hidden": a.hidden,
-                "batch": a.batch, "trees": len(data), "threads": 1, "repeat": a.repeat, "trees_per_sec": tps,
-                "runs": runs, "tokens_per_sec": tps * tokens / len(data), "dynet_version": "dyNET38 2.2",
-                "data": a.data}, a.json, "sentences")
+    run_modes(a, "tagger-char" if a.chars else "tagger", {"train": train_step, "infer": infer_step}, batches, a.data,
+              "sentences", {"tokens_per_sec": tokens / len(data)})
 
 
 if __name__ == "__main__":

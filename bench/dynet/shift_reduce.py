@@ -19,12 +19,7 @@ sentence's tracking step and scores, calls dy.forward on all the scores once,
 reads them, and moves each sentence on (Sheaf: one coroutine per sentence,
 co_await on its scores).
 """
-import argparse
-import os
-import sys
-
-from timing import report, sentences_per_sec
-from tree_lstm import parse_tree, words_of
+from common import adagrad, in_batches, load_sst, parser, run_modes, start_dynet, step_on
 
 SHIFT, REDUCE = 0, 1
 
@@ -49,37 +44,20 @@ def choose(shift_score, reduce_score, stack_size, buffer_left):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "--trees", 512)
     ap.add_argument("--data", required=True, help="SST train file (PTB brackets) or its directory")
-    ap.add_argument("--trees", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--tracking", type=int, default=32)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--modes", default="train,infer")
-    ap.add_argument("--autobatch", type=int, default=1)
-    ap.add_argument("--mem", type=int, default=512, help="DyNet's memory pool, MB")
-    ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-
-    path = os.path.join(a.data, "train.txt") if os.path.isdir(a.data) else a.data
-    with open(path, encoding="utf-8") as f:
-        trees = [parse_tree(line, n, path) for n, line in enumerate(f, 1) if line.strip()]
-    vocab = {w: i for i, w in enumerate(sorted({w for t in trees for w in words_of(t, [])}))}
-    used = trees[:a.trees - a.trees % a.batch]
-    if len(used) < a.batch:
-        sys.exit("fewer trees than one batch")
+    trees, vocab, path = load_sst(a.data)
+    used, _ = in_batches(trees, a.trees, a.batch, "trees")
     # Per tree: word ids (buffer order), gold transitions, root label.
     data = []
     for t in used:
         nodes = post_order(t, [])
         data.append(([vocab[w] for w, _ in nodes if w is not None], [SHIFT if w is not None else REDUCE for w, _ in nodes],
                      t[0]))
-    batches = [data[i:i + a.batch] for i in range(0, len(data), a.batch)]
-
-    import dynet_config
-    dynet_config.set(mem=a.mem, autobatch=a.autobatch, random_seed=1)
-    import dynet as dy
+    _, batches = in_batches(data, a.trees, a.batch, "trees")
+    dy = start_dynet(a)
 
     h, k = a.hidden, a.tracking
     m = dy.ParameterCollection()
@@ -92,8 +70,7 @@ def main():
     u_b = m.add_parameters(5 * h)
     V = m.add_parameters((5, h))
     v_b = m.add_parameters(5)
-    trainer = dy.AdagradTrainer(m, 0.05)
-    trainer.set_clip_threshold(0)  # DyNet clips at 5 by default: a norm pass the LibTorch side does not make
+    trainer = adagrad(dy, m)
 
     def chunk(x, i, size):
         return dy.pick_range(x, i * size, (i + 1) * size)
@@ -146,10 +123,7 @@ def main():
                 losses.append(dy.pickneglogsoftmax(p.track_step(), action))
                 p.act(action)
             losses.append(dy.pickneglogsoftmax(p.logits(), label))
-        loss = dy.esum(losses) * (1.0 / len(batch))
-        loss.forward()
-        loss.backward()
-        trainer.update()
+        step_on(dy, trainer, losses, len(batch))
 
     def infer_step(batch):
         dy.renew_cg()
@@ -162,12 +136,7 @@ def main():
                 p.act(choose(s[SHIFT], s[REDUCE], len(p.stack), len(p.buffer) - p.next))
         dy.forward([p.logits() for p, _ in parses])
 
-    system = "dynet:autobatch" if a.autobatch else "dynet:unbatched"
-    for mode in a.modes.split(","):
-        tps, runs = sentences_per_sec(batches, train_step if mode == "train" else infer_step, a.repeat)
-        report({"workload": "shift_reduce", "system": system, "mode": mode, "device": "cpu", "hidden": h,
-                "batch": a.batch, "trees": len(data), "threads": 1, "repeat": a.repeat, "trees_per_sec": tps,
-                "runs": runs, "dynet_version": "dyNET38 2.2", "data": path}, a.json, "trees")
+    run_modes(a, "shift_reduce", {"train": train_step, "infer": infer_step}, batches, path, "trees")
 
 
 if __name__ == "__main__":

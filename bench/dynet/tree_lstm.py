@@ -16,90 +16,16 @@ graph per batch holding every tree's node losses, summed and scaled by
 root logits of the batch through one dy.forward. --autobatch 1 lets DyNet
 batch the graph. DyNet through its Python API, as DyNet's Python benchmark.
 """
-import argparse
-import sys
-
-from timing import report, sentences_per_sec
-
-
-def parse_tree(line, number, path):
-    """(label word) leaves, (label left right) nodes -> nested tuples (label, word) or (label, left, right).
-    A word runs to its ')' and may hold spaces (SST has "8 1\\/2")."""
-    pos = 0
-
-    def skip():
-        nonlocal pos
-        while pos < len(line) and line[pos].isspace():
-            pos += 1
-
-    def node():
-        nonlocal pos
-        skip()
-        if pos >= len(line) or line[pos] != "(":
-            sys.exit(f"{path}:{number}:{pos + 1}: expected '('")
-        pos += 1
-        skip()
-        start = pos
-        while pos < len(line) and line[pos].isdigit():
-            pos += 1
-        if start == pos:
-            sys.exit(f"{path}:{number}:{pos + 1}: expected a label")
-        label = int(line[start:pos])
-        skip()
-        children = None
-        if pos < len(line) and line[pos] == "(":
-            children = (node(), node())
-            skip()
-        else:
-            start = pos
-            while pos < len(line) and line[pos] != ")":
-                pos += 1
-            word = line[start:pos].strip()
-            if not word:
-                sys.exit(f"{path}:{number}:{pos + 1}: a leaf without a word")
-        if pos >= len(line) or line[pos] != ")":
-            sys.exit(f"{path}:{number}:{pos + 1}: expected ')'")
-        pos += 1
-        return (label, *children) if children else (label, word)
-
-    return node()
-
-
-def words_of(tree, out):
-    if len(tree) == 2:
-        out.append(tree[1])
-    else:
-        words_of(tree[1], out)
-        words_of(tree[2], out)
-    return out
+from common import adagrad, in_batches, load_sst, parser, run_modes, start_dynet, step_on
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "--trees", 1024)
     ap.add_argument("--data", required=True, help="SST train file (PTB brackets) or its directory")
-    ap.add_argument("--trees", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--modes", default="train,infer")
-    ap.add_argument("--autobatch", type=int, default=1)
-    ap.add_argument("--mem", type=int, default=512, help="DyNet's memory pool, MB")
-    ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-
-    import os
-    path = os.path.join(a.data, "train.txt") if os.path.isdir(a.data) else a.data
-    with open(path, encoding="utf-8") as f:
-        trees = [parse_tree(line, n, path) for n, line in enumerate(f, 1) if line.strip()]
-    vocab = {w: i for i, w in enumerate(sorted({w for t in trees for w in words_of(t, [])}))}
-    used = trees[:a.trees - a.trees % a.batch]
-    if len(used) < a.batch:
-        sys.exit("fewer trees than one batch")
-    batches = [used[i:i + a.batch] for i in range(0, len(used), a.batch)]
-
-    import dynet_config
-    dynet_config.set(mem=a.mem, autobatch=a.autobatch, random_seed=1)
-    import dynet as dy
+    trees, vocab, path = load_sst(a.data)
+    _, batches = in_batches(trees, a.trees, a.batch, "trees")
+    dy = start_dynet(a)
 
     h = a.hidden
     m = dy.ParameterCollection()
@@ -108,8 +34,7 @@ def main():
     b = m.add_parameters(5 * h)
     V = m.add_parameters((5, h))
     v = m.add_parameters(5)
-    trainer = dy.AdagradTrainer(m, 0.05)
-    trainer.set_clip_threshold(0)  # DyNet clips at 5 by default: a norm pass the LibTorch side does not make
+    trainer = adagrad(dy, m)
 
     def node(t, losses):
         if len(t) == 2:
@@ -131,21 +56,13 @@ def main():
         losses = []
         for t in batch:
             node(t, losses)
-        loss = dy.esum(losses) * (1.0 / len(batch))
-        loss.forward()
-        loss.backward()
-        trainer.update()
+        step_on(dy, trainer, losses, len(batch))
 
     def infer_step(batch):
         dy.renew_cg()
         dy.forward([dy.affine_transform([v, V, node(t, None)[0]]) for t in batch])
 
-    system = "dynet:autobatch" if a.autobatch else "dynet:unbatched"
-    for mode in a.modes.split(","):
-        tps, runs = sentences_per_sec(batches, train_step if mode == "train" else infer_step, a.repeat)
-        report({"workload": "treelstm", "system": system, "mode": mode, "device": "cpu", "hidden": h,
-                "batch": a.batch, "trees": len(used), "threads": 1, "repeat": a.repeat, "trees_per_sec": tps,
-                "runs": runs, "dynet_version": "dyNET38 2.2", "data": path}, a.json, "trees")
+    run_modes(a, "treelstm", {"train": train_step, "infer": infer_step}, batches, path, "trees")
 
 
 if __name__ == "__main__":
