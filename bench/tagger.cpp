@@ -23,9 +23,6 @@ using data::Sentence;
 using models::HandTagger;
 using models::Tagger;
 
-}  // namespace
-
-namespace {
 // Every sentence of the corpus: the vocabulary (and so which words are rare)
 // comes from all of them, the timed passes use the first --trees.
 std::vector<data::TaggedSentence> all_sentences(const Options& o) {
@@ -33,6 +30,7 @@ std::vector<data::TaggedSentence> all_sentences(const Options& o) {
   const std::filesystem::path p(o.data);
   return data::read_tagged(std::filesystem::is_directory(p) ? (p / "train.txt").string() : o.data);
 }
+
 }  // namespace
 
 TaggingCorpus load_tagging_corpus(const Options& o) {

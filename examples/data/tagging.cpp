@@ -77,22 +77,19 @@ void write_tagged(const std::string& path, const std::vector<TaggedSentence>& se
     }
   }
   const std::string tmp = path + ".tmp";
+  auto cannot_write = [&] {
+    std::remove(tmp.c_str());
+    return UserError("write_tagged: cannot write " + path);
+  };
   {
     std::ofstream out(tmp);
-    if (!out) throw UserError("write_tagged: cannot write " + path);
     for (const TaggedSentence& s : sentences) {
       for (size_t t = 0; t < s.words.size(); ++t) out << (t ? " " : "") << s.words[t] << '|' << s.tags[t];
       out << '\n';
     }
-    if (!out.flush()) {
-      std::remove(tmp.c_str());
-      throw UserError("write_tagged: cannot write " + path);
-    }
+    if (!out.flush()) throw cannot_write();
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw UserError("write_tagged: cannot write " + path);
-  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw cannot_write();
 }
 
 std::vector<TaggedSentence> parse_conll(std::string_view text, ConllColumns c, std::string_view source) {

@@ -77,13 +77,28 @@ TEST_CASE("fused kernels read gathered rows in place: values and gradients as on
       check_batched(9, [&](Graph& g, int i) { return chain_then_gates(g, i, W, b); }, {.params = {W, b}}));
 }
 
+// W's gradient from a full backward of the loss `forward` computes (in the
+// graph it is given) is the same whether or not a partial backward, for
+// `partial` only, ran before it on the same graph.
+void check_w_grad_after_partial(at::Tensor W, const at::Tensor& partial, const std::function<Expr(Graph&)>& forward) {
+  auto run = [&](bool partial_first) {
+    Graph g;
+    const Expr loss = forward(g);
+    if (partial_first) torch::autograd::grad({loss.value()}, {partial}, {}, /*retain_graph=*/true);
+    W.mutable_grad() = at::Tensor();
+    loss.value().backward();
+    return W.grad().clone();
+  };
+  const at::Tensor once = run(false), after_partial = run(true);
+  CHECK(at::allclose(once, after_partial, 1e-5, 1e-6));
+}
+
 TEST_CASE("a partial backward leaves the rows read in place alone: a later full backward is exact", "[backend][fusion]") {
   // torch::autograd::grad for v only runs the fused backward (v is its input)
   // but not the sources' gradient hubs: nothing may be left in them for the
   // full backward after.
   at::Tensor W = param({4, 4}, 3), b = param({4}, 4), v = param({2}, 5);
-  auto run = [&](bool partial_first) {
-    Graph g;
+  check_w_grad_after_partial(W, v, [&](Graph& g) {
     std::vector<Expr> ys;
     for (int i = 0; i < 9; ++i) {
       auto s = g.example(i);
@@ -95,13 +110,8 @@ TEST_CASE("a partial backward leaves the rows read in place alone: a later full 
     Expr loss = dsl::sum(ys);
     g.forward(loss);
     CHECK(g.stats().in_place_inputs > 0);
-    if (partial_first) torch::autograd::grad({loss.value()}, {v}, {}, /*retain_graph=*/true);
-    at::Tensor(W).mutable_grad() = at::Tensor();
-    loss.value().backward();
-    return W.grad().clone();
-  };
-  const at::Tensor once = run(false), after_partial = run(true);
-  CHECK(at::allclose(once, after_partial, 1e-5, 1e-6));
+    return loss;
+  });
 }
 
 TEST_CASE("a value a fused kernel kept inside, read later, from rows it read in place", "[backend][fusion]") {
@@ -190,8 +200,7 @@ TEST_CASE("a partial backward through a product's per-example bias leaves its we
   // grad() for r runs each product's node (r feeds the bias) but not the
   // weight's node: nothing may be left for the full backward after.
   at::Tensor W = param({5, 5}, 25), r = param({5}, 26);
-  auto run = [&](bool partial_first) {
-    Graph g;
+  check_w_grad_after_partial(W, r, [&](Graph& g) {
     std::vector<Expr> ys;
     for (int i = 0; i < 4; ++i) {
       auto s = g.example(i);
@@ -200,13 +209,8 @@ TEST_CASE("a partial backward through a product's per-example bias leaves its we
     }
     Expr loss = dsl::sum(ys);
     g.forward(loss);
-    if (partial_first) torch::autograd::grad({loss.value()}, {r}, {}, /*retain_graph=*/true);
-    at::Tensor(W).mutable_grad() = at::Tensor();
-    loss.value().backward();
-    return W.grad().clone();
-  };
-  const at::Tensor once = run(false), after_partial = run(true);
-  CHECK(at::allclose(once, after_partial, 1e-5, 1e-6));
+    return loss;
+  });
 }
 
 TEST_CASE("a weight updated in place between rounds of one graph: later rounds read the new values", "[backend]") {
