@@ -2,6 +2,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <c10/core/InferenceMode.h>
+#include <c10/core/GradMode.h>
 
 #include <sheaf/ops/weight_grad.h>
 
@@ -160,7 +161,7 @@ TEST_CASE("TransposedWeights: W^T from a weight's second use, a fresh one after 
   CHECK(wt->is_contiguous());
   CHECK(at::equal(*wt, W.detach().t()));
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     W.add_(1.0);
   }
   CHECK(cache.get(W) == nullptr);  // the version moved: not the stale copy
@@ -225,7 +226,7 @@ TEST_CASE("a weight updated in place between rounds of one graph: later rounds r
   }
   g.forward(first);
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     W.mul_(-0.5);
   }
   for (int i = 0; i < 4; ++i) {
@@ -233,7 +234,7 @@ TEST_CASE("a weight updated in place between rounds of one graph: later rounds r
     second.push_back(apply(xs[static_cast<size_t>(i)]));
   }
   g.forward(second);
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (int i = 0; i < 4; ++i) {
     const at::Tensor x = data({5}, i);
     const at::Tensor expected = at::addmv(b, W, at::addmv(b, W, x));
