@@ -30,7 +30,7 @@ bool Executor::pick_rows(const Plan& plan, uint32_t reads_begin, uint32_t reads_
   const size_t first = picks_.size();
   for (uint32_t q = reads_begin; q < reads_end; ++q) {
     const Read& rd = plan.reads[q];
-    if (rd.start == kWholeRow) return false;
+    if (rd.start == kWholeRow || rd.flatten) return false;
     const at::Tensor& src = lazy_.get(s_, rd.batch);
     if (!RowGathers::readable(src)) return false;
     const auto found = std::find(row_batches_.begin(), row_batches_.end(), rd.batch);
@@ -70,7 +70,8 @@ at::Tensor Executor::copy_rows(const Plan& plan, uint32_t reads_begin, uint32_t 
 // writes the output from wherever the arguments live, instead of a gather per
 // argument and a cat. Undefined when that does not apply.
 at::Tensor Executor::concat_rows(const Plan& plan, const PlannedBatch& b) {
-  if (!config_.device.is_cpu() || b.op != code_of<op::Concat> || b.stacked || b.shared || b.program) return {};
+  if (!config_.device.is_cpu() || b.op != code_of<op::Concat> || b.stacked || b.shared || b.program || b.rows > 0)
+    return {};
   const NodeId first = plan.nodes[b.nodes_begin];
   const Shape& shape = s_.shape_of(first);
   const int axis = shape.axis(static_cast<int>(s_.attrs_of(first)[0]));
@@ -89,7 +90,8 @@ at::Tensor Executor::side_by_side(const Plan& plan, const PlannedBatch& b, std::
   clear_picks();
   for (uint32_t k : args) {
     const BatchArg& arg = plan.args[b.args_begin + k];
-    if (arg.kind == BatchArg::kShared || !pick_rows(plan, arg.reads_begin, arg.reads_end, arg.perm)) return {};
+    if (arg.kind == BatchArg::kShared || arg.unpack != kNone32 || !pick_rows(plan, arg.reads_begin, arg.reads_end, arg.perm))
+      return {};
   }
   at::Tensor out = row_gathers_.gather(row_sources_, row_batches_, picks_, args.size(), batched_sizes(b.n, shape));
   ++counters_.gather_launches;
@@ -100,6 +102,16 @@ at::Tensor Executor::side_by_side(const Plan& plan, const PlannedBatch& b, std::
 
 at::Tensor Executor::read(const Plan& plan, uint32_t r) {
   const Read& rd = plan.reads[r];
+  if (rd.flatten) {  // rows of rows (a packed batch's input; a shared value's rows in a list)
+    const at::Tensor& src = lazy_.get(s_, rd.batch);
+    if (rd.start == kWholeRow) return src;
+    const at::Tensor rows = src.flatten(0, 1);
+    if (rd.index >= 0) {
+      ++counters_.gather_launches;
+      return rows.index_select(0, index_.narrow(0, rd.index, rd.len));
+    }
+    return rows.narrow(0, rd.start, rd.len);
+  }
   const at::Tensor& src = lazy_.get(s_, rd.batch);
   if (rd.start == kWholeRow) return src.unsqueeze(0);  // a shared value inside a shared computation
   if (rd.split >= 0) return split_pieces(plan, rd.split)[rd.slot];
@@ -128,6 +140,13 @@ at::Tensor Executor::read(const Plan& plan, uint32_t r) {
 }
 
 at::Tensor Executor::input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg) {
+  at::Tensor x = rows_input(plan, b, arg);
+  if (arg.unpack == kNone32) return x;
+  // Rows of packed values, for a batch that takes whole values.
+  return x.reshape(batched_sizes(-1, s_.shapes[arg.unpack]));
+}
+
+at::Tensor Executor::rows_input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg) {
   switch (arg.kind) {
     case BatchArg::kShared: {
       const at::Tensor& t = lazy_.get(s_, plan.reads[arg.reads_begin].batch);
@@ -231,13 +250,19 @@ void Executor::run(const Plan& plan) {
 LaunchArgs Executor::launch_args(const Plan& plan, const PlannedBatch& b) {
   const NodeId first = plan.nodes[b.nodes_begin];
   LaunchArgs a;
-  a.n = b.n;
+  a.n = b.rows > 0 ? b.rows : b.n;
   a.arity = s_.args_of(first).size();
   a.stacked = b.stacked;
   a.inputs = inputs_;
   a.shared = shared_;
   a.attrs = s_.attrs_of(first);
   a.out_shape = &s_.shape_of(first);
+  if (b.rows > 0) {  // packed: the op sees rows, each of the shape less its first axis
+    a.packed = true;
+    row_shape_ = Shape{};
+    for (int d = 1; d < a.out_shape->rank(); ++d) row_shape_.push((*a.out_shape)[d]);
+    a.out_shape = &row_shape_;
+  }
   a.payload_host = std::span(plan.indices.data() + b.payload, b.n);
   a.index = &index_;
   a.payload_off = b.payload;
@@ -330,7 +355,7 @@ void Executor::launch_call(const Plan& plan, const PlannedBatch& b) {
 // their gradients into the sources' hubs): the gather's copy, its tensor and
 // its autograd node are not made. Null where that does not apply.
 std::shared_ptr<const InPlaceRows> Executor::in_place(const Plan& plan, const BatchArg& arg) {
-  if (!config_.device.is_cpu()) return nullptr;
+  if (!config_.device.is_cpu() || arg.unpack != kNone32) return nullptr;
   const Read& first = plan.reads[arg.reads_begin];
   const bool gathered = arg.kind == BatchArg::kGather ||
                         (arg.kind == BatchArg::kView && first.split < 0 && (first.group >= 0 || first.index >= 0));
@@ -355,10 +380,11 @@ void Executor::fused_inputs(const Plan& plan, const PlannedBatch& b) {
 // One kernel for n regions: member k's values are batch out + k.
 void Executor::launch_fused(const Plan& plan, const PlannedBatch& b) {
   const std::span<const uint8_t> keep(plan.keep.data() + b.keep_begin, b.outputs);
-  std::vector<at::Tensor> values = run_fused(b.program, fused_in_, b.n, keep);
+  const int64_t rows = b.rows > 0 ? b.rows : b.n;  // packed: the program runs over rows
+  std::vector<at::Tensor> values = run_fused(b.program, fused_in_, rows, keep);
   for (uint8_t k : keep)
     if (!k) {  // some members stay in the kernel: keep what recomputes them
-      lazy_.add(b.out, b.program, fused_in_, b.n);
+      lazy_.add(b.out, b.program, fused_in_, rows);
       break;
     }
   lap_op("fused");
@@ -371,9 +397,11 @@ void Executor::launch_fused(const Plan& plan, const PlannedBatch& b) {
 // A descriptor that returns the wrong shape is our bug, not the user's.
 void Executor::check_output(NodeId node, const PlannedBatch& b, const at::Tensor& out) const {
   const Shape& shape = s_.shape_of(node);
-  bool ok = out.dim() == shape.rank() + 1 && out.size(0) == b.n;
-  for (int d = 0; ok && d < shape.rank(); ++d) ok = out.size(d + 1) == shape[d];
-  SHEAF_ASSERT(ok, "op ", op_info(b.op).name, " returned ", out.sizes(), " for ", b.n, " x ", shape.str());
+  const int skip = b.rows > 0 ? 1 : 0;  // packed: [rows, shape less its first axis]
+  bool ok = out.dim() == shape.rank() + 1 - skip && out.size(0) == (skip ? b.rows : b.n);
+  for (int d = skip; ok && d < shape.rank(); ++d) ok = out.size(d + 1 - skip) == shape[d];
+  SHEAF_ASSERT(ok, "op ", op_info(b.op).name, " returned ", out.sizes(), " for ", b.n, " x ", shape.str(),
+               skip ? " packed" : "");
 }
 
 void Executor::rethrow(const Plan& plan, const PlannedBatch& b, const std::exception& e) const {

@@ -50,6 +50,7 @@ class Executor {
   std::shared_ptr<const InPlaceRows> in_place(const Plan& plan, const BatchArg& arg);
   LaunchArgs launch_args(const Plan& plan, const PlannedBatch& b);
   at::Tensor input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg);
+  at::Tensor rows_input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg);
   at::Tensor read(const Plan& plan, uint32_t r);
   bool pick_rows(const Plan& plan, uint32_t reads_begin, uint32_t reads_end, int64_t perm);
   void clear_picks();
@@ -70,6 +71,7 @@ class Executor {
   ExecCounters& counters_;
   at::TensorOptions float_opts_;
   at::Tensor index_;  // plan.indices on the device
+  Shape row_shape_;   // a packed batch's out_shape (launch_args)
   WeightGradBatcher weight_grads_;  // one product per shared weight for the round's gradients
   std::vector<std::vector<at::Tensor>> groups_;  // outputs of each read group, made at first use
   RowGathers row_gathers_;                       // CPU gathers, one gradient per source for the round

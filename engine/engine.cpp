@@ -231,6 +231,7 @@ at::Tensor Engine::value(NodeId n, Loc loc) {
                   format_loc(s.loc[n]), "); call forward() after recording it");
   const at::Tensor& t = lazy_.get(s, s.value_batch[r]);
   const uint32_t row = s.value_row[r];
+  if (s.has(r, NodeStore::kPacked)) return t.narrow(0, row, s.shape_of(r)[0]);  // its rows of a packed batch
   return row == kWholeRow ? t : t.select(0, row);
 }
 
@@ -499,7 +500,9 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
       }
       const Shape shape = s.shape_of(r);
       const uint32_t row = s.value_row[r];
-      host[i] = HostValue{fetched_[slot].data_ptr<float>() + (row == kWholeRow ? 0 : row * shape.numel()), shape,
+      // A packed value starts at row `row` of rows of its shape less the first axis.
+      const int64_t per_row = s.has(r, NodeStore::kPacked) ? shape.numel() / std::max<int64_t>(shape[0], 1) : shape.numel();
+      host[i] = HostValue{fetched_[slot].data_ptr<float>() + (row == kWholeRow ? 0 : row * per_row), shape,
                           trace_.site_of(nodes[i])};
     }
     return host;
@@ -515,7 +518,11 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
     size_t j = k;
     for (; j < by_batch.size() && by_batch[j].first == b; ++j) {
       const NodeId r = s.resolve(nodes[by_batch[j].second]);
-      rows.push_back(s.value_row[r] == kWholeRow ? -1 : s.value_row[r]);
+      if (s.has(r, NodeStore::kPacked)) {  // its rows of a packed batch
+        for (int64_t q = 0; q < s.shape_of(r)[0]; ++q) rows.push_back(s.value_row[r] + q);
+      } else {
+        rows.push_back(s.value_row[r] == kWholeRow ? -1 : s.value_row[r]);
+      }
       order.push_back(by_batch[j].second);
     }
     const at::Tensor& t = lazy_.get(s, b);

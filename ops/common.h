@@ -66,7 +66,7 @@ concept PointwiseOp = requires(float x) {
 // The descriptor of an elementwise unary op is its name and one LibTorch function.
 template <at::Tensor (*F)(const at::Tensor&)>
 struct Unary {
-  static constexpr OpTraits traits{.arity = 1};
+  static constexpr OpTraits traits{.arity = 1, .rowwise = true};
   static Shape infer(const InferCtx& c) { return infer_same(c); }
   static at::Tensor run(RunCtx& c) { return F(c.in(0)); }
 };

@@ -36,7 +36,7 @@ namespace sheaf::op {
 
 template <at::Tensor (*F)(const at::Tensor&, const at::Tensor&)>
 struct Binary {
-  static constexpr OpTraits traits{.arity = 2};
+  static constexpr OpTraits traits{.arity = 2, .rowwise = true};
   static Shape infer(const InferCtx& c) { return infer_elementwise(c); }
   static at::Tensor run(RunCtx& c) {
     int rank = c.out_shape().rank();
@@ -130,7 +130,7 @@ struct Greater : Binary<gt2> {
 // not share a launch).
 template <at::Tensor (*F)(const at::Tensor&, const at::Scalar&)>
 struct WithScalar {
-  static constexpr OpTraits traits{.arity = 1};
+  static constexpr OpTraits traits{.arity = 1, .rowwise = true};
   static Shape infer(const InferCtx& c) { return infer_same(c); }
   static at::Tensor run(RunCtx& c) { return F(c.in(0), scalar_attr(c)); }
 };

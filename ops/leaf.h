@@ -1,6 +1,7 @@
 // Leaves: values that enter the graph from the user.
 #pragma once
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/index_select.h>
@@ -81,7 +82,7 @@ struct Lookup {
 // [ids, ...]: one embedding (or index_select) for the whole batch's ids.
 struct LookupList {
   static constexpr std::string_view name = "lookup";
-  static constexpr OpTraits traits{.arity = 1, .source = true};
+  static constexpr OpTraits traits{.arity = 1, .source = true, .rowwise = true, .weights = 1, .length_attr = 1};
   static Shape infer(const InferCtx& c) {
     const Shape& t = check_table(c);
     Shape s;
@@ -93,10 +94,11 @@ struct LookupList {
     std::vector<at::Tensor> rows;
     rows.reserve(static_cast<size_t>(c.n()));
     for (int64_t slot : c.payload_host()) rows.push_back(c.user_tensor(slot));
-    const at::Tensor ids = at::stack(rows).to(c.in(0).device());  // [n, count]
+    // [n, count], or packed (lists of different lengths) all ids end to end.
+    const at::Tensor ids = (c.packed() ? at::cat(rows) : at::stack(rows)).to(c.in(0).device());
     if (c.in(0).dim() == 2)
       return at::embedding(c.in(0), ids, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false, /*sparse=*/c.attr(0) != 0);
-    std::vector<int64_t> sizes{ids.size(0), ids.size(1)};
+    std::vector<int64_t> sizes(ids.sizes().begin(), ids.sizes().end());
     for (int64_t d = 1; d < c.in(0).dim(); ++d) sizes.push_back(c.in(0).size(d));
     return c.in(0).index_select(0, ids.reshape({-1})).view(sizes);
   }

@@ -36,7 +36,7 @@ inline at::Tensor shared_linear(RunCtx& c, const at::Tensor& x, const at::Tensor
 // W x + b. W: [m, k] (shared or per example); x: [k] or [t, k]; b: [m].
 struct Affine {
   static constexpr std::string_view name = "affine";
-  static constexpr OpTraits traits{.arity = 3};
+  static constexpr OpTraits traits{.arity = 3, .rowwise = true, .weights = 1};
   static Shape infer(const InferCtx& c) {
     const Shape& w = c.shape(0);
     const Shape& x = c.shape(1);

@@ -45,6 +45,18 @@ struct OpTraits {
   // them over stacked: in(0) = [n * arity, S...], node-major (RunCtx::stacked()).
   // One gather then replaces one per argument (concat of children in a tree).
   bool stackable = false;
+  // Row by row: on per-example values [L, S...] the op computes each of the L
+  // rows alone, so nodes whose lengths L differ share one launch over their
+  // rows packed end to end ([sum of L, S...]; RunCtx::n() is then the number of
+  // rows and out_shape() the shape of one row). The planner packs a node when
+  // its result has rank >= 2, each per-example argument has the result's rank
+  // and length, and each shared argument has a lower rank (it broadcasts over
+  // the rows) or is one of `weights`. run() must then be correct for any
+  // n and for rows of out_shape().
+  bool rowwise = false;
+  uint8_t weights = 0;  // bit i: argument i is a weight, applied to each row (affine's W)
+  int8_t axis_attr = -1;    // >= 0: row by row only when this attribute (an axis) is not 0
+  int8_t length_attr = -1;  // >= 0: this attribute is the length (left out of the signature when packed)
 };
 
 class InferCtx {
@@ -88,6 +100,7 @@ struct LaunchArgs {
   std::span<const uint8_t> shared;
   std::span<const int64_t> attrs;
   const Shape* out_shape = nullptr;
+  bool packed = false;  // OpTraits::rowwise: n rows of out_shape, the nodes' values end to end
   std::span<const int64_t> payload_host;
   const at::Tensor* index = nullptr;  // the round's indices on the device
   int64_t payload_off = 0, segments_off = 0, segments_len = 0;
@@ -104,6 +117,12 @@ class RunCtx {
  public:
   explicit RunCtx(const LaunchArgs& a) : a_(a) {}
   int64_t n() const { return a_.n; }
+  // A packed batch (OpTraits::rowwise): in(i) and the result are [rows, ...]
+  // of the values' rows end to end; n() rows, out_shape() one row's shape.
+  bool packed() const { return a_.packed; }
+  // The batched tensor's axis for per-example axis `axis` (an attribute,
+  // normalised when recorded or negative): axis + 1, or packed, the axis itself.
+  int64_t tensor_axis(int64_t axis) const;
   size_t arity() const { return a_.arity; }
   // The arguments arrive stacked in in(0) (see OpTraits::stackable).
   bool stacked() const { return a_.stacked; }

@@ -93,7 +93,7 @@ struct Dot {
 // (LibTorch's layer_norm); attr 0: epsilon (a double, attr_of).
 struct LayerNorm {
   static constexpr std::string_view name = "layer_norm";
-  static constexpr OpTraits traits{.arity = 3};
+  static constexpr OpTraits traits{.arity = 3, .rowwise = true};
   static Shape infer(const InferCtx& c) {
     const Shape& s = c.shape(0);
     if (s.rank() < 1) c.fail("needs a value of rank >= 1, got a scalar");
@@ -165,14 +165,14 @@ inline Shape infer_vector_like(const InferCtx& c) {
 
 struct Softmax {
   static constexpr std::string_view name = "softmax";
-  static constexpr OpTraits traits{.arity = 1};
+  static constexpr OpTraits traits{.arity = 1, .rowwise = true};
   static Shape infer(const InferCtx& c) { return infer_vector_like(c); }
   static at::Tensor run(RunCtx& c) { return at::softmax(c.in(0), -1); }
 };
 
 struct LogSoftmax {
   static constexpr std::string_view name = "log_softmax";
-  static constexpr OpTraits traits{.arity = 1};
+  static constexpr OpTraits traits{.arity = 1, .rowwise = true};
   static Shape infer(const InferCtx& c) { return infer_vector_like(c); }
   static at::Tensor run(RunCtx& c) { return at::log_softmax(c.in(0), -1); }
 };

@@ -19,7 +19,7 @@ inline int normalise_axis(const Shape& s, int64_t axis) { return s.axis(static_c
 
 struct Concat {
   static constexpr std::string_view name = "concat";
-  static constexpr OpTraits traits{.arity = OpTraits::kVariadic, .stackable = true};
+  static constexpr OpTraits traits{.arity = OpTraits::kVariadic, .stackable = true, .rowwise = true, .axis_attr = 0};
   static Shape infer(const InferCtx& c) {
     if (c.arity() == 0) c.fail("needs at least one argument");
     Shape out = c.shape(0);
@@ -50,14 +50,14 @@ struct Concat {
     std::vector<at::Tensor> xs;
     xs.reserve(c.arity());
     for (size_t i = 0; i < c.arity(); ++i) xs.push_back(c.batched(i));
-    return at::cat(xs, axis + 1);
+    return at::cat(xs, c.packed() ? c.tensor_axis(c.attr(0)) : axis + 1);
   }
 };
 
 // attrs: axis, begin, end.
 struct Slice {
   static constexpr std::string_view name = "slice";
-  static constexpr OpTraits traits{.arity = 1};
+  static constexpr OpTraits traits{.arity = 1, .rowwise = true, .axis_attr = 0};
   static Shape infer(const InferCtx& c) {
     Shape s = c.shape(0);
     const int axis = s.axis(static_cast<int>(c.attr(0)));
@@ -69,7 +69,7 @@ struct Slice {
     return s;
   }
   static at::Tensor run(RunCtx& c) {
-    return c.in(0).narrow(normalise_axis(c.out_shape(), c.attr(0)) + 1, c.attr(1), c.attr(2) - c.attr(1));
+    return c.in(0).narrow(c.tensor_axis(c.attr(0)), c.attr(1), c.attr(2) - c.attr(1));
   }
 };
 

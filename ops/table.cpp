@@ -101,6 +101,12 @@ at::Tensor RunCtx::batched(size_t i) const {
   return x.unsqueeze(0).expand(sizes);
 }
 
+int64_t RunCtx::tensor_axis(int64_t axis) const {
+  const int rank = out_shape().rank() + (packed() ? 1 : 0);  // the per-example rank
+  if (axis < 0) axis += rank;
+  return packed() ? axis : axis + 1;
+}
+
 at::Tensor RunCtx::aligned(size_t i, int rank) const {
   const at::Tensor& x = a_.inputs[i];
   if (shared(i)) return x;  // right-aligned broadcasting already does the job

@@ -149,7 +149,17 @@ std::shared_ptr<const FusedProgram> Fuser::program_for(NodeStore& s, const Round
   // The batching key: the members' signatures (which name the shared inputs)
   // and how they read each other. Signature ids are this graph's own, and
   // restart at clear(): they key the round's batches, never the program cache.
-  key_.assign({kPatternTag, s.shapes[s.shape[members(region)[0]]].numel(), static_cast<int64_t>(region.members_len),
+  bool packed = true;
+  for (NodeId n : members(region)) packed = packed && s.has(n, NodeStore::kRowwise);
+  regions_[k].packed = packed;
+  // Packed, the program runs over rows: one row's shape (negated numel in the key).
+  Shape shape = s.shapes[s.shape[members(region)[0]]];
+  if (packed) {
+    Shape row;
+    for (int d = 1; d < shape.rank(); ++d) row.push(shape[d]);
+    shape = row;
+  }
+  key_.assign({kPatternTag, packed ? -shape.numel() : shape.numel(), static_cast<int64_t>(region.members_len),
                static_cast<int64_t>(region.inputs_len)});
   for (NodeId n : members(region)) {
     key_.push_back(s.sig[n]);
@@ -167,7 +177,6 @@ std::shared_ptr<const FusedProgram> Fuser::program_for(NodeStore& s, const Round
   // The program, keyed by what it computes (instructions, the shape, the
   // inputs' sizes and sharing): the same key means the same program in any
   // graph, before or after a clear.
-  const Shape& shape = s.shapes[s.shape[members(region)[0]]];
   code_.clear();
   for (NodeId n : members(region)) {
     FusedInstr in;
@@ -190,7 +199,7 @@ std::shared_ptr<const FusedProgram> Fuser::program_for(NodeStore& s, const Round
   program_key_.insert(program_key_.end(), shape.dims().begin(), shape.dims().end());
   program_key_.push_back(region.inputs_len);
   for (NodeId in : ins) {
-    program_key_.push_back(s.shape_of(in).numel());
+    program_key_.push_back(input_numel(s, region, in));
     program_key_.push_back(s.has(in, NodeStore::kShared));
   }
   for (const FusedInstr& in : code_)
@@ -220,12 +229,21 @@ std::shared_ptr<const FusedProgram> Fuser::build_program(const NodeStore& s, con
   p->hash = hash;
   p->key = program_key_;
   for (NodeId in : inputs(region)) {
-    p->input_numel.push_back(s.shape_of(in).numel());
+    p->input_numel.push_back(input_numel(s, region, in));
     p->input_shared.push_back(s.has(in, NodeStore::kShared));
   }
   p->code = code_;
   p->read_later.assign(p->code.size(), 0);
   return p;
+}
+
+// Elements of input `in` per row of the program: its value's, or in a packed
+// region one row's of a per-example value (a shared one is a scalar there:
+// OpTraits::rowwise).
+int64_t Fuser::input_numel(const NodeStore& s, const Region& region, NodeId in) const {
+  const Shape& shape = s.shape_of(in);
+  if (!region.packed || s.has(in, NodeStore::kShared) || shape.rank() == 0 || shape[0] == 0) return shape.numel();
+  return shape.numel() / shape[0];
 }
 
 // Each region becomes one entry of the round, placed where its last member

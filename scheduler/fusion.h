@@ -64,6 +64,10 @@ struct Region {
   uint32_t members_begin = 0, members_len = 0;
   uint32_t inputs_begin = 0, inputs_len = 0;
   std::shared_ptr<const FusedProgram> program;
+  // Every member computes row by row (NodeStore::kRowwise): regions of any
+  // length share a pattern, and the program runs over rows (its shape is one
+  // row's); a batch of them is packed (scheduler/plan.h).
+  bool packed = false;
 };
 
 class Fuser {
@@ -93,6 +97,7 @@ class Fuser {
   std::shared_ptr<const FusedProgram> program_for(NodeStore& s, const RoundDag& dag, uint32_t region, SigId& sig);
   std::shared_ptr<const FusedProgram> build_program(const NodeStore& s, const Region& region, const Shape& shape,
                                                     uint64_t hash);
+  int64_t input_numel(const NodeStore& s, const Region& region, NodeId in) const;
   void contract(RoundDag& dag);
   void contract_kahn(RoundDag& dag);
   void swap_in(RoundDag& dag);

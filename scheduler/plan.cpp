@@ -16,6 +16,7 @@ namespace {
 // Where a value lives: a row of a batch output (kWholeRow: the whole tensor).
 struct RowRef {
   uint32_t batch, row;
+  bool flatten = false;  // a row of a row: Read::flatten
 };
 
 // A row's place in its batch: rows sort by (first, then, id); see order_rows.
@@ -64,8 +65,9 @@ void sort_rows(std::vector<RowKey>& v, std::vector<RowKey>& tmp) {
 // A slice batch reading a whole batch in place: (source, axis) is its key.
 struct SliceRead {
   uint32_t source;
-  int64_t axis, begin, end;
+  int64_t axis, begin, end;  // axis: the source tensor's
   uint32_t batch;
+  int own_axis;  // the per-example axis
   auto key() const { return std::tuple(source, axis, begin, batch); }
 };
 
@@ -79,7 +81,9 @@ struct PlanScratch {
   std::vector<uint32_t> height;    // local entry -> longest path to what nothing in the round reads
   std::vector<uint32_t> reader;     // local entry -> its first reader (order_rows)
   std::vector<RowRef> sources;
+  std::vector<NodeId> src_nodes;  // the values an input is made of, before fill_sources
   std::vector<uint32_t> srcs, rows_of_src;
+  std::vector<uint8_t> src_flat;
   std::vector<int64_t> pos;
   std::vector<std::pair<uint32_t, uint32_t>> partial;
   std::vector<SliceRead> slices;
@@ -174,6 +178,7 @@ class Planner {
     b.shared = false;
     b.out = base_ + static_cast<uint32_t>(rows_.size());
     b.n = static_cast<uint32_t>(locals.size());
+    const bool packed = first.packed;
     order_.clear();
     for (uint32_t l : locals) {
       const Region& r = fuser_->region(dag.region[l]);
@@ -193,16 +198,21 @@ class Planner {
     NodeId* const at = p_.nodes.data() + b.nodes_begin;
     // Region by region: a region's members are neighbours in the store, so
     // their (batch, row) writes share cache lines (member-major order did not).
+    // Packed, region i's rows follow region i-1's.
+    uint32_t row = 0;
     for (uint32_t i = 0; i < b.n; ++i) {
       const std::span<const NodeId> members = fuser_->members(fuser_->region(order_[i].id));
       for (uint32_t k = 0; k < b.outputs; ++k) {
         const NodeId node = members[k];
         at[size_t{k} * b.n + i] = node;
         s_.value_batch[node] = b.out + k;
-        s_.value_row[node] = i;
+        s_.value_row[node] = packed ? row : i;
+        if (packed) s_.flags[node] |= NodeStore::kPacked;
       }
+      row += packed ? static_cast<uint32_t>(s_.shape_of(members[0])[0]) : 1;
     }
-    rows_.insert(rows_.end(), b.outputs, b.n);
+    b.rows = packed ? row : 0;
+    rows_.insert(rows_.end(), b.outputs, row);
     // A member's value leaves the kernel if any region of the batch needs it
     // outside, or if a later round read it in an earlier batch of this pattern.
     b.keep_begin = static_cast<uint32_t>(p_.keep.size());
@@ -222,8 +232,9 @@ class Planner {
         p_.args.push_back(BatchArg{BatchArg::kShared, r, r + 1});
         continue;
       }
-      sources_.clear();
-      for (uint32_t i = 0; i < b.n; ++i) sources_.push_back(row_of(fuser_->inputs(fuser_->region(order_[i].id))[e]));
+      src_nodes_.clear();
+      for (uint32_t i = 0; i < b.n; ++i) src_nodes_.push_back(fuser_->inputs(fuser_->region(order_[i].id))[e]);
+      fill_sources(packed);
       add_input(in0);
     }
     b.payload = static_cast<int64_t>(p_.indices.size());
@@ -239,11 +250,15 @@ class Planner {
       if (b.op != code_of<op::Slice> || b.shared || b.program != nullptr) continue;
       const BatchArg& arg = p_.args[b.args_begin];
       const Read& r = p_.reads[arg.reads_begin];
-      if (arg.kind != BatchArg::kView || r.index >= 0 || r.start != 0 || r.len != rows(r.batch)) continue;
+      if (arg.kind != BatchArg::kView || arg.unpack != kNone32 || r.flatten || r.index >= 0 || r.start != 0 ||
+          r.len != rows(r.batch))
+        continue;
       const NodeId node = p_.nodes[b.nodes_begin];
       auto attrs = s_.attrs_of(node);
       const int axis = s_.shape_of(node).axis(static_cast<int>(attrs[0]));  // a slice keeps the rank
-      slices_.push_back(SliceRead{r.batch, axis + 1, attrs[1], attrs[2], k});
+      // The source's axis: per-example axis + 1, or the axis itself where both
+      // are packed (rows end to end: the first per-example axis is the rows').
+      slices_.push_back(SliceRead{r.batch, b.rows > 0 ? axis : axis + 1, attrs[1], attrs[2], k, axis});
     }
     // By source and axis, then by where each slice begins (then batch order).
     std::sort(slices_.begin(), slices_.end(), [](const SliceRead& a, const SliceRead& b) { return a.key() < b.key(); });
@@ -256,7 +271,7 @@ class Planner {
       for (size_t q = 1; q < members.size(); ++q) disjoint = disjoint && members[q].begin >= members[q - 1].end;
       if (!disjoint) continue;
       const NodeId some_slice = p_.nodes[p_.batches[members[0].batch].nodes_begin];
-      const int64_t extent = s_.shape_of(s_.resolve(s_.args_of(some_slice)[0]))[static_cast<int>(members[0].axis - 1)];
+      const int64_t extent = s_.shape_of(s_.resolve(s_.args_of(some_slice)[0]))[members[0].own_axis];
       SplitGroup g = open_split(members[0].source, members[0].axis);
       int64_t at = 0;
       for (const SliceRead& m : members) {
@@ -278,7 +293,7 @@ class Planner {
     partial_.clear();
     for (uint32_t r = 0; r < p_.reads.size(); ++r) {
       const Read& rd = p_.reads[r];
-      if (rd.start == kWholeRow) continue;
+      if (rd.start == kWholeRow || rd.flatten) continue;  // (flattened: rows in other units than the batch's)
       if (rd.index < 0 && rd.start == 0 && rd.len == rows(rd.batch)) continue;  // the whole batch, in order
       partial_.emplace_back(rd.batch, r);
     }
@@ -407,15 +422,23 @@ class Planner {
   }
 
   // Row i of the batch is order_[i]: the node's value lives there.
+  // A packed batch (OpTraits::rowwise) puts node i's L rows after node i-1's.
   void place_rows(PlannedBatch& b) {
     b.nodes_begin = static_cast<uint32_t>(p_.nodes.size());
+    const bool packed = !b.shared && s_.has(order_[0].id, NodeStore::kRowwise);
+    uint32_t at = 0;
     for (uint32_t i = 0; i < b.n; ++i) {
       const NodeId node = order_[i].id;
       p_.nodes.push_back(node);
       s_.value_batch[node] = b.out;
-      s_.value_row[node] = b.shared ? kWholeRow : i;
+      s_.value_row[node] = b.shared ? kWholeRow : packed ? at : i;
+      if (packed) {
+        s_.flags[node] |= NodeStore::kPacked;
+        at += static_cast<uint32_t>(s_.shape_of(node)[0]);
+      }
     }
-    rows_.push_back(b.shared ? 0 : b.n);
+    b.rows = at;
+    rows_.push_back(b.shared ? 0 : packed ? at : b.n);
   }
 
   // A batch of function calls with K results: result k of row i is the node
@@ -442,26 +465,28 @@ class Planner {
     b.args_begin = static_cast<uint32_t>(p_.args.size());
     if (traits.segmented) {
       // The lists of all nodes, flattened in row order, are one input.
-      sources_.clear();
+      src_nodes_.clear();
       b.segments = static_cast<int64_t>(p_.indices.size());
       NodeId like = kNoNode;
       for (uint32_t i = 0; i < b.n; ++i)
         for (NodeId a : s_.args_of(nodes[i])) {
-          sources_.push_back(row_of(a));
+          src_nodes_.push_back(a);
           p_.indices.push_back(i);
           like = a;
         }
-      b.total = static_cast<uint32_t>(sources_.size());
+      b.total = static_cast<uint32_t>(src_nodes_.size());
+      fill_sources(false);
       b.counts = static_cast<int64_t>(p_.indices.size());
       for (NodeId node : nodes) p_.indices.push_back(static_cast<int64_t>(s_.args_of(node).size()));
       b.arity = 1;
       add_input(like);
       return;
     }
-    if (stackable(first, traits)) {
-      sources_.clear();
+    if (b.rows == 0 && stackable(first, traits)) {
+      src_nodes_.clear();
       for (NodeId node : nodes)
-        for (NodeId a : s_.args_of(node)) sources_.push_back(row_of(a));
+        for (NodeId a : s_.args_of(node)) src_nodes_.push_back(a);
+      fill_sources(false);
       b.arity = 1;
       b.stacked = true;
       add_input(s_.args_of(first)[0]);
@@ -475,8 +500,9 @@ class Planner {
         p_.args.push_back(BatchArg{BatchArg::kShared, r, r + 1});
         continue;
       }
-      sources_.clear();
-      for (NodeId node : nodes) sources_.push_back(row_of(s_.args_of(node)[k]));
+      src_nodes_.clear();
+      for (NodeId node : nodes) src_nodes_.push_back(s_.args_of(node)[k]);
+      fill_sources(b.rows > 0);
       add_input(a0);
     }
   }
@@ -488,6 +514,35 @@ class Planner {
     for (NodeId a : args)
       if (s_.has(s_.resolve(a), NodeStore::kShared) || s_.shape[a] != s_.shape[args[0]]) return false;
     return true;
+  }
+  // sources_ from the values src_nodes_: a row each, or, where the batch is
+  // packed (`packed`) or a value is (kPacked), each value's rows (its length
+  // L of them): rows of a packed batch in place, rows of a row of another
+  // batch through a flattened read; the batch's input is then unpacked to
+  // [-1, shape...] unless the batch itself is packed.
+  void fill_sources(bool packed) {
+    sources_.clear();
+    unpack_ = kNone32;
+    bool expand = packed;
+    for (NodeId a : src_nodes_) expand = expand || s_.has(s_.resolve(a), NodeStore::kPacked);
+    expanded_ = expand;
+    if (!expand) {
+      for (NodeId a : src_nodes_) sources_.push_back(row_of(a));
+      return;
+    }
+    for (NodeId a : src_nodes_) {
+      const NodeId r = s_.resolve(a);
+      const RowRef at = row_of(r);
+      if (at.row == kWholeRow) {  // a shared value in a list: all its rows
+        sources_.push_back(RowRef{at.batch, kWholeRow, true});
+        continue;
+      }
+      const auto len = static_cast<uint32_t>(s_.shape_of(r)[0]);
+      const bool in_place = s_.has(r, NodeStore::kPacked);
+      const uint32_t first = in_place ? at.row : at.row * len;
+      for (uint32_t j = 0; j < len; ++j) sources_.push_back(RowRef{at.batch, first + j, !in_place});
+    }
+    if (!packed && !src_nodes_.empty()) unpack_ = s_.shape[s_.resolve(src_nodes_[0])];
   }
   RowRef row_of(NodeId a) const {
     NodeId r = s_.resolve(a);
@@ -513,20 +568,30 @@ class Planner {
     for (size_t j = 0; j < sources_.size(); ++j) {
       whole = whole || sources_[j].row == kWholeRow;
       if (j > 0)
-        contiguous = contiguous && sources_[j].batch == sources_[0].batch &&
+        contiguous = contiguous && sources_[j].batch == sources_[0].batch && sources_[j].flatten == sources_[0].flatten &&
                      sources_[j].row == sources_[0].row + j && sources_[0].row != kWholeRow;
     }
     if (contiguous) {
       arg.kind = BatchArg::kView;
-      read(Read{sources_[0].batch, sources_[0].row, static_cast<uint32_t>(sources_.size())});
+      Read r{sources_[0].batch, sources_[0].row, static_cast<uint32_t>(sources_.size())};
+      r.flatten = sources_[0].flatten;
+      read(r);
     } else if (whole) {
-      for (const RowRef& l : sources_) read(Read{l.batch, l.row, 1});
+      for (const RowRef& l : sources_) {
+        Read r{l.batch, l.row, 1};
+        r.flatten = l.flatten;
+        read(r);
+      }
     } else {
       read_by_source(arg);
       ++p_.gathers;
-      if (like != kNoNode)
-        p_.gathered_bytes += sources_.size() * static_cast<uint64_t>(s_.shape_of(s_.resolve(like)).numel()) * sizeof(float);
+      if (like != kNoNode) {
+        const Shape& shape = s_.shape_of(s_.resolve(like));
+        const int64_t per_row = expanded_ && shape.rank() > 0 && shape[0] > 0 ? shape.numel() / shape[0] : shape.numel();
+        p_.gathered_bytes += sources_.size() * static_cast<uint64_t>(per_row) * sizeof(float);
+      }
     }
+    arg.unpack = unpack_;
     arg.reads_end = static_cast<uint32_t>(p_.reads.size());
     p_.args.push_back(arg);
   }
@@ -536,6 +601,7 @@ class Planner {
   // whatever the number of sources (a loss over every tree level reads dozens).
   void read_by_source(BatchArg& arg) {
     srcs_.clear();
+    src_flat_.clear();
     slot_.resize(sources_.size());
     for (size_t j = 0; j < sources_.size(); ++j) {
       const uint32_t b = sources_[j].batch;
@@ -547,6 +613,7 @@ class Planner {
         src_stamp_[b] = stamp_;
         src_slot_[b] = static_cast<uint32_t>(srcs_.size());
         srcs_.push_back(b);
+        src_flat_.push_back(sources_[j].flatten);  // the same for every row of one batch
       }
       slot_[j] = src_slot_[b];
     }
@@ -575,12 +642,10 @@ class Planner {
       const uint32_t* rows = rows_of_src_.data() + begin;
       bool consecutive = true;
       for (uint32_t q = 1; q < len && consecutive; ++q) consecutive = rows[q] == rows[0] + q;
-      if (consecutive) {
-        read(Read{srcs_[k], rows[0], len});
-      } else {
-        read(Read{srcs_[k], 0, len, static_cast<int64_t>(p_.indices.size())});
-        p_.indices.insert(p_.indices.end(), rows, rows + len);
-      }
+      Read r = consecutive ? Read{srcs_[k], rows[0], len} : Read{srcs_[k], 0, len, static_cast<int64_t>(p_.indices.size())};
+      r.flatten = src_flat_[k] != 0;
+      read(r);
+      if (!consecutive) p_.indices.insert(p_.indices.end(), rows, rows + len);
       begin = end;
     }
     if (!in_order) {
@@ -601,6 +666,10 @@ class Planner {
   std::vector<uint32_t>& height_ = x_.height;
   std::vector<uint32_t>& reader_ = x_.reader;
   std::vector<RowRef>& sources_ = x_.sources;
+  std::vector<NodeId>& src_nodes_ = x_.src_nodes;
+  std::vector<uint8_t>& src_flat_ = x_.src_flat;
+  uint32_t unpack_ = kNone32;  // fill_sources' verdict for add_input
+  bool expanded_ = false;
   std::vector<uint32_t>& srcs_ = x_.srcs;
   std::vector<uint32_t>& rows_of_src_ = x_.rows_of_src;
   std::vector<int64_t>& pos_ = x_.pos;
@@ -653,6 +722,7 @@ std::string Plan::str() const {
     if (b.shared) os << " (shared)";
     if (b.segments >= 0) os << " (" << b.total << " list elements)";
     if (b.stacked) os << " (stacked)";
+    if (b.rows > 0) os << " (packed: " << b.rows << " rows)";
     if (b.split >= 0) os << " (split #" << b.split << ")";
     os << " [nodes %" << nodes[b.nodes_begin] << (b.n > 1 ? ".." : "") << "] <-";
     for (uint32_t k = 0; k < b.arity; ++k) {
@@ -668,10 +738,12 @@ std::string Plan::str() const {
         os << (q > a.reads_begin ? " + " : "") << "b" << r.batch;
         if (r.index >= 0) os << "{" << r.len << " rows}";
         else if (r.start != kWholeRow) os << "[" << r.start << ":" << r.start + r.len << "]";
+        if (r.flatten) os << " (flattened)";
         if (r.group >= 0) os << "#" << r.group;
         if (r.split >= 0) os << " (split #" << r.split << ")";
       }
       if (a.kind == BatchArg::kGather) os << (a.perm >= 0 ? ", permuted)" : ")");
+      if (a.unpack != kNone32) os << " (rows unpacked)";
     }
     os << "\n";
   }

@@ -37,6 +37,9 @@ struct Read {
   // backward is one concatenation of the pieces' gradients.
   int32_t split = -1;
   uint32_t slot = 0;  // this read's output within its group or split
+  // Rows of one row of the batch's values: the batch [n, L, S...] read as
+  // [n * L, S...] (a packed batch's input from a batch that is not packed).
+  bool flatten = false;
 };
 
 struct BatchArg {
@@ -48,6 +51,9 @@ struct BatchArg {
   Kind kind;
   uint32_t reads_begin, reads_end;
   int64_t perm = -1;  // offset in plan.indices of n entries
+  // Not kNone32: the reads are rows of packed values (each value's L rows in
+  // turn), viewed as [-1, shapes[unpack]...] for a batch that is not packed.
+  uint32_t unpack = kNone32;
 };
 
 struct PlannedBatch {
@@ -56,6 +62,9 @@ struct PlannedBatch {
   uint32_t out;         // index in NodeStore::batch_out this batch writes (the first of `outputs`)
   uint32_t nodes_begin; // plan.nodes[nodes_begin .. + n): row i is node i (fused: n per member, member-major)
   uint32_t n;
+  // > 0: a packed batch (OpTraits::rowwise): its nodes' values lie end to end,
+  // `rows` rows of their shape less its first axis (the nodes' lengths summed).
+  uint32_t rows = 0;
   // A fused batch (scheduler/fusion.h): n regions of one pattern, one kernel.
   // Its args are the program's inputs; member k's rows are batch_out[out + k].
   std::shared_ptr<const FusedProgram> program;

@@ -61,6 +61,8 @@ struct NodeStore {
     kComputed = 2,
     kPlaceholder = 4,  // result of dsl::cond/loop; alias[] says what it became, once known
     kFailed = 8,       // its launch failed: never retried (what depends on it never runs)
+    kRowwise = 16,     // its signature batches it by rows (OpTraits::rowwise): lengths may differ
+    kPacked = 32,      // its value is shape[0] rows of its batch from value_row (a packed batch)
   };
 
   // Per node, sized to the capacity (size() nodes are valid): append() writes

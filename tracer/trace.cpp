@@ -110,6 +110,7 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
     wait_for_shapes(n);
   } else if (hit) {
     s_.sig[n] = last.sig;
+    s_.flags[n] |= last.flags;  // kRowwise: the same shapes, the same verdict
   } else {
     if (!is_shared) s_.sig[n] = signature(n, info.traits);
     if (len > 0) {
@@ -117,6 +118,7 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
       last.len = len;
       last.shape = shape;
       last.sig = is_shared ? kNoSig : s_.sig[n];
+      last.flags = static_cast<uint8_t>(s_.flags[n] & NodeStore::kRowwise);
     }
   }
   ready_.add(n);
@@ -237,11 +239,17 @@ SigId Trace::signature(NodeId n, const OpTraits& traits) {
     key_scratch_.resize(len);
     key = key_scratch_.data();
   }
+  // Packed by rows (OpTraits::rowwise): the shapes in the key lose their
+  // length, so that nodes of different lengths share a signature.
+  const bool rows = by_rows(n, traits);
+  s_.flags[n] = static_cast<uint8_t>(rows ? s_.flags[n] | NodeStore::kRowwise : s_.flags[n] & ~NodeStore::kRowwise);
+  auto shape_key = [&](NodeId x) -> int64_t { return rows ? row_shape(x) : s_.shape[x]; };
   size_t k = 0;
   key[k++] = s_.op[n];
-  key[k++] = s_.shape[n];
-  key[k++] = traits.segmented ? -1 : static_cast<int64_t>(args.size());
-  for (int64_t a : attrs) key[k++] = a;
+  key[k++] = shape_key(n);
+  key[k++] = traits.segmented ? -1 : static_cast<int64_t>(args.size()) | (rows ? int64_t{1} << 41 : 0);
+  for (size_t i = 0; i < attrs.size(); ++i)
+    if (!rows || static_cast<int>(i) != traits.length_attr) key[k++] = attrs[i];
   for (size_t i = 0; i < args.size(); ++i) {
     // A shared input batches only with the same shared input (the same weight);
     // a per-example input with any input of the same shape. The elements of a
@@ -250,7 +258,7 @@ SigId Trace::signature(NodeId n, const OpTraits& traits) {
     if (s_.has(r, NodeStore::kShared))
       key[k++] = (int64_t{1} << 40) | r;
     else if (!traits.segmented || i == 0)
-      key[k++] = s_.shape[args[i]];
+      key[k++] = shape_key(args[i]);
   }
   const std::span<const int64_t> whole(key, k);
   // The last signature of each op: consecutive nodes of an op usually share it.
@@ -267,6 +275,37 @@ SigId Trace::signature(NodeId n, const OpTraits& traits) {
     last.sig = sig;
   }
   return sig;
+}
+
+// Whether node n batches by rows (OpTraits::rowwise): a result of rank >= 2,
+// every per-example argument of the result's rank and length, every shared
+// one of lower rank (it broadcasts over the rows) or a weight.
+bool Trace::by_rows(NodeId n, const OpTraits& traits) const {
+  if (!traits.rowwise) return false;
+  const Shape& out = s_.shape_of(n);
+  if (out.rank() < 2) return false;
+  if (traits.axis_attr >= 0 && out.axis(static_cast<int>(s_.attrs_of(n)[static_cast<size_t>(traits.axis_attr)])) <= 0)
+    return false;  // along the length itself
+  auto args = s_.args_of(n);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const NodeId r = s_.resolve(args[i]);
+    const Shape& a = s_.shape_of(args[i]);
+    const bool weight = i < 8 && ((traits.weights >> i) & 1) != 0;
+    if (s_.has(r, NodeStore::kShared)) {
+      if (!weight && a.rank() >= out.rank()) return false;
+    } else if (weight || a.rank() != out.rank() || a[0] != out[0]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The shape of one row of node x's value: its shape without the first axis.
+ShapeId Trace::row_shape(NodeId x) {
+  const Shape& s = s_.shape_of(x);
+  Shape row;
+  for (int d = 1; d < s.rank(); ++d) row.push(s[d]);
+  return s_.shapes.intern(row);
 }
 
 // ---------------------------------------------------------------------------

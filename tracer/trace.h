@@ -83,6 +83,8 @@ class Trace {
 
  private:
   SigId signature(NodeId n, const OpTraits& traits);
+  bool by_rows(NodeId n, const OpTraits& traits) const;
+  ShapeId row_shape(NodeId x);
   uint64_t next_key(int64_t example);  // a dropout key, unique per (example, node ordinal)
   void wait_for_shapes(NodeId n);
   void depend(NodeId a, NodeId waiter);
@@ -128,6 +130,7 @@ class Trace {
     size_t len = 0;
     ShapeId shape = kUnknownShape;
     SigId sig = kNoSig;
+    uint8_t flags = 0;  // what signature() set besides the signature (NodeStore::kRowwise)
   };
   std::array<LastRecord, 64> last_record_{};
   // The last signature key of each op (by op code): most nodes repeat it.

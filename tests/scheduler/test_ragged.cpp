@@ -1,0 +1,143 @@
+// Packed batches: per-example matrices whose lengths differ share one launch
+// for ops that compute row by row (OpTraits::rowwise), and every other op
+// reads their rows right (scheduler/plan.h: Read::flatten, BatchArg::unpack).
+#include <sheaf/engine/engine.h>
+#include <sheaf/ops/op.h>
+
+#include "../support.h"
+
+using namespace sheaf;
+using Catch::Contains;
+
+namespace {
+
+uint64_t launches_of(Graph& g, std::string_view op) {
+  uint64_t n = 0;
+  for (const PlannedBatch& b : sheaf::detail::engine_of(g).last_plan()->batches)
+    if (!b.program && op_name(b.op) == op) ++n;
+  return n;
+}
+
+int64_t length_of(int example) { return 1 + (example * 5) % 7; }  // 1..7, most lengths twice
+
+}  // namespace
+
+TEST_CASE("ragged: row-by-row ops over matrices of different lengths take one launch each", "[scheduler][ragged]") {
+  const at::Tensor W = test::param({6, 4}, 1), b = test::param({6}, 2), gain = test::param({6}, 3);
+  for (const Strategy* strategy : all_strategies()) {
+    DYNAMIC_SECTION(strategy->name()) {
+      Graph g({.fuse = false});
+      std::vector<Expr> outs;
+      const int n = 12;
+      for (int i = 0; i < n; ++i) {
+        auto s = g.example(i);
+        const Expr X = g.input(test::data({length_of(i), 4}, i));
+        const Expr Y = dsl::tanh(dsl::affine(W, X, b)) * 2.0 + gain;
+        outs.push_back(dsl::softmax(dsl::layer_norm(Y, gain, b)));
+      }
+      g.forward(outs, {.strategy = strategy});
+      CHECK(launches_of(g, "affine") == 1);
+      CHECK(launches_of(g, "tanh") == 1);
+      CHECK(launches_of(g, "mul_scalar") == 1);
+      CHECK(launches_of(g, "add") == 1);
+      CHECK(launches_of(g, "layer_norm") == 1);
+      CHECK(launches_of(g, "softmax") == 1);
+      CHECK_THAT(g.plan_str(), Contains("packed"));
+      c10::NoGradGuard no_grad;
+      for (int i = 0; i < n; ++i) {
+        const at::Tensor X = test::data({length_of(i), 4}, i);
+        const at::Tensor Y = at::tanh(at::linear(X, W, b)) * 2.0 + gain;
+        const at::Tensor want = at::softmax(at::layer_norm(Y, {6}, gain, b), -1);
+        INFO("example " << i);
+        CHECK(at::allclose(outs[static_cast<size_t>(i)].value(), want, 1e-4, 1e-5));
+      }
+    }
+  }
+}
+
+TEST_CASE("ragged: values and gradients equal each example alone, every strategy, fused and unfused",
+          "[scheduler][ragged][checker]") {
+  const at::Tensor W = test::param({6, 4}, 1), b = test::param({6}, 2), gain = test::param({6}, 3);
+  const at::Tensor V = test::param({5, 6}, 4), c = test::param({5}, 5);
+  // Packed values read by ops that take whole values (sum, matmul, transpose,
+  // slice, concat, a list sum, a stack) and packed ops that read values that
+  // are not packed (a slice's rows, a matmul's rows).
+  auto program = [&](Graph& g, int i) {
+    const int64_t len = length_of(i);
+    const Expr X = g.input(test::data({len, 4}, i));
+    const Expr H = dsl::relu(dsl::affine(W, X, b)) + dsl::affine(W, X * 0.5, b);  // packed [len, 6]
+    const Expr N = dsl::layer_norm(H, gain, b);
+    const Expr A = dsl::softmax(dsl::matmul(N, dsl::transpose(H)));                // [len, len]: by length
+    const Expr C = dsl::matmul(A, N);                                               // not packed
+    const Expr D = dsl::affine(V, C, c) * dsl::affine(V, H, c);
+    const Expr first_row = dsl::affine(V, dsl::slice(H, 0, 1, 0), c);  // a slice's rows, packed again
+    const Expr E = dsl::concat({dsl::slice(D, 0, 2), dsl::tanh(dsl::slice(D, 2, 5))});  // not packed, then packed
+    const Expr L = dsl::log_softmax(E - dsl::sum(std::vector<Expr>{E, D * 2.0}));
+    return dsl::sum(L) + dsl::sum(dsl::sum_dim(N, 0)) + dsl::sum(dsl::stack({D, E})) + dsl::sum(first_row);
+  };
+  const CheckReport r = check_batched(9, program, {.params = {W, b, gain, V, c}});
+  REQUIRE_BATCHED_EQUALS_ALONE(r);
+  CHECK(r.batched_launches < r.alone_launches);
+  // The program exercises every kind of read: packed batches, rows of values
+  // that are not packed (flattened), and whole values from packed rows.
+  Graph g({.fuse = false});
+  std::vector<Expr> outs;
+  for (int i = 0; i < 9; ++i) {
+    auto s = g.example(i);
+    outs.push_back(program(g, i));
+  }
+  g.forward(outs);
+  const std::string plan = g.plan_str();
+  INFO(plan);
+  CHECK_THAT(plan, Contains("packed"));
+  CHECK_THAT(plan, Contains("flattened"));
+  CHECK_THAT(plan, Contains("rows unpacked"));
+}
+
+TEST_CASE("ragged: value() of packed values, and their host values in a coroutine", "[scheduler][ragged][control]") {
+  const at::Tensor W = test::param({3, 2}, 1).detach(), b = test::param({3}, 2).detach();
+  Graph g({.fuse = false});
+  std::vector<Expr> outs;
+  for (int i = 0; i < 5; ++i) {
+    auto s = g.example(i);
+    outs.push_back(dsl::affine(W, g.input(test::data({length_of(i), 2}, i)), b));
+  }
+  g.forward(outs);
+  REQUIRE(launches_of(g, "affine") == 1);
+  for (int i = 0; i < 5; ++i) {
+    const at::Tensor want = at::linear(test::data({length_of(i), 2}, i), W, b);
+    const at::Tensor got = outs[static_cast<size_t>(i)].value();
+    REQUIRE(got.sizes() == want.sizes());
+    CHECK(at::allclose(got, want, 1e-4, 1e-5));
+  }
+  // A decision on a packed value's host copy (CPU: read in place from its rows).
+  const at::Tensor V = test::param({3, 2}, 3), c = test::param({3}, 4);
+  auto program = [&](Graph& pg, int i) -> Task<Expr> {
+    const Expr Y = dsl::affine(V, pg.input(test::data({length_of(i), 2}, i)), c);
+    const std::vector<float> v = co_await fetch_values(Y);
+    const at::Tensor want = at::linear(test::data({length_of(i), 2}, i), V.detach(), c.detach()).reshape({-1});
+    CHECK(static_cast<int64_t>(v.size()) == want.numel());
+    for (int64_t k = 0; k < want.numel() && k < static_cast<int64_t>(v.size()); ++k)
+      CHECK(v[static_cast<size_t>(k)] == Approx(want[k].item<float>()).margin(1e-5));
+    co_return v.back() > 0 ? dsl::sum(dsl::tanh(Y)) : dsl::sum(Y * 3.0);
+  };
+  const CheckReport r = check_batched(7, TaskProgram(program), {.params = {V, c}});
+  REQUIRE_BATCHED_EQUALS_ALONE(r);
+}
+
+TEST_CASE("ragged: a per-example argument of another length or rank is not packed", "[scheduler][ragged]") {
+  const at::Tensor W = test::param({3, 2}, 1).detach(), b = test::param({3}, 2).detach();
+  Graph g({.fuse = false});
+  std::vector<Expr> outs;
+  for (int i = 0; i < 4; ++i) {
+    auto s = g.example(i);
+    const Expr X = g.input(test::data({length_of(i), 3}, i));
+    const Expr v = g.input(test::data({3}, i, 1));
+    outs.push_back(X + v);  // a vector broadcast over the rows: batches by length only
+  }
+  g.forward(outs);
+  CHECK(launches_of(g, "add") == 4);  // lengths 1, 6, 4, 2
+  CHECK_THAT(g.plan_str(), !Contains("packed"));
+  for (int i = 0; i < 4; ++i)
+    CHECK(at::allclose(outs[static_cast<size_t>(i)].value(), test::data({length_of(i), 3}, i) + test::data({3}, i, 1)));
+}
