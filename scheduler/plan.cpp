@@ -526,10 +526,13 @@ class Planner {
     bool expand = packed;
     for (NodeId a : src_nodes_) expand = expand || s_.has(s_.resolve(a), NodeStore::kPacked);
     expanded_ = expand;
+    range_ = false;
     if (!expand) {
       for (NodeId a : src_nodes_) sources_.push_back(row_of(a));
       return;
     }
+    if (!packed && !src_nodes_.empty()) unpack_ = s_.shape[s_.resolve(src_nodes_[0])];
+    if (one_range()) return;
     for (NodeId a : src_nodes_) {
       const NodeId r = s_.resolve(a);
       const RowRef at = row_of(r);
@@ -542,7 +545,27 @@ class Planner {
       const uint32_t first = in_place ? at.row : at.row * len;
       for (uint32_t j = 0; j < len; ++j) sources_.push_back(RowRef{at.batch, first + j, !in_place});
     }
-    if (!packed && !src_nodes_.empty()) unpack_ = s_.shape[s_.resolve(src_nodes_[0])];
+  }
+  // Whether the values' rows are one range of one packed batch, in order (a
+  // packed batch reading the one before it): then range_read_ is that read,
+  // found value by value instead of row by row.
+  bool one_range() {
+    uint32_t batch = kNone32, next = 0, first = 0;
+    for (NodeId a : src_nodes_) {
+      const NodeId r = s_.resolve(a);
+      if (!s_.has(r, NodeStore::kPacked)) return false;
+      if (batch == kNone32) {
+        batch = s_.value_batch[r];
+        first = next = s_.value_row[r];
+      } else if (s_.value_batch[r] != batch || s_.value_row[r] != next) {
+        return false;
+      }
+      next += static_cast<uint32_t>(s_.shape_of(r)[0]);
+    }
+    if (batch == kNone32) return false;
+    range_ = true;
+    range_read_ = Read{batch, first, next - first};
+    return true;
   }
   RowRef row_of(NodeId a) const {
     NodeId r = s_.resolve(a);
@@ -564,6 +587,15 @@ class Planner {
   // kNoNode: no rows).
   void add_input(NodeId like) {
     BatchArg arg{BatchArg::kGather, static_cast<uint32_t>(p_.reads.size()), 0};
+    if (range_) {  // fill_sources found one range (one_range)
+      arg.kind = BatchArg::kView;
+      arg.unpack = unpack_;
+      read(range_read_);
+      arg.reads_end = static_cast<uint32_t>(p_.reads.size());
+      p_.args.push_back(arg);
+      range_ = false;
+      return;
+    }
     bool contiguous = true, whole = false;
     for (size_t j = 0; j < sources_.size(); ++j) {
       whole = whole || sources_[j].row == kWholeRow;
@@ -670,6 +702,8 @@ class Planner {
   std::vector<uint8_t>& src_flat_ = x_.src_flat;
   uint32_t unpack_ = kNone32;  // fill_sources' verdict for add_input
   bool expanded_ = false;
+  bool range_ = false;  // one_range() found the input: range_read_
+  Read range_read_{0, 0, 0};
   std::vector<uint32_t>& srcs_ = x_.srcs;
   std::vector<uint32_t>& rows_of_src_ = x_.rows_of_src;
   std::vector<int64_t>& pos_ = x_.pos;

@@ -45,7 +45,10 @@ int dim_index(int64_t d) { return d == 2 ? 0 : d == 3 ? 1 : 2; }
 // result. With `control`, steps may also branch on computed values (cond),
 // loop until a computed condition fails, or follow an awaited value on the
 // host (a coroutine). Output: the sum of a few pool members' sums.
-Task<Expr> random_program(Graph& g, const Params& p, uint64_t program_seed, int example, bool control) {
+// With `ragged`, values are matrices [L, d] whose length L differs between
+// examples (1 to 4 rows): batches of row-by-row ops are packed.
+Task<Expr> random_program(Graph& g, const Params& p, uint64_t program_seed, int example, bool control,
+                          bool ragged = false) {
   std::mt19937_64 rng(program_seed * 1000003 + static_cast<uint64_t>(example));
   auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
   // Pool entries with their size (0: a scalar). Sizes are tracked here, not read
@@ -56,16 +59,25 @@ Task<Expr> random_program(Graph& g, const Params& p, uint64_t program_seed, int 
     bool known = true;  // its shape is known now (not downstream of a cond)
   };
   std::vector<Value> pool;
+  const int64_t rows = ragged ? 1 + (example * 3 + static_cast<int64_t>(program_seed % 4)) % 4 : 0;
+  auto shape_of = [&](int64_t d) { return rows ? std::vector<int64_t>{rows, d} : std::vector<int64_t>{d}; };
   auto to_dim = [&](Value v, int64_t d) {
-    if (v.d == 0) v.e = v.e * g.constant({kDims[0]}, 1.0), v.d = kDims[0];
+    if (v.d == 0) v.e = v.e * (rows ? g.constant({rows, kDims[0]}, 1.0) : g.constant({kDims[0]}, 1.0)), v.d = kDims[0];
     if (v.d == d) return v.e;
     return dsl::affine(p.W[dim_index(d)][dim_index(v.d)], v.e, p.b[dim_index(d)]);
   };
   const int n_inputs = 1 + static_cast<int>(pick(3));
   for (int k = 0; k < n_inputs; ++k) {
     int64_t d = kDims[pick(3)];
-    pool.push_back({pick(4) == 0 ? g.lookup(p.E[dim_index(d)], static_cast<int64_t>(pick(kVocab)), pick(2) == 0)
-                                 : g.input(test::data({d}, example, k)),
+    if (rows > 0 && pick(4) == 0) {  // a list of ids: [rows, d]
+      std::vector<int64_t> ids;
+      for (int64_t q = 0; q < rows; ++q) ids.push_back(static_cast<int64_t>(pick(kVocab)));
+      pool.push_back({g.lookup(p.E[dim_index(d)], ids, pick(2) == 0), d});
+      continue;
+    }
+    pool.push_back({pick(4) == 0 && rows == 0
+                        ? g.lookup(p.E[dim_index(d)], static_cast<int64_t>(pick(kVocab)), pick(2) == 0)
+                        : g.input(test::data(shape_of(d), example, k)),
                     d});
   }
   const int steps = 3 + static_cast<int>(pick(18));
@@ -85,7 +97,9 @@ Task<Expr> random_program(Graph& g, const Params& p, uint64_t program_seed, int 
     Expr r;
     // With control, the second step always branches, loops or awaits: every
     // program of that set has control flow (others follow with odds 3 in 28).
-    const size_t choice = control && s == 1 ? 25 + pick(3) : pick(control ? 28 : 25);
+    size_t choice = control && s == 1 ? 25 + pick(3) : pick(control ? 28 : 25);
+    // Over matrices, what needs a vector takes another form (numbers >= 100).
+    if (rows > 0 && (choice == 14 || choice == 15 || choice == 22 || choice == 24)) choice += 100;
     switch (choice) {
       case 0: r = dsl::tanh(x); break;
       case 1: r = dsl::sigmoid(x); break;
@@ -142,6 +156,10 @@ Task<Expr> random_program(Graph& g, const Params& p, uint64_t program_seed, int 
         break;
       }
       case 24: r = dsl::matmul(p.W[dim_index(d)][dim_index(d)], x * y); break;
+      case 114: r = dsl::layer_norm(x + y, p.b[dim_index(d)], p.E[dim_index(d)][0]) * 0.5; break;
+      case 115: rd = 0, r = dsl::sum(dsl::sum_dim(dsl::tanh(x), 0)); break;  // across the rows
+      case 122: r = x + dsl::matmul(x, dsl::matmul(dsl::transpose(x), y)) * 0.1; break;  // per-example products
+      case 124: r = dsl::affine(p.W[dim_index(d)][dim_index(d)], x * y, p.b[dim_index(d)]); break;
       case 25: {  // a branch on a computed value
         is_cond_result = true;
         Expr pred = dsl::sum(x) > 0.0;
@@ -244,4 +262,37 @@ TEST_CASE("random programs: lazy never takes more launches than depth, auto runs
     const Stats::Candidate& cheaper = compared[1].cost_us < compared[0].cost_us ? compared[1] : compared[0];
     CHECK(launches[2] == cheaper.launches);
   }
+}
+
+TEST_CASE("random programs over matrices of different lengths: packed batches equal alone", "[dsl][property][checker][ragged]") {
+  const Params p;
+  const uint64_t base = Catch::rngSeed();
+  const int n = programs(250);
+  size_t compared = 0;
+  for (int prog = 0; prog < n; ++prog) {
+    const int examples = 2 + prog % 8;
+    const bool control = prog % 3 == 2;
+    const uint64_t seed = base * 7919 + 200000 + static_cast<uint64_t>(prog);
+    INFO("rng seed " << base << ", program " << prog << " (seed " << seed << ") with " << examples << " examples");
+    CheckReport r = check_batched(
+        examples, TaskProgram([&](Graph& g, int i) { return random_program(g, p, seed, i, control, true); }),
+        {.params = p.all()});
+    REQUIRE_BATCHED_EQUALS_ALONE(r);
+    compared += r.values_compared;
+  }
+  CHECK(compared > static_cast<size_t>(30 * n));
+  // The generator packs: most dataflow programs' plans hold packed batches.
+  int packed = 0;
+  for (int prog = 0; prog < 20; ++prog) {
+    Graph g({.fuse = false});
+    std::vector<Expr> outs;
+    for (int i = 0; i < 6; ++i) {
+      auto scope = g.example(i);
+      Task<Expr> t = random_program(g, p, base * 7919 + 300000 + static_cast<uint64_t>(prog), i, false, true);
+      outs.push_back(t.result());
+    }
+    g.forward(outs);
+    packed += g.plan_str().find("packed") != std::string::npos;
+  }
+  CHECK(packed >= 10);
 }
