@@ -3,6 +3,7 @@
 // against LibTorch's own values, and with the same errors at the user's line.
 #include <ATen/ATen.h>
 
+#include <sheaf/engine/engine.h>
 #include <sheaf/ops/user_op.h>
 
 #include "../support.h"
@@ -43,6 +44,19 @@ struct Bilinear {
   }
 };
 
+// Row by row: each row of x [L, d] scaled by its own norm (OpTraits::rowwise),
+// so values of different lengths share one launch (a packed batch).
+struct RowNormalise {
+  static constexpr std::string_view name = "test_row_normalise";
+  static constexpr OpTraits traits{.arity = 1, .rowwise = true};
+  static Shape infer(const InferCtx& c) {
+    c.expect_batched(0, "x");
+    if (c.shape(0).rank() < 1) c.fail("needs rows, got a scalar");
+    return c.shape(0);
+  }
+  static at::Tensor run(RunCtx& c) { return c.in(0) / (c.in(0).norm(2, -1, /*keepdim=*/true) + 1.0); }
+};
+
 // A complete descriptor whose name is taken.
 struct Tanh2 {
   static constexpr std::string_view name = "tanh";  // taken by the built-in op
@@ -69,6 +83,25 @@ TEST_CASE("a user op: batched equals alone under every strategy, fused neighbour
     REQUIRE_BATCHED_EQUALS_ALONE(r);
     if (n > 1) CHECK(r.batched_launches < r.alone_launches);
   }
+}
+
+TEST_CASE("a row-by-row user op packs values of different lengths into one launch", "[dsl][user-ops][ragged]") {
+  const at::Tensor W = param({kD, 3}, 1);
+  auto program = [&](Graph& g, int i) {
+    const Expr X = g.input(data({1 + i % 4, 3}, i));  // lengths 1 to 4
+    return dsl::sum(dsl::call(user_op<RowNormalise>(), {dsl::affine(W, X, g.constant({kD}, 0.1))}));
+  };
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(8, program, {.params = {W}}));
+  Graph g({.fuse = false});
+  std::vector<Expr> outs;
+  for (int i = 0; i < 8; ++i) {
+    auto scope = g.example(i);
+    outs.push_back(program(g, i));
+  }
+  g.forward(outs);
+  int launches = 0;
+  for (const PlannedBatch& b : sheaf::detail::engine_of(g).last_plan()->batches) launches += b.op == user_op<RowNormalise>();
+  CHECK(launches == 1);
 }
 
 TEST_CASE("a user op computes what its LibTorch call computes", "[dsl][user-ops]") {
