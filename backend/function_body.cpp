@@ -49,6 +49,9 @@ void FunctionBody::compile(NodeStore& s, ReadyQueue& ready, std::span<const Node
   for (NodeId v = 0; v < s.size(); ++v)
     SHEAF_ASSERT(!live[v] || s.has(v, NodeStore::kComputed) || dag.stamp[v] == dag.round,
                  "node %", v, " of a function body cannot run");
+  // Each step runs over the calls, a whole value per call: nothing in a body
+  // is packed (scheduler/plan.h), its fused regions included.
+  for (NodeId v = 0; v < s.size(); ++v) s.flags[v] = static_cast<uint8_t>(s.flags[v] & ~NodeStore::kRowwise);
   if (fuse) fuser.fuse(s, dag);
 
   for (uint32_t i = 0; i < dag.size(); ++i) {

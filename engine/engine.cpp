@@ -219,7 +219,7 @@ void Engine::finish_aliases() {
     SHEAF_ASSERT(s.has(r, NodeStore::kComputed), "alias target %", r, " of %", p, " not computed");
     s.value_batch[p] = s.value_batch[r];
     s.value_row[p] = s.value_row[r];
-    s.flags[p] |= NodeStore::kComputed;
+    s.flags[p] |= static_cast<uint8_t>(NodeStore::kComputed | (s.flags[r] & NodeStore::kPacked));
   }
 }
 

@@ -141,3 +141,22 @@ TEST_CASE("ragged: a per-example argument of another length or rank is not packe
   for (int i = 0; i < 4; ++i)
     CHECK(at::allclose(outs[static_cast<size_t>(i)].value(), test::data({length_of(i), 3}, i) + test::data({3}, i, 1)));
 }
+
+TEST_CASE("ragged: a function whose body works on matrices, called with different lengths", "[scheduler][ragged][function]") {
+  const at::Tensor W = test::param({5, 4}, 1), b = test::param({5}, 2), gain = test::param({5}, 3);
+  // Calls batch by argument shapes (one length per call batch); inside the
+  // body the row-by-row ops are packed batches of one value each.
+  auto body = std::function<Expr(Expr)>([&](Expr X) {
+    const Expr H = dsl::tanh(dsl::affine(W, X, b)) + 1.0;
+    return dsl::layer_norm(H * dsl::sigmoid(H), gain, b);
+  });
+  auto f = function("ragged_body", body);
+  auto program = [&](Graph& g, int i) {
+    Expr X = g.input(test::data({length_of(i), 4}, i));
+    Expr Y = f(X);
+    Y = f(dsl::slice(dsl::concat({Y, Y}, 1), 2, 6, 1));  // [L, 4] again
+    return dsl::sum(dsl::softmax(Y));
+  };
+  const CheckReport r = check_batched(10, program, {.params = {W, b, gain}});
+  REQUIRE_BATCHED_EQUALS_ALONE(r);
+}
