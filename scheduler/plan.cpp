@@ -183,15 +183,18 @@ class Planner {
     for (uint32_t l : locals) {
       const Region& r = fuser_->region(dag.region[l]);
       uint64_t key = fuser_->members(r)[0];
+      bool fed = false;
       for (NodeId in : fuser_->inputs(r))
         if (!s_.has(in, NodeStore::kShared)) {
           key = (uint64_t{s_.value_batch[in]} << 32) | s_.value_row[in];
+          fed = true;
           break;
         }
-      order_.push_back({first_key(reader_[l], height_[l]), key, dag.region[l]});
+      const uint32_t h = packed ? (fed ? 0 : length_of(fuser_->members(r)[0])) : height_[l];
+      order_.push_back({first_key(reader_[l], h), key, dag.region[l]});
     }
-    if (!parallel_readers(dag, locals))
-      for (RowKey& o : order_) o.first &= 0xffffffffu;  // reader 0, height kept
+    if (packed || !parallel_readers(dag, locals))
+      for (RowKey& o : order_) o.first &= 0xffffffffu;  // reader 0, height (packed: length) kept
     sort_rows(order_, x_.order_tmp);
     b.nodes_begin = static_cast<uint32_t>(p_.nodes.size());
     p_.nodes.resize(p_.nodes.size() + size_t{b.outputs} * b.n);
@@ -394,20 +397,31 @@ class Planner {
   //    earlier batch in the same order reads it as a view (chains stay zero-copy).
   // Fused batches (add_fused_batch) use key 1 only when their readers are two
   // or more batches of one non-fused op (parallel_readers).
+  // A packed batch ignores the first reader and the path ahead: its values
+  // follow their input (packed batches in a chain keep one order, each
+  // reading the one before as a view, and a batch of several sources reads
+  // each in order), and where they have none (lookups, inputs), go longest
+  // first: batches that split by length further on (attention scores of each
+  // length) then read ranges.
   void order_rows(const RoundDag& dag, std::span<const uint32_t> locals) {
     order_.clear();
+    const bool packed = !locals.empty() && s_.has(dag.node[locals[0]], NodeStore::kRowwise) &&
+                        !s_.has(dag.node[locals[0]], NodeStore::kShared);
     uint32_t distinct[3] = {kNone32, kNone32, kNone32};  // the first three readers seen
     for (uint32_t l : locals) {
       const NodeId node = dag.node[l];
       uint64_t key = node;
+      bool fed = false;
       for (NodeId arg : s_.args_of(node)) {
         const NodeId a = s_.resolve(arg);
         if (s_.has(a, NodeStore::kShared)) continue;
         key = (uint64_t{s_.value_batch[a]} << 32) | s_.value_row[a];
+        fed = true;
         break;
       }
       const uint32_t reader = reader_[l];
-      order_.push_back({first_key(reader, height_[l]), key, node});
+      const uint32_t h = packed ? (fed ? 0 : length_of(node)) : height_[l];
+      order_.push_back({first_key(reader, h), key, node});
       for (uint32_t& d : distinct) {
         if (d == reader) break;
         if (d == kNone32) {
@@ -416,8 +430,8 @@ class Planner {
         }
       }
     }
-    if (distinct[2] == kNone32)
-      for (RowKey& o : order_) o.first &= 0xffffffffu;  // reader 0, height kept
+    if (distinct[2] == kNone32 || packed)
+      for (RowKey& o : order_) o.first &= 0xffffffffu;  // reader 0, height (packed: length) kept
     sort_rows(order_, x_.order_tmp);
   }
 
@@ -567,6 +581,7 @@ class Planner {
     range_read_ = Read{batch, first, next - first};
     return true;
   }
+  uint32_t length_of(NodeId n) const { return static_cast<uint32_t>(s_.shape_of(n)[0]); }
   RowRef row_of(NodeId a) const {
     NodeId r = s_.resolve(a);
     return {s_.value_batch[r], s_.value_row[r]};
