@@ -22,6 +22,11 @@
 
 namespace sheaf {
 
+namespace {
+// RowGathers' key for a batch read as rows of its rows (Read::flatten).
+constexpr uint32_t kFlatKey = 0x80000000u;
+}  // namespace
+
 // On the CPU, a gathered input is one tensor written by row copies
 // (backend/row_gather.h). Appends the rows of reads [begin, end), permuted by
 // `perm`, to picks_; false when a source cannot be read that way (a shared
@@ -30,13 +35,15 @@ bool Executor::pick_rows(const Plan& plan, uint32_t reads_begin, uint32_t reads_
   const size_t first = picks_.size();
   for (uint32_t q = reads_begin; q < reads_end; ++q) {
     const Read& rd = plan.reads[q];
-    if (rd.start == kWholeRow || rd.flatten) return false;
-    const at::Tensor& src = lazy_.get(s_, rd.batch);
+    if (rd.start == kWholeRow) return false;
+    // A flattened batch is its own source (its own gradient hub): rows in other units.
+    const at::Tensor& src = rd.flatten ? flat_view(rd.batch) : lazy_.get(s_, rd.batch);
     if (!RowGathers::readable(src)) return false;
-    const auto found = std::find(row_batches_.begin(), row_batches_.end(), rd.batch);
+    const uint32_t key = rd.flatten ? rd.batch | kFlatKey : rd.batch;
+    const auto found = std::find(row_batches_.begin(), row_batches_.end(), key);
     const auto k = static_cast<uint32_t>(found - row_batches_.begin());
     if (found == row_batches_.end()) {
-      row_batches_.push_back(rd.batch);
+      row_batches_.push_back(key);
       row_sources_.push_back(&src);
     }
     for (uint32_t j = 0; j < rd.len; ++j)
@@ -49,6 +56,12 @@ bool Executor::pick_rows(const Plan& plan, uint32_t reads_begin, uint32_t reads_
     std::copy(permuted_.begin(), permuted_.end(), picks_.begin() + static_cast<std::ptrdiff_t>(first));
   }
   return true;
+}
+
+const at::Tensor& Executor::flat_view(uint32_t batch) {
+  for (const auto& [b, t] : flat_views_)
+    if (b == batch) return t;
+  return flat_views_.emplace_back(batch, lazy_.get(s_, batch).flatten(0, 1)).second;
 }
 
 void Executor::clear_picks() {
@@ -103,9 +116,8 @@ at::Tensor Executor::side_by_side(const Plan& plan, const PlannedBatch& b, std::
 at::Tensor Executor::read(const Plan& plan, uint32_t r) {
   const Read& rd = plan.reads[r];
   if (rd.flatten) {  // rows of rows (a packed batch's input; a shared value's rows in a list)
-    const at::Tensor& src = lazy_.get(s_, rd.batch);
-    if (rd.start == kWholeRow) return src;
-    const at::Tensor rows = src.flatten(0, 1);
+    if (rd.start == kWholeRow) return lazy_.get(s_, rd.batch);
+    const at::Tensor& rows = flat_view(rd.batch);
     if (rd.index >= 0) {
       ++counters_.gather_launches;
       return rows.index_select(0, index_.narrow(0, rd.index, rd.len));
@@ -227,6 +239,7 @@ void Executor::upload_indices(const Plan& plan) {
 
 void Executor::run(const Plan& plan) {
   upload_indices(plan);
+  flat_views_.clear();
   groups_.assign(plan.groups.size(), {});
   splits_.assign(plan.splits.size(), {});
   float_opts_ = at::TensorOptions().dtype(at::kFloat).device(config_.device);

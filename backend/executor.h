@@ -6,6 +6,7 @@
 #include <c10/core/Device.h>
 
 #include <chrono>
+#include <deque>
 #include <string_view>
 
 #include <vector>
@@ -78,6 +79,10 @@ class Executor {
   std::vector<const at::Tensor*> row_sources_;   // copy_rows' scratch
   std::vector<uint32_t> row_batches_;
   std::vector<RowPick> picks_, permuted_;
+  // Batches read as rows of their rows (Read::flatten), one view each per
+  // round: a deque, so that row_sources_' pointers stay valid.
+  std::deque<std::pair<uint32_t, at::Tensor>> flat_views_;
+  const at::Tensor& flat_view(uint32_t batch);
   std::vector<std::vector<at::Tensor>> splits_;  // pieces of each split group, made at first use
   std::vector<at::Tensor> inputs_;
   std::vector<FusedInput> fused_in_;
