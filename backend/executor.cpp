@@ -122,6 +122,7 @@ at::Tensor Executor::read(const Plan& plan, uint32_t r) {
       ++counters_.gather_launches;
       return rows.index_select(0, index_.narrow(0, rd.index, rd.len));
     }
+    if (rd.start == 0 && rd.len == rows.size(0)) return rows;
     return rows.narrow(0, rd.start, rd.len);
   }
   const at::Tensor& src = lazy_.get(s_, rd.batch);
@@ -198,7 +199,10 @@ const std::vector<at::Tensor>& Executor::split_pieces(const Plan& plan, int32_t 
   if (pieces.empty()) {
     const SplitGroup& g = plan.splits[static_cast<size_t>(split)];
     const std::span<const int64_t> sizes = plan.sizes_of(g);
-    pieces = lazy_.get(s_, g.batch).split_with_sizes(at::IntArrayRef(sizes.data(), sizes.size()), g.axis);
+    // A batch, or one gathered input that several slices cut (gathered once).
+    const PlannedBatch* by = g.gathered >= 0 ? &plan.batches[static_cast<size_t>(g.gathered)] : nullptr;
+    const at::Tensor source = by ? rows_input(plan, *by, plan.args[by->args_begin]) : lazy_.get(s_, g.batch);
+    pieces = source.split_with_sizes(at::IntArrayRef(sizes.data(), sizes.size()), g.axis);
   }
   return pieces;
 }
@@ -299,7 +303,7 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
   if (b.op == code_of<op::Call> && !b.program) return launch_call(plan, b);
   at::Tensor out = concat_rows(plan, b);  // a concat that is one gather needs no inputs
   if (b.program) fused_inputs(plan, b);
-  else if (!out.defined())
+  else if (!out.defined() && b.split < 0)  // (a split's pieces need no inputs)
     for (uint32_t k = 0; k < b.arity; ++k) inputs_.push_back(input(plan, b, plan.args[b.args_begin + k]));
   lap_gathers(b.program ? "fused" : op_info(b.op).name);
   if (b.program) return launch_fused(plan, b);

@@ -62,6 +62,9 @@ void sort_rows(std::vector<RowKey>& v, std::vector<RowKey>& tmp) {
     }
 }
 
+// A slice batch reading a whole batch in place: (source, axis) is its key;
+// source | kGatheredSource: the gathered input of batch `source` instead.
+constexpr uint32_t kGatheredSource = 0x80000000u;
 // A slice batch reading a whole batch in place: (source, axis) is its key.
 struct SliceRead {
   uint32_t source;
@@ -253,15 +256,22 @@ class Planner {
       if (b.op != code_of<op::Slice> || b.shared || b.program != nullptr) continue;
       const BatchArg& arg = p_.args[b.args_begin];
       const Read& r = p_.reads[arg.reads_begin];
-      if (arg.kind != BatchArg::kView || arg.unpack != kNone32 || r.flatten || r.index >= 0 || r.start != 0 ||
-          r.len != rows(r.batch))
-        continue;
       const NodeId node = p_.nodes[b.nodes_begin];
       auto attrs = s_.attrs_of(node);
       const int axis = s_.shape_of(node).axis(static_cast<int>(attrs[0]));  // a slice keeps the rank
+      const int64_t tensor_axis = b.rows > 0 ? axis : axis + 1;
+      if (arg.kind == BatchArg::kGather && arg.unpack == kNone32) {
+        // Slices of one gathered input (the heads of Q, K and V packed
+        // together): one gather, then one split, as slices of a batch.
+        slices_.push_back(SliceRead{kGatheredSource | same_gather(k), tensor_axis, attrs[1], attrs[2], k, axis});
+        continue;
+      }
+      if (arg.kind != BatchArg::kView || arg.unpack != kNone32 || r.flatten || r.index >= 0 || r.start != 0 ||
+          r.len != rows(r.batch))
+        continue;
       // The source's axis: per-example axis + 1, or the axis itself where both
       // are packed (rows end to end: the first per-example axis is the rows').
-      slices_.push_back(SliceRead{r.batch, b.rows > 0 ? axis : axis + 1, attrs[1], attrs[2], k, axis});
+      slices_.push_back(SliceRead{r.batch, tensor_axis, attrs[1], attrs[2], k, axis});
     }
     // By source and axis, then by where each slice begins (then batch order).
     std::sort(slices_.begin(), slices_.end(), [](const SliceRead& a, const SliceRead& b) { return a.key() < b.key(); });
@@ -276,6 +286,10 @@ class Planner {
       const NodeId some_slice = p_.nodes[p_.batches[members[0].batch].nodes_begin];
       const int64_t extent = s_.shape_of(s_.resolve(s_.args_of(some_slice)[0]))[members[0].own_axis];
       SplitGroup g = open_split(members[0].source, members[0].axis);
+      if (members[0].source & kGatheredSource) {
+        g.batch = 0;
+        g.gathered = static_cast<int32_t>(members[0].source & ~kGatheredSource);
+      }
       int64_t at = 0;
       for (const SliceRead& m : members) {
         if (m.begin > at) add_piece(g, m.begin - at);  // a gap: a piece nobody reads
@@ -286,6 +300,25 @@ class Planner {
       if (at < extent) add_piece(g, extent - at);
       p_.splits.push_back(g);
     }
+  }
+
+  // The first slice batch k0 <= k whose input reads exactly what batch k's does.
+  uint32_t same_gather(uint32_t k) const {
+    const BatchArg& a = p_.args[p_.batches[k].args_begin];
+    for (const SliceRead& other : slices_) {
+      if (!(other.source & kGatheredSource)) continue;
+      const BatchArg& o = p_.args[p_.batches[other.batch].args_begin];
+      if (o.perm >= 0 || a.perm >= 0 || o.reads_end - o.reads_begin != a.reads_end - a.reads_begin) continue;
+      bool same = true;
+      for (uint32_t q = 0; same && q < a.reads_end - a.reads_begin; ++q) {
+        const Read& x = p_.reads[a.reads_begin + q];
+        const Read& y = p_.reads[o.reads_begin + q];
+        same = x.batch == y.batch && x.start == y.start && x.len == y.len && x.index < 0 && y.index < 0 &&
+               x.flatten == y.flatten;
+      }
+      if (same) return other.source & ~kGatheredSource;
+    }
+    return k;
   }
 
   // After every batch is planned: a batch read partially by two or more inputs

@@ -91,6 +91,9 @@ struct SplitGroup {
   // Pieces covering the axis (gaps included): plan.split_sizes[sizes_begin .. + sizes_len)
   // (one buffer for the round: planning allocates nothing once warm).
   uint32_t sizes_begin = 0, sizes_len = 0;
+  // >= 0: the source is not a batch but the input of plan.batches[gathered]
+  // (a slice), gathered once for every slice that reads the same rows.
+  int32_t gathered = -1;
 };
 
 struct Plan {

@@ -160,3 +160,32 @@ TEST_CASE("ragged: a function whose body works on matrices, called with differen
   const CheckReport r = check_batched(10, program, {.params = {W, b, gain}});
   REQUIRE_BATCHED_EQUALS_ALONE(r);
 }
+
+TEST_CASE("ragged: slices of one gathered input are one gather and one split", "[scheduler][ragged][planner]") {
+  const at::Tensor Wq = test::param({4, 3}, 1), Wk = test::param({4, 3}, 2), b = test::param({4}, 3);
+  auto program = [&](Graph& g, int i) {
+    const Expr X = g.input(test::data({length_of(i), 3}, i));
+    const Expr Q = dsl::affine(Wq, X, b), K = dsl::affine(Wk, X, b);
+    Expr out = g.constant({}, 0.0);
+    for (int h = 0; h < 2; ++h)  // two heads: slices of Q and K batch together per head
+      out = out + dsl::sum(dsl::tanh(dsl::slice(Q, 2 * h, 2 * h + 2)) * dsl::slice(K, 2 * h, 2 * h + 2));
+    return out;
+  };
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(6, program, {.params = {Wq, Wk, b}}));
+  Graph g({.fuse = false});
+  std::vector<Expr> outs;
+  for (int i = 0; i < 6; ++i) {
+    auto s = g.example(i);
+    outs.push_back(program(g, i));
+  }
+  g.forward(outs);
+  const Plan& plan = *sheaf::detail::engine_of(g).last_plan();
+  int slices = 0, cut_from_one_gather = 0;
+  for (const PlannedBatch& pb : plan.batches)
+    if (!pb.program && op_name(pb.op) == "slice") {
+      ++slices;
+      cut_from_one_gather += pb.split >= 0 && plan.splits[static_cast<size_t>(pb.split)].gathered >= 0;
+    }
+  CHECK(slices == 2);               // one per head, each over Q and K of every example
+  CHECK(cut_from_one_gather == 2);  // Q and K gathered side by side once, then split
+}
