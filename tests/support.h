@@ -58,6 +58,18 @@ inline void require_all_close(const std::vector<at::Tensor>& a, const std::vecto
 
 inline bool cuda_available() { return at::hasCUDA(); }
 
+// Records program(g, i) for examples 0..n-1 and runs them in one forward.
+template <class Program>
+std::vector<Expr> forward_examples(Graph& g, int n, Program&& program) {
+  std::vector<Expr> outs;
+  for (int i = 0; i < n; ++i) {
+    auto scope = g.example(i);
+    outs.push_back(program(g, i));
+  }
+  g.forward(outs);
+  return outs;
+}
+
 // CUDA-tagged tests pass without running where there is no GPU, and say so.
 #define SHEAF_SKIP_WITHOUT_CUDA()                              \
   do {                                                         \

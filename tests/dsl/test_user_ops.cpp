@@ -93,12 +93,7 @@ TEST_CASE("a row-by-row user op packs values of different lengths into one launc
   };
   REQUIRE_BATCHED_EQUALS_ALONE(check_batched(8, program, {.params = {W}}));
   Graph g({.fuse = false});
-  std::vector<Expr> outs;
-  for (int i = 0; i < 8; ++i) {
-    auto scope = g.example(i);
-    outs.push_back(program(g, i));
-  }
-  g.forward(outs);
+  test::forward_examples(g, 8, program);
   int launches = 0;
   for (const PlannedBatch& b : sheaf::detail::engine_of(g).last_plan()->batches) launches += b.op == user_op<RowNormalise>();
   CHECK(launches == 1);

@@ -9,21 +9,12 @@
 #include <sheaf/ops/op.h>
 
 #include "../support.h"
+#include "launches.h"
 
 using namespace sheaf;
 using Catch::Contains;
 
-namespace {
-
-uint64_t launches_of(Graph& g, std::string_view op) {
-  // Counted over the last round's plan (all tests here run one round).
-  uint64_t n = 0;
-  for (const PlannedBatch& b : sheaf::detail::engine_of(g).last_plan()->batches)
-    if (op_name(b.op) == op) ++n;
-  return n;
-}
-
-}  // namespace
+using test::launches_of;  // over the last round's plan (all tests here run one round)
 
 TEST_CASE("64 chains of depth 10 of two ops take exactly 20 launches", "[scheduler][launches]") {
   for (const Strategy* strategy : all_strategies()) {

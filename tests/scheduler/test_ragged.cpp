@@ -5,18 +5,14 @@
 #include <sheaf/ops/op.h>
 
 #include "../support.h"
+#include "launches.h"
 
 using namespace sheaf;
 using Catch::Contains;
 
-namespace {
+using test::launches_of;
 
-uint64_t launches_of(Graph& g, std::string_view op) {
-  uint64_t n = 0;
-  for (const PlannedBatch& b : sheaf::detail::engine_of(g).last_plan()->batches)
-    if (!b.program && op_name(b.op) == op) ++n;
-  return n;
-}
+namespace {
 
 int64_t length_of(int example) { return 1 + (example * 5) % 7; }  // 1..7, most lengths twice
 
@@ -81,12 +77,7 @@ TEST_CASE("ragged: values and gradients equal each example alone, every strategy
   // The program exercises every kind of read: packed batches, rows of values
   // that are not packed (flattened), and whole values from packed rows.
   Graph g({.fuse = false});
-  std::vector<Expr> outs;
-  for (int i = 0; i < 9; ++i) {
-    auto s = g.example(i);
-    outs.push_back(program(g, i));
-  }
-  g.forward(outs);
+  test::forward_examples(g, 9, program);
   const std::string plan = g.plan_str();
   INFO(plan);
   CHECK_THAT(plan, Contains("packed"));
@@ -173,12 +164,7 @@ TEST_CASE("ragged: slices of one gathered input are one gather and one split", "
   };
   REQUIRE_BATCHED_EQUALS_ALONE(check_batched(6, program, {.params = {Wq, Wk, b}}));
   Graph g({.fuse = false});
-  std::vector<Expr> outs;
-  for (int i = 0; i < 6; ++i) {
-    auto s = g.example(i);
-    outs.push_back(program(g, i));
-  }
-  g.forward(outs);
+  test::forward_examples(g, 6, program);
   const Plan& plan = *sheaf::detail::engine_of(g).last_plan();
   int slices = 0, cut_from_one_gather = 0;
   for (const PlannedBatch& pb : plan.batches)
