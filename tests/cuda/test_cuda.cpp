@@ -135,3 +135,28 @@ TEST_CASE("CUDA: a forward without control flow never synchronises the host with
   CHECK(std::isfinite(total.item()));
 }
 #endif
+
+TEST_CASE("CUDA: packed batches of different lengths, batched equals alone, host reads of packed values",
+          "[cuda][scheduler][ragged][checker]") {
+  SHEAF_SKIP_WITHOUT_CUDA();
+  auto on_gpu = [](std::vector<int64_t> shape, uint64_t seed) {
+    return test::param(shape, seed).detach().to(kCuda).requires_grad_();
+  };
+  const at::Tensor W = on_gpu({6, 4}, 1), b = on_gpu({6}, 2), gain = on_gpu({6}, 3);
+  auto program = [&](Graph& g, int i) -> Task<Expr> {
+    const int64_t len = 1 + (i * 5) % 7;
+    const at::Tensor x = test::data({len, 4}, i).to(kCuda);
+    const Expr X = g.input(x);
+    const Expr H = dsl::relu(dsl::affine(W, X, b)) + dsl::affine(W, X * 0.5, b);  // packed
+    const std::vector<float> h = co_await fetch_values(H);  // a packed value's rows, fetched from the GPU
+    const at::Tensor want = (at::relu(at::linear(x, W, b)) + at::linear(x * 0.5, W, b)).detach().cpu().reshape({-1});
+    CHECK(static_cast<int64_t>(h.size()) == want.numel());
+    for (int64_t k = 0; k < want.numel() && k < static_cast<int64_t>(h.size()); ++k)
+      CHECK(h[static_cast<size_t>(k)] == Approx(want[k].item<float>()).margin(1e-4));
+    const Expr N = dsl::layer_norm(dsl::slice(dsl::concat({H, dsl::tanh(H)}, 1), 3, 9, 1), gain, b);
+    const Expr A = dsl::softmax(dsl::matmul(N, dsl::transpose(H)));  // [len, len]: by length
+    co_return dsl::sum(dsl::matmul(A, N)) + dsl::sum(dsl::sum_dim(N * 2.0, 0));
+  };
+  CheckReport r = check_batched(10, TaskProgram(program), {.params = {W, b, gain}, .graph = {.device = kCuda}});
+  REQUIRE_BATCHED_EQUALS_ALONE(r);
+}

@@ -1,6 +1,8 @@
 // Packed batches: per-example matrices whose lengths differ share one launch
 // for ops that compute row by row (OpTraits::rowwise), and every other op
 // reads their rows right (scheduler/plan.h: Read::flatten, BatchArg::unpack).
+#include <c10/core/GradMode.h>
+
 #include <sheaf/engine/engine.h>
 #include <sheaf/ops/op.h>
 
