@@ -50,9 +50,9 @@ struct OpTraits {
   // rows packed end to end ([sum of L, S...]; RunCtx::n() is then the number of
   // rows and out_shape() the shape of one row). The planner packs a node when
   // its result has rank >= 2, each per-example argument has the result's rank
-  // and length, and each shared argument has a lower rank (it broadcasts over
-  // the rows) or is one of `weights`. run() must then be correct for any
-  // n and for rows of out_shape().
+  // and length or one row's shape (then repeated on each row), and each shared
+  // argument has a lower rank (it broadcasts over the rows) or is one of
+  // `weights`. run() must then be correct for any n and rows of out_shape().
   bool rowwise = false;
   uint8_t weights = 0;  // bit i: argument i is a weight, applied to each row (affine's W)
   int8_t axis_attr = -1;    // >= 0: row by row only when this attribute (an axis) is not 0

@@ -243,6 +243,8 @@ std::shared_ptr<const FusedProgram> Fuser::build_program(const NodeStore& s, con
 int64_t Fuser::input_numel(const NodeStore& s, const Region& region, NodeId in) const {
   const Shape& shape = s.shape_of(in);
   if (!region.packed || s.has(in, NodeStore::kShared) || shape.rank() == 0 || shape[0] == 0) return shape.numel();
+  // One row's shape (repeated on each row), or the rows of a value of the region's rank.
+  if (shape.rank() < s.shape_of(members(region)[0]).rank()) return shape.numel();
   return shape.numel() / shape[0];
 }
 

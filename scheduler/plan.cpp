@@ -85,6 +85,7 @@ struct PlanScratch {
   std::vector<uint32_t> reader;     // local entry -> its first reader (order_rows)
   std::vector<RowRef> sources;
   std::vector<NodeId> src_nodes;  // the values an input is made of, before fill_sources
+  std::vector<uint32_t> src_rows;
   std::vector<uint32_t> srcs, rows_of_src;
   std::vector<uint8_t> src_flat;
   std::vector<int64_t> pos;
@@ -239,7 +240,13 @@ class Planner {
         continue;
       }
       src_nodes_.clear();
-      for (uint32_t i = 0; i < b.n; ++i) src_nodes_.push_back(fuser_->inputs(fuser_->region(order_[i].id))[e]);
+      src_rows_.clear();
+      for (uint32_t i = 0; i < b.n; ++i) {
+        const Region& ri = fuser_->region(order_[i].id);
+        src_nodes_.push_back(fuser_->inputs(ri)[e]);
+        if (packed) src_rows_.push_back(length_of(fuser_->members(ri)[0]));
+      }
+      packed_rank_ = s_.shape_of(fuser_->members(first)[0]).rank();
       fill_sources(packed);
       add_input(in0);
     }
@@ -548,7 +555,12 @@ class Planner {
         continue;
       }
       src_nodes_.clear();
-      for (NodeId node : nodes) src_nodes_.push_back(s_.args_of(node)[k]);
+      src_rows_.clear();
+      for (NodeId node : nodes) {
+        src_nodes_.push_back(s_.args_of(node)[k]);
+        if (b.rows > 0) src_rows_.push_back(length_of(node));
+      }
+      packed_rank_ = s_.shape_of(first).rank();
       fill_sources(b.rows > 0);
       add_input(a0);
     }
@@ -569,6 +581,7 @@ class Planner {
   // [-1, shape...] unless the batch itself is packed.
   void fill_sources(bool packed) {
     sources_.clear();
+    SHEAF_ASSERT(!packed || src_rows_.size() == src_nodes_.size(), "a packed batch's inputs without their lengths");
     unpack_ = kNone32;
     bool expand = packed;
     for (NodeId a : src_nodes_) expand = expand || s_.has(s_.resolve(a), NodeStore::kPacked);
@@ -580,11 +593,15 @@ class Planner {
     }
     if (!packed && !src_nodes_.empty()) unpack_ = s_.shape[s_.resolve(src_nodes_[0])];
     if (one_range()) return;
-    for (NodeId a : src_nodes_) {
-      const NodeId r = s_.resolve(a);
+    for (size_t i = 0; i < src_nodes_.size(); ++i) {
+      const NodeId r = s_.resolve(src_nodes_[i]);
       const RowRef at = row_of(r);
       if (at.row == kWholeRow) {  // a shared value in a list: all its rows
         sources_.push_back(RowRef{at.batch, kWholeRow, true});
+        continue;
+      }
+      if (packed && s_.shape_of(r).rank() < packed_rank_) {  // one row's shape: repeated on each row
+        for (uint32_t j = 0; j < src_rows_[i]; ++j) sources_.push_back(at);
         continue;
       }
       const auto len = static_cast<uint32_t>(s_.shape_of(r)[0]);
@@ -747,6 +764,8 @@ class Planner {
   std::vector<uint32_t>& reader_ = x_.reader;
   std::vector<RowRef>& sources_ = x_.sources;
   std::vector<NodeId>& src_nodes_ = x_.src_nodes;
+  std::vector<uint32_t>& src_rows_ = x_.src_rows;  // packed: each source's reader's length
+  int packed_rank_ = 0;                            // packed: the reader's rank
   std::vector<uint8_t>& src_flat_ = x_.src_flat;
   uint32_t unpack_ = kNone32;  // fill_sources' verdict for add_input
   bool expanded_ = false;

@@ -243,7 +243,12 @@ SigId Trace::signature(NodeId n, const OpTraits& traits) {
   // length, so that nodes of different lengths share a signature.
   const bool rows = by_rows(n, traits);
   s_.flags[n] = static_cast<uint8_t>(rows ? s_.flags[n] | NodeStore::kRowwise : s_.flags[n] & ~NodeStore::kRowwise);
-  auto shape_key = [&](NodeId x) -> int64_t { return rows ? row_shape(x) : s_.shape[x]; };
+  // (A per-example argument one rank lower is repeated on every row: its own shape, marked.)
+  const int out_rank = s_.shape_of(n).rank();
+  auto shape_key = [&](NodeId x) -> int64_t {
+    if (!rows) return s_.shape[x];
+    return s_.shape_of(x).rank() < out_rank && x != n ? (int64_t{1} << 42) | s_.shape[x] : row_shape(x);
+  };
   size_t k = 0;
   key[k++] = s_.op[n];
   key[k++] = shape_key(n);
@@ -278,8 +283,9 @@ SigId Trace::signature(NodeId n, const OpTraits& traits) {
 }
 
 // Whether node n batches by rows (OpTraits::rowwise): a result of rank >= 2,
-// every per-example argument of the result's rank and length, every shared
-// one of lower rank (it broadcasts over the rows) or a weight.
+// every per-example argument of the result's rank and length or of one row's
+// shape (repeated on every row), every shared one of lower rank (it
+// broadcasts over the rows) or a weight.
 bool Trace::by_rows(NodeId n, const OpTraits& traits) const {
   if (!traits.rowwise) return false;
   const Shape& out = s_.shape_of(n);
@@ -293,7 +299,14 @@ bool Trace::by_rows(NodeId n, const OpTraits& traits) const {
     const bool weight = i < 8 && ((traits.weights >> i) & 1) != 0;
     if (s_.has(r, NodeStore::kShared)) {
       if (!weight && a.rank() >= out.rank()) return false;
-    } else if (weight || a.rank() != out.rank() || a[0] != out[0]) {
+    } else if (weight) {
+      return false;
+    } else if (a.rank() == out.rank()) {
+      if (a[0] != out[0]) return false;
+    } else if (a.rank() == out.rank() - 1) {
+      for (int d = 0; d < a.rank(); ++d)
+        if (a[d] != out[d + 1]) return false;
+    } else {
       return false;
     }
   }

@@ -99,7 +99,7 @@ Task<Expr> random_program(Graph& g, const Params& p, uint64_t program_seed, int 
     // program of that set has control flow (others follow with odds 3 in 28).
     size_t choice = control && s == 1 ? 25 + pick(3) : pick(control ? 28 : 25);
     // Over matrices, what needs a vector takes another form (numbers >= 100).
-    if (rows > 0 && (choice == 14 || choice == 15 || choice == 22 || choice == 24)) choice += 100;
+    if (rows > 0 && (choice == 5 || choice == 14 || choice == 15 || choice == 22 || choice == 24)) choice += 100;
     switch (choice) {
       case 0: r = dsl::tanh(x); break;
       case 1: r = dsl::sigmoid(x); break;
@@ -156,6 +156,7 @@ Task<Expr> random_program(Graph& g, const Params& p, uint64_t program_seed, int 
         break;
       }
       case 24: r = dsl::matmul(p.W[dim_index(d)][dim_index(d)], x * y); break;
+      case 105: r = x * dsl::tanh(g.input(test::data({d}, example, 40 + s))) + y; break;  // a vector on every row
       case 114: r = dsl::layer_norm(x + y, p.b[dim_index(d)], p.E[dim_index(d)][0]) * 0.5; break;
       case 115: rd = 0, r = dsl::sum(dsl::sum_dim(dsl::tanh(x), 0)); break;  // across the rows
       case 122: r = x + dsl::matmul(x, dsl::matmul(dsl::transpose(x), y)) * 0.1; break;  // per-example products

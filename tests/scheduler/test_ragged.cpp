@@ -118,21 +118,32 @@ TEST_CASE("ragged: value() of packed values, and their host values in a coroutin
   REQUIRE_BATCHED_EQUALS_ALONE(r);
 }
 
-TEST_CASE("ragged: a per-example argument of another length or rank is not packed", "[scheduler][ragged]") {
-  const at::Tensor W = test::param({3, 2}, 1).detach(), b = test::param({3}, 2).detach();
-  Graph g({.fuse = false});
-  std::vector<Expr> outs;
-  for (int i = 0; i < 4; ++i) {
-    auto s = g.example(i);
-    const Expr X = g.input(test::data({length_of(i), 3}, i));
-    const Expr v = g.input(test::data({3}, i, 1));
-    outs.push_back(X + v);  // a vector broadcast over the rows: batches by length only
+TEST_CASE("ragged: a per-example vector is repeated on every row, and another length is not packed", "[scheduler][ragged]") {
+  const at::Tensor W = test::param({3, 3}, 1), b = test::param({3}, 2);
+  {
+    Graph g({.fuse = false});
+    const std::vector<Expr> outs = test::forward_examples(g, 4, [](Graph& pg, int i) {
+      return pg.input(test::data({length_of(i), 3}, i)) + pg.input(test::data({3}, i, 1));  // [L, 3] + [3]
+    });
+    CHECK(launches_of(g, "add") == 1);  // lengths 1, 6, 4, 2: one packed launch, v repeated on each row
+    for (int i = 0; i < 4; ++i)
+      CHECK(at::allclose(outs[static_cast<size_t>(i)].value(), test::data({length_of(i), 3}, i) + test::data({3}, i, 1)));
   }
-  g.forward(outs);
-  CHECK(launches_of(g, "add") == 4);  // lengths 1, 6, 4, 2
-  CHECK_THAT(g.plan_str(), !Contains("packed"));
-  for (int i = 0; i < 4; ++i)
-    CHECK(at::allclose(outs[static_cast<size_t>(i)].value(), test::data({length_of(i), 3}, i) + test::data({3}, i, 1)));
+  {
+    Graph g({.fuse = false});
+    const std::vector<Expr> outs = test::forward_examples(g, 4, [](Graph& pg, int i) {
+      return pg.input(test::data({length_of(i), 3}, i)) * pg.input(test::data({1, 3}, i, 1));  // [L, 3] * [1, 3]
+    });
+    CHECK(launches_of(g, "mul") == 4);  // a row broadcast per example: batches by length only (length 1 packs alone)
+  }
+  // A per-example bias of an affine and a per-example vector in a fused region, through the checker.
+  const CheckReport r = check_batched(8, [&](Graph& g, int i) {
+    const Expr X = g.input(test::data({length_of(i), 3}, i));
+    const Expr v = dsl::tanh(g.input(test::data({3}, i, 1)));
+    const Expr H = dsl::affine(W, X, v) + v;  // both packed, v repeated
+    return dsl::sum(dsl::sigmoid(H) * 2.0 + v) + dsl::sum(dsl::affine(W, H, b));
+  }, {.params = {W, b}});
+  REQUIRE_BATCHED_EQUALS_ALONE(r);
 }
 
 TEST_CASE("ragged: a function whose body works on matrices, called with different lengths", "[scheduler][ragged][function]") {
