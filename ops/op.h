@@ -57,6 +57,13 @@ struct OpTraits {
   uint8_t weights = 0;  // bit i: argument i is a weight, applied to each row (affine's W)
   int8_t axis_attr = -1;    // >= 0: row by row only when this attribute (an axis) is not 0
   int8_t length_attr = -1;  // >= 0: this attribute is the length (left out of the signature when packed)
+  // Reduces the rows of its one per-example argument [L, S...] (all of them,
+  // or along axis 0 where axis_attr says so): nodes of different lengths L
+  // share one launch. run() then gets the rows of all the values end to end
+  // in in(0) ([sum of L, S...]) and, per node, its number of rows in
+  // segment_counts() (segment_ids(): each row's node); otherwise
+  // segment_counts() is empty.
+  bool row_reduce = false;
 };
 
 class InferCtx {

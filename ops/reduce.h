@@ -22,13 +22,45 @@
 
 namespace sheaf::op {
 
+// Row reductions (OpTraits::row_reduce): in(0) holds every value's rows end to
+// end; the sum of each node's rows, [n, row shape...].
+inline at::Tensor row_sums(RunCtx& c) {
+  const at::Tensor& x = c.in(0);
+  const auto counts = c.segment_counts();
+  std::vector<int64_t> sizes{c.n()};
+  for (int64_t d = 1; d < x.dim(); ++d) sizes.push_back(x.size(d));
+  if (std::all_of(counts.begin(), counts.end(), [&](int64_t k) { return k == counts[0]; })) {
+    std::vector<int64_t> split{c.n(), counts[0]};
+    split.insert(split.end(), sizes.begin() + 1, sizes.end());
+    return x.reshape(split).sum(1);
+  }
+  return at::index_add(at::zeros(sizes, x.options()), 0, c.segment_ids(), x);
+}
+
+// Each node's number of rows as [n, 1, ...] floats of rank `rank` + 1, counted
+// on the device from the segment ids (no upload).
+inline at::Tensor row_counts(RunCtx& c, int64_t rank) {
+  const at::Tensor& seg = c.segment_ids();
+  at::Tensor counts = at::index_add(at::zeros({c.n()}, c.options()), 0, seg, at::ones_like(seg, c.options()));
+  std::vector<int64_t> sizes(static_cast<size_t>(rank) + 1, 1);
+  sizes[0] = c.n();
+  return counts.view(sizes);
+}
+
 // All elements of one value -> a scalar, with F = at::sum or at::mean over the
-// per-example axes 1 .. rank.
-template <at::Tensor (*F)(const at::Tensor&, at::IntArrayRef)>
+// per-example axes 1 .. rank. Values of rank >= 2 batch by rows whatever their
+// length (OpTraits::row_reduce).
+template <at::Tensor (*F)(const at::Tensor&, at::IntArrayRef), bool kMean>
 struct ReduceAll {
-  static constexpr OpTraits traits{.arity = 1};
+  static constexpr OpTraits traits{.arity = 1, .row_reduce = true};
   static Shape infer(const InferCtx&) { return Shape{}; }
   static at::Tensor run(RunCtx& c) {
+    if (!c.segment_counts().empty()) {  // rows of values of different lengths
+      at::Tensor sums = row_sums(c);
+      const int64_t per_row = sums.numel() / std::max<int64_t>(c.n(), 1);
+      if (sums.dim() > 1) sums = sums.reshape({c.n(), -1}).sum(1);
+      return kMean ? sums / (row_counts(c, 0) * static_cast<double>(per_row)) : sums;
+    }
     const int rank = static_cast<int>(c.in(0).dim()) - 1;
     if (rank == 0) return c.in(0);  // reducing over an empty axis list would reduce everything
     std::vector<int64_t> axes(static_cast<size_t>(rank));
@@ -40,14 +72,16 @@ struct ReduceAll {
 inline at::Tensor sum_axes(const at::Tensor& x, at::IntArrayRef axes) { return at::sum(x, axes); }
 inline at::Tensor mean_axes(const at::Tensor& x, at::IntArrayRef axes) { return at::mean(x, axes); }
 
-struct Sum : ReduceAll<sum_axes> { static constexpr std::string_view name = "sum"; };
-struct Mean : ReduceAll<mean_axes> { static constexpr std::string_view name = "mean"; };
+struct Sum : ReduceAll<sum_axes, false> { static constexpr std::string_view name = "sum"; };
+struct Mean : ReduceAll<mean_axes, true> { static constexpr std::string_view name = "mean"; };
 
 // One axis of a value reduced (DyNet's sum_dim, max_dim, ...): attr 0 is the
-// axis (normalised at recording when the shape was known).
-template <at::Tensor (*F)(const at::Tensor&, int64_t)>
+// axis (normalised at recording when the shape was known). kRows: 0, or for
+// sums 1 and means 2: along axis 0, values of different lengths batch by rows
+// (OpTraits::row_reduce).
+template <at::Tensor (*F)(const at::Tensor&, int64_t), int kRows = 0>
 struct ReduceDim {
-  static constexpr OpTraits traits{.arity = 1};
+  static constexpr OpTraits traits{.arity = 1, .axis_attr = 0, .row_reduce = kRows != 0};
   static Shape infer(const InferCtx& c) {
     const Shape& s = c.shape(0);
     const int axis = s.axis(static_cast<int>(c.attr(0)));
@@ -58,6 +92,10 @@ struct ReduceDim {
     return out;
   }
   static at::Tensor run(RunCtx& c) {
+    if (!c.segment_counts().empty()) {  // along the rows of values of different lengths
+      at::Tensor sums = row_sums(c);
+      return kRows == 2 ? sums / row_counts(c, sums.dim() - 1) : sums;
+    }
     const int64_t a = c.attr(0);
     return F(c.in(0), (a < 0 ? a + c.in(0).dim() - 1 : a) + 1);
   }
@@ -71,8 +109,8 @@ inline at::Tensor max_dim(const at::Tensor& x, int64_t d) { return x.amax(d); }
 inline at::Tensor min_dim(const at::Tensor& x, int64_t d) { return x.amin(d); }
 inline at::Tensor logsumexp_dim(const at::Tensor& x, int64_t d) { return x.logsumexp(d); }
 
-struct SumDim : ReduceDim<sum_dim> { static constexpr std::string_view name = "sum_dim"; };
-struct MeanDim : ReduceDim<mean_dim> { static constexpr std::string_view name = "mean_dim"; };
+struct SumDim : ReduceDim<sum_dim, 1> { static constexpr std::string_view name = "sum_dim"; };
+struct MeanDim : ReduceDim<mean_dim, 2> { static constexpr std::string_view name = "mean_dim"; };
 struct MaxDim : ReduceDim<max_dim> { static constexpr std::string_view name = "max_dim"; };
 struct MinDim : ReduceDim<min_dim> { static constexpr std::string_view name = "min_dim"; };
 struct LogSumExpDim : ReduceDim<logsumexp_dim> { static constexpr std::string_view name = "logsumexp_dim"; };

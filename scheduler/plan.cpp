@@ -536,6 +536,31 @@ class Planner {
       add_input(like);
       return;
     }
+    if (s_.has(first, NodeStore::kRowReduce)) {
+      // A reduction of its argument's rows (OpTraits::row_reduce): every
+      // value's rows end to end are one input, with each row's node (segment
+      // ids) and each node's number of rows (counts), as a list op's elements.
+      src_nodes_.clear();
+      src_rows_.clear();
+      b.segments = static_cast<int64_t>(p_.indices.size());
+      uint32_t total = 0;
+      for (uint32_t i = 0; i < b.n; ++i) {
+        const NodeId a = s_.args_of(nodes[i])[0];
+        const uint32_t len = length_of(s_.resolve(a));
+        src_nodes_.push_back(a);
+        src_rows_.push_back(len);
+        p_.indices.insert(p_.indices.end(), len, static_cast<int64_t>(i));
+        total += len;
+      }
+      b.total = total;
+      b.counts = static_cast<int64_t>(p_.indices.size());
+      for (uint32_t len : src_rows_) p_.indices.push_back(len);
+      packed_rank_ = s_.shape_of(s_.resolve(src_nodes_[0])).rank();
+      fill_sources(true);
+      b.arity = 1;
+      add_input(src_nodes_[0]);
+      return;
+    }
     if (b.rows == 0 && stackable(first, traits)) {
       src_nodes_.clear();
       for (NodeId node : nodes)

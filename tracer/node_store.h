@@ -63,6 +63,7 @@ struct NodeStore {
     kFailed = 8,       // its launch failed: never retried (what depends on it never runs)
     kRowwise = 16,     // its signature batches it by rows (OpTraits::rowwise): lengths may differ
     kPacked = 32,      // its value is shape[0] rows of its batch from value_row (a packed batch)
+    kRowReduce = 64,   // its signature batches it by its argument's rows (OpTraits::row_reduce)
   };
 
   // Per node, sized to the capacity (size() nodes are valid): append() writes

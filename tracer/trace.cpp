@@ -110,7 +110,7 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
     wait_for_shapes(n);
   } else if (hit) {
     s_.sig[n] = last.sig;
-    s_.flags[n] |= last.flags;  // kRowwise: the same shapes, the same verdict
+    s_.flags[n] |= last.flags;  // kRowwise, kRowReduce: the same shapes, the same verdict
   } else {
     if (!is_shared) s_.sig[n] = signature(n, info.traits);
     if (len > 0) {
@@ -118,7 +118,7 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
       last.len = len;
       last.shape = shape;
       last.sig = is_shared ? kNoSig : s_.sig[n];
-      last.flags = static_cast<uint8_t>(s_.flags[n] & NodeStore::kRowwise);
+      last.flags = static_cast<uint8_t>(s_.flags[n] & (NodeStore::kRowwise | NodeStore::kRowReduce));
     }
   }
   ready_.add(n);
@@ -242,7 +242,10 @@ SigId Trace::signature(NodeId n, const OpTraits& traits) {
   // Packed by rows (OpTraits::rowwise): the shapes in the key lose their
   // length, so that nodes of different lengths share a signature.
   const bool rows = by_rows(n, traits);
-  s_.flags[n] = static_cast<uint8_t>(rows ? s_.flags[n] | NodeStore::kRowwise : s_.flags[n] & ~NodeStore::kRowwise);
+  const bool reduce = !rows && reduces_rows(n, traits);  // its argument's rows, whatever their number
+  s_.flags[n] = static_cast<uint8_t>(s_.flags[n] & ~(NodeStore::kRowwise | NodeStore::kRowReduce));
+  if (rows) s_.flags[n] |= NodeStore::kRowwise;
+  if (reduce) s_.flags[n] |= NodeStore::kRowReduce;
   // (A per-example argument one rank lower is repeated on every row: its own shape, marked.)
   const int out_rank = s_.shape_of(n).rank();
   auto shape_key = [&](NodeId x) -> int64_t {
@@ -252,7 +255,8 @@ SigId Trace::signature(NodeId n, const OpTraits& traits) {
   size_t k = 0;
   key[k++] = s_.op[n];
   key[k++] = shape_key(n);
-  key[k++] = traits.segmented ? -1 : static_cast<int64_t>(args.size()) | (rows ? int64_t{1} << 41 : 0);
+  key[k++] = traits.segmented ? -1 : static_cast<int64_t>(args.size()) | (rows ? int64_t{1} << 41 : 0) |
+                                        (reduce ? int64_t{1} << 43 : 0);
   for (size_t i = 0; i < attrs.size(); ++i)
     if (!rows || static_cast<int>(i) != traits.length_attr) key[k++] = attrs[i];
   for (size_t i = 0; i < args.size(); ++i) {
@@ -262,6 +266,8 @@ SigId Trace::signature(NodeId n, const OpTraits& traits) {
     const NodeId r = s_.resolve(args[i]);
     if (s_.has(r, NodeStore::kShared))
       key[k++] = (int64_t{1} << 40) | r;
+    else if (reduce)
+      key[k++] = row_shape(args[i]);
     else if (!traits.segmented || i == 0)
       key[k++] = shape_key(args[i]);
   }
@@ -311,6 +317,17 @@ bool Trace::by_rows(NodeId n, const OpTraits& traits) const {
     }
   }
   return true;
+}
+
+// Whether node n reduces the rows of its argument (OpTraits::row_reduce): one
+// per-example argument of rank >= 2, reduced whole or along axis 0.
+bool Trace::reduces_rows(NodeId n, const OpTraits& traits) const {
+  if (!traits.row_reduce) return false;
+  auto args = s_.args_of(n);
+  if (args.size() != 1 || s_.has(s_.resolve(args[0]), NodeStore::kShared)) return false;
+  const Shape& in = s_.shape_of(args[0]);
+  if (in.rank() < 2) return false;
+  return traits.axis_attr < 0 || in.axis(static_cast<int>(s_.attrs_of(n)[static_cast<size_t>(traits.axis_attr)])) == 0;
 }
 
 // The shape of one row of node x's value: its shape without the first axis.

@@ -84,6 +84,7 @@ class Trace {
  private:
   SigId signature(NodeId n, const OpTraits& traits);
   bool by_rows(NodeId n, const OpTraits& traits) const;
+  bool reduces_rows(NodeId n, const OpTraits& traits) const;
   ShapeId row_shape(NodeId x);
   uint64_t next_key(int64_t example);  // a dropout key, unique per (example, node ordinal)
   void wait_for_shapes(NodeId n);

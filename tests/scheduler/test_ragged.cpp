@@ -71,7 +71,8 @@ TEST_CASE("ragged: values and gradients equal each example alone, every strategy
     const Expr first_row = dsl::affine(V, dsl::slice(H, 0, 1, 0), c);  // a slice's rows, packed again
     const Expr E = dsl::concat({dsl::slice(D, 0, 2), dsl::tanh(dsl::slice(D, 2, 5))});  // not packed, then packed
     const Expr L = dsl::log_softmax(E - dsl::sum(std::vector<Expr>{E, D * 2.0}));
-    return dsl::sum(L) + dsl::sum(dsl::sum_dim(N, 0)) + dsl::sum(dsl::stack({D, E})) + dsl::sum(first_row);
+    return dsl::sum(L) + dsl::sum(dsl::sum_dim(N, 0)) + dsl::sum(dsl::stack({D, E})) + dsl::sum(first_row) +
+           dsl::mean(dsl::mean_dim(D, 0) * 3.0) + dsl::mean(H);
   };
   const CheckReport r = check_batched(9, program, {.params = {W, b, gain, V, c}});
   REQUIRE_BATCHED_EQUALS_ALONE(r);
@@ -187,4 +188,36 @@ TEST_CASE("ragged: slices of one gathered input are one gather and one split", "
     }
   CHECK(slices == 2);               // one per head, each over Q and K of every example
   CHECK(cut_from_one_gather == 2);  // Q and K gathered side by side once, then split
+}
+
+TEST_CASE("ragged: sums and means over the rows of values of different lengths take one launch", "[scheduler][ragged]") {
+  Graph g({.fuse = false});
+  const int n = 9;
+  std::vector<Expr> s, m, sd, md, mx;
+  for (int i = 0; i < n; ++i) {
+    auto scope = g.example(i);
+    const Expr X = g.input(test::data({length_of(i), 3}, i));
+    s.push_back(dsl::sum(X));
+    m.push_back(dsl::mean(X));
+    sd.push_back(dsl::sum_dim(X, 0));
+    md.push_back(dsl::mean_dim(X, 0));
+    mx.push_back(dsl::max_dim(X, 0));  // not a sum: still one launch per length
+  }
+  std::vector<Expr> all = s;
+  for (auto* v : {&m, &sd, &md, &mx}) all.insert(all.end(), v->begin(), v->end());
+  g.forward(all);
+  CHECK(launches_of(g, "sum") == 1);
+  CHECK(launches_of(g, "mean") == 1);
+  CHECK(launches_of(g, "sum_dim") == 1);
+  CHECK(launches_of(g, "mean_dim") == 1);
+  CHECK(launches_of(g, "max_dim") == 7);  // lengths 1..7
+  for (int i = 0; i < n; ++i) {
+    const at::Tensor x = test::data({length_of(i), 3}, i);
+    const auto k = static_cast<size_t>(i);
+    CHECK(at::allclose(s[k].value(), x.sum(), 1e-4, 1e-5));
+    CHECK(at::allclose(m[k].value(), x.mean(), 1e-4, 1e-5));
+    CHECK(at::allclose(sd[k].value(), x.sum(0), 1e-4, 1e-5));
+    CHECK(at::allclose(md[k].value(), x.mean(0), 1e-4, 1e-5));
+    CHECK(at::allclose(mx[k].value(), std::get<0>(x.max(0)), 1e-4, 1e-5));
+  }
 }
