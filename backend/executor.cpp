@@ -276,8 +276,7 @@ LaunchArgs Executor::launch_args(const Plan& plan, const PlannedBatch& b) {
   a.out_shape = &s_.shape_of(first);
   if (b.rows > 0) {  // packed: the op sees rows, each of the shape less its first axis
     a.packed = true;
-    row_shape_ = Shape{};
-    for (int d = 1; d < a.out_shape->rank(); ++d) row_shape_.push((*a.out_shape)[d]);
+    row_shape_ = a.out_shape->row();
     a.out_shape = &row_shape_;
   }
   a.payload_host = std::span(plan.indices.data() + b.payload, b.n);

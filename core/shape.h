@@ -31,6 +31,13 @@ class Shape {
     return n;
   }
   constexpr void push(int64_t d) { dims_[static_cast<size_t>(rank_++)] = d; }
+  // One row's shape: this shape without its first axis (packed batches lay
+  // values of different lengths end to end as rows of this shape).
+  constexpr Shape row() const {
+    Shape r;
+    for (int i = 1; i < rank_; ++i) r.push(dims_[static_cast<size_t>(i)]);
+    return r;
+  }
   // Normalises a possibly negative axis; returns -1 when out of range.
   constexpr int axis(int a) const {
     if (a < 0) a += rank_;

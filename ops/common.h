@@ -3,17 +3,35 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/index_add.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <concepts>
 #include <string_view>
+#include <vector>
 
 #include "op.h"
 #include "pointwise_math.h"
 
 namespace sheaf::op {
+
+// Row reductions (OpTraits::row_reduce): x holds every value's rows end to
+// end; the sum of each node's rows, [n, row shape...].
+inline at::Tensor row_sums(RunCtx& c, const at::Tensor& x) {
+  const auto counts = c.segment_counts();
+  std::vector<int64_t> sizes{static_cast<int64_t>(counts.size())};
+  for (int64_t d = 1; d < x.dim(); ++d) sizes.push_back(x.size(d));
+  if (std::all_of(counts.begin(), counts.end(), [&](int64_t k) { return k == counts[0]; })) {
+    std::vector<int64_t> split{sizes[0], counts[0]};
+    split.insert(split.end(), sizes.begin() + 1, sizes.end());
+    return x.reshape(split).sum(1);
+  }
+  return at::index_add(at::zeros(sizes, x.options()), 0, c.segment_ids(), x);
+}
 
 // LibTorch's broadcasting: shapes aligned on the right, each pair of dims equal
 // or one of them 1 (a missing dim counts as 1). Per example: the batch axis is

@@ -13,6 +13,7 @@
 
 #include "common.h"
 #include "matvec.h"
+#include "segments.h"
 #include "weight_grad.h"
 
 namespace sheaf::op {
@@ -68,14 +69,24 @@ struct Affine {
   }
 };
 
-// A x or A B. A: [m, k]; B: [k] or [k, p].
+// A x, A B or x B. A: [m, k]; B: [k, p]; x: [k] (a vector).
+//
+// Over values of different lengths: A x packs by A's rows (one element each,
+// an attention's scores), and x B with per-example x and B reduces their rows
+// (an attention's context: its weights times the rows they weigh).
 struct Matmul {
   static constexpr std::string_view name = "matmul";
-  static constexpr OpTraits traits{.arity = 2};
+  static constexpr OpTraits traits{.arity = 2, .rowwise = true, .weights = 2, .row_args = 1, .row_reduce = true};
   static Shape infer(const InferCtx& c) {
     const Shape& a = c.shape(0);
     const Shape& b = c.shape(1);
-    if (a.rank() != 2) c.fail("the left operand must be a matrix, got ", a.str());
+    if (a.rank() == 1) {
+      if (b.rank() != 2 || b[0] != a[0])
+        c.fail("shapes ", a.str(), " and ", b.str(), " do not multiply (a vector times a matrix ",
+               b.rank() == 1 ? "of its length; for two vectors, dsl::dot)" : "of its length)");
+      return Shape{b[1]};
+    }
+    if (a.rank() != 2) c.fail("the left operand must be a matrix or a vector, got ", a.str());
     if (b.rank() < 1 || b.rank() > 2 || b[0] != a[1])
       c.fail("shapes ", a.str(), " and ", b.str(), " do not multiply");
     return b.rank() == 1 ? Shape{a[0]} : Shape{a[0], b[1]};
@@ -83,6 +94,15 @@ struct Matmul {
   static at::Tensor run(RunCtx& c) {
     const at::Tensor& a = c.in(0);
     const at::Tensor& b = c.in(1);
+    if (!c.segment_counts().empty()) return segment_weighted_sum(a, b, c.segment_counts(), c.segment_ids());  // x B, rows
+    if (c.packed()) {  // A's rows [R, k] times a shared B, or times the example's x on each row ([R, k])
+      if (c.shared(1)) return at::matmul(a, b);
+      return batched_matvec(a.unsqueeze(1), b).view({-1});  // a dot product per row: one loop, one autograd node
+    }
+    if (a.dim() - (c.shared(0) ? 0 : 1) == 1) {  // x B
+      if (c.shared(0) || c.shared(1)) return at::matmul(a, b);
+      return at::bmm(a.unsqueeze(1), b).squeeze(1);
+    }
     const bool vec = c.out_shape().rank() == 1;
     if (c.shared(0)) return vec ? shared_linear(c, b, a, at::Tensor()) : at::matmul(a, b);
     if (c.shared(1)) return at::matmul(a, b);

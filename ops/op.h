@@ -48,22 +48,38 @@ struct OpTraits {
   // Row by row: on per-example values [L, S...] the op computes each of the L
   // rows alone, so nodes whose lengths L differ share one launch over their
   // rows packed end to end ([sum of L, S...]; RunCtx::n() is then the number of
-  // rows and out_shape() the shape of one row). The planner packs a node when
-  // its result has rank >= 2, each per-example argument has the result's rank
-  // and length or one row's shape (then repeated on each row), and each shared
-  // argument has a lower rank (it broadcasts over the rows) or is one of
-  // `weights`. run() must then be correct for any n and rows of out_shape().
+  // rows and out_shape() the shape of one row). The rows are those of the
+  // per-example arguments in `row_args` of the highest rank R (the result's
+  // or more): the planner packs a node when each of those has rank R and the
+  // result's length, each other per-example argument has one row's shape (then
+  // repeated on each row), and each shared argument has a rank below R (it
+  // broadcasts over the rows) or is one of `weights`. A result of rank 1 packs
+  // when R is 2 (matmul of a matrix by a vector: one element per row) or when
+  // it is computed element by element (a fusible elementwise op) or across
+  // rows (below) from a packed vector. run() must then be correct for any n
+  // and rows of out_shape().
   bool rowwise = false;
   uint8_t weights = 0;  // bit i: argument i is a weight, applied to each row (affine's W)
+  uint8_t row_args = 0xff;  // bit i: argument i may carry rows (matmul: only A)
+  // On a packed vector (per-example [L] whose L elements are rows), the op
+  // works across each value's elements (softmax over a sequence's scores):
+  // run() then also gets segment_ids() and segment_counts(), as a row
+  // reduction does, and returns the elements end to end.
+  bool across_rows = false;
   int8_t axis_attr = -1;    // >= 0: row by row only when this attribute (an axis) is not 0
   int8_t length_attr = -1;  // >= 0: this attribute is the length (left out of the signature when packed)
-  // Reduces the rows of its one per-example argument [L, S...] (all of them,
-  // or along axis 0 where axis_attr says so): nodes of different lengths L
-  // share one launch. run() then gets the rows of all the values end to end
-  // in in(0) ([sum of L, S...]) and, per node, its number of rows in
-  // segment_counts() (segment_ids(): each row's node); otherwise
-  // segment_counts() is empty.
+  // Reduces the rows of its per-example arguments [L, S...] (all of them, or
+  // along axis 0 where axis_attr says so; several arguments all of one length
+  // L, all but the last vectors: a weight per row, as x in x B): nodes of different lengths L share one
+  // launch. It applies when no argument is shared, the result has a lower rank
+  // than the highest argument, and that rank is >= 2 or an argument is a packed
+  // vector. run() then gets the rows of all the values end to end in in(i)
+  // ([sum of L, S...]) and, per node, its number of rows in segment_counts()
+  // (segment_ids(): each row's node); otherwise segment_counts() is empty.
   bool row_reduce = false;
+
+  constexpr bool weight(size_t i) const { return i < 8 && ((weights >> i) & 1) != 0; }
+  constexpr bool row_arg(size_t i) const { return !weight(i) && (i >= 8 || ((row_args >> i) & 1) != 0); }
 };
 
 class InferCtx {

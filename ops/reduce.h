@@ -19,23 +19,9 @@
 #include <vector>
 
 #include "common.h"
+#include "segments.h"
 
 namespace sheaf::op {
-
-// Row reductions (OpTraits::row_reduce): in(0) holds every value's rows end to
-// end; the sum of each node's rows, [n, row shape...].
-inline at::Tensor row_sums(RunCtx& c) {
-  const at::Tensor& x = c.in(0);
-  const auto counts = c.segment_counts();
-  std::vector<int64_t> sizes{c.n()};
-  for (int64_t d = 1; d < x.dim(); ++d) sizes.push_back(x.size(d));
-  if (std::all_of(counts.begin(), counts.end(), [&](int64_t k) { return k == counts[0]; })) {
-    std::vector<int64_t> split{c.n(), counts[0]};
-    split.insert(split.end(), sizes.begin() + 1, sizes.end());
-    return x.reshape(split).sum(1);
-  }
-  return at::index_add(at::zeros(sizes, x.options()), 0, c.segment_ids(), x);
-}
 
 // Each node's number of rows as [n, 1, ...] floats of rank `rank` + 1, counted
 // on the device from the segment ids (no upload).
@@ -56,7 +42,7 @@ struct ReduceAll {
   static Shape infer(const InferCtx&) { return Shape{}; }
   static at::Tensor run(RunCtx& c) {
     if (!c.segment_counts().empty()) {  // rows of values of different lengths
-      at::Tensor sums = row_sums(c);
+      at::Tensor sums = row_sums(c, c.in(0));
       const int64_t per_row = sums.numel() / std::max<int64_t>(c.n(), 1);
       if (sums.dim() > 1) sums = sums.reshape({c.n(), -1}).sum(1);
       return kMean ? sums / (row_counts(c, 0) * static_cast<double>(per_row)) : sums;
@@ -93,7 +79,7 @@ struct ReduceDim {
   }
   static at::Tensor run(RunCtx& c) {
     if (!c.segment_counts().empty()) {  // along the rows of values of different lengths
-      at::Tensor sums = row_sums(c);
+      at::Tensor sums = row_sums(c, c.in(0));
       return kRows == 2 ? sums / row_counts(c, sums.dim() - 1) : sums;
     }
     const int64_t a = c.attr(0);
@@ -203,16 +189,22 @@ inline Shape infer_vector_like(const InferCtx& c) {
 
 struct Softmax {
   static constexpr std::string_view name = "softmax";
-  static constexpr OpTraits traits{.arity = 1, .rowwise = true};
+  static constexpr OpTraits traits{.arity = 1, .rowwise = true, .across_rows = true};
   static Shape infer(const InferCtx& c) { return infer_vector_like(c); }
-  static at::Tensor run(RunCtx& c) { return at::softmax(c.in(0), -1); }
+  static at::Tensor run(RunCtx& c) {
+    if (c.segment_counts().empty()) return at::softmax(c.in(0), -1);
+    return segment_softmax(c.in(0), c.segment_counts(), c.segment_ids(), /*log=*/false);  // across packed vectors
+  }
 };
 
 struct LogSoftmax {
   static constexpr std::string_view name = "log_softmax";
-  static constexpr OpTraits traits{.arity = 1, .rowwise = true};
+  static constexpr OpTraits traits{.arity = 1, .rowwise = true, .across_rows = true};
   static Shape infer(const InferCtx& c) { return infer_vector_like(c); }
-  static at::Tensor run(RunCtx& c) { return at::log_softmax(c.in(0), -1); }
+  static at::Tensor run(RunCtx& c) {
+    if (c.segment_counts().empty()) return at::log_softmax(c.in(0), -1);
+    return segment_softmax(c.in(0), c.segment_counts(), c.segment_ids(), /*log=*/true);  // across packed vectors
+  }
 };
 
 inline void check_index(const InferCtx& c, const char* what) {

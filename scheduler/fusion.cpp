@@ -153,12 +153,8 @@ std::shared_ptr<const FusedProgram> Fuser::program_for(NodeStore& s, const Round
   for (NodeId n : members(region)) packed = packed && s.has(n, NodeStore::kRowwise);
   regions_[k].packed = packed;
   // Packed, the program runs over rows: one row's shape (negated numel in the key).
-  Shape shape = s.shapes[s.shape[members(region)[0]]];
-  if (packed) {
-    Shape row;
-    for (int d = 1; d < shape.rank(); ++d) row.push(shape[d]);
-    shape = row;
-  }
+  const Shape& full = s.shapes[s.shape[members(region)[0]]];
+  const Shape shape = packed ? full.row() : full;
   key_.assign({kPatternTag, packed ? -shape.numel() : shape.numel(), static_cast<int64_t>(region.members_len),
                static_cast<int64_t>(region.inputs_len)});
   for (NodeId n : members(region)) {

@@ -8,6 +8,7 @@
 
 #include <sheaf/ops/op.h>
 #include <sheaf/ops/op_list.h>
+#include <sheaf/tracer/trace.h>
 
 namespace sheaf {
 
@@ -216,7 +217,7 @@ class Planner {
         s_.value_row[node] = packed ? row : i;
         if (packed) s_.flags[node] |= NodeStore::kPacked;
       }
-      row += packed ? static_cast<uint32_t>(s_.shape_of(members[0])[0]) : 1;
+      row += packed ? length_of(members[0]) : 1;
     }
     b.rows = packed ? row : 0;
     rows_.insert(rows_.end(), b.outputs, row);
@@ -488,7 +489,7 @@ class Planner {
       s_.value_row[node] = b.shared ? kWholeRow : packed ? at : i;
       if (packed) {
         s_.flags[node] |= NodeStore::kPacked;
-        at += static_cast<uint32_t>(s_.shape_of(node)[0]);
+        at += length_of(node);
       }
     }
     b.rows = at;
@@ -537,28 +538,23 @@ class Planner {
       return;
     }
     if (s_.has(first, NodeStore::kRowReduce)) {
-      // A reduction of its argument's rows (OpTraits::row_reduce): every
-      // value's rows end to end are one input, with each row's node (segment
-      // ids) and each node's number of rows (counts), as a list op's elements.
-      src_nodes_.clear();
-      src_rows_.clear();
-      b.segments = static_cast<int64_t>(p_.indices.size());
-      uint32_t total = 0;
-      for (uint32_t i = 0; i < b.n; ++i) {
-        const NodeId a = s_.args_of(nodes[i])[0];
-        const uint32_t len = length_of(s_.resolve(a));
-        src_nodes_.push_back(a);
-        src_rows_.push_back(len);
-        p_.indices.insert(p_.indices.end(), len, static_cast<int64_t>(i));
-        total += len;
+      // A reduction of its arguments' rows (OpTraits::row_reduce): every
+      // value's rows end to end are one input per argument, with each row's
+      // node (segment ids) and each node's number of rows (counts), as a list
+      // op's elements.
+      b.arity = static_cast<uint32_t>(s_.args_of(first).size());
+      add_segments(b, nodes, [&](NodeId node) { return length_of(s_.resolve(s_.args_of(node)[0])); });
+      for (uint32_t k = 0; k < b.arity; ++k) {
+        src_nodes_.clear();
+        src_rows_.clear();
+        for (NodeId node : nodes) {
+          src_nodes_.push_back(s_.args_of(node)[k]);
+          src_rows_.push_back(length_of(s_.resolve(src_nodes_.back())));
+        }
+        packed_rank_ = s_.shape_of(s_.resolve(src_nodes_[0])).rank();
+        fill_sources(true);
+        add_input(src_nodes_[0]);
       }
-      b.total = total;
-      b.counts = static_cast<int64_t>(p_.indices.size());
-      for (uint32_t len : src_rows_) p_.indices.push_back(len);
-      packed_rank_ = s_.shape_of(s_.resolve(src_nodes_[0])).rank();
-      fill_sources(true);
-      b.arity = 1;
-      add_input(src_nodes_[0]);
       return;
     }
     if (b.rows == 0 && stackable(first, traits)) {
@@ -585,10 +581,28 @@ class Planner {
         src_nodes_.push_back(s_.args_of(node)[k]);
         if (b.rows > 0) src_rows_.push_back(length_of(node));
       }
-      packed_rank_ = s_.shape_of(first).rank();
+      packed_rank_ = rows_rank(s_, first, traits);
       fill_sources(b.rows > 0);
       add_input(a0);
     }
+    // Across the elements of packed vectors (softmax of scores): which value each is.
+    if (b.rows > 0 && traits.across_rows && s_.shape_of(first).rank() == 1)
+      add_segments(b, nodes, [&](NodeId node) { return length_of(node); });
+  }
+
+  // Segment ids (each row's node: `length(node)` rows each) and counts.
+  template <class Length>
+  void add_segments(PlannedBatch& b, std::span<const NodeId> nodes, Length length) {
+    b.segments = static_cast<int64_t>(p_.indices.size());
+    uint32_t total = 0;
+    for (uint32_t i = 0; i < b.n; ++i) {
+      const uint32_t len = length(nodes[i]);
+      p_.indices.insert(p_.indices.end(), len, static_cast<int64_t>(i));
+      total += len;
+    }
+    b.total = total;
+    b.counts = static_cast<int64_t>(p_.indices.size());
+    for (uint32_t i = 0; i < b.n; ++i) p_.indices.push_back(length(nodes[i]));
   }
 
   // Every argument per-example with one shape (the signature makes it so for all rows).
@@ -629,7 +643,7 @@ class Planner {
         for (uint32_t j = 0; j < src_rows_[i]; ++j) sources_.push_back(at);
         continue;
       }
-      const auto len = static_cast<uint32_t>(s_.shape_of(r)[0]);
+      const uint32_t len = length_of(r);
       const bool in_place = s_.has(r, NodeStore::kPacked);
       const uint32_t first = in_place ? at.row : at.row * len;
       for (uint32_t j = 0; j < len; ++j) sources_.push_back(RowRef{at.batch, first + j, !in_place});
@@ -649,7 +663,7 @@ class Planner {
       } else if (s_.value_batch[r] != batch || s_.value_row[r] != next) {
         return false;
       }
-      next += static_cast<uint32_t>(s_.shape_of(r)[0]);
+      next += length_of(r);
     }
     if (batch == kNone32) return false;
     range_ = true;

@@ -30,10 +30,17 @@ class ShapeTable {
   }
   const Shape& operator[](ShapeId id) const { return shapes_[id]; }
   size_t size() const { return shapes_.size(); }
+  // The id of shape id's row (Shape::row), remembered: packed nodes ask per node.
+  ShapeId row(ShapeId id) {
+    if (id >= rows_.size()) rows_.resize(shapes_.size(), kUnknownShape);
+    if (rows_[id] == kUnknownShape) rows_[id] = intern(shapes_[id].row());
+    return rows_[id];
+  }
 
  private:
   ShapeId intern_slow(const Shape& s);
   std::vector<Shape> shapes_;
+  std::vector<ShapeId> rows_;  // by ShapeId: its row's id, or kUnknownShape until asked
   FlatIndex index_;
   std::array<ShapeId, 8> recent_{kUnknownShape, kUnknownShape, kUnknownShape, kUnknownShape,
                                  kUnknownShape, kUnknownShape, kUnknownShape, kUnknownShape};

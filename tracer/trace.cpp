@@ -87,8 +87,10 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
       key[len++] = op;
       key[len++] = payload;
       key[len++] = static_cast<int64_t>(args.size()) << 1 | is_shared;
+      // (Whether a per-example argument is packed decides whether this node packs: Trace::by_rows.)
       for (size_t i = 0; i < args.size(); ++i)
-        key[len++] = shared[i] ? (int64_t{1} << 40) | s_.resolve(args[i]) : s_.shape[args[i]];
+        key[len++] = shared[i] ? (int64_t{1} << 40) | s_.resolve(args[i])
+                               : s_.shape[args[i]] | (s_.has(s_.resolve(args[i]), NodeStore::kRowwise) ? int64_t{1} << 41 : 0);
       for (int64_t a : attrs) key[len++] = a;
       hit = last.len == len;
       for (size_t i = 0; i < len && hit; ++i) hit = last.key[i] == key[i];  // a few words: no memcmp call
@@ -241,16 +243,16 @@ SigId Trace::signature(NodeId n, const OpTraits& traits) {
   }
   // Packed by rows (OpTraits::rowwise): the shapes in the key lose their
   // length, so that nodes of different lengths share a signature.
-  const bool rows = by_rows(n, traits);
+  const int row_rank = by_rows(n, traits);
+  const bool rows = row_rank > 0;
   const bool reduce = !rows && reduces_rows(n, traits);  // its argument's rows, whatever their number
   s_.flags[n] = static_cast<uint8_t>(s_.flags[n] & ~(NodeStore::kRowwise | NodeStore::kRowReduce));
   if (rows) s_.flags[n] |= NodeStore::kRowwise;
   if (reduce) s_.flags[n] |= NodeStore::kRowReduce;
-  // (A per-example argument one rank lower is repeated on every row: its own shape, marked.)
-  const int out_rank = s_.shape_of(n).rank();
+  // (A per-example argument below the rows' rank is repeated on every row: its own shape, marked.)
   auto shape_key = [&](NodeId x) -> int64_t {
     if (!rows) return s_.shape[x];
-    return s_.shape_of(x).rank() < out_rank && x != n ? (int64_t{1} << 42) | s_.shape[x] : row_shape(x);
+    return s_.shape_of(x).rank() < row_rank && x != n ? (int64_t{1} << 42) | s_.shape[x] : row_shape(x);
   };
   size_t k = 0;
   key[k++] = s_.op[n];
@@ -288,55 +290,84 @@ SigId Trace::signature(NodeId n, const OpTraits& traits) {
   return sig;
 }
 
-// Whether node n batches by rows (OpTraits::rowwise): a result of rank >= 2,
-// every per-example argument of the result's rank and length or of one row's
-// shape (repeated on every row), every shared one of lower rank (it
-// broadcasts over the rows) or a weight.
-bool Trace::by_rows(NodeId n, const OpTraits& traits) const {
-  if (!traits.rowwise) return false;
+// The rank of node n's rows if it batches by rows: the highest of its result
+// and its per-example row arguments (OpTraits::row_args).
+int rows_rank(const NodeStore& s, NodeId n, const OpTraits& traits) {
+  int rank = s.shape_of(n).rank();
+  auto args = s.args_of(n);
+  for (size_t i = 0; i < args.size(); ++i)
+    if (traits.row_arg(i) && !s.has(s.resolve(args[i]), NodeStore::kShared))
+      rank = std::max(rank, s.shape_of(args[i]).rank());
+  return rank;
+}
+
+// The rank of node n's rows when it batches by rows (OpTraits::rowwise), or 0.
+// Its rows are those of its row arguments (OpTraits::row_args) of the highest
+// rank R among them and the result: each such per-example argument of rank R
+// has the result's length, every other per-example argument one row's shape
+// (repeated on every row; not packed itself), every shared one a rank below R (it broadcasts
+// over the rows) or is a weight (a per-example weight is an argument like the others). A result of rank 1 packs when its rows are a
+// matrix's (R = 2), or when an argument is a packed vector and the op computes
+// each element alone (a fusible elementwise op) or across rows.
+int Trace::by_rows(NodeId n, const OpTraits& traits) const {
+  if (!traits.rowwise) return 0;
   const Shape& out = s_.shape_of(n);
-  if (out.rank() < 2) return false;
+  if (out.rank() == 0) return 0;
   if (traits.axis_attr >= 0 && out.axis(static_cast<int>(s_.attrs_of(n)[static_cast<size_t>(traits.axis_attr)])) <= 0)
-    return false;  // along the length itself
+    return 0;  // along the length itself
   auto args = s_.args_of(n);
+  const int rank = rows_rank(s_, n, traits);
+  if (rank > out.rank() + 1) return 0;
+  const Shape* rows_of = &out;  // the shape whose rows repeated arguments match
+  for (size_t i = 0; i < args.size() && rank > out.rank(); ++i)
+    if (traits.row_arg(i) && s_.shape_of(args[i]).rank() == rank) rows_of = &s_.shape_of(args[i]);
+  bool aligned = false, packed_vector = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const NodeId r = s_.resolve(args[i]);
     const Shape& a = s_.shape_of(args[i]);
-    const bool weight = i < 8 && ((traits.weights >> i) & 1) != 0;
     if (s_.has(r, NodeStore::kShared)) {
-      if (!weight && a.rank() >= out.rank()) return false;
-    } else if (weight) {
-      return false;
-    } else if (a.rank() == out.rank()) {
-      if (a[0] != out[0]) return false;
-    } else if (a.rank() == out.rank() - 1) {
+      if (!traits.weight(i) && a.rank() >= rank) return 0;
+    } else if (traits.row_arg(i) && a.rank() == rank) {
+      if (a[0] != out[0]) return 0;
+      aligned = true;
+      packed_vector = packed_vector || (rank == 1 && s_.has(r, NodeStore::kRowwise));
+    } else if (a.rank() == rank - 1) {
+      if (s_.has(r, NodeStore::kRowwise)) return 0;  // packed itself: its rows are not one row to repeat
       for (int d = 0; d < a.rank(); ++d)
-        if (a[d] != out[d + 1]) return false;
+        if (a[d] != (*rows_of)[d + 1]) return 0;
     } else {
-      return false;
+      return 0;
     }
   }
-  return true;
+  if (out.rank() >= 2) return rank;
+  if (rank == 2) return aligned ? rank : 0;
+  return packed_vector && (traits.across_rows || op_info(s_.op[n]).pointwise != nullptr) ? rank : 0;
 }
 
-// Whether node n reduces the rows of its argument (OpTraits::row_reduce): one
-// per-example argument of rank >= 2, reduced whole or along axis 0.
+// Whether node n reduces the rows of its arguments (OpTraits::row_reduce):
+// every argument per-example and of one length, all but the last vectors (a
+// weight per row, as x in x B), reduced whole or along axis 0, into a result of lower rank than the highest argument's, which is >= 2
+// or that of a packed vector.
 bool Trace::reduces_rows(NodeId n, const OpTraits& traits) const {
   if (!traits.row_reduce) return false;
   auto args = s_.args_of(n);
-  if (args.size() != 1 || s_.has(s_.resolve(args[0]), NodeStore::kShared)) return false;
-  const Shape& in = s_.shape_of(args[0]);
-  if (in.rank() < 2) return false;
-  return traits.axis_attr < 0 || in.axis(static_cast<int>(s_.attrs_of(n)[static_cast<size_t>(traits.axis_attr)])) == 0;
+  if (args.empty()) return false;
+  int rank = 0;
+  bool packed_vector = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const NodeId r = s_.resolve(args[i]);
+    const Shape& in = s_.shape_of(args[i]);
+    if (s_.has(r, NodeStore::kShared) || in.rank() < 1 || in[0] != s_.shape_of(args[0])[0]) return false;
+    if (i + 1 < args.size() && in.rank() != 1) return false;  // leading arguments weigh the rows (x B)
+    rank = std::max(rank, in.rank());
+    packed_vector = packed_vector || (in.rank() == 1 && s_.has(r, NodeStore::kRowwise));
+  }
+  if (s_.shape_of(n).rank() >= rank || (rank < 2 && !packed_vector)) return false;
+  return traits.axis_attr < 0 || s_.shape_of(args[0]).axis(static_cast<int>(s_.attrs_of(n)[static_cast<size_t>(traits.axis_attr)])) == 0;
 }
 
 // The shape of one row of node x's value: its shape without the first axis.
-ShapeId Trace::row_shape(NodeId x) {
-  const Shape& s = s_.shape_of(x);
-  Shape row;
-  for (int d = 1; d < s.rank(); ++d) row.push(s[d]);
-  return s_.shapes.intern(row);
-}
+ShapeId Trace::row_shape(NodeId x) { return s_.shapes.row(s_.shape[x]); }
 
 // ---------------------------------------------------------------------------
 // Placeholders and deferred shapes.

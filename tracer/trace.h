@@ -30,6 +30,10 @@
 
 namespace sheaf {
 
+// The rank of node n's rows if it batches by rows (OpTraits::rowwise): per-example
+// arguments of a lower rank are repeated on each row.
+int rows_rank(const NodeStore& s, NodeId n, const OpTraits& traits);
+
 class Trace {
  public:
   explicit Trace(c10::Device device) : device_(device) {}
@@ -83,7 +87,7 @@ class Trace {
 
  private:
   SigId signature(NodeId n, const OpTraits& traits);
-  bool by_rows(NodeId n, const OpTraits& traits) const;
+  int by_rows(NodeId n, const OpTraits& traits) const;
   bool reduces_rows(NodeId n, const OpTraits& traits) const;
   ShapeId row_shape(NodeId x);
   uint64_t next_key(int64_t example);  // a dropout key, unique per (example, node ordinal)

@@ -61,13 +61,15 @@ Seq2Seq::Encoded Seq2Seq::sheaf_encode(Graph& g, const std::vector<int64_t>& sou
   for (int64_t id : source) xs.push_back(g.lookup(E, id));
   const std::vector<Expr> hf = sheaf_lstm(enc_f, xs, false), hb = sheaf_lstm(enc_b, xs, true);
   const Expr H = dsl::concat({dsl::stack(hf), dsl::stack(hb)});  // [n, hidden]
-  // Every decoder step reads H and H^T: made once here, not once per step.
-  return {H, dsl::transpose(H), {dsl::concat({hf.back(), hb.front()}), {}}};
+  return {H, {dsl::concat({hf.back(), hb.front()}), {}}};
 }
 
 Expr Seq2Seq::sheaf_logits(const Encoded& enc, const Expr& s) const {
+  // Sources of different lengths n batch together: the scores are one element
+  // per row of H, the softmax works across each example's, and the context
+  // weighs H's rows (docs/ops.md, "Lengths").
   const Expr attention = dsl::softmax(dsl::matmul(enc.H, s));  // [n]
-  const Expr context = dsl::matmul(enc.HT, attention);         // [hidden]
+  const Expr context = dsl::matmul(attention, enc.H);          // [hidden]
   const Expr o = dsl::tanh(dsl::affine(Wc, dsl::concat({s, context}), bc));
   return dsl::affine(Wo, o, bo);
 }

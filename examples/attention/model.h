@@ -6,7 +6,7 @@
 //   decoder : an LSTM over the previous target token's embedding, starting
 //             from [hf_n; hb_1]; at step k, with state s_k:
 //               a_k = softmax(H s_k)                 attention over the source
-//               o_k = tanh(Wc [s_k; H^T a_k] + bc)
+//               o_k = tanh(Wc [s_k; a_k H] + bc)     a_k H: the weighted sum of H's rows
 //               logits_k = Wo o_k + bo
 //   training: teacher forcing, loss = sum_k -log softmax(logits_k)[y_k]
 //   decoding: greedy, one co_await per step for the argmax (sheaf::Task), so
@@ -71,7 +71,7 @@ class Seq2Seq {
 
  private:
   struct Encoded {
-    Expr H, HT;  // [n, hidden] and its transpose, made once per example
+    Expr H;  // [n, hidden]
     LstmState start;
   };
   Encoded sheaf_encode(Graph& g, const std::vector<int64_t>& source) const;

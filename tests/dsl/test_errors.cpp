@@ -49,6 +49,9 @@ TEST_CASE("shape mismatch names op, example and line", "[dsl][errors]") {
   REQUIRE_THROWS_WITH(dsl::stack({x, y}), Contains("op 'stack'") && Contains("argument 1 has shape [4]"));
   REQUIRE_THROWS_WITH(dsl::sum_dim(x, 1), Contains("op 'sum_dim'") && Contains("out of range"));
   REQUIRE_THROWS_WITH(dsl::dot(x, y), Contains("op 'dot'") && Contains("[5] and [4]"));
+  REQUIRE_THROWS_WITH(dsl::matmul(x, x), Contains("op 'matmul'") && Contains("[5] and [5]") && Contains("dsl::dot"));
+  REQUIRE_THROWS_WITH(dsl::matmul(x, dsl::stack({y, y})), Contains("op 'matmul'") && Contains("[5] and [2, 4]"));
+  REQUIRE_THROWS_WITH(dsl::matmul(dsl::stack({x, x}), y), Contains("op 'matmul'") && Contains("do not multiply"));
   REQUIRE_THROWS_WITH(dsl::layer_norm(x, at::ones({4}), at::zeros({5})), Contains("op 'layer_norm'") &&
                       Contains("the gain has shape [4]"));
   REQUIRE_THROWS_WITH(dsl::layer_norm(x, x, at::zeros({5})), Contains("op 'layer_norm'") && Contains("gain"));

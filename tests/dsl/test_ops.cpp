@@ -7,6 +7,7 @@
 #include <string>
 
 #include <sheaf/ops/matvec.h>
+#include <sheaf/ops/segments.h>
 
 #include "op_cases.h"
 
@@ -117,4 +118,43 @@ TEST_CASE("batched_matvec equals at::bmm, values and gradients", "[dsl][ops]") {
   // Not float32 on the CPU: LibTorch's bmm, the same values.
   const at::Tensor A = at::randn({2, 3, 4}, at::kDouble), x = at::randn({2, 4}, at::kDouble);
   CHECK(at::allclose(batched_matvec(A, x), at::bmm(A, x.unsqueeze(2)).squeeze(2)));
+}
+
+// The checker compares batched with alone, and alone runs each segment whole
+// (equal counts): the segment loops (float32 on the CPU) and their ATen
+// fallback (anything else: double here) are compared with LibTorch per
+// segment, values and gradients, on segments of different lengths.
+TEST_CASE("segment_softmax and segment_weighted_sum equal LibTorch per segment, values and gradients", "[dsl][ops]") {
+  const std::vector<int64_t> counts{3, 1, 7, 2, 5};
+  std::vector<int64_t> id_list;
+  for (size_t s = 0; s < counts.size(); ++s) id_list.insert(id_list.end(), counts[s], static_cast<int64_t>(s));
+  const at::Tensor ids = at::tensor(id_list, at::kLong);
+  const int64_t R = static_cast<int64_t>(id_list.size()), p = 11;
+  for (const auto dtype : {at::kFloat, at::kDouble}) {
+    INFO("dtype " << dtype);
+    at::manual_seed(7);
+    const at::Tensor x = (at::randn({R}, dtype) * 30).requires_grad_(), B = at::randn({R, p}, dtype).requires_grad_();
+    const at::Tensor gx = at::randn({R}, dtype), gy = at::randn({static_cast<int64_t>(counts.size()), p}, dtype);
+    for (const bool log : {false, true}) {
+      INFO("log " << log);
+      const at::Tensor ours = segment_softmax(x, counts, ids, log);
+      std::vector<at::Tensor> pieces;
+      for (const at::Tensor& seg : x.split_with_sizes(counts)) pieces.push_back(log ? at::log_softmax(seg, 0) : at::softmax(seg, 0));
+      const at::Tensor theirs = at::cat(pieces);
+      REQUIRE(at::allclose(ours, theirs, 1e-5, 1e-6));
+      const auto d_ours = torch::autograd::grad({ours}, {x}, {gx});
+      const auto d_theirs = torch::autograd::grad({theirs}, {x}, {gx});
+      CHECK(at::allclose(d_ours[0], d_theirs[0], 1e-4, 1e-5));
+    }
+    const at::Tensor ours = segment_weighted_sum(x, B, counts, ids);
+    std::vector<at::Tensor> rows;
+    const auto xs = x.split_with_sizes(counts), Bs = B.split_with_sizes(counts);
+    for (size_t s = 0; s < counts.size(); ++s) rows.push_back(at::matmul(xs[s], Bs[s]));
+    const at::Tensor theirs = at::stack(rows);
+    REQUIRE(at::allclose(ours, theirs, 1e-4, 1e-4));
+    const auto d_ours = torch::autograd::grad({ours}, {x, B}, {gy});
+    const auto d_theirs = torch::autograd::grad({theirs}, {x, B}, {gy});
+    CHECK(at::allclose(d_ours[0], d_theirs[0], 1e-4, 1e-4));
+    CHECK(at::allclose(d_ours[1], d_theirs[1], 1e-4, 1e-4));
+  }
 }

@@ -197,42 +197,46 @@ int programs(int full) {
   return pct ? std::max(1, full * std::atoi(pct) / 100) : full;
 }
 
+// Checks n random programs, batched against alone: program prog runs on
+// first + prog % spread examples with seed offset + prog (after Catch's seed).
+// Returns the values compared.
+template <class Check>
+size_t check_programs(int n, int first, int spread, uint64_t offset, Check check) {
+  const uint64_t base = Catch::rngSeed();
+  size_t compared = 0;
+  for (int prog = 0; prog < n; ++prog) {
+    const int examples = first + prog % spread;
+    const uint64_t seed = base * 7919 + offset + static_cast<uint64_t>(prog);
+    // Before the check: a program that throws or crashes is named too.
+    INFO("rng seed " << base << ", program " << prog << " (seed " << seed << ") with " << examples << " examples");
+    CheckReport r = check(prog, seed, examples);
+    REQUIRE_BATCHED_EQUALS_ALONE(r);
+    compared += r.values_compared;
+  }
+  return compared;
+}
+
 }  // namespace
 
 // Seeds come from Catch's --rng-seed (0 unless given): a failure names the
 // seed and the program, and `sheaf-tests "[property]" --rng-seed N` replays it.
 TEST_CASE("random programs: batched equals alone, every strategy, fused and unfused", "[dsl][property][checker]") {
   const Params p;
-  const uint64_t base = Catch::rngSeed();
   const int n = programs(650);
-  size_t compared = 0;
-  for (int prog = 0; prog < n; ++prog) {
-    const int examples = 1 + prog % 9;
-    const uint64_t seed = base * 7919 + static_cast<uint64_t>(prog);
-    // Before the check: a program that throws or crashes is named too.
-    INFO("rng seed " << base << ", program " << prog << " (seed " << seed << ") with " << examples << " examples");
-    CheckReport r = check_batched(examples, [&](Graph& g, int i) { return dataflow_program(g, p, seed, i); },
-                                  {.params = p.all()});
-    REQUIRE_BATCHED_EQUALS_ALONE(r);
-    compared += r.values_compared;
-  }
+  const size_t compared = check_programs(n, 1, 9, 0, [&](int, uint64_t seed, int examples) {
+    return check_batched(examples, [&](Graph& g, int i) { return dataflow_program(g, p, seed, i); },
+                         {.params = p.all()});
+  });
   CHECK(compared > static_cast<size_t>(30 * n));
 }
 
 TEST_CASE("random programs with control flow: cond, loop and coroutines", "[dsl][property][checker][control]") {
   const Params p;
-  const uint64_t base = Catch::rngSeed();
   const int n = programs(400);
-  size_t compared = 0;
-  for (int prog = 0; prog < n; ++prog) {
-    const int examples = 1 + prog % 7;
-    const uint64_t seed = base * 7919 + 100000 + static_cast<uint64_t>(prog);
-    INFO("rng seed " << base << ", program " << prog << " (seed " << seed << ") with " << examples << " examples");
-    CheckReport r = check_batched(
+  const size_t compared = check_programs(n, 1, 7, 100000, [&](int, uint64_t seed, int examples) {
+    return check_batched(
         examples, TaskProgram([&](Graph& g, int i) { return random_program(g, p, seed, i, true); }), {.params = p.all()});
-    REQUIRE_BATCHED_EQUALS_ALONE(r);
-    compared += r.values_compared;
-  }
+  });
   CHECK(compared > static_cast<size_t>(20 * n));
 }
 
@@ -269,18 +273,12 @@ TEST_CASE("random programs over matrices of different lengths: packed batches eq
   const Params p;
   const uint64_t base = Catch::rngSeed();
   const int n = programs(250);
-  size_t compared = 0;
-  for (int prog = 0; prog < n; ++prog) {
-    const int examples = 2 + prog % 8;
+  const size_t compared = check_programs(n, 2, 8, 200000, [&](int prog, uint64_t seed, int examples) {
     const bool control = prog % 3 == 2;
-    const uint64_t seed = base * 7919 + 200000 + static_cast<uint64_t>(prog);
-    INFO("rng seed " << base << ", program " << prog << " (seed " << seed << ") with " << examples << " examples");
-    CheckReport r = check_batched(
+    return check_batched(
         examples, TaskProgram([&](Graph& g, int i) { return random_program(g, p, seed, i, control, true); }),
         {.params = p.all()});
-    REQUIRE_BATCHED_EQUALS_ALONE(r);
-    compared += r.values_compared;
-  }
+  });
   CHECK(compared > static_cast<size_t>(30 * n));
   // The generator packs: most dataflow programs' plans hold packed batches.
   int packed = 0;

@@ -221,3 +221,63 @@ TEST_CASE("ragged: sums and means over the rows of values of different lengths t
     CHECK(at::allclose(mx[k].value(), std::get<0>(x.max(0)), 1e-4, 1e-5));
   }
 }
+
+// Dot-product attention over encodings of different lengths, as a decoder step
+// writes it: a packed vector of scores (one element per row of H), a softmax
+// across each value's elements, and the context as the weights times H's rows.
+TEST_CASE("ragged: attention scores, softmax and context over values of different lengths take one launch each",
+          "[scheduler][ragged]") {
+  for (const Strategy* strategy : all_strategies()) {
+    DYNAMIC_SECTION(strategy->name()) {
+      Graph g({.fuse = false});
+      const int n = 12;
+      std::vector<Expr> context, logp, total;
+      for (int i = 0; i < n; ++i) {
+        auto scope = g.example(i);
+        const Expr H = g.input(test::data({length_of(i), 4}, i));
+        const Expr s = g.input(test::data({4}, 100 + i));
+        const Expr scores = dsl::matmul(H, s) * 0.5;  // [len]: packed, and so is the product by a scalar
+        context.push_back(dsl::matmul(dsl::softmax(scores), H));
+        logp.push_back(dsl::log_softmax(scores));
+        total.push_back(dsl::sum(scores));
+      }
+      std::vector<Expr> all = context;
+      all.insert(all.end(), logp.begin(), logp.end());
+      all.insert(all.end(), total.begin(), total.end());
+      g.forward(all, {.strategy = strategy});
+      CHECK(launches_of(g, "matmul") == 2);  // the scores, the contexts
+      CHECK(launches_of(g, "mul_scalar") == 1);
+      CHECK(launches_of(g, "softmax") == 1);
+      CHECK(launches_of(g, "log_softmax") == 1);
+      CHECK(launches_of(g, "sum") == 1);
+      c10::NoGradGuard no_grad;
+      for (int i = 0; i < n; ++i) {
+        const at::Tensor H = test::data({length_of(i), 4}, i), s = test::data({4}, 100 + i);
+        const at::Tensor scores = H.mv(s) * 0.5;
+        const auto k = static_cast<size_t>(i);
+        INFO("example " << i);
+        CHECK(at::allclose(context[k].value(), at::softmax(scores, 0).matmul(H), 1e-4, 1e-5));
+        CHECK(at::allclose(logp[k].value(), at::log_softmax(scores, 0), 1e-4, 1e-5));
+        CHECK(at::allclose(total[k].value(), scores.sum(), 1e-4, 1e-5));
+      }
+    }
+  }
+}
+
+TEST_CASE("ragged: attention over values of different lengths equals each example alone, every strategy",
+          "[scheduler][ragged][checker]") {
+  const at::Tensor W = test::param({4, 4}, 1), b = test::param({4}, 2);
+  auto program = [&](Graph& g, int i) {
+    const Expr H = dsl::tanh(dsl::affine(W, g.input(test::data({length_of(i), 4}, i)), b));  // packed [len, 4]
+    const Expr s = dsl::tanh(dsl::affine(W, g.input(test::data({4}, 100 + i)), b));
+    const Expr a = dsl::softmax(dsl::matmul(H, s) + dsl::matmul(H, s * 2.0));
+    const Expr context = dsl::matmul(a, H);
+    // A packed vector read whole (pick, dot), reduced (mean) and weighing the rows of a matrix that is not packed.
+    const Expr T = dsl::transpose(dsl::transpose(H));
+    return dsl::sum(context) + dsl::pick(dsl::log_softmax(a), 0) + dsl::mean(a * a) + dsl::sum(dsl::matmul(a, T)) +
+           dsl::dot(a, a);
+  };
+  const CheckReport r = check_batched(9, program, {.params = {W, b}});
+  REQUIRE_BATCHED_EQUALS_ALONE(r);
+  CHECK(r.batched_launches < r.alone_launches);
+}

@@ -1,0 +1,221 @@
+#include "segments.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/bincount.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/index_add.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/segment_reduce.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/record_function.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "autograd_node.h"
+
+namespace sheaf {
+
+namespace {
+
+using torch::autograd::SavedVariable;
+using torch::autograd::variable_list;
+
+bool cpu_float(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
+
+std::vector<int64_t> offsets_of(std::span<const int64_t> counts) {
+  std::vector<int64_t> off(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i];
+  return off;
+}
+
+// Segments per task when split across threads.
+int64_t grain(int64_t rows, int64_t segments, int64_t width) {
+  const int64_t per = std::max<int64_t>(1, rows * width / std::max<int64_t>(1, segments));
+  return std::max<int64_t>(1, 16384 / per);
+}
+
+// ---- softmax across each segment
+
+void softmax_forward(const float* x, float* y, const int64_t* off, int64_t s0, int64_t s1, bool log) {
+  for (int64_t s = s0; s < s1; ++s) {
+    const int64_t b = off[s], e = off[s + 1];
+    if (b == e) continue;
+    float m = x[b];
+    for (int64_t r = b + 1; r < e; ++r) m = std::max(m, x[r]);
+    float sum = 0;
+    for (int64_t r = b; r < e; ++r) sum += std::exp(x[r] - m);
+    if (log) {
+      const float lse = m + std::log(sum);
+      for (int64_t r = b; r < e; ++r) y[r] = x[r] - lse;
+    } else {
+      const float inv = 1.0f / sum;
+      for (int64_t r = b; r < e; ++r) y[r] = std::exp(x[r] - m) * inv;
+    }
+  }
+}
+
+// softmax: dx = y (g - sum g y); log-softmax: dx = g - exp(y) sum g.
+void softmax_backward(const float* y, const float* g, float* dx, const int64_t* off, int64_t s0, int64_t s1, bool log) {
+  for (int64_t s = s0; s < s1; ++s) {
+    const int64_t b = off[s], e = off[s + 1];
+    float dot = 0;
+    for (int64_t r = b; r < e; ++r) dot += log ? g[r] : g[r] * y[r];
+    for (int64_t r = b; r < e; ++r) dx[r] = log ? g[r] - std::exp(y[r]) * dot : y[r] * (g[r] - dot);
+  }
+}
+
+struct SegmentSoftmaxNode : torch::autograd::Node {
+  at::Tensor y;  // the result, detached (saving it as an output needs the node's own pointer)
+  std::vector<int64_t> off;
+  bool log = false;
+  std::string name() const override { return log ? "sheaf::SegmentLogSoftmaxBackward" : "sheaf::SegmentSoftmaxBackward"; }
+  void release_variables() override { y.reset(); }
+  variable_list apply(variable_list&& grads) override {
+    variable_list out(1);
+    if (!grads[0].defined()) return out;
+    RECORD_FUNCTION("sheaf::segment_softmax_backward", std::vector<c10::IValue>());
+    const at::Tensor& yv = y;
+    const at::Tensor g = grads[0].contiguous();
+    at::Tensor dx = at::empty_like(yv);
+    const auto n = static_cast<int64_t>(off.size()) - 1;
+    at::parallel_for(0, n, grain(yv.size(0), n, 1), [&](int64_t s0, int64_t s1) {
+      softmax_backward(yv.data_ptr<float>(), g.data_ptr<float>(), dx.data_ptr<float>(), off.data(), s0, s1, log);
+    });
+    out[0] = dx;
+    return out;
+  }
+};
+
+// ---- weighted sum of each segment's rows
+
+void wsum_forward(const float* w, const float* B, float* y, const int64_t* off, int64_t p, int64_t s0, int64_t s1) {
+  for (int64_t s = s0; s < s1; ++s) {
+    float* __restrict out = y + s * p;
+    for (int64_t j = 0; j < p; ++j) out[j] = 0;
+    for (int64_t r = off[s]; r < off[s + 1]; ++r) {
+      const float wr = w[r];
+      const float* __restrict row = B + r * p;
+      for (int64_t j = 0; j < p; ++j) out[j] += wr * row[j];
+    }
+  }
+}
+
+// dw_r = g_s . B_r (when dw), dB_r = w_r g_s (when dB).
+void wsum_backward(const float* w, const float* B, const float* g, float* dw, float* dB, const int64_t* off, int64_t p,
+                   int64_t s0, int64_t s1) {
+  for (int64_t s = s0; s < s1; ++s) {
+    const float* __restrict gs = g + s * p;
+    for (int64_t r = off[s]; r < off[s + 1]; ++r) {
+      if (dw) {
+        const float* __restrict row = B + r * p;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int64_t j = 0;
+        for (; j + 8 <= p; j += 8)
+          for (int l = 0; l < 8; ++l) acc[l] += gs[j + l] * row[j + l];
+        float d = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        for (; j < p; ++j) d += gs[j] * row[j];
+        dw[r] = d;
+      }
+      if (dB) {
+        float* __restrict out = dB + r * p;
+        const float wr = w[r];
+        for (int64_t j = 0; j < p; ++j) out[j] = wr * gs[j];
+      }
+    }
+  }
+}
+
+struct SegmentWeightedSumNode : torch::autograd::Node {
+  SavedVariable w, B;
+  std::vector<int64_t> off;
+  std::string name() const override { return "sheaf::SegmentWeightedSumBackward"; }
+  void release_variables() override {
+    w.reset_data();
+    B.reset_data();
+  }
+  variable_list apply(variable_list&& grads) override {
+    variable_list out(2);
+    if (!grads[0].defined()) return out;
+    RECORD_FUNCTION("sheaf::segment_weighted_sum_backward", std::vector<c10::IValue>());
+    const at::Tensor wv = w.unpack(), bv = B.unpack(), g = grads[0].contiguous();
+    at::Tensor dw, dB;
+    if (should_compute_output(0)) dw = at::empty_like(wv);
+    if (should_compute_output(1)) dB = at::empty_like(bv);
+    const int64_t p = bv.size(1);
+    const auto n = static_cast<int64_t>(off.size()) - 1;
+    float* dwp = dw.defined() ? dw.data_ptr<float>() : nullptr;
+    float* dBp = dB.defined() ? dB.data_ptr<float>() : nullptr;
+    at::parallel_for(0, n, grain(bv.size(0), n, p), [&](int64_t s0, int64_t s1) {
+      wsum_backward(wv.data_ptr<float>(), bv.data_ptr<float>(), g.data_ptr<float>(), dwp, dBp, off.data(), p, s0, s1);
+    });
+    out[0] = dw;
+    out[1] = dB;
+    return out;
+  }
+};
+
+}  // namespace
+
+at::Tensor segment_softmax(const at::Tensor& x, std::span<const int64_t> counts, const at::Tensor& ids, bool log) {
+  const auto n = static_cast<int64_t>(counts.size());
+  if (!cpu_float(x)) {
+    // The shift keeps exp() in range and cancels out: no gradient through it.
+    const at::Tensor shift = at::segment_reduce(x.detach(), "max", at::bincount(ids, {}, n));
+    const at::Tensor z = x - shift.index_select(0, ids);
+    const at::Tensor e = z.exp();
+    const at::Tensor sums = at::index_add(at::zeros({n}, x.options()), 0, ids, e);
+    return log ? z - sums.log().index_select(0, ids) : e / sums.index_select(0, ids);
+  }
+  RECORD_FUNCTION("sheaf::segment_softmax", std::vector<c10::IValue>());
+  const at::Tensor xv = x.contiguous();
+  std::vector<int64_t> off = offsets_of(counts);
+  at::Tensor y = at::empty_like(xv);
+  at::parallel_for(0, n, grain(xv.size(0), n, 1), [&](int64_t s0, int64_t s1) {
+    softmax_forward(xv.data_ptr<float>(), y.data_ptr<float>(), off.data(), s0, s1, log);
+  });
+  if (!c10::GradMode::is_enabled() || !x.requires_grad()) return y;
+  auto node = detail::make_node<SegmentSoftmaxNode>();
+  node->off = std::move(off);
+  node->log = log;
+  node->set_next_edges({torch::autograd::impl::gradient_edge(xv)});
+  node->y = y.detach();
+  torch::autograd::set_history(y, node);
+  return y;
+}
+
+at::Tensor segment_weighted_sum(const at::Tensor& w, const at::Tensor& B, std::span<const int64_t> counts,
+                                const at::Tensor& ids) {
+  const auto n = static_cast<int64_t>(counts.size());
+  if (!cpu_float(w) || !cpu_float(B))
+    return at::index_add(at::zeros({n, B.size(1)}, B.options()), 0, ids, w.unsqueeze(1) * B);
+  RECORD_FUNCTION("sheaf::segment_weighted_sum", std::vector<c10::IValue>());
+  const at::Tensor wv = w.contiguous(), bv = B.contiguous();
+  std::vector<int64_t> off = offsets_of(counts);
+  const int64_t p = bv.size(1);
+  at::Tensor y = at::empty({n, p}, bv.options());
+  {
+    c10::AutoGradMode no_grad(false);
+    at::parallel_for(0, n, grain(bv.size(0), n, p), [&](int64_t s0, int64_t s1) {
+      wsum_forward(wv.data_ptr<float>(), bv.data_ptr<float>(), y.data_ptr<float>(), off.data(), p, s0, s1);
+    });
+  }
+  if (!c10::GradMode::is_enabled() || !(w.requires_grad() || B.requires_grad())) return y;
+  auto node = detail::make_node<SegmentWeightedSumNode>();
+  node->w = SavedVariable(wv, /*is_output=*/false);
+  node->B = SavedVariable(bv, /*is_output=*/false);
+  node->off = std::move(off);
+  node->set_next_edges({torch::autograd::impl::gradient_edge(wv), torch::autograd::impl::gradient_edge(bv)});
+  torch::autograd::set_history(y, node);
+  return y;
+}
+
+}  // namespace sheaf

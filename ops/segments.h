@@ -1,0 +1,28 @@
+// Ops over the values of a packed batch, each value a run of rows (a
+// segment): a softmax across each value's elements and a weighted sum of
+// each value's rows (attention's weights and context over sources of
+// different lengths, docs/ops.md "Lengths").
+//
+// In ATen these are 5-8 calls each (segment max, exp, index_add, ...) with as
+// many autograd nodes; here each is one loop over the segments and ONE
+// autograd node. Float32 CPU tensors only; anything else runs the ATen calls
+// (with `ids`, each row's segment, on the tensors' device).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <span>
+
+namespace sheaf {
+
+// x [R], counts [n] (rows per segment, summing to R) -> [R]: softmax, or
+// log-softmax, of each segment.
+at::Tensor segment_softmax(const at::Tensor& x, std::span<const int64_t> counts, const at::Tensor& ids, bool log);
+
+// w [R], B [R, p] -> [n, p]: row i is the sum of segment i's rows of B, each
+// times its w.
+at::Tensor segment_weighted_sum(const at::Tensor& w, const at::Tensor& B, std::span<const int64_t> counts,
+                                const at::Tensor& ids);
+
+}  // namespace sheaf
