@@ -155,7 +155,10 @@ TEST_CASE("CUDA: packed batches of different lengths, batched equals alone, host
       CHECK(h[static_cast<size_t>(k)] == Approx(want[k].item<float>()).margin(1e-4));
     const Expr N = dsl::layer_norm(dsl::slice(dsl::concat({H, dsl::tanh(H)}, 1), 3, 9, 1), gain, b);
     const Expr A = dsl::softmax(dsl::matmul(N, dsl::transpose(H)));  // [len, len]: by length
-    co_return dsl::sum(dsl::matmul(A, N)) + dsl::sum(dsl::sum_dim(N * 2.0, 0));
+    // Packed vectors (the ATen forms of the segment ops on the GPU): scores, softmax, context.
+    const Expr a = dsl::softmax(dsl::matmul(H, dsl::sum_dim(H, 0)) * 0.1);
+    const Expr context = dsl::matmul(a, N) + dsl::matmul(dsl::exp(dsl::log_softmax(a)), H);
+    co_return dsl::sum(dsl::matmul(A, N)) + dsl::sum(dsl::sum_dim(N * 2.0, 0)) + dsl::sum(context);
   };
   CheckReport r = check_batched(10, TaskProgram(program), {.params = {W, b, gain}, .graph = {.device = kCuda}});
   REQUIRE_BATCHED_EQUALS_ALONE(r);

@@ -100,6 +100,7 @@ Task<Expr> random_program(Graph& g, const Params& p, uint64_t program_seed, int 
     size_t choice = control && s == 1 ? 25 + pick(3) : pick(control ? 28 : 25);
     // Over matrices, what needs a vector takes another form (numbers >= 100).
     if (rows > 0 && (choice == 5 || choice == 14 || choice == 15 || choice == 22 || choice == 24)) choice += 100;
+    if (rows > 0 && choice == 13 && pick(2) == 0) choice += 100;  // half of them: attention over the rows
     switch (choice) {
       case 0: r = dsl::tanh(x); break;
       case 1: r = dsl::sigmoid(x); break;
@@ -159,6 +160,13 @@ Task<Expr> random_program(Graph& g, const Params& p, uint64_t program_seed, int 
       case 105: r = x * dsl::tanh(g.input(test::data({d}, example, 40 + s))) + y; break;  // a vector on every row
       case 114: r = dsl::layer_norm(x + y, p.b[dim_index(d)], p.E[dim_index(d)][0]) * 0.5; break;
       case 115: rd = 0, r = dsl::sum(dsl::sum_dim(dsl::tanh(x), 0)); break;  // across the rows
+      case 113: {  // attention: a score per row (a packed vector), a softmax across them, the rows weighed
+        const Expr query = dsl::tanh(g.input(test::data({d}, example, 60 + s)));
+        const Expr scores = dsl::matmul(x, query) * 0.5;
+        const Expr weights = pick(2) ? dsl::softmax(scores) : dsl::exp(dsl::log_softmax(scores - 1.0));
+        r = y + dsl::matmul(weights, x) + dsl::sum(scores) * 0.1;  // the context on every row
+        break;
+      }
       case 122: r = x + dsl::matmul(x, dsl::matmul(dsl::transpose(x), y)) * 0.1; break;  // per-example products
       case 124: r = dsl::affine(p.W[dim_index(d)][dim_index(d)], x * y, p.b[dim_index(d)]); break;
       case 25: {  // a branch on a computed value
