@@ -4,9 +4,11 @@
 // position-wise work: bench/baselines/transformer_hand.h), interleaved in one
 // process run. --hidden sets the model width d (4 heads, feed-forward 2d).
 //
-// Sheaf batches per-example matrices of one shape together: here every
-// sentence length is its own shape, so each matrix op runs once per length
-// present in the batch (docs/ops.md, "Lengths").
+// Sheaf packs the sentences' rows for every op but attention's products of
+// two per-example matrices (docs/ops.md, "Lengths"); the model's
+// dsl::attention packs those too. A system name ending in /matmul runs the
+// model with each head written as matmul / softmax / matmul instead (once per
+// distinct length).
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
@@ -29,16 +31,24 @@ at::Tensor per_example_logits(const TransformerTagger& m, std::span<const Senten
   return at::cat(out).cpu();
 }
 
+std::string strip_suffix(const std::string& s, std::string_view suffix) {
+  return s.ends_with(suffix) ? s.substr(0, s.size() - suffix.size()) : s;
+}
+
 void run_mode(const Options& o, const std::string& mode, int64_t d, const TaggingCorpus& c) {
   const bool train = mode == "train";
   const c10::Device device(o.device);
-  TransformerTagger model({.words = static_cast<int64_t>(c.vocab.words.size()),
-                           .tags = static_cast<int64_t>(c.vocab.tags.size()),
-                           .d = d,
-                           .heads = 4,
-                           .ff = 2 * d},
-                          /*seed=*/19);
+  const models::TransformerOptions options{.words = static_cast<int64_t>(c.vocab.words.size()),
+                                           .tags = static_cast<int64_t>(c.vocab.tags.size()),
+                                           .d = d,
+                                           .heads = 4,
+                                           .ff = 2 * d};
+  TransformerTagger model(options, /*seed=*/19);
   model.to(device);
+  models::TransformerOptions by_heads = options;  // the same parameters (seed), heads op by op
+  by_heads.attention_op = false;
+  TransformerTagger model_by_heads(by_heads, /*seed=*/19);
+  model_by_heads.to(device);
   at::Tensor reference;
   {
     c10::NoGradGuard no_grad;
@@ -59,24 +69,26 @@ void run_mode(const Options& o, const std::string& mode, int64_t d, const Taggin
       c10::NoGradGuard no_grad;
       s.max_abs_diff = max_diff(hand.logits(c.batches[0]), reference);
       systems.push_back(std::move(s));
-    } else if (auto spec = parse_sheaf_system(name)) {
+    } else if (auto spec = parse_sheaf_system(strip_suffix(name, "/matmul"))) {
+      const TransformerTagger& m = name.ends_with("/matmul") ? model_by_heads : model;
       auto record = [&, train](Graph& g, size_t b) {
-        if (train) return std::vector<Expr>{model.sheaf_batch_loss(g, c.batches[b])};
-        return model.sheaf_batch_logits(g, c.batches[b]);
+        if (train) return std::vector<Expr>{m.sheaf_batch_loss(g, c.batches[b])};
+        return m.sheaf_batch_logits(g, c.batches[b]);
       };
       const std::vector<size_t> added =
           add_sheaf_systems(o, *spec, train, c.batches.size(), make_step, record, systems, owners);
       for (size_t q = 0; q < added.size(); ++q) {
+        if (&m == &model_by_heads) systems[added[q]].strategy += "/matmul";
         c10::NoGradGuard no_grad;
         Graph g(spec->graph(o.device));
-        const std::vector<Expr> logits = model.sheaf_batch_logits(g, c.batches[0]);
+        const std::vector<Expr> logits = m.sheaf_batch_logits(g, c.batches[0]);
         g.forward(logits, {.strategy = spec->strategies[q]});
         std::vector<at::Tensor> rows;
         for (const Expr& e : logits) rows.push_back(e.value());
         systems[added[q]].max_abs_diff = max_diff(at::cat(rows), reference);
       }
     } else {
-      throw UserError("unknown system '" + name + "' for transformer (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/inline])");
+      throw UserError("unknown system '" + name + "' for transformer (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/inline][/matmul])");
     }
   }
   const double items = static_cast<double>(c.batches.size() * static_cast<size_t>(o.batch));

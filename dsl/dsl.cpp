@@ -276,6 +276,11 @@ Expr min_dim(Expr x, int axis, Loc loc) { return reduce_dim(code_of<op::MinDim>,
 Expr logsumexp_dim(Expr x, int axis, Loc loc) { return reduce_dim(code_of<op::LogSumExpDim>, x, axis, loc); }
 Expr dot(Operand a, Operand b, Loc loc) { return binary(code_of<op::Dot>, a, b, loc); }
 
+Expr attention(Expr q, Expr k, Expr v, int heads, Loc loc) {
+  const int64_t h = heads;
+  return apply(code_of<op::Attention>, {q, k, v}, std::span(&h, 1), 0, loc);
+}
+
 Expr layer_norm(Expr x, Operand gain, Operand bias, double eps, Loc loc) {
   const int64_t e = attr_of(eps);
   return apply(code_of<op::LayerNorm>, {x, gain, bias}, std::span(&e, 1), 0, loc);

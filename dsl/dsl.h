@@ -126,6 +126,11 @@ Expr max_dim(Expr x, int axis, Loc loc = Loc::current());
 Expr min_dim(Expr x, int axis, Loc loc = Loc::current());
 Expr logsumexp_dim(Expr x, int axis, Loc loc = Loc::current());
 Expr dot(Operand a, Operand b, Loc loc = Loc::current());  // two vectors -> a scalar
+// Scaled dot-product attention with `heads` heads: q [Lq, d], k [Lk, d], v [Lk, dv]
+// -> [Lq, dv], each head softmax(q_h k_h^T / sqrt(d / heads)) v_h on its columns.
+// Self-attention over sentences of different lengths is one launch
+// (docs/ops.md, "Lengths"); written as matmul / softmax / matmul it runs once per length.
+Expr attention(Expr q, Expr k, Expr v, int heads = 1, Loc loc = Loc::current());
 // Normalised over the last axis, times `gain` plus `bias` (shared [d] tensors).
 Expr layer_norm(Expr x, Operand gain, Operand bias, double eps = 1e-5, Loc loc = Loc::current());
 // Elementwise sum / mean of a list of equal-shaped values (e.g. losses of all examples).

@@ -66,6 +66,10 @@ struct OpTraits {
   // run() then also gets segment_ids() and segment_counts(), as a row
   // reduction does, and returns the elements end to end.
   bool across_rows = false;
+  // Packed, the op computes each value from all of its own rows (attention
+  // over a sentence): every per-example argument then has the result's
+  // length, and run() gets segment_ids() and segment_counts() with the rows.
+  bool per_value = false;
   int8_t axis_attr = -1;    // >= 0: row by row only when this attribute (an axis) is not 0
   int8_t length_attr = -1;  // >= 0: this attribute is the length (left out of the signature when packed)
   // Reduces the rows of its per-example arguments [L, S...] (all of them, or

@@ -8,6 +8,7 @@
 #include <bit>
 #include <concepts>
 
+#include "attention.h"
 #include "call.h"
 #include "elementwise.h"
 #include "leaf.h"

@@ -585,8 +585,9 @@ class Planner {
       fill_sources(b.rows > 0);
       add_input(a0);
     }
-    // Across the elements of packed vectors (softmax of scores): which value each is.
-    if (b.rows > 0 && traits.across_rows && s_.shape_of(first).rank() == 1)
+    // Across the elements of packed vectors (softmax of scores), or each value
+    // from its own rows (attention): which value each row is.
+    if (b.rows > 0 && (traits.per_value || (traits.across_rows && s_.shape_of(first).rank() == 1)))
       add_segments(b, nodes, [&](NodeId node) { return length_of(node); });
   }
 

@@ -54,15 +54,21 @@ Expr TransformerTagger::sheaf_logits(Graph& g, const data::Sentence& s) const {
   std::iota(positions.begin(), positions.end(), int64_t{0});
   const Expr X = g.lookup(E, s.word, /*sparse_grad=*/true) + g.lookup(P, positions);  // [n, d]
   const Expr Q = dsl::affine(Wq, X, bq), K = dsl::affine(Wk, X, bk), V = dsl::affine(Wv, X, bv);
-  const int64_t dk = o.d / o.heads;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
-  std::vector<Expr> heads;
-  for (int64_t h = 0; h < o.heads; ++h) {
-    const int64_t b = h * dk, e = b + dk;
-    const Expr A = dsl::softmax(dsl::matmul(dsl::slice(Q, b, e), dsl::transpose(dsl::slice(K, b, e))) * scale);
-    heads.push_back(dsl::matmul(A, dsl::slice(V, b, e)));  // [n, dk]
+  Expr attended;  // [n, d]: the heads side by side
+  if (o.attention_op) {
+    attended = dsl::attention(Q, K, V, static_cast<int>(o.heads));
+  } else {
+    const int64_t dk = o.d / o.heads;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
+    std::vector<Expr> heads;
+    for (int64_t h = 0; h < o.heads; ++h) {
+      const int64_t b = h * dk, e = b + dk;
+      const Expr A = dsl::softmax(dsl::matmul(dsl::slice(Q, b, e), dsl::transpose(dsl::slice(K, b, e))) * scale);
+      heads.push_back(dsl::matmul(A, dsl::slice(V, b, e)));  // [n, dk]
+    }
+    attended = dsl::concat(heads);
   }
-  const Expr X1 = dsl::layer_norm(X + dsl::affine(Wo, dsl::concat(heads), bo), g1, b1);
+  const Expr X1 = dsl::layer_norm(X + dsl::affine(Wo, attended, bo), g1, b1);
   const Expr Y = dsl::layer_norm(X1 + dsl::affine(W2, dsl::relu(dsl::affine(W1, X1, c1)), c2), g2, b2);
   return dsl::affine(Wt, Y, bt);
 }

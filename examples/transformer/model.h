@@ -30,6 +30,9 @@ struct TransformerOptions {
   int64_t words = 0, tags = 0;  // vocabulary sizes
   int64_t d = 64, heads = 4, ff = 128;
   int64_t max_length = 64;      // positions with an embedding
+  // dsl::attention (one launch over every sentence length); false: each head
+  // as matmul / softmax / matmul, which runs once per distinct length.
+  bool attention_op = true;
 };
 
 class TransformerTagger {

@@ -3,6 +3,8 @@
 // reads their rows right (scheduler/plan.h: Read::flatten, BatchArg::unpack).
 #include <c10/core/GradMode.h>
 
+#include <cmath>
+
 #include <sheaf/engine/engine.h>
 #include <sheaf/ops/op.h>
 
@@ -276,6 +278,72 @@ TEST_CASE("ragged: attention over values of different lengths equals each exampl
     const Expr T = dsl::transpose(dsl::transpose(H));
     return dsl::sum(context) + dsl::pick(dsl::log_softmax(a), 0) + dsl::mean(a * a) + dsl::sum(dsl::matmul(a, T)) +
            dsl::dot(a, a);
+  };
+  const CheckReport r = check_batched(9, program, {.params = {W, b}});
+  REQUIRE_BATCHED_EQUALS_ALONE(r);
+  CHECK(r.batched_launches < r.alone_launches);
+}
+
+namespace {
+
+// LibTorch's scaled dot-product attention of one example, head by head.
+at::Tensor attention_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads) {
+  std::vector<at::Tensor> out;
+  const int64_t dk = q.size(1) / heads, dv = v.size(1) / heads;
+  for (int64_t h = 0; h < heads; ++h) {
+    const at::Tensor qh = q.narrow(1, h * dk, dk), kh = k.narrow(1, h * dk, dk), vh = v.narrow(1, h * dv, dv);
+    out.push_back(at::softmax(qh.mm(kh.t()) / std::sqrt(static_cast<double>(dk)), 1).mm(vh));
+  }
+  return at::cat(out, 1);
+}
+
+}  // namespace
+
+TEST_CASE("ragged: self-attention over sentences of different lengths is one launch", "[scheduler][ragged]") {
+  const at::Tensor Wq = test::param({8, 8}, 1), Wv = test::param({4, 8}, 2), b = test::param({8}, 3),
+                   c = test::param({4}, 4);
+  for (const Strategy* strategy : all_strategies()) {
+    DYNAMIC_SECTION(strategy->name()) {
+      Graph g({.fuse = false});
+      const int n = 12;
+      std::vector<Expr> outs, cross;
+      for (int i = 0; i < n; ++i) {
+        auto scope = g.example(i);
+        const Expr X = g.input(test::data({length_of(i), 8}, i));
+        const Expr Q = dsl::affine(Wq, X, b), V = dsl::tanh(dsl::affine(Wv, X, c));
+        outs.push_back(dsl::attention(Q, X, V, 2));  // packed: every length at once
+        // Keys of another length than the queries: by the queries' length (1..7), packed where that is 1.
+        cross.push_back(dsl::attention(Q, dsl::slice(X, 0, 1, 0), dsl::slice(V, 0, 1, 0), 4));
+      }
+      std::vector<Expr> all = outs;
+      all.insert(all.end(), cross.begin(), cross.end());
+      g.forward(all, {.strategy = strategy});
+      // One packed launch for the self-attention, 7 for the cross-attention.
+      CHECK(launches_of(g, "attention") == 1 + 7);
+      c10::NoGradGuard no_grad;
+      for (int i = 0; i < n; ++i) {
+        const at::Tensor X = test::data({length_of(i), 8}, i);
+        const at::Tensor Q = at::linear(X, Wq, b), V = at::tanh(at::linear(X, Wv, c));
+        const auto k = static_cast<size_t>(i);
+        INFO("example " << i);
+        CHECK(at::allclose(outs[k].value(), attention_of(Q, X, V, 2), 1e-4, 1e-5));
+        CHECK(at::allclose(cross[k].value(), attention_of(Q, X.narrow(0, 0, 1), V.narrow(0, 0, 1), 4), 1e-4, 1e-5));
+      }
+    }
+  }
+}
+
+TEST_CASE("ragged: self-attention equals each example alone, values and gradients, every strategy",
+          "[scheduler][ragged][checker]") {
+  const at::Tensor W = test::param({8, 8}, 1), b = test::param({8}, 2);
+  auto program = [&](Graph& g, int i) {
+    const Expr X = dsl::tanh(g.input(test::data({length_of(i), 8}, i)));
+    const Expr Q = dsl::affine(W, X, b);
+    // Packed (self-attention, and the same value as queries and keys) and by
+    // shape (keys of another length), on packed rows and rows that are not.
+    const Expr A = dsl::attention(Q, X * 0.5, dsl::sigmoid(X), 2) + dsl::attention(X, X, Q, 1);
+    const Expr C = dsl::attention(dsl::stack({dsl::sum_dim(A, 0), dsl::mean_dim(Q, 0)}), X, Q, 4);
+    return dsl::sum(A) + dsl::sum(C) * 0.5;
   };
   const CheckReport r = check_batched(9, program, {.params = {W, b}});
   REQUIRE_BATCHED_EQUALS_ALONE(r);
