@@ -49,6 +49,13 @@ TEST_CASE("shape mismatch names op, example and line", "[dsl][errors]") {
   REQUIRE_THROWS_WITH(dsl::stack({x, y}), Contains("op 'stack'") && Contains("argument 1 has shape [4]"));
   REQUIRE_THROWS_WITH(dsl::sum_dim(x, 1), Contains("op 'sum_dim'") && Contains("out of range"));
   REQUIRE_THROWS_WITH(dsl::dot(x, y), Contains("op 'dot'") && Contains("[5] and [4]"));
+  {
+    const Expr M = dsl::stack({x, x}), N = dsl::stack({y, y, y});  // [2, 5], [3, 4]
+    REQUIRE_THROWS_WITH(dsl::attention(x, M, M), Contains("op 'attention'") && Contains("needs matrices"));
+    REQUIRE_THROWS_WITH(dsl::attention(M, N, N), Contains("op 'attention'") && Contains("the same width"));
+    REQUIRE_THROWS_WITH(dsl::attention(M, M, N), Contains("op 'attention'") && Contains("the same number of rows"));
+    REQUIRE_THROWS_WITH(dsl::attention(M, M, M, 2), Contains("op 'attention'") && Contains("2 heads must divide"));
+  }
   REQUIRE_THROWS_WITH(dsl::matmul(x, x), Contains("op 'matmul'") && Contains("[5] and [5]") && Contains("dsl::dot"));
   REQUIRE_THROWS_WITH(dsl::matmul(x, dsl::stack({y, y})), Contains("op 'matmul'") && Contains("[5] and [2, 4]"));
   REQUIRE_THROWS_WITH(dsl::matmul(dsl::stack({x, x}), y), Contains("op 'matmul'") && Contains("do not multiply"));
