@@ -2,6 +2,9 @@
 #pragma once
 
 #include <ATen/ops/argmax.h>
+#include <ATen/ops/bincount.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/segment_reduce.h>
 #include <ATen/ops/gather.h>
 #include <ATen/ops/index_add.h>
 #include <ATen/ops/layer_norm.h>
@@ -61,13 +64,38 @@ inline at::Tensor mean_axes(const at::Tensor& x, at::IntArrayRef axes) { return 
 struct Sum : ReduceAll<sum_axes, false> { static constexpr std::string_view name = "sum"; };
 struct Mean : ReduceAll<mean_axes, true> { static constexpr std::string_view name = "mean"; };
 
+// How a reduction along axis 0 combines the rows of values of different
+// lengths (OpTraits::row_reduce): not at all (by shape), or as below.
+enum class Rows { kNone, kSum, kMean, kMax, kMin, kLogSumExp };
+
+// The largest (or smallest) of each value's rows, [n, row shape...]: the
+// gradient goes to the tied extremes in equal shares, as amax's does (the
+// extremes and the ties are found without gradient; the result is the
+// ties' mean, which is the extreme).
+inline at::Tensor row_extremes(RunCtx& c, const at::Tensor& x, bool max) {
+  const at::Tensor ids = c.segment_ids();
+  const at::Tensor lengths = at::bincount(ids, {}, static_cast<int64_t>(c.segment_counts().size()));
+  const at::Tensor best = at::segment_reduce(x.detach(), max ? "max" : "min", lengths).index_select(0, ids);
+  const at::Tensor tied = x.detach().eq(best).to(x.scalar_type());
+  const at::Tensor share = tied / row_sums(c, tied).index_select(0, ids);
+  return row_sums(c, x * share);
+}
+
+// log of the sum of exp over each value's rows, shifted by the row maxima
+// (without gradient: the shift cancels out).
+inline at::Tensor row_logsumexp(RunCtx& c, const at::Tensor& x) {
+  const at::Tensor ids = c.segment_ids();
+  const at::Tensor lengths = at::bincount(ids, {}, static_cast<int64_t>(c.segment_counts().size()));
+  const at::Tensor shift = at::segment_reduce(x.detach(), "max", lengths);
+  return row_sums(c, (x - shift.index_select(0, ids)).exp()).log() + shift;
+}
+
 // One axis of a value reduced (DyNet's sum_dim, max_dim, ...): attr 0 is the
-// axis (normalised at recording when the shape was known). kRows: 0, or for
-// sums 1 and means 2: along axis 0, values of different lengths batch by rows
-// (OpTraits::row_reduce).
-template <at::Tensor (*F)(const at::Tensor&, int64_t), int kRows = 0>
+// axis (normalised at recording when the shape was known). Along axis 0,
+// values of different lengths batch by rows (OpTraits::row_reduce).
+template <at::Tensor (*F)(const at::Tensor&, int64_t), Rows kRows>
 struct ReduceDim {
-  static constexpr OpTraits traits{.arity = 1, .axis_attr = 0, .row_reduce = kRows != 0};
+  static constexpr OpTraits traits{.arity = 1, .axis_attr = 0, .row_reduce = kRows != Rows::kNone};
   static Shape infer(const InferCtx& c) {
     const Shape& s = c.shape(0);
     const int axis = s.axis(static_cast<int>(c.attr(0)));
@@ -79,8 +107,11 @@ struct ReduceDim {
   }
   static at::Tensor run(RunCtx& c) {
     if (!c.segment_counts().empty()) {  // along the rows of values of different lengths
-      at::Tensor sums = row_sums(c, c.in(0));
-      return kRows == 2 ? sums / row_counts(c, sums.dim() - 1) : sums;
+      const at::Tensor& x = c.in(0);
+      if constexpr (kRows == Rows::kMax || kRows == Rows::kMin) return row_extremes(c, x, kRows == Rows::kMax);
+      if constexpr (kRows == Rows::kLogSumExp) return row_logsumexp(c, x);
+      at::Tensor sums = row_sums(c, x);
+      return kRows == Rows::kMean ? sums / row_counts(c, sums.dim() - 1) : sums;
     }
     const int64_t a = c.attr(0);
     return F(c.in(0), (a < 0 ? a + c.in(0).dim() - 1 : a) + 1);
@@ -95,11 +126,13 @@ inline at::Tensor max_dim(const at::Tensor& x, int64_t d) { return x.amax(d); }
 inline at::Tensor min_dim(const at::Tensor& x, int64_t d) { return x.amin(d); }
 inline at::Tensor logsumexp_dim(const at::Tensor& x, int64_t d) { return x.logsumexp(d); }
 
-struct SumDim : ReduceDim<sum_dim, 1> { static constexpr std::string_view name = "sum_dim"; };
-struct MeanDim : ReduceDim<mean_dim, 2> { static constexpr std::string_view name = "mean_dim"; };
-struct MaxDim : ReduceDim<max_dim> { static constexpr std::string_view name = "max_dim"; };
-struct MinDim : ReduceDim<min_dim> { static constexpr std::string_view name = "min_dim"; };
-struct LogSumExpDim : ReduceDim<logsumexp_dim> { static constexpr std::string_view name = "logsumexp_dim"; };
+struct SumDim : ReduceDim<sum_dim, Rows::kSum> { static constexpr std::string_view name = "sum_dim"; };
+struct MeanDim : ReduceDim<mean_dim, Rows::kMean> { static constexpr std::string_view name = "mean_dim"; };
+struct MaxDim : ReduceDim<max_dim, Rows::kMax> { static constexpr std::string_view name = "max_dim"; };
+struct MinDim : ReduceDim<min_dim, Rows::kMin> { static constexpr std::string_view name = "min_dim"; };
+struct LogSumExpDim : ReduceDim<logsumexp_dim, Rows::kLogSumExp> {
+  static constexpr std::string_view name = "logsumexp_dim";
+};
 
 // Two vectors of one length -> their dot product (a scalar).
 struct Dot {

@@ -73,8 +73,10 @@ TEST_CASE("ragged: values and gradients equal each example alone, every strategy
     const Expr first_row = dsl::affine(V, dsl::slice(H, 0, 1, 0), c);  // a slice's rows, packed again
     const Expr E = dsl::concat({dsl::slice(D, 0, 2), dsl::tanh(dsl::slice(D, 2, 5))});  // not packed, then packed
     const Expr L = dsl::log_softmax(E - dsl::sum(std::vector<Expr>{E, D * 2.0}));
+    // (relu makes ties: max_dim and min_dim share the gradient between them.)
     return dsl::sum(L) + dsl::sum(dsl::sum_dim(N, 0)) + dsl::sum(dsl::stack({D, E})) + dsl::sum(first_row) +
-           dsl::mean(dsl::mean_dim(D, 0) * 3.0) + dsl::mean(H);
+           dsl::mean(dsl::mean_dim(D, 0) * 3.0) + dsl::mean(H) + dsl::sum(dsl::max_dim(dsl::relu(H), 0)) +
+           dsl::sum(dsl::min_dim(dsl::relu(D), 0)) * 0.5 + dsl::sum(dsl::logsumexp_dim(N * 3.0, 0));
   };
   const CheckReport r = check_batched(9, program, {.params = {W, b, gain, V, c}});
   REQUIRE_BATCHED_EQUALS_ALONE(r);
@@ -192,10 +194,10 @@ TEST_CASE("ragged: slices of one gathered input are one gather and one split", "
   CHECK(cut_from_one_gather == 2);  // Q and K gathered side by side once, then split
 }
 
-TEST_CASE("ragged: sums and means over the rows of values of different lengths take one launch", "[scheduler][ragged]") {
+TEST_CASE("ragged: sums, means, maxima, minima and logsumexp over the rows of values of different lengths take one launch", "[scheduler][ragged]") {
   Graph g({.fuse = false});
   const int n = 9;
-  std::vector<Expr> s, m, sd, md, mx;
+  std::vector<Expr> s, m, sd, md, mx, mn, lse;
   for (int i = 0; i < n; ++i) {
     auto scope = g.example(i);
     const Expr X = g.input(test::data({length_of(i), 3}, i));
@@ -203,16 +205,17 @@ TEST_CASE("ragged: sums and means over the rows of values of different lengths t
     m.push_back(dsl::mean(X));
     sd.push_back(dsl::sum_dim(X, 0));
     md.push_back(dsl::mean_dim(X, 0));
-    mx.push_back(dsl::max_dim(X, 0));  // not a sum: still one launch per length
+    mx.push_back(dsl::max_dim(X, 0));
+    mn.push_back(dsl::min_dim(X, 0));
+    lse.push_back(dsl::logsumexp_dim(X * 10.0, 0));  // large: the shift matters
   }
   std::vector<Expr> all = s;
-  for (auto* v : {&m, &sd, &md, &mx}) all.insert(all.end(), v->begin(), v->end());
+  for (auto* v : {&m, &sd, &md, &mx, &mn, &lse}) all.insert(all.end(), v->begin(), v->end());
   g.forward(all);
-  CHECK(launches_of(g, "sum") == 1);
-  CHECK(launches_of(g, "mean") == 1);
-  CHECK(launches_of(g, "sum_dim") == 1);
-  CHECK(launches_of(g, "mean_dim") == 1);
-  CHECK(launches_of(g, "max_dim") == 7);  // lengths 1..7
+  for (const char* op : {"sum", "mean", "sum_dim", "mean_dim", "max_dim", "min_dim", "logsumexp_dim"}) {
+    INFO(op);
+    CHECK(launches_of(g, op) == 1);
+  }
   for (int i = 0; i < n; ++i) {
     const at::Tensor x = test::data({length_of(i), 3}, i);
     const auto k = static_cast<size_t>(i);
@@ -221,6 +224,8 @@ TEST_CASE("ragged: sums and means over the rows of values of different lengths t
     CHECK(at::allclose(sd[k].value(), x.sum(0), 1e-4, 1e-5));
     CHECK(at::allclose(md[k].value(), x.mean(0), 1e-4, 1e-5));
     CHECK(at::allclose(mx[k].value(), std::get<0>(x.max(0)), 1e-4, 1e-5));
+    CHECK(at::allclose(mn[k].value(), std::get<0>(x.min(0)), 1e-4, 1e-5));
+    CHECK(at::allclose(lse[k].value(), (x * 10.0).logsumexp(0), 1e-4, 1e-5));
   }
 }
 
