@@ -279,10 +279,13 @@ TEST_CASE("ragged: attention over values of different lengths equals each exampl
     const Expr s = dsl::tanh(dsl::affine(W, g.input(test::data({4}, 100 + i)), b));
     const Expr a = dsl::softmax(dsl::matmul(H, s) + dsl::matmul(H, s * 2.0));
     const Expr context = dsl::matmul(a, H);
-    // A packed vector read whole (pick, dot), reduced (mean) and weighing the rows of a matrix that is not packed.
+    // A packed vector read whole (pick, dot), reduced (mean) and weighing the
+    // rows of a matrix that is not packed; a vector that is not packed
+    // weighing the rows of a packed matrix.
     const Expr T = dsl::transpose(dsl::transpose(H));
+    const Expr w = dsl::sigmoid(g.input(test::data({length_of(i)}, 200 + i)));
     return dsl::sum(context) + dsl::pick(dsl::log_softmax(a), 0) + dsl::mean(a * a) + dsl::sum(dsl::matmul(a, T)) +
-           dsl::dot(a, a);
+           dsl::dot(a, a) + dsl::sum(dsl::matmul(w, H)) + dsl::max_dim(dsl::matmul(H, s), 0);
   };
   const CheckReport r = check_batched(9, program, {.params = {W, b}});
   REQUIRE_BATCHED_EQUALS_ALONE(r);
