@@ -55,7 +55,7 @@ struct Attention {
     const auto n = static_cast<int64_t>(counts.size());
     const int64_t longest = *std::max_element(counts.begin(), counts.end());
     const int64_t rows = c.in(0).size(0);
-    std::vector<int64_t> pad, keep, masked;
+    std::vector<int64_t> pad, keep;
     pad.reserve(static_cast<size_t>(n * longest));
     int64_t row = 0;
     for (int64_t s = 0; s < n; ++s) {
@@ -63,13 +63,12 @@ struct Attention {
       for (int64_t j = 0; j < longest; ++j) {
         pad.push_back(j < len ? row + j : rows);
         if (j < len) keep.push_back(s * longest + j);
-        masked.push_back(j < len ? 0 : 1);
       }
       row += len;
     }
     const auto device = c.in(0).device();
     const at::Tensor pad_ids = at::tensor(pad, at::kLong).to(device), keep_ids = at::tensor(keep, at::kLong).to(device);
-    const at::Tensor mask = at::tensor(masked, at::kLong).to(device).view({n, 1, 1, longest}).to(at::kBool);
+    const at::Tensor mask = pad_ids.eq(rows).view({n, 1, 1, longest});  // padded keys: the zero row
     auto padded = [&](const at::Tensor& x) {
       const at::Tensor zero = at::zeros({1, x.size(1)}, x.options());
       return at::cat({x, zero}).index_select(0, pad_ids).view({n, longest, x.size(1)});

@@ -74,8 +74,8 @@ struct OpTraits {
   int8_t length_attr = -1;  // >= 0: this attribute is the length (left out of the signature when packed)
   // Reduces the rows of its per-example arguments [L, S...] (all of them, or
   // along axis 0 where axis_attr says so; several arguments all of one length
-  // L, all but the last vectors: a weight per row, as x in x B): nodes of different lengths L share one
-  // launch. It applies when no argument is shared, the result has a lower rank
+  // L, all but the last vectors: a weight per row, as x in x B): nodes of
+  // different lengths L share one launch. It applies when no argument is shared, the result has a lower rank
   // than the highest argument, and that rank is >= 2 or an argument is a packed
   // vector. run() then gets the rows of all the values end to end in in(i)
   // ([sum of L, S...]) and, per node, its number of rows in segment_counts()

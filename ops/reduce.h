@@ -2,9 +2,7 @@
 #pragma once
 
 #include <ATen/ops/argmax.h>
-#include <ATen/ops/bincount.h>
 #include <ATen/ops/index_select.h>
-#include <ATen/ops/segment_reduce.h>
 #include <ATen/ops/gather.h>
 #include <ATen/ops/index_add.h>
 #include <ATen/ops/layer_norm.h>
@@ -74,8 +72,8 @@ enum class Rows { kNone, kSum, kMean, kMax, kMin, kLogSumExp };
 // ties' mean, which is the extreme).
 inline at::Tensor row_extremes(RunCtx& c, const at::Tensor& x, bool max) {
   const at::Tensor ids = c.segment_ids();
-  const at::Tensor lengths = at::bincount(ids, {}, static_cast<int64_t>(c.segment_counts().size()));
-  const at::Tensor best = at::segment_reduce(x.detach(), max ? "max" : "min", lengths).index_select(0, ids);
+  const auto n = static_cast<int64_t>(c.segment_counts().size());
+  const at::Tensor best = segment_extreme(x, ids, n, max).index_select(0, ids);
   const at::Tensor tied = x.detach().eq(best).to(x.scalar_type());
   const at::Tensor share = tied / row_sums(c, tied).index_select(0, ids);
   return row_sums(c, x * share);
@@ -85,8 +83,7 @@ inline at::Tensor row_extremes(RunCtx& c, const at::Tensor& x, bool max) {
 // (without gradient: the shift cancels out).
 inline at::Tensor row_logsumexp(RunCtx& c, const at::Tensor& x) {
   const at::Tensor ids = c.segment_ids();
-  const at::Tensor lengths = at::bincount(ids, {}, static_cast<int64_t>(c.segment_counts().size()));
-  const at::Tensor shift = at::segment_reduce(x.detach(), "max", lengths);
+  const at::Tensor shift = segment_extreme(x, ids, static_cast<int64_t>(c.segment_counts().size()), /*max=*/true);
   return row_sums(c, (x - shift.index_select(0, ids)).exp()).log() + shift;
 }
 

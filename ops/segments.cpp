@@ -165,11 +165,15 @@ struct SegmentWeightedSumNode : torch::autograd::Node {
 
 }  // namespace
 
+at::Tensor segment_extreme(const at::Tensor& x, const at::Tensor& ids, int64_t n, bool max) {
+  return at::segment_reduce(x.detach(), max ? "max" : "min", at::bincount(ids, {}, n));
+}
+
 at::Tensor segment_softmax(const at::Tensor& x, std::span<const int64_t> counts, const at::Tensor& ids, bool log) {
   const auto n = static_cast<int64_t>(counts.size());
   if (!cpu_float(x)) {
     // The shift keeps exp() in range and cancels out: no gradient through it.
-    const at::Tensor shift = at::segment_reduce(x.detach(), "max", at::bincount(ids, {}, n));
+    const at::Tensor shift = segment_extreme(x, ids, n, /*max=*/true);
     const at::Tensor z = x - shift.index_select(0, ids);
     const at::Tensor e = z.exp();
     const at::Tensor sums = at::index_add(at::zeros({n}, x.options()), 0, ids, e);

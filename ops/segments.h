@@ -16,6 +16,10 @@
 
 namespace sheaf {
 
+// x [R, ...] -> [n, ...]: the largest (or smallest) of each segment's rows,
+// without gradient (a shift or a choice, not a value to differentiate).
+at::Tensor segment_extreme(const at::Tensor& x, const at::Tensor& ids, int64_t n, bool max);
+
 // x [R], counts [n] (rows per segment, summing to R) -> [R]: softmax, or
 // log-softmax, of each segment.
 at::Tensor segment_softmax(const at::Tensor& x, std::span<const int64_t> counts, const at::Tensor& ids, bool log);

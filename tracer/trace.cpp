@@ -305,8 +305,9 @@ int rows_rank(const NodeStore& s, NodeId n, const OpTraits& traits) {
 // Its rows are those of its row arguments (OpTraits::row_args) of the highest
 // rank R among them and the result: each such per-example argument of rank R
 // has the result's length, every other per-example argument one row's shape
-// (repeated on every row; not packed itself), every shared one a rank below R (it broadcasts
-// over the rows) or is a weight (a per-example weight is an argument like the others). A result of rank 1 packs when its rows are a
+// (repeated on every row; not packed itself), every shared one a rank below R
+// (it broadcasts over the rows) or is a weight (a per-example weight is an
+// argument like the others). A result of rank 1 packs when its rows are a
 // matrix's (R = 2), or when an argument is a packed vector and the op computes
 // each element alone (a fusible elementwise op) or across rows.
 int Trace::by_rows(NodeId n, const OpTraits& traits) const {
@@ -346,8 +347,9 @@ int Trace::by_rows(NodeId n, const OpTraits& traits) const {
 
 // Whether node n reduces the rows of its arguments (OpTraits::row_reduce):
 // every argument per-example and of one length, all but the last vectors (a
-// weight per row, as x in x B), reduced whole or along axis 0, into a result of lower rank than the highest argument's, which is >= 2
-// or that of a packed vector.
+// weight per row, as x in x B), reduced whole or along axis 0, into a result
+// of lower rank than the highest argument's, which is >= 2 or that of a
+// packed vector.
 bool Trace::reduces_rows(NodeId n, const OpTraits& traits) const {
   if (!traits.row_reduce) return false;
   auto args = s_.args_of(n);
