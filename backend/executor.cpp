@@ -17,6 +17,7 @@
 
 #include "fused.h"
 #include "gather.h"
+#include "row_copies.h"
 #include "row_gather.h"
 #include "runtime.h"
 
@@ -27,8 +28,8 @@ namespace {
 constexpr uint32_t kFlatKey = 0x80000000u;
 }  // namespace
 
-// On the CPU, a gathered input is one tensor written by row copies
-// (backend/row_gather.h). Appends the rows of reads [begin, end), permuted by
+// On the CPU, and on CUDA where the row kernels compile, a gathered input is
+// one tensor written by row copies (backend/row_gather.h). Appends the rows of reads [begin, end), permuted by
 // `perm`, to picks_; false when a source cannot be read that way (a shared
 // value in a list, a view whose rows are not contiguous).
 bool Executor::pick_rows(const Plan& plan, uint32_t reads_begin, uint32_t reads_end, int64_t perm) {
@@ -71,7 +72,7 @@ void Executor::clear_picks() {
 }
 
 at::Tensor Executor::copy_rows(const Plan& plan, uint32_t reads_begin, uint32_t reads_end, int64_t perm) {
-  if (!config_.device.is_cpu()) return {};
+  if (!row_copies_on(config_.device)) return {};
   clear_picks();
   if (!pick_rows(plan, reads_begin, reads_end, perm)) return {};
   ++counters_.gather_launches;
@@ -83,7 +84,7 @@ at::Tensor Executor::copy_rows(const Plan& plan, uint32_t reads_begin, uint32_t 
 // writes the output from wherever the arguments live, instead of a gather per
 // argument and a cat. Undefined when that does not apply.
 at::Tensor Executor::concat_rows(const Plan& plan, const PlannedBatch& b) {
-  if (!config_.device.is_cpu() || b.op != code_of<op::Concat> || b.stacked || b.shared || b.program || b.rows > 0)
+  if (!row_copies_on(config_.device) || b.op != code_of<op::Concat> || b.stacked || b.shared || b.program || b.rows > 0)
     return {};
   const NodeId first = plan.nodes[b.nodes_begin];
   const Shape& shape = s_.shape_of(first);
@@ -99,7 +100,7 @@ at::Tensor Executor::concat_rows(const Plan& plan, const PlannedBatch& b) {
 // tensor by one row gather (CPU); undefined when a source cannot be read so.
 at::Tensor Executor::side_by_side(const Plan& plan, const PlannedBatch& b, std::span<const uint32_t> args,
                                   const Shape& shape) {
-  if (!config_.device.is_cpu()) return {};
+  if (!row_copies_on(config_.device)) return {};
   clear_picks();
   for (uint32_t k : args) {
     const BatchArg& arg = plan.args[b.args_begin + k];

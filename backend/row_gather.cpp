@@ -15,11 +15,15 @@
 
 #include <sheaf/ops/autograd_node.h>
 
+#include "row_copies.h"
+
 namespace sheaf {
 
 namespace {
 
 using torch::autograd::variable_list;
+
+int64_t address(const float* p) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p)); }
 
 int64_t row_numel(const at::Tensor& t) {
   int64_t n = 1;
@@ -92,6 +96,8 @@ struct ReaderNode : torch::autograd::Node {
     HubBuffers hb = lock_buffers(wanted);
     const size_t n = rows.size() / segments;
     const int64_t out_width = g.numel() / static_cast<int64_t>(std::max<size_t>(n, 1));
+    std::vector<RowCopy> pieces;
+    pieces.reserve(rows.size());
     int64_t col = 0;
     for (size_t seg = 0; seg < segments; ++seg) {
       const RowPick* picks = rows.data() + seg * n;
@@ -99,12 +105,12 @@ struct ReaderNode : torch::autograd::Node {
       for (size_t i = 0; i < n; ++i) {
         float* dst = hb.buf[picks[i].source];
         if (dst == nullptr) continue;
-        float* __restrict y = dst + static_cast<int64_t>(picks[i].row) * d;
-        const float* __restrict x = gp + static_cast<int64_t>(i) * out_width + col;
-        for (int64_t j = 0; j < d; ++j) y[j] += x[j];
+        pieces.push_back(RowCopy{address(gp + static_cast<int64_t>(i) * out_width + col),
+                                 address(dst + static_cast<int64_t>(picks[i].row) * d), d});
       }
       col += d;
     }
+    run_row_copies(pieces, /*add=*/true, g.device());
     return none;
   }
 };
@@ -136,7 +142,7 @@ RowGathers::RowGathers() = default;
 RowGathers::~RowGathers() = default;
 
 bool RowGathers::readable(const at::Tensor& t) {
-  if (!t.defined() || !t.device().is_cpu() || t.scalar_type() != at::kFloat || t.dim() < 1) return false;
+  if (!t.defined() || !row_copies_on(t.device()) || t.scalar_type() != at::kFloat || t.dim() < 1) return false;
   int64_t expected = 1;
   for (int64_t d = t.dim() - 1; d >= 1; --d) {
     if (t.size(d) != 1 && t.stride(d) != expected) return false;
@@ -188,19 +194,21 @@ at::Tensor RowGathers::gather(std::span<const at::Tensor* const> sources, std::s
   SHEAF_ASSERT(out.size(0) == static_cast<int64_t>(n), "row gather of ", n, " rows into ", out.sizes());
   float* o = out.data_ptr<float>();
   const int64_t out_width = row_numel(out);
+  std::vector<RowCopy> pieces;
+  pieces.reserve(rows.size());
   int64_t col = 0;
   for (size_t seg = 0; seg < segments; ++seg) {
     const RowPick* picks = rows.data() + seg * n;
     const int64_t d = n ? width[picks[0].source] : 0;
-    const auto bytes = static_cast<size_t>(d) * sizeof(float);
     for (size_t i = 0; i < n; ++i) {
       const RowPick& r = picks[i];
       SHEAF_ASSERT(width[r.source] == d, "row gather segment ", seg, " mixes rows of ", d, " and ", width[r.source]);
-      std::memcpy(o + static_cast<int64_t>(i) * out_width + col, base[r.source] + static_cast<int64_t>(r.row) * stride[r.source],
-                  bytes);
+      pieces.push_back(RowCopy{address(base[r.source] + static_cast<int64_t>(r.row) * stride[r.source]),
+                               address(o + static_cast<int64_t>(i) * out_width + col), d});
     }
     col += d;
   }
+  run_row_copies(pieces, /*add=*/false, out.device());
   SHEAF_ASSERT(col == out_width, "row gather segments cover ", col, " of ", out_width, " columns");
   if (!needs_grad || !at::GradMode::is_enabled()) return out;
   std::vector<HubPtr> hubs(sources.size());
@@ -235,7 +243,7 @@ std::shared_ptr<const InPlaceRows> RowGathers::in_place(std::span<const at::Tens
   std::vector<int64_t> stride(sources.size());
   for (size_t k = 0; k < sources.size(); ++k) {
     const at::Tensor& s = *sources[k];
-    SHEAF_ASSERT(readable(s), "in-place source ", k, " is not readable by rows: ", s.sizes(), " ", s.strides());
+    SHEAF_ASSERT(readable(s) && s.device().is_cpu(), "in-place source ", k, " is not readable by rows: ", s.sizes(), " ", s.strides());
     base[k] = s.data_ptr<float>();
     stride[k] = s.stride(0);
     impl->width.push_back(row_numel(s));

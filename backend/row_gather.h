@@ -1,4 +1,5 @@
-// Gathers on the CPU as plain row copies, with one gradient per source per round.
+// Gathers as plain row copies (on the CPU; on CUDA one kernel, row_copies.h),
+// with one gradient per source per round.
 //
 // A batched input whose rows come from several earlier batches (children of a
 // tree level, a parser's stack) is, through LibTorch ops, one index_select or
@@ -80,8 +81,9 @@ class RowGathers {
   RowGathers(const RowGathers&) = delete;
   RowGathers& operator=(const RowGathers&) = delete;
 
-  // Whether gather() can read rows of t: a float CPU tensor whose rows are
-  // contiguous (any stride between rows).
+  // Whether gather() can read rows of t: a float tensor whose rows are
+  // contiguous (any stride between rows), on the CPU or on CUDA where the row
+  // kernels run (row_copies_on). in_place() reads CPU rows only.
   static bool readable(const at::Tensor& t);
 
   // out[i] = sources[rows[i].source][rows[i].row], shape [rows.size(), row shape

@@ -3,6 +3,7 @@
 // programs give the CPU's values and gradients.
 #include <sheaf/backend/fused.h>
 #include <sheaf/backend/fused_cuda_source.h>
+#include <sheaf/backend/row_copies.h>
 #include <sheaf/ops/op.h>
 #include <sheaf/ops/op_list.h>
 
@@ -89,24 +90,31 @@ TEST_CASE("fused CUDA source: one forward and one backward kernel per program", 
 }
 
 #ifdef SHEAF_TEST_NVRTC
+namespace {
+void check_compiles(const std::string& src) {
+  nvrtcProgram prog = nullptr;
+  REQUIRE(nvrtcCreateProgram(&prog, src.c_str(), "k.cu", 0, nullptr, nullptr) == NVRTC_SUCCESS);
+  const char* opts[] = {"--gpu-architecture=compute_80", "--std=c++17", "-default-device"};
+  const nvrtcResult rc = nvrtcCompileProgram(prog, 3, opts);
+  size_t size = 0;
+  nvrtcGetProgramLogSize(prog, &size);
+  std::string log(size, '\0');
+  nvrtcGetProgramLog(prog, log.data());
+  INFO(log << "\n" << src);
+  CHECK(rc == NVRTC_SUCCESS);
+  size_t ptx = 0;
+  nvrtcGetPTXSize(prog, &ptx);
+  CHECK(ptx > 0);
+  nvrtcDestroyProgram(&prog);
+}
+}  // namespace
+
 TEST_CASE("fused CUDA source compiles with NVRTC (no GPU needed)", "[fusion][cuda-source]") {
-  for (const FusedProgram& p : programs()) {
-    const std::string src = fused_cuda_source(p, "k");
-    nvrtcProgram prog = nullptr;
-    REQUIRE(nvrtcCreateProgram(&prog, src.c_str(), "k.cu", 0, nullptr, nullptr) == NVRTC_SUCCESS);
-    const char* opts[] = {"--gpu-architecture=compute_80", "--std=c++17", "-default-device"};
-    const nvrtcResult rc = nvrtcCompileProgram(prog, 3, opts);
-    size_t size = 0;
-    nvrtcGetProgramLogSize(prog, &size);
-    std::string log(size, '\0');
-    nvrtcGetProgramLog(prog, log.data());
-    INFO(log << "\n" << src);
-    CHECK(rc == NVRTC_SUCCESS);
-    size_t ptx = 0;
-    nvrtcGetPTXSize(prog, &ptx);
-    CHECK(ptx > 0);
-    nvrtcDestroyProgram(&prog);
-  }
+  for (const FusedProgram& p : programs()) check_compiles(fused_cuda_source(p, "k"));
+}
+
+TEST_CASE("the row gathers' CUDA source compiles with NVRTC (no GPU needed)", "[gather][cuda-source]") {
+  check_compiles(row_copies_cuda_source());
 }
 #endif
 

@@ -1,6 +1,8 @@
-// Row gathers on the CPU on their own: values equal index_select, gradients
-// equal those of plain reads, and every gather of a round from one source
-// shares ONE gradient buffer (the hub) that reaches the source once.
+// Row gathers on their own, on the CPU and (tagged [cuda]) with the CUDA row
+// kernels: values equal index_select, gradients equal those of plain reads,
+// and every gather of a round from one source shares ONE gradient buffer (the
+// hub) that reaches the source once.
+#include <sheaf/backend/row_copies.h>
 #include <sheaf/backend/row_gather.h>
 
 #include <torch/csrc/autograd/function.h>
@@ -12,16 +14,14 @@ using namespace sheaf;
 namespace {
 
 at::Tensor rows_of(const at::Tensor& src, std::vector<int64_t> rows) {
-  return src.index_select(0, at::tensor(rows, at::kLong));
+  return src.index_select(0, at::tensor(rows, at::kLong).to(src.device()));
 }
 
-}  // namespace
-
-TEST_CASE("row gathers: values and gradients equal index_select reads, sources shared across gathers",
-          "[backend][gather]") {
+void check_shared_sources(const c10::Device& device) {
   at::manual_seed(5);
-  const at::Tensor a0 = at::randn({6, 2, 3}), b0 = at::randn({4, 2, 3});
-  const at::Tensor wx = at::randn({5, 2, 3}), wy = at::randn({3, 2, 3});
+  auto randn = [&](std::vector<int64_t> sizes) { return at::randn(sizes).to(device); };
+  const at::Tensor a0 = randn({6, 2, 3}), b0 = randn({4, 2, 3});
+  const at::Tensor wx = randn({5, 2, 3}), wy = randn({3, 2, 3});
 
   at::Tensor a = a0.clone().requires_grad_(), b = b0.clone().requires_grad_();
   // Non-leaf sources, as batch outputs are: their gradient goes through a node.
@@ -55,6 +55,36 @@ TEST_CASE("row gathers: values and gradients equal index_select reads, sources s
   CHECK(hub_of(x, 0)->name() == "sheaf::GatherHub");
 }
 
+void check_side_by_side(const c10::Device& device) {
+  at::manual_seed(9);
+  const at::Tensor a0 = at::randn({4, 3}).to(device), b0 = at::randn({3, 2}).to(device);
+  at::Tensor a = a0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+  const at::Tensor sa = a * 1.0, sb = b * 1.0;
+  RowGathers gathers;
+  const std::vector<const at::Tensor*> srcs{&sa, &sb};
+  const std::vector<uint32_t> batches{1, 2};
+  // Rows [a3 | b0 | a1], [a0 | b2 | a1]: three segments of two rows.
+  const std::vector<RowPick> picks{{0, 3}, {0, 0}, {1, 0}, {1, 2}, {0, 1}, {0, 1}};
+  const std::vector<int64_t> sizes{2, 8};
+  const at::Tensor y = gathers.gather(srcs, batches, picks, 3, sizes);
+  const at::Tensor w = at::randn({2, 8}).to(device);
+  (y * w).sum().backward();
+
+  at::Tensor a2 = a0.clone().requires_grad_(), b2 = b0.clone().requires_grad_();
+  const at::Tensor ref = at::stack({at::cat({a2[3], b2[0], a2[1]}), at::cat({a2[0], b2[2], a2[1]})});
+  CHECK(at::equal(y.detach(), ref.detach()));
+  (ref * w).sum().backward();
+  CHECK(at::allclose(a.grad(), a2.grad(), 1e-6, 1e-6));
+  CHECK(at::allclose(b.grad(), b2.grad(), 1e-6, 1e-6));
+}
+
+}  // namespace
+
+TEST_CASE("row gathers: values and gradients equal index_select reads, sources shared across gathers",
+          "[backend][gather]") {
+  check_shared_sources(c10::kCPU);
+}
+
 TEST_CASE("row gathers: no autograd node without a gradient, strided rows, backward twice", "[backend][gather]") {
   RowGathers gathers;
   const at::Tensor src = at::arange(24, at::kFloat).view({4, 6});
@@ -78,24 +108,13 @@ TEST_CASE("row gathers: no autograd node without a gradient, strided rows, backw
 }
 
 TEST_CASE("row gathers side by side: a concat of gathered rows, values and gradients", "[backend][gather]") {
-  at::manual_seed(9);
-  const at::Tensor a0 = at::randn({4, 3}), b0 = at::randn({3, 2});
-  at::Tensor a = a0.clone().requires_grad_(), b = b0.clone().requires_grad_();
-  const at::Tensor sa = a * 1.0, sb = b * 1.0;
-  RowGathers gathers;
-  const std::vector<const at::Tensor*> srcs{&sa, &sb};
-  const std::vector<uint32_t> batches{1, 2};
-  // Rows [a3 | b0 | a1], [a0 | b2 | a1]: three segments of two rows.
-  const std::vector<RowPick> picks{{0, 3}, {0, 0}, {1, 0}, {1, 2}, {0, 1}, {0, 1}};
-  const std::vector<int64_t> sizes{2, 8};
-  const at::Tensor y = gathers.gather(srcs, batches, picks, 3, sizes);
-  const at::Tensor w = at::randn({2, 8});
-  (y * w).sum().backward();
+  check_side_by_side(c10::kCPU);
+}
 
-  at::Tensor a2 = a0.clone().requires_grad_(), b2 = b0.clone().requires_grad_();
-  const at::Tensor ref = at::stack({at::cat({a2[3], b2[0], a2[1]}), at::cat({a2[0], b2[2], a2[1]})});
-  CHECK(at::equal(y.detach(), ref.detach()));
-  (ref * w).sum().backward();
-  CHECK(at::allclose(a.grad(), a2.grad(), 1e-6, 1e-6));
-  CHECK(at::allclose(b.grad(), b2.grad(), 1e-6, 1e-6));
+TEST_CASE("CUDA: row gathers run as one kernel each way, with the CPU's values and gradients", "[backend][gather][cuda]") {
+  SHEAF_SKIP_WITHOUT_CUDA();
+  const c10::Device cuda(c10::kCUDA);
+  REQUIRE(row_copies_on(cuda));  // NVRTC and the driver are there wherever CUDA is
+  check_shared_sources(cuda);
+  check_side_by_side(cuda);
 }
