@@ -142,6 +142,10 @@ struct SheafSystem {
 };
 // Nothing for a name that is not a Sheaf system; UserError for a bad strategy.
 std::optional<SheafSystem> parse_sheaf_system(const std::string& name);
+// A workload's own system suffix (the model variant: "/matmul", "/steps") taken off.
+inline std::string strip_suffix(const std::string& s, std::string_view suffix) {
+  return s.ends_with(suffix) ? s.substr(0, s.size() - suffix.size()) : s;
+}
 
 // Turns a system's forward for batch b into its timed step: under no-grad for
 // infer; for train, forward, backward of the loss * scale, and a step of an

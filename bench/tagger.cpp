@@ -2,7 +2,9 @@
 // `tagger` (word embeddings) and `tagger-char` (rare words spelled by a char
 // BiLSTM). The SAME model on the SAME sentences, per example (at::lstm per
 // sentence and per rare word), with Sheaf, and hand-batched (packed at::lstm),
-// interleaved in one process run.
+// interleaved in one process run. Sheaf's model runs each LSTM step by step
+// (an LSTM cell a token: the autobatched form, as DyNet's); a system name
+// ending in /seq writes each as one dsl::lstm over the sentence's rows.
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
@@ -69,10 +71,17 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const T
   const bool train = mode == "train";
   const bool chars = o.workload == "tagger-char";
   const c10::Device device(o.device);
-  Tagger model({.words = static_cast<int64_t>(c.vocab.words.size()), .chars = static_cast<int64_t>(c.vocab.chars.size()),
-                .tags = static_cast<int64_t>(c.vocab.tags.size()), .hidden = hidden, .use_chars = chars},
-               13);
+  const models::TaggerOptions options{.words = static_cast<int64_t>(c.vocab.words.size()),
+                                      .chars = static_cast<int64_t>(c.vocab.chars.size()),
+                                      .tags = static_cast<int64_t>(c.vocab.tags.size()),
+                                      .hidden = hidden,
+                                      .use_chars = chars};
+  Tagger model(options, 13);
   model.to(device);
+  models::TaggerOptions by_sequence = options;  // the same parameters (seed), each LSTM one dsl::lstm
+  by_sequence.sequence_op = true;
+  Tagger model_by_sequence(by_sequence, 13);
+  model_by_sequence.to(device);
   at::Tensor reference;
   {
     c10::NoGradGuard no_grad;
@@ -102,21 +111,25 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const T
       c10::NoGradGuard no_grad;
       s.max_abs_diff = max_diff(HandTagger(model, kernel).logits_in_sentence_order(c.batches[0]), reference);
       systems.push_back(std::move(s));
-    } else if (auto spec = parse_sheaf_system(name)) {
+    } else if (auto spec = parse_sheaf_system(strip_suffix(name, "/seq"))) {
+      const Tagger& m = name.ends_with("/seq") ? model_by_sequence : model;
       auto record = [&, train](Graph& g, size_t b) {
-        if (train) return std::vector<Expr>{model.sheaf_batch_loss(g, c.batches[b])};
-        return model.sheaf_batch_logits(g, c.batches[b]);
+        if (train) return std::vector<Expr>{m.sheaf_batch_loss(g, c.batches[b])};
+        return m.sheaf_batch_logits(g, c.batches[b]);
       };
       const std::vector<size_t> added =
           add_sheaf_systems(o, *spec, train, c.batches.size(), make_step, record, systems, owners);
-      for (size_t q = 0; q < added.size(); ++q)
-        systems[added[q]].max_abs_diff =
-            max_diff(sheaf_stacked_outputs(spec->graph(o.device), *spec->strategies[q],
-                                           [&](Graph& g) { return model.sheaf_batch_logits(g, c.batches[0]); }),
-                     reference);
+      for (size_t q = 0; q < added.size(); ++q) {
+        if (&m == &model_by_sequence) systems[added[q]].strategy += "/seq";
+        c10::NoGradGuard no_grad;
+        Graph g(spec->graph(o.device));
+        const std::vector<Expr> logits = m.sheaf_batch_logits(g, c.batches[0]);
+        g.forward(logits, {.strategy = spec->strategies[q]});
+        systems[added[q]].max_abs_diff = max_diff(Tagger::logit_rows(logits), reference);
+      }
     } else {
       throw UserError("unknown system '" + name + "' for " + o.workload +
-                      " (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/inline])");
+                      " (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/inline][/seq])");
     }
   }
   const double items = static_cast<double>(c.batches.size() * static_cast<size_t>(o.batch));

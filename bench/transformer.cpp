@@ -31,10 +31,6 @@ at::Tensor per_example_logits(const TransformerTagger& m, std::span<const Senten
   return at::cat(out).cpu();
 }
 
-std::string strip_suffix(const std::string& s, std::string_view suffix) {
-  return s.ends_with(suffix) ? s.substr(0, s.size() - suffix.size()) : s;
-}
-
 void run_mode(const Options& o, const std::string& mode, int64_t d, const TaggingCorpus& c) {
   const bool train = mode == "train";
   const c10::Device device(o.device);

@@ -133,6 +133,12 @@ Expr dot(Operand a, Operand b, Loc loc = Loc::current());  // two vectors -> a s
 Expr attention(Expr q, Expr k, Expr v, int heads = 1, Loc loc = Loc::current());
 // Normalised over the last axis, times `gain` plus `bias` (shared [d] tensors).
 Expr layer_norm(Expr x, Operand gain, Operand bias, double eps = 1e-5, Loc loc = Loc::current());
+// An LSTM over a sequence x [L, d] (one row a step), from a zero state:
+// every step's hidden state, [L, h]. w_ih [4h, d], w_hh [4h, h] and b [4h]
+// must be shared by every example (parameters); gates [i, f, g, o] as
+// LibTorch's. `reverse` runs from the last row to the first (a BiLSTM's
+// backward half). Sequences of any lengths are ONE launch (ops/lstm.h).
+Expr lstm(Expr x, Operand w_ih, Operand w_hh, Operand b, bool reverse = false, Loc loc = Loc::current());
 // Elementwise sum / mean of a list of equal-shaped values (e.g. losses of all examples).
 Expr sum(std::span<const Expr> xs, Loc loc = Loc::current());
 Expr mean(std::span<const Expr> xs, Loc loc = Loc::current());

@@ -59,6 +59,7 @@ struct Dropout;
 struct Affine;       // W x + b
 struct Matmul;       // A x or A B
 struct Attention;    // scaled dot-product attention, with heads
+struct Lstm;         // an LSTM over a sequence, all steps
 // Structure.
 struct Concat;
 struct Slice;
@@ -97,7 +98,7 @@ inline constexpr auto kOpList = boost::hana::tuple_t<
     op::Neg, op::Tanh, op::Sigmoid, op::Relu, op::Exp, op::Log, op::Abs, op::Sqrt, op::Softplus, op::LogSigmoid,
     op::Gelu,
     op::Dropout,
-    op::Affine, op::Matmul, op::Attention,
+    op::Affine, op::Matmul, op::Attention, op::Lstm,
     op::Concat, op::Slice, op::Reshape, op::Transpose, op::Stack,
     op::Sum, op::Mean, op::SumList, op::MeanList, op::Softmax, op::LogSoftmax, op::Pick, op::PickAt, op::ArgMax,
     op::PickNegLogSoftmax, op::SumDim, op::MeanDim, op::MaxDim, op::MinDim, op::LogSumExpDim, op::Dot, op::LayerNorm,

@@ -9,6 +9,7 @@
 #include <concepts>
 
 #include "attention.h"
+#include "lstm.h"
 #include "call.h"
 #include "elementwise.h"
 #include "leaf.h"

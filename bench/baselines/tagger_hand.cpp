@@ -4,7 +4,8 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/custom_function.h>
+
+#include <sheaf/ops/packed_lstm.h>
 
 #include <algorithm>
 #include <numeric>
@@ -13,9 +14,6 @@
 namespace sheaf::models {
 
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 at::Tensor longs(const std::vector<int64_t>& v, const c10::Device& d) { return at::tensor(v, at::kLong).to(d); }
 
@@ -75,101 +73,13 @@ std::pair<at::Tensor, at::Tensor> loop_call(const LstmWeights& f, const LstmWeig
   return {at::cat({of, ob}, 1), at::stack({hf, hb})};
 }
 
-// One direction over packed rows as ONE autograd node with a hand-written
-// backward (as the parser's baseline): per step a GEMM on the active rows and
-// the cell's math in place; backward through time per step, then every
-// weight's gradient as one GEMM over all rows (not one per step).
-struct PackedLstmFn : torch::autograd::Function<PackedLstmFn> {
-  // Rows of step t: [offset[t], offset[t] + sizes[t]); a step's first
-  // min(active, previous active) rows continue the previous step's sequences.
-  static std::vector<int64_t> order(const std::vector<int64_t>& sizes, bool reverse) {
-    std::vector<int64_t> ts(sizes.size());
-    for (size_t k = 0; k < ts.size(); ++k) ts[k] = static_cast<int64_t>(reverse ? ts.size() - 1 - k : k);
-    return ts;
-  }
-
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& ih, const at::Tensor& hh,
-                            const at::Tensor& b, const Packing* p, bool reverse) {
-    const int64_t h = hh.size(1);
-    at::Tensor A = at::addmm(b, x, ih.t());  // pre-activations, then activations [i, f, g, o]
-    at::Tensor C = at::empty({x.size(0), h}, x.options()), H = at::empty_like(C), Hprev = at::zeros_like(C);
-    int64_t prev = -1;
-    for (int64_t t : order(p->batch_sizes, reverse)) {
-      const auto tt = static_cast<size_t>(t);
-      const int64_t active = p->batch_sizes[tt], row = p->offset[tt];
-      at::Tensor a = A.narrow(0, row, active), c = C.narrow(0, row, active);
-      const int64_t carried = prev < 0 ? 0 : std::min(active, p->batch_sizes[static_cast<size_t>(prev)]);
-      if (carried > 0) {
-        const at::Tensor hp = H.narrow(0, p->offset[static_cast<size_t>(prev)], carried);
-        Hprev.narrow(0, row, carried).copy_(hp);
-        a.narrow(0, 0, carried).addmm_(hp, hh.t());
-      }
-      a.narrow(1, 0, 2 * h).sigmoid_();
-      a.narrow(1, 2 * h, h).tanh_();
-      a.narrow(1, 3 * h, h).sigmoid_();
-      at::mul_out(c, a.narrow(1, 0, h), a.narrow(1, 2 * h, h));
-      if (carried > 0)
-        c.narrow(0, 0, carried).addcmul_(a.narrow(0, 0, carried).narrow(1, h, h),
-                                         C.narrow(0, p->offset[static_cast<size_t>(prev)], carried));
-      at::Tensor out = H.narrow(0, row, active);
-      at::mul_out(out, a.narrow(1, 3 * h, h), at::tanh(c));
-      prev = t;
-    }
-    ctx->save_for_backward({x, ih, hh, A, C, Hprev});
-    ctx->saved_data["sizes"] = p->batch_sizes;
-    ctx->saved_data["offset"] = p->offset;
-    ctx->saved_data["reverse"] = reverse;
-    return H;
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &ih = saved[1], &hh = saved[2], &A = saved[3], &C = saved[4], &Hprev = saved[5];
-    const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
-    const std::vector<int64_t> offset = ctx->saved_data["offset"].toIntVector();
-    const std::vector<int64_t> ts = order(sizes, ctx->saved_data["reverse"].toBool());
-    const int64_t h = hh.size(1);
-    const at::Tensor dH = grads[0].contiguous();
-    at::Tensor dA = at::empty_like(A), Cprev = at::zeros_like(C);
-    at::Tensor dh_carry, dc_carry;  // into the previous step's rows, from the step after it
-    for (size_t k = ts.size(); k-- > 0;) {
-      const auto t = static_cast<size_t>(ts[k]);
-      const int64_t active = sizes[t], row = offset[t];
-      const at::Tensor a = A.narrow(0, row, active), c = C.narrow(0, row, active);
-      at::Tensor dh = dH.narrow(0, row, active).clone();
-      at::Tensor dc_in = at::zeros({active, h}, A.options());
-      if (dh_carry.defined()) {
-        dh.narrow(0, 0, dh_carry.size(0)).add_(dh_carry);
-        dc_in.narrow(0, 0, dc_carry.size(0)).copy_(dc_carry);
-      }
-      const at::Tensor i = a.narrow(1, 0, h), f = a.narrow(1, h, h), g = a.narrow(1, 2 * h, h), o = a.narrow(1, 3 * h, h);
-      const at::Tensor tc = at::tanh(c);
-      const at::Tensor dc = dc_in.addcmul_(dh * o, 1 - tc * tc);
-      at::Tensor da = dA.narrow(0, row, active);
-      const int64_t carried = k == 0 ? 0 : std::min(active, sizes[static_cast<size_t>(ts[k - 1])]);
-      at::Tensor cprev = Cprev.narrow(0, row, active);
-      if (carried > 0) cprev.narrow(0, 0, carried).copy_(C.narrow(0, offset[static_cast<size_t>(ts[k - 1])], carried));
-      da.narrow(1, 0, h).copy_(dc * g * i * (1 - i));
-      da.narrow(1, h, h).copy_(dc * cprev * f * (1 - f));
-      da.narrow(1, 2 * h, h).copy_(dc * i * (1 - g * g));
-      da.narrow(1, 3 * h, h).copy_(dh * tc * o * (1 - o));
-      if (carried > 0) {
-        dh_carry = at::mm(da.narrow(0, 0, carried), hh);
-        dc_carry = (dc * f).narrow(0, 0, carried);
-      } else {
-        dh_carry = dc_carry = at::Tensor();
-      }
-    }
-    return {at::mm(dA, ih), at::mm(dA.t(), x), at::mm(dA.t(), Hprev), dA.sum(0), at::Tensor(), at::Tensor()};
-  }
-};
-
-// The same contract as lstm_call with PackedLstmFn; final states picked from
+// The same contract as lstm_call with op::packed_lstm (one autograd node a
+// direction, its backward by hand: ops/packed_lstm.h); final states picked from
 // the outputs (forward: each sequence's last row; backward: step 0's rows).
 std::pair<at::Tensor, at::Tensor> fused_call(const LstmWeights& f, const LstmWeights& b, const at::Tensor& data,
                                              const Packing& p) {
-  const at::Tensor of = PackedLstmFn::apply(data, f.ih, f.hh, f.b, &p, false);
-  const at::Tensor ob = PackedLstmFn::apply(data, b.ih, b.hh, b.b, &p, true);
+  const at::Tensor of = op::packed_lstm(data, f.ih, f.hh, f.b, p.batch_sizes, false);
+  const at::Tensor ob = op::packed_lstm(data, b.ih, b.hh, b.b, p.batch_sizes, true);
   std::vector<int64_t> last(p.order.size());
   for (size_t k = 0; k < last.size(); ++k) last[k] = p.row(k, p.length[k] - 1);
   const at::Tensor hf = of.index_select(0, at::tensor(last, at::kLong).to(data.device()));

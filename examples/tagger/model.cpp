@@ -63,6 +63,13 @@ void Tagger::load(const std::string& path) { load_parameters(parameters(), path,
 
 Expr Tagger::sheaf_word(Graph& g, const data::Sentence& s, size_t t) const {
   if (!options_.use_chars || !s.rare[t]) return g.lookup(E, s.word[t], options_.sparse_embedding_grad);
+  if (options_.sequence_op) {  // the spelling's rows: the forward LSTM's last row, the backward one's first
+    const Expr chars = g.lookup(C, s.chars[t]);
+    const auto n = static_cast<int64_t>(s.chars[t].size());
+    const Expr f = dsl::lstm(chars, char_fwd.ih, char_fwd.hh, char_fwd.b);
+    const Expr b = dsl::lstm(chars, char_bwd.ih, char_bwd.hh, char_bwd.b, /*reverse=*/true);
+    return dsl::reshape(dsl::concat({dsl::slice(f, n - 1, n, 0), dsl::slice(b, 0, 1, 0)}, 1), {options_.embed});
+  }
   std::vector<Expr> chars;
   for (int64_t c : s.chars[t]) chars.push_back(g.lookup(C, c));
   const std::vector<Expr> f = sheaf_lstm(char_fwd, chars, false), b = sheaf_lstm(char_bwd, chars, true);
@@ -71,6 +78,19 @@ Expr Tagger::sheaf_word(Graph& g, const data::Sentence& s, size_t t) const {
 
 std::vector<Expr> Tagger::sheaf_logits(Graph& g, const data::Sentence& s) const {
   std::vector<Expr> xs;
+  if (options_.sequence_op) {
+    // The sentence as a matrix, one row a token: every op below works row by
+    // row, so sentences of all lengths share each launch (docs/ops.md, "Lengths").
+    Expr X;
+    if (options_.use_chars) {
+      for (size_t t = 0; t < s.word.size(); ++t) xs.push_back(sheaf_word(g, s, t));
+      X = dsl::stack(xs);
+    } else {
+      X = g.lookup(E, s.word, options_.sparse_embedding_grad);
+    }
+    const Expr H = dsl::concat({dsl::lstm(X, fwd.ih, fwd.hh, fwd.b), dsl::lstm(X, bwd.ih, bwd.hh, bwd.b, true)}, 1);
+    return {dsl::affine(M2, dsl::tanh(dsl::affine(M1, H, m1)), m2)};  // [L, tags]
+  }
   for (size_t t = 0; t < s.word.size(); ++t) xs.push_back(sheaf_word(g, s, t));
   const std::vector<Expr> hf = sheaf_lstm(fwd, xs, false), hb = sheaf_lstm(bwd, xs, true);
   std::vector<Expr> logits;
@@ -80,6 +100,7 @@ std::vector<Expr> Tagger::sheaf_logits(Graph& g, const data::Sentence& s) const 
 
 Expr Tagger::sheaf_loss(Graph& g, const data::Sentence& s) const {
   const std::vector<Expr> logits = sheaf_logits(g, s);
+  if (options_.sequence_op) return dsl::pick_neg_log_softmax(logits[0], s.tag);  // summed over the rows
   std::vector<Expr> losses;
   for (size_t t = 0; t < logits.size(); ++t) losses.push_back(dsl::pick_neg_log_softmax(logits[t], s.tag[t]));
   return dsl::sum(losses);
@@ -98,14 +119,21 @@ std::vector<Expr> Tagger::sheaf_batch_logits(Graph& g, std::span<const data::Sen
   return out;
 }
 
+at::Tensor Tagger::logit_rows(std::span<const Expr> logits) {
+  std::vector<at::Tensor> rows;
+  for (const Expr& e : logits) {
+    const at::Tensor& v = e.value();
+    rows.push_back(v.reshape({-1, v.size(-1)}));  // a token's [tags], or a sentence's [L, tags]
+  }
+  return at::cat(rows);
+}
+
 std::vector<std::vector<int64_t>> Tagger::predict(Graph& g, std::span<const data::Sentence* const> batch,
                                                   const Strategy* strategy) const {
   g.clear();
   const std::vector<Expr> logits = sheaf_batch_logits(g, batch);
   g.forward(logits, {.strategy = strategy});
-  std::vector<at::Tensor> rows;
-  for (const Expr& e : logits) rows.push_back(e.value());
-  const at::Tensor predicted = at::stack(rows).argmax(1).cpu();
+  const at::Tensor predicted = logit_rows(logits).argmax(1).cpu();
   const int64_t* p = predicted.data_ptr<int64_t>();
   std::vector<std::vector<int64_t>> out;
   for (const data::Sentence* s : batch) {

@@ -41,6 +41,12 @@ struct TaggerOptions {
   int64_t char_embed = 64;
   bool use_chars = false;    // rare words spelled out by the char BiLSTM
   bool sparse_embedding_grad = true;
+  // The word (and char) BiLSTMs as dsl::lstm over each sentence's rows: one
+  // launch a direction for the whole batch, the MLP and the loss over the rows
+  // too (the kernels hand-batched code uses; on this CPU no faster than step
+  // by step: docs/benchmarks.md). false: step by step, an LSTM cell a token
+  // (the autobatched form, DyNet's: a batch per step).
+  bool sequence_op = false;
 };
 
 class Tagger {
@@ -56,12 +62,15 @@ class Tagger {
   void load(const std::string& path);  // UserError on a file of another shape
 
   // ---- Sheaf, one sentence: per-token logits, or the summed loss.
+  // Step by step one [tags] Expr a token; with sequence_op one [L, tags] Expr.
   std::vector<Expr> sheaf_logits(Graph& g, const data::Sentence& s) const;
   Expr sheaf_loss(Graph& g, const data::Sentence& s) const;
   // A batch: sentence i recorded as example i; the sum of losses, or every
   // token's logits in sentence order.
   Expr sheaf_batch_loss(Graph& g, std::span<const data::Sentence* const> batch) const;
   std::vector<Expr> sheaf_batch_logits(Graph& g, std::span<const data::Sentence* const> batch) const;
+  // The values of sheaf_batch_logits' Exprs (computed) as one [tokens, tags] tensor.
+  static at::Tensor logit_rows(std::span<const Expr> logits);
   // Each sentence's predicted tags (argmax per token), run batched on g (cleared first).
   std::vector<std::vector<int64_t>> predict(Graph& g, std::span<const data::Sentence* const> batch,
                                             const Strategy* strategy = nullptr) const;

@@ -18,8 +18,9 @@ struct Params {
   explicit Params(c10::Device d = c10::kCPU) : device(d) {}
   c10::Device device;
   at::Tensor W = on(param({kD, kD}, 1)), b = on(param({kD}, 2)), U = on(param({kD, 2 * kD}, 3)),
-             E = on(param({kVocab, kD}, 4)), v = on(param({kD}, 5)), E3 = on(param({3, 2, kD}, 6));
-  std::vector<at::Tensor> all() const { return {W, b, U, E, v, E3}; }
+             E = on(param({kVocab, kD}, 4)), v = on(param({kD}, 5)), E3 = on(param({3, 2, kD}, 6)),
+             Wh = on(param({kD, kD / 4}, 7));  // an LSTM's W_hh (hidden kD / 4; W is its W_ih)
+  std::vector<at::Tensor> all() const { return {W, b, U, E, v, E3, Wh}; }
   at::Tensor data(std::vector<int64_t> shape, int example, int salt = 0) const {
     return test::data(std::move(shape), example, salt).to(device);
   }
@@ -155,6 +156,20 @@ inline const std::vector<OpCase>& cases() {
        [](Graph& g, Expr h, int i, const Params& p) {
          const Expr K = dsl::tanh(g.input(p.data({2 + i % 2, kD}, i, 11)));
          return dsl::sum_dim(dsl::attention(dsl::stack({h, h * 0.5}), K, K, 4), 0);
+       }},
+      {"lstm (lengths 1-3: packed; forward and reverse)",
+       [](Graph&, Expr h, int i, const Params& p) {
+         std::vector<Expr> rows{dsl::tanh(h)};
+         for (int r = 0; r < i % 3; ++r) rows.push_back(dsl::tanh(rows.back() * 1.5));
+         const Expr X = dsl::stack(rows);  // [1 + i % 3, kD]
+         const Expr f = dsl::lstm(X, p.W, p.Wh, p.b), r = dsl::lstm(X * 0.5, p.W, p.Wh, p.b, true);  // [L, kD / 4]
+         return h * 0.5 + h * dsl::sum(f) * 0.3 + dsl::tanh(h) * dsl::sum(r) * 0.2;
+       }},
+      {"lstm of sequences of one length (by shape)",
+       [](Graph&, Expr h, int, const Params& p) {
+         const Expr X = dsl::stack({h, dsl::tanh(h), dsl::sigmoid(h)});
+         const Expr both = dsl::concat({dsl::lstm(X, p.W, p.Wh, p.b, true), dsl::lstm(X, p.W, p.Wh, p.b)}, 1);  // [3, 4]
+         return h * 0.5 + dsl::tanh(h) * dsl::sum(dsl::sum_dim(both, 0) * dsl::slice(h, 0, 4)) * 0.3;
        }},
       {"pick_neg_log_softmax of rows", [](Graph&, Expr h, int i, const Params&) {
          const std::vector<int64_t> labels{i % 4, (i + 3) % 4};

@@ -56,6 +56,16 @@ TEST_CASE("shape mismatch names op, example and line", "[dsl][errors]") {
     REQUIRE_THROWS_WITH(dsl::attention(M, M, N), Contains("op 'attention'") && Contains("the same number of rows"));
     REQUIRE_THROWS_WITH(dsl::attention(M, M, M, 2), Contains("op 'attention'") && Contains("2 heads must divide"));
   }
+  {
+    const Expr X = dsl::stack({x, x});  // [2, 5]
+    const at::Tensor ih = at::randn({8, 5}), hh = at::randn({8, 2}), b = at::zeros({8});
+    REQUIRE_THROWS_WITH(dsl::lstm(x, ih, hh, b), Contains("op 'lstm'") && Contains("needs a sequence as a matrix"));
+    REQUIRE_THROWS_WITH(dsl::lstm(X, ih, at::randn({8, 3}), b), Contains("op 'lstm'") && Contains("hidden size 3"));
+    REQUIRE_THROWS_WITH(dsl::lstm(X, at::randn({8, 4}), hh, b), Contains("op 'lstm'") && Contains("does not take rows"));
+    REQUIRE_THROWS_WITH(dsl::lstm(X, ih, hh, dsl::tanh(X)), Contains("op 'lstm'") && Contains("a bias [4h]"));
+    REQUIRE_THROWS_WITH(dsl::lstm(X, ih, hh, dsl::concat({x, dsl::slice(x, 0, 3)})),
+                        Contains("op 'lstm'") && Contains("shared by every example"));
+  }
   REQUIRE_THROWS_WITH(dsl::matmul(x, x), Contains("op 'matmul'") && Contains("[5] and [5]") && Contains("dsl::dot"));
   REQUIRE_THROWS_WITH(dsl::matmul(x, dsl::stack({y, y})), Contains("op 'matmul'") && Contains("[5] and [2, 4]"));
   REQUIRE_THROWS_WITH(dsl::matmul(dsl::stack({x, x}), y), Contains("op 'matmul'") && Contains("do not multiply"));

@@ -7,6 +7,7 @@
 #include <string>
 
 #include <sheaf/ops/matvec.h>
+#include <sheaf/ops/packed_lstm.h>
 #include <sheaf/ops/segments.h>
 
 #include "op_cases.h"
@@ -156,5 +157,47 @@ TEST_CASE("segment_softmax and segment_weighted_sum equal LibTorch per segment, 
     const auto d_theirs = torch::autograd::grad({theirs}, {x, B}, {gy});
     CHECK(at::allclose(d_ours[0], d_theirs[0], 1e-4, 1e-4));
     CHECK(at::allclose(d_ours[1], d_theirs[1], 1e-4, 1e-4));
+  }
+}
+
+// packed_lstm's loops (float32 on the CPU) and its LibTorch-op form (anything
+// else: double here) against at::lstm sequence by sequence, values and every
+// gradient (input, both weights, bias), forward and reverse, on sequences of
+// lengths 5, 3, 3, 1 packed time-major.
+TEST_CASE("packed_lstm equals at::lstm per sequence, values and gradients", "[dsl][ops]") {
+  const std::vector<int64_t> lengths{5, 3, 3, 1}, sizes{4, 3, 3, 1, 1};  // longest first, time-major
+  const int64_t d = 6, h = 5, rows = 12;
+  for (const auto dtype : {at::kFloat, at::kDouble}) {
+    for (const bool reverse : {false, true}) {
+      INFO("dtype " << dtype << ", reverse " << reverse);
+      at::manual_seed(3);
+      auto leaf = [&](std::vector<int64_t> s) { return (at::randn(s, dtype) * 0.5).requires_grad_(); };
+      const at::Tensor x = leaf({rows, d}), ih = leaf({4 * h, d}), hh = leaf({4 * h, h}), b = leaf({4 * h});
+      const at::Tensor gy = at::randn({rows, h}, dtype);
+      const at::Tensor ours = op::packed_lstm(x, ih, hh, b, sizes, reverse);
+      // Sequence k's element t is packed row offset[t] + k.
+      std::vector<at::Tensor> theirs(static_cast<size_t>(rows));
+      for (size_t k = 0; k < lengths.size(); ++k) {
+        std::vector<int64_t> at_rows;
+        for (int64_t t = 0, off = 0; t < lengths[k]; off += sizes[static_cast<size_t>(t)], ++t)
+          at_rows.push_back(off + static_cast<int64_t>(k));
+        const at::Tensor idx = at::tensor(at_rows, at::kLong);
+        at::Tensor seq = x.index_select(0, idx);
+        if (reverse) seq = seq.flip(0);
+        const at::Tensor h0 = at::zeros({1, 1, h}, dtype);
+        at::Tensor out = std::get<0>(at::lstm(seq.unsqueeze(1), {h0, h0}, {ih, hh, b, at::zeros({4 * h}, dtype)},
+                                              true, 1, 0.0, true, false, false)).squeeze(1);
+        if (reverse) out = out.flip(0);
+        for (size_t t = 0; t < at_rows.size(); ++t) theirs[static_cast<size_t>(at_rows[t])] = out[static_cast<int64_t>(t)];
+      }
+      const at::Tensor ref = at::stack(theirs);
+      REQUIRE(at::allclose(ours, ref, 1e-5, 1e-6));
+      const auto d_ours = torch::autograd::grad({ours}, {x, ih, hh, b}, {gy});
+      const auto d_theirs = torch::autograd::grad({ref}, {x, ih, hh, b}, {gy});
+      for (size_t i = 0; i < 4; ++i) {
+        INFO("gradient " << i);
+        CHECK(at::allclose(d_ours[i], d_theirs[i], 1e-4, 1e-5));
+      }
+    }
   }
 }

@@ -40,10 +40,10 @@ Corpus corpus(int n, uint64_t seed) {
   return c;
 }
 
-Tagger model(const data::TaggingVocab& v, bool chars, uint64_t seed = 3) {
+Tagger model(const data::TaggingVocab& v, bool chars, uint64_t seed = 3, bool sequence_op = false) {
   return Tagger({.words = static_cast<int64_t>(v.words.size()), .chars = static_cast<int64_t>(v.chars.size()),
                  .tags = static_cast<int64_t>(v.tags.size()), .embed = 6, .hidden = 5, .mlp = 4, .char_embed = 3,
-                 .use_chars = chars},
+                 .use_chars = chars, .sequence_op = sequence_op},
                 seed);
 }
 
@@ -161,11 +161,12 @@ TEST_CASE("synthetic tagged sentences", "[examples][tagger]") {
 
 TEST_CASE("tagger: Sheaf, per-example and hand-batched agree, values and gradients", "[examples][tagger]") {
   const bool chars = GENERATE(false, true);
+  const bool sequence_op = GENERATE(false, true);  // step by step, or dsl::lstm
   const auto kernel = GENERATE(models::HandTagger::Kernel::kLstmCall, models::HandTagger::Kernel::kLoop,
                                models::HandTagger::Kernel::kFused);
   const Corpus c = corpus(7, 5);
   const auto batch = pointers(c.sentences);
-  const Tagger m = model(c.vocab, chars);
+  const Tagger m = model(c.vocab, chars, 3, sequence_op);
   REQUIRE(data::stats_of(c.sentences).rare_tokens > 0);
 
   std::vector<at::Tensor> eager_logits;
@@ -189,9 +190,7 @@ TEST_CASE("tagger: Sheaf, per-example and hand-batched agree, values and gradien
   const Expr loss = m.sheaf_batch_loss(g, batch);
   g.forward(loss);
   g.forward(logits);
-  std::vector<at::Tensor> rows;
-  for (const Expr& e : logits) rows.push_back(e.value());
-  CHECK(at::allclose(at::stack(rows), at::cat(eager_logits), 1e-4, 1e-5));
+  CHECK(at::allclose(Tagger::logit_rows(logits), at::cat(eager_logits), 1e-4, 1e-5));
   CHECK(loss.value().item<double>() == Approx(eager_loss.item<double>()).epsilon(1e-5));
   loss.value().backward();
   const auto sheaf_grads = grads_of(m.parameters());
@@ -204,7 +203,7 @@ TEST_CASE("tagger: Sheaf, per-example and hand-batched agree, values and gradien
 
 TEST_CASE("tagger: predicted tags are the argmax of each token's logits, batch after batch", "[examples][tagger]") {
   const Corpus c = corpus(12, 13);
-  const Tagger m = model(c.vocab, true);
+  const Tagger m = model(c.vocab, true, 3, GENERATE(false, true));
   c10::NoGradGuard no_grad;
   const auto all = pointers(c.sentences);
   Graph g;
@@ -222,8 +221,9 @@ TEST_CASE("tagger: predicted tags are the argmax of each token's logits, batch a
 
 TEST_CASE("tagger: batched equals alone under every strategy", "[examples][tagger]") {
   const bool chars = GENERATE(false, true);
+  const bool sequence_op = GENERATE(false, true);
   const Corpus c = corpus(6, 7);
-  const Tagger m = model(c.vocab, chars);
+  const Tagger m = model(c.vocab, chars, 3, sequence_op);
   const auto report = check_batched(static_cast<int>(c.sentences.size()), [&](Graph& g, int i) {
     return m.sheaf_loss(g, c.sentences[static_cast<size_t>(i)]);
   }, {.params = m.parameters()});

@@ -1,6 +1,7 @@
 // Packed batches: per-example matrices whose lengths differ share one launch
 // for ops that compute row by row (OpTraits::rowwise), and every other op
 // reads their rows right (scheduler/plan.h: Read::flatten, BatchArg::unpack).
+#include <ATen/ops/lstm.h>
 #include <c10/core/GradMode.h>
 
 #include <cmath>
@@ -356,4 +357,52 @@ TEST_CASE("ragged: self-attention equals each example alone, values and gradient
   const CheckReport r = check_batched(9, program, {.params = {W, b}});
   REQUIRE_BATCHED_EQUALS_ALONE(r);
   CHECK(r.batched_launches < r.alone_launches);
+}
+
+TEST_CASE("ragged: an LSTM over sequences of different lengths is one launch a direction, as at::lstm computes it, with and without a gradient",
+          "[scheduler][ragged]") {
+  const at::Tensor ih = test::param({16, 8}, 1), hh = test::param({16, 4}, 2), b = test::param({16}, 3);
+  // at::lstm over one sequence [L, 8] (reverse: over the rows flipped, flipped back).
+  auto reference = [&](const at::Tensor& X, bool reverse) {
+    const at::Tensor x = reverse ? X.flip(0) : X;
+    const at::Tensor h0 = at::zeros({1, 1, 4});
+    const at::Tensor out = std::get<0>(at::lstm(x.unsqueeze(1), {h0, h0}, {ih, hh, b, at::zeros({16})},
+                                                /*has_biases=*/true, 1, 0.0, false, false, false))
+                               .squeeze(1);
+    return reverse ? out.flip(0) : out;
+  };
+  // With a gradient wanted, packed_lstm runs; without, at::lstm.
+  for (const bool grad : {true, false})
+  for (const Strategy* strategy : all_strategies()) {
+    DYNAMIC_SECTION(strategy->name() << (grad ? "" : ", no gradient")) {
+      c10::AutoGradMode mode(grad);
+      Graph g;
+      const int n = 12;
+      std::vector<Expr> fwd, bwd, same;
+      for (int i = 0; i < n; ++i) {
+        auto scope = g.example(i);
+        const Expr X = g.input(test::data({length_of(i), 8}, i));
+        fwd.push_back(dsl::lstm(X, ih, hh, b));
+        bwd.push_back(dsl::lstm(X, ih, hh, b, /*reverse=*/true));
+        same.push_back(dsl::lstm(dsl::slice(X, 0, 1, 0), ih, hh, b));  // one length: by shape
+      }
+      std::vector<Expr> all = fwd;
+      all.insert(all.end(), bwd.begin(), bwd.end());
+      all.insert(all.end(), same.begin(), same.end());
+      g.forward(all, {.strategy = strategy});
+      // One launch a direction; the one-row sequences of `same` join the
+      // forward launch where the strategy runs them in one round (not depth's:
+      // they come one level later).
+      CHECK(launches_of(g, "lstm") == (strategy->name() == std::string("depth") ? 3 : 2));
+      c10::NoGradGuard no_grad;
+      for (int i = 0; i < n; ++i) {
+        const at::Tensor X = test::data({length_of(i), 8}, i);
+        const auto k = static_cast<size_t>(i);
+        INFO("example " << i);
+        CHECK(at::allclose(fwd[k].value(), reference(X, false), 1e-4, 1e-5));
+        CHECK(at::allclose(bwd[k].value(), reference(X, true), 1e-4, 1e-5));
+        CHECK(at::allclose(same[k].value(), reference(X.narrow(0, 0, 1), false), 1e-4, 1e-5));
+      }
+    }
+  }
 }

@@ -1,0 +1,104 @@
+// An LSTM over one example's sequence: X [L, d] -> every step's hidden state
+// [L, h], from a zero state, with shared weights W_ih [4h, d], W_hh [4h, h]
+// and a bias b [4h] (gates [i, f, g, o], as LibTorch's); attribute 0: 1 runs
+// the sequence backward (the second half of a BiLSTM).
+//
+// Why one op: written step by step (an LSTM cell per element), a sequence is
+// L dependent steps, each a batch per step of every example (the autobatched
+// form: it works, and takes a launch or two per step and op). Here the whole
+// batch of sequences, of any lengths, is ONE packed launch (OpTraits::per_value):
+// the values' rows are reordered time-major, longest first, and run through
+// packed_lstm (ops/packed_lstm.h: a GEMM and the cell's math per step forward,
+// one autograd node whose backward computes each weight's gradient as one
+// GEMM) when a gradient is wanted on the CPU, else through at::lstm.
+#pragma once
+
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/lstm.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/core/GradMode.h>
+#include <ATen/ops/tensor.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "common.h"
+#include "packed_lstm.h"
+
+namespace sheaf::op {
+
+// attrs: reverse (0 or 1).
+struct Lstm {
+  static constexpr std::string_view name = "lstm";
+  static constexpr OpTraits traits{.arity = 4, .rowwise = true, .weights = 0b0110, .per_value = true};
+  static Shape infer(const InferCtx& c) {
+    const Shape &x = c.shape(0), &ih = c.shape(1), &hh = c.shape(2), &b = c.shape(3);
+    if (x.rank() != 2) c.fail("needs a sequence as a matrix X [L, d] (one row a step), got ", x.str());
+    if (ih.rank() != 2 || hh.rank() != 2 || b.rank() != 1)
+      c.fail("needs weights W_ih [4h, d], W_hh [4h, h] and a bias [4h], got ", ih.str(), ", ", hh.str(), " and ",
+             b.str());
+    const int64_t h = hh[1];
+    if (hh[0] != 4 * h || ih[0] != 4 * h || b[0] != 4 * h)
+      c.fail("W_hh ", hh.str(), " makes the hidden size ", h, ": W_ih and the bias need ", 4 * h, " rows, got ",
+             ih.str(), " and ", b.str());
+    if (ih[1] != x[1]) c.fail("W_ih ", ih.str(), " does not take rows of X ", x.str());
+    if (!c.shared(1) || !c.shared(2) || !c.shared(3))
+      c.fail("needs its weights and bias shared by every example (parameters, or values computed from them only)");
+    return Shape{x[0], h};
+  }
+  static at::Tensor run(RunCtx& c) {
+    const bool reverse = c.attr(0) != 0;
+    std::vector<int64_t> lengths(c.segment_counts().begin(), c.segment_counts().end());
+    at::Tensor rows = c.in(0);
+    const bool by_shape = lengths.empty();  // values of one shape: [n, L, d]
+    if (by_shape) {
+      rows = c.batched(0);
+      lengths.assign(static_cast<size_t>(rows.size(0)), rows.size(1));
+      rows = rows.reshape({-1, rows.size(2)});
+    }
+    // LibTorch's own LSTM where no gradient is wanted (its CPU kernel is the
+    // faster there) and off the CPU (cuDNN); packed_lstm where one is on the
+    // CPU (one autograd node, weight gradients one GEMM each). at::lstm runs
+    // each sequence forward: reversed, its rows are taken last first.
+    const bool libtorch = !c10::GradMode::is_enabled() || !rows.is_cpu();
+    const bool flip = reverse && libtorch;
+    // Time-major, longest first: step t holds row t of every value longer than t.
+    std::vector<size_t> order(lengths.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return lengths[a] > lengths[b]; });
+    std::vector<int64_t> start(lengths.size());
+    for (size_t k = 1; k < lengths.size(); ++k) start[k] = start[k - 1] + lengths[k - 1];
+    const int64_t longest = lengths.empty() ? 0 : lengths[order[0]];
+    std::vector<int64_t> sizes, perm, inverse(static_cast<size_t>(rows.size(0)));
+    perm.reserve(inverse.size());
+    for (int64_t t = 0; t < longest; ++t) {
+      int64_t active = 0;
+      for (size_t k : order) {
+        if (lengths[k] <= t) break;
+        const int64_t r = start[k] + (flip ? lengths[k] - 1 - t : t);
+        inverse[static_cast<size_t>(r)] = static_cast<int64_t>(perm.size());
+        perm.push_back(r);
+        ++active;
+      }
+      sizes.push_back(active);
+    }
+    const auto device = rows.device();
+    const at::Tensor data = rows.index_select(0, at::tensor(perm, at::kLong).to(device));
+    at::Tensor packed;
+    if (libtorch) {
+      const at::Tensor &ih = c.in(1), &hh = c.in(2), &b = c.in(3);
+      const at::Tensor h0 = at::zeros({1, sizes.empty() ? 0 : sizes[0], hh.size(1)}, data.options());
+      packed = std::get<0>(at::lstm(data, at::tensor(sizes, at::kLong), {h0, h0}, {ih, hh, b, at::zeros_like(b)},
+                                    /*has_biases=*/true, /*num_layers=*/1, /*dropout=*/0.0, /*train=*/false,
+                                    /*bidirectional=*/false));
+    } else {
+      packed = packed_lstm(data, c.in(1), c.in(2), c.in(3), sizes, reverse);
+    }
+    const at::Tensor out = packed.index_select(0, at::tensor(inverse, at::kLong).to(device));
+    return by_shape ? out.view({static_cast<int64_t>(lengths.size()), longest, -1}) : out;
+  }
+};
+
+}  // namespace sheaf::op

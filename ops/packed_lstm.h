@@ -1,0 +1,27 @@
+// An LSTM over sequences packed time-major, longest first (at::lstm's packed
+// layout): step t's rows are [offset_t, offset_t + sizes[t]) with offset_t the
+// sum of the sizes before t, and a step's first rows continue the previous
+// step's sequences. Gates [i, f, g, o] as LibTorch's; zero initial state.
+//
+//   x [rows, in], ih [4h, in], hh [4h, h], b [4h] -> every step's h, [rows, h]
+//
+// ONE autograd node with a hand-written backward: forward, the input
+// projection of all rows as one GEMM, then per step one GEMM on the active
+// rows and the cell's math in place; backward through time per step, then each
+// weight's gradient as ONE GEMM over all rows (autograd through the same loop
+// would make a node per op per step, and a weight gradient per step).
+// `reverse` runs each sequence from its last element to its first. Used by
+// dsl::lstm (ops/lstm.h) and by the hand-batched tagger baseline.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <span>
+
+namespace sheaf::op {
+
+at::Tensor packed_lstm(const at::Tensor& x, const at::Tensor& ih, const at::Tensor& hh, const at::Tensor& b,
+                       std::span<const int64_t> sizes, bool reverse);
+
+}  // namespace sheaf::op
