@@ -134,8 +134,9 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   // and for mid-sized ones only where it adds a single row (OpenBLAS on Zen 5,
   // 1 thread: [640, 288] at 11 rows 89 us, padded 61; [128, 416] at 11 rows
   // 26 us, padded 19, at 29 rows 36 us, padded 37; [2, 64] 2 us, padded 3).
+  // A CPU BLAS trait: on CUDA the pad would be one more kernel launch.
   const int64_t size = w.size(0) * w.size(1);
-  const bool pad = m % 4 == 3 ? size >= 16384 : size >= 131072;
+  const bool pad = x.is_cpu() && (m % 4 == 3 ? size >= 16384 : size >= 131072);
   if (m > 0 && m < 64 && m % 4 != 0 && pad) {
     at::Tensor padded = at::constant_pad_nd(x, {0, 0, 0, 4 - m % 4});
     const at::Tensor pb = bias_rows ? at::constant_pad_nd(b, {0, 0, 0, 4 - m % 4}) : b;
