@@ -65,6 +65,8 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
   const c10::Device device(o.device);
   Seq2Seq model({.embed = 32, .hidden = hidden}, 17);
   model.to(device);
+  Seq2Seq model_by_sequence({.embed = 32, .hidden = hidden, .sequence_op = true}, 17);  // same parameters (seed)
+  model_by_sequence.to(device);
   const std::vector<Batch>& batches = data.batches;
   const Batch& first = batches[0];
 
@@ -89,10 +91,13 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
       systems.push_back(per_example_system<DigitPair>(
           make_step, train, batches, [&](const DigitPair& p) { return model.per_example_loss(p); },
           [&](const DigitPair& p) { model.per_example_greedy(p.source, Seq2Seq::max_steps_for(p.source)); }));
-    } else if (name == "hand" || name == "hand:bmm" || name == "hand:mulsum") {
-      // "hand" decodes with the faster products on this machine's CPU (docs/benchmarks.md).
+    } else if (name == "hand" || name == "hand:bmm" || name == "hand:mulsum" || name == "hand:at-lstm") {
+      // "hand" decodes with the faster products on this machine's CPU and
+      // trains its LSTMs with op::packed_lstm (docs/benchmarks.md); hand:at-lstm
+      // runs them with at::lstm in training too.
       const auto products = name == "hand:bmm" ? HandSeq2Seq::Products::kBmm : HandSeq2Seq::Products::kMulSum;
-      const HandSeq2Seq hand(model, products);
+      const auto lstm = name == "hand:at-lstm" ? HandSeq2Seq::Lstm::kLstmCall : HandSeq2Seq::Lstm::kAuto;
+      const HandSeq2Seq hand(model, products, lstm);
       System s{name == "hand" ? name : "hand-alt", name == "hand" ? "" : name.substr(5)};
       s.step = make_step(s, [&, hand, train](size_t b) {
         if (train) return hand.loss(batches[b]);
@@ -103,22 +108,25 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
       s.max_abs_diff = train ? max_diff(hand.example_losses(first), reference_losses)
                              : count_different(hand.greedy(first), reference_outputs);
       systems.push_back(std::move(s));
-    } else if (auto spec = parse_sheaf_system(name); spec && train) {
-      auto record = [&](Graph& g, size_t b) { return std::vector<Expr>{model.sheaf_batch_loss(g, batches[b])}; };
+    } else if (auto spec = parse_sheaf_system(strip_suffix(name, "/seq")); spec && train) {
+      const Seq2Seq& m = name.ends_with("/seq") ? model_by_sequence : model;
+      auto record = [&](Graph& g, size_t b) { return std::vector<Expr>{m.sheaf_batch_loss(g, batches[b])}; };
       const std::vector<size_t> added =
           add_sheaf_systems(o, *spec, train, batches.size(), make_step, record, systems, owners);
-      for (size_t q = 0; q < added.size(); ++q)
+      for (size_t q = 0; q < added.size(); ++q) {
+        if (&m == &model_by_sequence) systems[added[q]].strategy += "/seq";
         systems[added[q]].max_abs_diff =
             max_diff(sheaf_stacked_outputs(spec->graph(o.device), *spec->strategies[q],
                                            [&](Graph& g) {
                                              std::vector<Expr> losses;
                                              for (size_t i = 0; i < first.size(); ++i) {
                                                auto scope = g.example(static_cast<int>(i));
-                                               losses.push_back(model.sheaf_loss(g, *first[i]));
+                                               losses.push_back(m.sheaf_loss(g, *first[i]));
                                              }
                                              return losses;
                                            }),
                      reference_losses);
+      }
     } else if (spec) {
       // Greedy decoding records as it runs (each step waits for the last
       // argmax): nothing to record ahead on a second thread.
@@ -126,22 +134,23 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
         std::fprintf(stderr, "sheaf-bench: %s skipped in infer mode (decoding records as it runs)\n", name.c_str());
         continue;
       }
+      const Seq2Seq& m = name.ends_with("/seq") ? model_by_sequence : model;
       for (const Strategy* strategy : spec->strategies) {
         graphs.push_back(std::make_unique<Graph>(spec->graph(o.device, o.profile)));
         Graph* g = graphs.back().get();
         const size_t index = systems.size();
-        System s{"sheaf", spec->label(*strategy)};
+        System s{"sheaf", spec->label(*strategy) + (&m == &model_by_sequence ? "/seq" : "")};
         s.step = make_step(s, [&, g, strategy, index](size_t b) {
-          model.sheaf_decode(*g, batches[b], strategy);
+          m.sheaf_decode(*g, batches[b], strategy);
           systems[index].counters.add(g->stats());
           return at::Tensor();
         });
         c10::NoGradGuard no_grad;
-        s.max_abs_diff = count_different(model.sheaf_decode(*g, first, strategy), reference_outputs);
+        s.max_abs_diff = count_different(m.sheaf_decode(*g, first, strategy), reference_outputs);
         systems.push_back(std::move(s));
       }
     } else {
-      throw UserError("unknown system '" + name + "' for attention (per-example, hand, hand:bmm, hand:mulsum, sheaf[:<strategy>][+prefetch][/unfused][/inline])");
+      throw UserError("unknown system '" + name + "' for attention (per-example, hand, hand:bmm, hand:mulsum, hand:at-lstm, sheaf[:<strategy>][+prefetch][/unfused][/inline][/seq])");
     }
   }
   const double items = static_cast<double>(batches.size() * static_cast<size_t>(o.batch));

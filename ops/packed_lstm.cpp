@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <vector>
 
+#include <sheaf/core/error.h>
+
 namespace sheaf::op {
 
 namespace {
@@ -68,7 +70,7 @@ void backward_steps(const at::Tensor& A, const at::Tensor& C, const at::Tensor& 
 
 struct PackedLstm : torch::autograd::Function<PackedLstm> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& ih, const at::Tensor& hh,
-                            const at::Tensor& b, std::vector<int64_t> sizes, bool reverse) {
+                            const at::Tensor& b, const at::Tensor& h0, std::vector<int64_t> sizes, bool reverse) {
     const int64_t h = hh.size(1);
     std::vector<int64_t> offset(sizes.size());
     for (size_t t = 1; t < sizes.size(); ++t) offset[t] = offset[t - 1] + sizes[t - 1];
@@ -80,6 +82,10 @@ struct PackedLstm : torch::autograd::Function<PackedLstm> {
       const int64_t active = sizes[tt], row = offset[tt];
       at::Tensor a = A.narrow(0, row, active), c = C.narrow(0, row, active);
       const int64_t carried = prev < 0 ? 0 : std::min(active, sizes[static_cast<size_t>(prev)]);
+      if (prev < 0 && h0.numel() > 0) {  // the first step: every sequence starts here, from h0
+        Hprev.narrow(0, row, active).copy_(h0);
+        a.addmm_(h0, hh.t());
+      }
       if (carried > 0) {
         const at::Tensor hp = H.narrow(0, offset[static_cast<size_t>(prev)], carried);
         Hprev.narrow(0, row, carried).copy_(hp);
@@ -100,6 +106,7 @@ struct PackedLstm : torch::autograd::Function<PackedLstm> {
     ctx->saved_data["sizes"] = std::move(sizes);
     ctx->saved_data["offset"] = std::move(offset);
     ctx->saved_data["reverse"] = reverse;
+    ctx->saved_data["h0"] = h0.numel() > 0;
     return H;
   }
 
@@ -112,15 +119,22 @@ struct PackedLstm : torch::autograd::Function<PackedLstm> {
     const at::Tensor dH = grads[0].contiguous();
     at::Tensor dA = at::empty_like(A);
     backward_steps(A, C, dH, hh, sizes, offset, ts, dA);
-    return {at::mm(dA, ih), at::mm(dA.t(), x), at::mm(dA.t(), Hprev), dA.sum(0), at::Tensor(), at::Tensor()};
+    // h0 fed step 0's rows (the first step run: forward only) through W_hh.
+    const at::Tensor dh0 =
+        ctx->saved_data["h0"].toBool() ? at::mm(dA.narrow(0, 0, sizes.empty() ? 0 : sizes[0]), hh) : at::Tensor();
+    return {at::mm(dA, ih), at::mm(dA.t(), x), at::mm(dA.t(), Hprev), dA.sum(0), dh0, at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor packed_lstm(const at::Tensor& x, const at::Tensor& ih, const at::Tensor& hh, const at::Tensor& b,
-                       std::span<const int64_t> sizes, bool reverse) {
-  return PackedLstm::apply(x, ih, hh, b, std::vector<int64_t>(sizes.begin(), sizes.end()), reverse);
+                       std::span<const int64_t> sizes, bool reverse, const at::Tensor& h0) {
+  SHEAF_ASSERT(!h0.defined() || (!reverse && !sizes.empty() && h0.dim() == 2 && h0.size(0) == sizes[0]),
+               "packed_lstm: h0 needs one row a sequence and runs forward only");
+  // No h0: 0 elements (a custom function's tensor inputs must be defined).
+  const at::Tensor start = h0.defined() ? h0 : at::empty({0}, x.options());
+  return PackedLstm::apply(x, ih, hh, b, start, std::vector<int64_t>(sizes.begin(), sizes.end()), reverse);
 }
 
 }  // namespace sheaf::op

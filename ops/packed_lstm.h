@@ -1,7 +1,10 @@
 // An LSTM over sequences packed time-major, longest first (at::lstm's packed
 // layout): step t's rows are [offset_t, offset_t + sizes[t]) with offset_t the
 // sum of the sizes before t, and a step's first rows continue the previous
-// step's sequences. Gates [i, f, g, o] as LibTorch's; zero initial state.
+// step's sequences. Gates [i, f, g, o] as LibTorch's. The initial hidden
+// state is zero, or h0 [sizes[0], h] (one row a sequence, in step 0's order;
+// forward only: reversed, sequences start at different steps); the initial
+// cell state is zero.
 //
 //   x [rows, in], ih [4h, in], hh [4h, h], b [4h] -> every step's h, [rows, h]
 //
@@ -22,6 +25,6 @@
 namespace sheaf::op {
 
 at::Tensor packed_lstm(const at::Tensor& x, const at::Tensor& ih, const at::Tensor& hh, const at::Tensor& b,
-                       std::span<const int64_t> sizes, bool reverse);
+                       std::span<const int64_t> sizes, bool reverse, const at::Tensor& h0 = {});
 
 }  // namespace sheaf::op

@@ -4,6 +4,8 @@
 #include <ATen/core/Reduction.h>
 #include <c10/core/GradMode.h>
 
+#include <sheaf/ops/packed_lstm.h>
+
 #include <algorithm>
 #include <limits>
 #include <tuple>
@@ -30,6 +32,11 @@ struct HandSeq2Seq::Encoded {
   at::Tensor start;            // [B, hidden]: [hf_n; hb_1]
 };
 
+bool HandSeq2Seq::fused_lstm() const {
+  if (lstm_ != Lstm::kAuto) return lstm_ == Lstm::kFused;
+  return c10::GradMode::is_enabled() && m_.E.is_cpu();
+}
+
 HandSeq2Seq::Encoded HandSeq2Seq::encode(std::span<const data::DigitPair* const> batch) const {
   const c10::Device device = m_.E.device();
   std::vector<size_t> lengths;
@@ -43,12 +50,24 @@ HandSeq2Seq::Encoded HandSeq2Seq::encode(std::span<const data::DigitPair* const>
     for (size_t t = 0; t < e.src.length[k]; ++t)
       padded[static_cast<size_t>(e.src.row(k, t))] = static_cast<int64_t>(k) * e.longest + static_cast<int64_t>(t);
   const int64_t half = m_.enc_f.hidden(), hidden = 2 * half;
-  const at::Tensor h0 = at::zeros({2, B, half}, m_.E.options().requires_grad(false));
-  auto [out, hn, cn] = at::lstm(at::embedding(m_.E, longs(ids, device)), longs(e.src.batch_sizes, at::kCPU), {h0, h0},
-                                lstm_params(m_.enc_f, m_.enc_b), /*has_biases=*/true, /*num_layers=*/1,
-                                /*dropout=*/0.0, /*train=*/c10::GradMode::is_enabled(), /*bidirectional=*/true);
+  const at::Tensor X = at::embedding(m_.E, longs(ids, device));
+  at::Tensor out;
+  if (fused_lstm()) {
+    const at::Tensor of = op::packed_lstm(X, m_.enc_f.ih, m_.enc_f.hh, m_.enc_f.b, e.src.batch_sizes, false);
+    const at::Tensor ob = op::packed_lstm(X, m_.enc_b.ih, m_.enc_b.hh, m_.enc_b.b, e.src.batch_sizes, true);
+    out = at::cat({of, ob}, 1);
+    std::vector<int64_t> last(e.src.order.size());  // each source's last row (forward); step 0's rows (backward)
+    for (size_t k = 0; k < last.size(); ++k) last[k] = e.src.row(k, e.src.length[k] - 1);
+    e.start = at::cat({of.index_select(0, longs(last, device)), ob.narrow(0, 0, B)}, 1);
+  } else {
+    const at::Tensor h0 = at::zeros({2, B, half}, m_.E.options().requires_grad(false));
+    auto [o, hn, cn] = at::lstm(X, longs(e.src.batch_sizes, at::kCPU), {h0, h0}, lstm_params(m_.enc_f, m_.enc_b),
+                                /*has_biases=*/true, /*num_layers=*/1, /*dropout=*/0.0,
+                                /*train=*/c10::GradMode::is_enabled(), /*bidirectional=*/true);
+    out = o;
+    e.start = at::cat({hn[0], hn[1]}, 1);
+  }
   e.H = at::zeros({B * e.longest, hidden}, out.options()).index_copy(0, longs(padded, device), out).view({B, e.longest, hidden});
-  e.start = at::cat({hn[0], hn[1]}, 1);
   std::vector<int64_t> len_sorted(e.src.length.begin(), e.src.length.end());
   e.pad = (at::arange(e.longest, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0) >=
            longs(len_sorted, device).unsqueeze(1))
@@ -75,11 +94,16 @@ at::Tensor HandSeq2Seq::token_losses(std::span<const data::DigitPair* const> bat
   for (size_t k = 0; k < dec.order.size(); ++k)
     for (size_t t = 0; t < dec.length[k]; ++t)
       padded[static_cast<size_t>(dec.row(k, t))] = static_cast<int64_t>(k) * T + static_cast<int64_t>(t);
-  const at::Tensor h0 = e.start.unsqueeze(0), c0 = at::zeros_like(h0);
-  const at::Tensor S = std::get<0>(at::lstm(at::embedding(m_.E, longs(in, device)), longs(dec.batch_sizes, at::kCPU),
-                                            {h0, c0}, {m_.dec.ih, m_.dec.hh, m_.dec.b, m_.dec.zero},
-                                            /*has_biases=*/true, /*num_layers=*/1, /*dropout=*/0.0,
-                                            /*train=*/c10::GradMode::is_enabled(), /*bidirectional=*/false));
+  const at::Tensor Y = at::embedding(m_.E, longs(in, device));
+  at::Tensor S;
+  if (fused_lstm()) {  // targets sort as their sources: step 0's rows are e.start's
+    S = op::packed_lstm(Y, m_.dec.ih, m_.dec.hh, m_.dec.b, dec.batch_sizes, false, e.start);
+  } else {
+    const at::Tensor h0 = e.start.unsqueeze(0), c0 = at::zeros_like(h0);
+    S = std::get<0>(at::lstm(Y, longs(dec.batch_sizes, at::kCPU), {h0, c0}, {m_.dec.ih, m_.dec.hh, m_.dec.b, m_.dec.zero},
+                             /*has_biases=*/true, /*num_layers=*/1, /*dropout=*/0.0,
+                             /*train=*/c10::GradMode::is_enabled(), /*bidirectional=*/false));
+  }
   const int64_t hidden = S.size(1);
   const at::Tensor index = longs(padded, device);
   // Attention for every step at once, on the padded layout; then back to the real rows.

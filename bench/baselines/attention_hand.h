@@ -28,7 +28,13 @@ class HandSeq2Seq {
   // attention weights: bmm (one addmm per example inside LibTorch on the CPU),
   // or broadcast multiply and sum (two passes over H, no per-example call).
   enum class Products { kBmm, kMulSum };
-  explicit HandSeq2Seq(const Seq2Seq& model, Products products = Products::kBmm) : m_(model), products_(products) {}
+  // The encoder's and the teacher-forced decoder's LSTMs: at::lstm, or
+  // op::packed_lstm (one autograd node a direction, its backward by hand: the
+  // faster to train on the CPU, as the hand tagger's); kAuto: packed_lstm
+  // where a gradient is wanted on the CPU, at::lstm elsewhere.
+  enum class Lstm { kAuto, kLstmCall, kFused };
+  explicit HandSeq2Seq(const Seq2Seq& model, Products products = Products::kBmm, Lstm lstm = Lstm::kAuto)
+      : m_(model), products_(products), lstm_(lstm) {}
   at::Tensor loss(std::span<const data::DigitPair* const> batch) const;             // summed over tokens
   at::Tensor example_losses(std::span<const data::DigitPair* const> batch) const;   // [B], batch order
   // Greedy outputs in batch order, each within Seq2Seq::max_steps_for its source.
@@ -38,8 +44,10 @@ class HandSeq2Seq {
   struct Encoded;
   Encoded encode(std::span<const data::DigitPair* const> batch) const;
   at::Tensor token_losses(std::span<const data::DigitPair* const> batch, at::Tensor* example_of_row) const;
+  bool fused_lstm() const;
   const Seq2Seq& m_;
   Products products_;
+  Lstm lstm_;
 };
 
 }  // namespace sheaf::models

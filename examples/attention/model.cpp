@@ -56,6 +56,13 @@ void Seq2Seq::load(const std::string& path) { load_parameters(parameters(), path
 
 Seq2Seq::Encoded Seq2Seq::sheaf_encode(Graph& g, const std::vector<int64_t>& source) const {
   if (source.empty()) throw UserError("Seq2Seq: an empty source");
+  if (options_.sequence_op) {
+    const Expr X = g.lookup(E, source);  // [n, embed]
+    const Expr F = dsl::lstm(X, enc_f.ih, enc_f.hh, enc_f.b), B = dsl::lstm(X, enc_b.ih, enc_b.hh, enc_b.b, true);
+    const auto n = static_cast<int64_t>(source.size());
+    const Expr last = dsl::concat({dsl::slice(F, n - 1, n, 0), dsl::slice(B, 0, 1, 0)}, 1);  // [1, hidden]
+    return {dsl::concat({F, B}, 1), {dsl::reshape(last, {options_.hidden}), {}}};
+  }
   std::vector<Expr> xs;
   xs.reserve(source.size());
   for (int64_t id : source) xs.push_back(g.lookup(E, id));

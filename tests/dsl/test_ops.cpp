@@ -168,13 +168,15 @@ TEST_CASE("packed_lstm equals at::lstm per sequence, values and gradients", "[ds
   const std::vector<int64_t> lengths{5, 3, 3, 1}, sizes{4, 3, 3, 1, 1};  // longest first, time-major
   const int64_t d = 6, h = 5, rows = 12;
   for (const auto dtype : {at::kFloat, at::kDouble}) {
-    for (const bool reverse : {false, true}) {
-      INFO("dtype " << dtype << ", reverse " << reverse);
+    for (const int run : {0, 1, 2}) {
+      const bool reverse = run == 1, with_h0 = run == 2;
+      INFO("dtype " << dtype << ", reverse " << reverse << ", h0 " << with_h0);
       at::manual_seed(3);
       auto leaf = [&](std::vector<int64_t> s) { return (at::randn(s, dtype) * 0.5).requires_grad_(); };
       const at::Tensor x = leaf({rows, d}), ih = leaf({4 * h, d}), hh = leaf({4 * h, h}), b = leaf({4 * h});
+      const at::Tensor h0 = leaf({static_cast<int64_t>(lengths.size()), h});
       const at::Tensor gy = at::randn({rows, h}, dtype);
-      const at::Tensor ours = op::packed_lstm(x, ih, hh, b, sizes, reverse);
+      const at::Tensor ours = op::packed_lstm(x, ih, hh, b, sizes, reverse, with_h0 ? h0 : at::Tensor());
       // Sequence k's element t is packed row offset[t] + k.
       std::vector<at::Tensor> theirs(static_cast<size_t>(rows));
       for (size_t k = 0; k < lengths.size(); ++k) {
@@ -184,17 +186,20 @@ TEST_CASE("packed_lstm equals at::lstm per sequence, values and gradients", "[ds
         const at::Tensor idx = at::tensor(at_rows, at::kLong);
         at::Tensor seq = x.index_select(0, idx);
         if (reverse) seq = seq.flip(0);
-        const at::Tensor h0 = at::zeros({1, 1, h}, dtype);
-        at::Tensor out = std::get<0>(at::lstm(seq.unsqueeze(1), {h0, h0}, {ih, hh, b, at::zeros({4 * h}, dtype)},
+        const at::Tensor zero = at::zeros({1, 1, h}, dtype);
+        const at::Tensor start = with_h0 ? h0[static_cast<int64_t>(k)].view({1, 1, h}) : zero;
+        at::Tensor out = std::get<0>(at::lstm(seq.unsqueeze(1), {start, zero}, {ih, hh, b, at::zeros({4 * h}, dtype)},
                                               true, 1, 0.0, true, false, false)).squeeze(1);
         if (reverse) out = out.flip(0);
         for (size_t t = 0; t < at_rows.size(); ++t) theirs[static_cast<size_t>(at_rows[t])] = out[static_cast<int64_t>(t)];
       }
       const at::Tensor ref = at::stack(theirs);
       REQUIRE(at::allclose(ours, ref, 1e-5, 1e-6));
-      const auto d_ours = torch::autograd::grad({ours}, {x, ih, hh, b}, {gy});
-      const auto d_theirs = torch::autograd::grad({ref}, {x, ih, hh, b}, {gy});
-      for (size_t i = 0; i < 4; ++i) {
+      std::vector<at::Tensor> wrt{x, ih, hh, b};
+      if (with_h0) wrt.push_back(h0);
+      const auto d_ours = torch::autograd::grad({ours}, wrt, {gy});
+      const auto d_theirs = torch::autograd::grad({ref}, wrt, {gy});
+      for (size_t i = 0; i < wrt.size(); ++i) {
         INFO("gradient " << i);
         CHECK(at::allclose(d_ours[i], d_theirs[i], 1e-4, 1e-5));
       }

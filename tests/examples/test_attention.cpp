@@ -46,7 +46,8 @@ TEST_CASE("digits: targets are the source reversed or sorted, then the end token
 
 TEST_CASE("attention: Sheaf batched equals eager per-example LibTorch (loss and gradients)", "[examples][attention]") {
   const auto pairs = data::synthetic_digits({.count = 11, .min_length = 1, .max_length = 9, .seed = 5});
-  const Seq2Seq m({.embed = 6, .hidden = 8}, 2);
+  const bool sequence_op = GENERATE(false, true);  // the encoder step by step, or dsl::lstm
+  const Seq2Seq m({.embed = 6, .hidden = 8, .sequence_op = sequence_op}, 2);
   const auto eager = test::gradients_of(m.parameters(), [&] {
     at::Tensor total = m.per_example_loss(pairs[0]);
     for (size_t i = 1; i < pairs.size(); ++i) total = total + m.per_example_loss(pairs[i]);
@@ -64,7 +65,7 @@ TEST_CASE("attention: Sheaf batched equals eager per-example LibTorch (loss and 
 TEST_CASE("attention: greedy decoding with co_await, batched, equals eager decoding one at a time",
           "[examples][attention]") {
   const auto pairs = data::synthetic_digits({.count = 13, .min_length = 1, .max_length = 12, .seed = 6});
-  const Seq2Seq m({.embed = 8, .hidden = 12}, 3);
+  const Seq2Seq m({.embed = 8, .hidden = 12, .sequence_op = GENERATE(false, true)}, 3);
   c10::NoGradGuard no_grad;
   Graph g;
   const auto decoded = m.sheaf_decode(g, pointers(pairs));
@@ -83,7 +84,7 @@ TEST_CASE("attention: greedy decoding with co_await, batched, equals eager decod
 
 TEST_CASE("attention: batched equals alone under every strategy (checker)", "[examples][attention][checker]") {
   const auto pairs = data::synthetic_digits({.count = 7, .min_length = 1, .max_length = 6, .seed = 7});
-  const Seq2Seq m({.embed = 5, .hidden = 6}, 4);
+  const Seq2Seq m({.embed = 5, .hidden = 6, .sequence_op = GENERATE(false, true)}, 4);
   CheckReport r = check_batched(static_cast<int>(pairs.size()),
                                 [&](Graph& g, int i) { return m.sheaf_loss(g, pairs[static_cast<size_t>(i)]); },
                                 {.params = m.parameters()});
