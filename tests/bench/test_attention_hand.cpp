@@ -2,6 +2,8 @@
 // computes, losses and every parameter's gradient, with either LSTM kernel
 // (at::lstm, or op::packed_lstm with the decoder started from the encoder's
 // states), and greedy decoding gives the eager outputs.
+#include <c10/core/GradMode.h>
+
 #include <baselines/attention_hand.h>
 #include <data/digits.h>
 #include <attention/model.h>
