@@ -23,11 +23,13 @@ double median(std::vector<double> v) {
 double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a.cpu() - b.cpu()).abs().max().item<double>(); }
 
 at::Tensor sheaf_stacked_outputs(const GraphOptions& options, const Strategy& strategy,
-                                 const std::function<std::vector<Expr>(Graph&)>& record) {
+                                 const std::function<std::vector<Expr>(Graph&)>& record,
+                                 const std::function<at::Tensor(std::span<const Expr>)>& join) {
   c10::NoGradGuard no_grad;
   Graph g(options);
   const std::vector<Expr> outputs = record(g);
   g.forward(outputs, {.strategy = &strategy});
+  if (join) return join(outputs);
   std::vector<at::Tensor> rows;
   for (const Expr& e : outputs) rows.push_back(e.value());
   return at::stack(rows);

@@ -191,9 +191,11 @@ System per_example_system(StepMaker& make_step, bool train, const std::vector<st
 // max |a - b| over all elements, on the host.
 double max_diff(const at::Tensor& a, const at::Tensor& b);
 // What a Sheaf system's agreement check compares with the reference: the
-// values `record` returns, run under `strategy` without gradients, stacked.
+// values `record` returns, run under `strategy` without gradients, stacked
+// (or joined by `join`, given the computed outputs: a workload's own layout).
 at::Tensor sheaf_stacked_outputs(const GraphOptions& options, const Strategy& strategy,
-                                 const std::function<std::vector<Expr>(Graph&)>& record);
+                                 const std::function<std::vector<Expr>(Graph&)>& record,
+                                 const std::function<at::Tensor(std::span<const Expr>)>& join = {});
 
 // Sheaf systems built by add_sheaf_systems, owned here for the run.
 struct SheafOwners {

@@ -121,11 +121,11 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const T
           add_sheaf_systems(o, *spec, train, c.batches.size(), make_step, record, systems, owners);
       for (size_t q = 0; q < added.size(); ++q) {
         if (&m == &model_by_sequence) systems[added[q]].strategy += "/seq";
-        c10::NoGradGuard no_grad;
-        Graph g(spec->graph(o.device));
-        const std::vector<Expr> logits = m.sheaf_batch_logits(g, c.batches[0]);
-        g.forward(logits, {.strategy = spec->strategies[q]});
-        systems[added[q]].max_abs_diff = max_diff(Tagger::logit_rows(logits), reference);
+        systems[added[q]].max_abs_diff =
+            max_diff(sheaf_stacked_outputs(spec->graph(o.device), *spec->strategies[q],
+                                           [&](Graph& g) { return m.sheaf_batch_logits(g, c.batches[0]); },
+                                           Tagger::logit_rows),
+                     reference);
       }
     } else {
       throw UserError("unknown system '" + name + "' for " + o.workload +
