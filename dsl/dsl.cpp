@@ -286,6 +286,10 @@ Expr lstm(Expr x, Operand w_ih, Operand w_hh, Operand b, bool reverse, Loc loc) 
   return apply(code_of<op::Lstm>, {x, std::move(w_ih), std::move(w_hh), std::move(b)}, std::span(&r, 1), 0, loc);
 }
 
+Expr lstm(Expr x, Operand w_ih, Operand w_hh, Operand b, Expr h0, Loc loc) {
+  return apply(code_of<op::LstmFrom>, {x, std::move(w_ih), std::move(w_hh), std::move(b), h0}, {}, 0, loc);
+}
+
 Expr layer_norm(Expr x, Operand gain, Operand bias, double eps, Loc loc) {
   const int64_t e = attr_of(eps);
   return apply(code_of<op::LayerNorm>, {x, gain, bias}, std::span(&e, 1), 0, loc);

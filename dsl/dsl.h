@@ -139,6 +139,9 @@ Expr layer_norm(Expr x, Operand gain, Operand bias, double eps = 1e-5, Loc loc =
 // LibTorch's. `reverse` runs from the last row to the first (a BiLSTM's
 // backward half). Sequences of any lengths are ONE launch (ops/lstm.h).
 Expr lstm(Expr x, Operand w_ih, Operand w_hh, Operand b, bool reverse = false, Loc loc = Loc::current());
+// The same, forward, from the initial hidden state h0 [h] (the cell state
+// starts at zero): a decoder started from its encoder's state.
+Expr lstm(Expr x, Operand w_ih, Operand w_hh, Operand b, Expr h0, Loc loc = Loc::current());
 // Elementwise sum / mean of a list of equal-shaped values (e.g. losses of all examples).
 Expr sum(std::span<const Expr> xs, Loc loc = Loc::current());
 Expr mean(std::span<const Expr> xs, Loc loc = Loc::current());

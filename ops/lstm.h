@@ -29,11 +29,13 @@
 
 namespace sheaf::op {
 
-// attrs: reverse (0 or 1).
+// attrs: reverse (0 or 1). LstmFrom (below): from a given initial state.
 struct Lstm {
   static constexpr std::string_view name = "lstm";
   static constexpr OpTraits traits{.arity = 4, .rowwise = true, .weights = 0b0110, .per_value = true};
-  static Shape infer(const InferCtx& c) {
+  static Shape infer(const InferCtx& c) { return infer_lstm(c); }
+
+  static Shape infer_lstm(const InferCtx& c) {
     const Shape &x = c.shape(0), &ih = c.shape(1), &hh = c.shape(2), &b = c.shape(3);
     if (x.rank() != 2) c.fail("needs a sequence as a matrix X [L, d] (one row a step), got ", x.str());
     if (ih.rank() != 2 || hh.rank() != 2 || b.rank() != 1)
@@ -46,10 +48,14 @@ struct Lstm {
     if (ih[1] != x[1]) c.fail("W_ih ", ih.str(), " does not take rows of X ", x.str());
     if (!c.shared(1) || !c.shared(2) || !c.shared(3))
       c.fail("needs its weights and bias shared by every example (parameters, or values computed from them only)");
+    if (c.arity() > 4 && c.shape(4) != Shape{h})
+      c.fail("the initial state must be a vector of the hidden size [", h, "], got ", c.shape(4).str());
     return Shape{x[0], h};
   }
-  static at::Tensor run(RunCtx& c) {
-    const bool reverse = c.attr(0) != 0;
+  static at::Tensor run(RunCtx& c) { return run_lstm(c, c.attr(0) != 0, false); }
+
+  // Shared with LstmFrom: from a zero state, or from argument 4's rows.
+  static at::Tensor run_lstm(RunCtx& c, bool reverse, bool from_h0) {
     std::vector<int64_t> lengths(c.segment_counts().begin(), c.segment_counts().end());
     at::Tensor rows = c.in(0);
     const bool by_shape = lengths.empty();  // values of one shape: [n, L, d]
@@ -86,19 +92,37 @@ struct Lstm {
     }
     const auto device = rows.device();
     const at::Tensor data = rows.index_select(0, at::tensor(perm, at::kLong).to(device));
+    // The initial states in step 0's order: packed, argument 4 is repeated on
+    // each of a value's rows (its first is taken); by shape, one row a value.
+    at::Tensor h0;
+    if (from_h0) {
+      std::vector<int64_t> first(order.size());
+      for (size_t k = 0; k < order.size(); ++k)
+        first[k] = by_shape ? static_cast<int64_t>(order[k]) : start[order[k]];
+      h0 = (by_shape ? c.batched(4) : c.in(4)).index_select(0, at::tensor(first, at::kLong).to(device));
+    }
     at::Tensor packed;
     if (libtorch) {
       const at::Tensor &ih = c.in(1), &hh = c.in(2), &b = c.in(3);
-      const at::Tensor h0 = at::zeros({1, sizes.empty() ? 0 : sizes[0], hh.size(1)}, data.options());
-      packed = std::get<0>(at::lstm(data, at::tensor(sizes, at::kLong), {h0, h0}, {ih, hh, b, at::zeros_like(b)},
-                                    /*has_biases=*/true, /*num_layers=*/1, /*dropout=*/0.0, /*train=*/false,
-                                    /*bidirectional=*/false));
+      const at::Tensor zero = at::zeros({1, sizes.empty() ? 0 : sizes[0], hh.size(1)}, data.options());
+      packed = std::get<0>(at::lstm(data, at::tensor(sizes, at::kLong), {h0.defined() ? h0.unsqueeze(0) : zero, zero},
+                                    {ih, hh, b, at::zeros_like(b)}, /*has_biases=*/true, /*num_layers=*/1,
+                                    /*dropout=*/0.0, /*train=*/false, /*bidirectional=*/false));
     } else {
-      packed = packed_lstm(data, c.in(1), c.in(2), c.in(3), sizes, reverse);
+      packed = packed_lstm(data, c.in(1), c.in(2), c.in(3), sizes, reverse, h0);
     }
     const at::Tensor out = packed.index_select(0, at::tensor(inverse, at::kLong).to(device));
     return by_shape ? out.view({static_cast<int64_t>(lengths.size()), longest, -1}) : out;
   }
+};
+
+// The same from a given initial hidden state h0 [h] (a decoder started from
+// an encoder's state), forward only; the cell state starts at zero.
+struct LstmFrom {
+  static constexpr std::string_view name = "lstm_from";
+  static constexpr OpTraits traits{.arity = 5, .rowwise = true, .weights = 0b0110, .per_value = true};
+  static Shape infer(const InferCtx& c) { return Lstm::infer_lstm(c); }
+  static at::Tensor run(RunCtx& c) { return Lstm::run_lstm(c, false, true); }
 };
 
 }  // namespace sheaf::op

@@ -60,6 +60,7 @@ struct Affine;       // W x + b
 struct Matmul;       // A x or A B
 struct Attention;    // scaled dot-product attention, with heads
 struct Lstm;         // an LSTM over a sequence, all steps
+struct LstmFrom;     // the same from a given initial state
 // Structure.
 struct Concat;
 struct Slice;
@@ -98,7 +99,7 @@ inline constexpr auto kOpList = boost::hana::tuple_t<
     op::Neg, op::Tanh, op::Sigmoid, op::Relu, op::Exp, op::Log, op::Abs, op::Sqrt, op::Softplus, op::LogSigmoid,
     op::Gelu,
     op::Dropout,
-    op::Affine, op::Matmul, op::Attention, op::Lstm,
+    op::Affine, op::Matmul, op::Attention, op::Lstm, op::LstmFrom,
     op::Concat, op::Slice, op::Reshape, op::Transpose, op::Stack,
     op::Sum, op::Mean, op::SumList, op::MeanList, op::Softmax, op::LogSoftmax, op::Pick, op::PickAt, op::ArgMax,
     op::PickNegLogSoftmax, op::SumDim, op::MeanDim, op::MaxDim, op::MinDim, op::LogSumExpDim, op::Dot, op::LayerNorm,

@@ -83,8 +83,19 @@ Expr Seq2Seq::sheaf_logits(const Encoded& enc, const Expr& s) const {
 
 Expr Seq2Seq::sheaf_loss(Graph& g, const data::DigitPair& p) const {
   const Encoded enc = sheaf_encode(g, p.source);
-  LstmState state = enc.start;
   std::vector<Expr> losses;
+  if (options_.sequence_op) {
+    // Teacher forcing: the decoder's inputs are known, so the decoder is one
+    // dsl::lstm and every step's attention one dsl::attention over H (its
+    // 1/sqrt(d) undone: this model's scores are plain dot products).
+    std::vector<int64_t> in{data::kDigitBos};
+    in.insert(in.end(), p.target.begin(), p.target.end() - 1);
+    const Expr S = dsl::lstm(g.lookup(E, in), dec.ih, dec.hh, dec.b, enc.start.h);  // [T, hidden]
+    const Expr C = dsl::attention(S * std::sqrt(static_cast<double>(options_.hidden)), enc.H, enc.H);
+    const Expr O = dsl::tanh(dsl::affine(Wc, dsl::concat({S, C}, 1), bc));
+    return dsl::pick_neg_log_softmax(dsl::affine(Wo, O, bo), p.target);
+  }
+  LstmState state = enc.start;
   int64_t previous = data::kDigitBos;
   for (int64_t y : p.target) {
     state = sheaf_lstm_step(dec, g.lookup(E, previous), state);

@@ -35,8 +35,10 @@ struct Seq2SeqOptions {
   int64_t vocab = data::kDigitVocab;  // source and target tokens share ids
   int64_t embed = 32;
   int64_t hidden = 64;  // decoder state and H's rows; the encoder has hidden / 2 per direction
-  // The encoder's BiLSTM as dsl::lstm over the source's rows (one launch a
-  // direction for the batch); false: step by step, a cell a token.
+  // The encoder's BiLSTM, and in training the teacher-forced decoder, as
+  // dsl::lstm over the rows (one launch each for the batch), every step's
+  // attention as one dsl::attention; false: step by step, a cell a token.
+  // Greedy decoding is step by step either way.
   bool sequence_op = false;
 };
 

@@ -63,6 +63,7 @@ TEST_CASE("shape mismatch names op, example and line", "[dsl][errors]") {
     REQUIRE_THROWS_WITH(dsl::lstm(X, ih, at::randn({8, 3}), b), Contains("op 'lstm'") && Contains("hidden size 3"));
     REQUIRE_THROWS_WITH(dsl::lstm(X, at::randn({8, 4}), hh, b), Contains("op 'lstm'") && Contains("does not take rows"));
     REQUIRE_THROWS_WITH(dsl::lstm(X, ih, hh, dsl::tanh(X)), Contains("op 'lstm'") && Contains("a bias [4h]"));
+    REQUIRE_THROWS_WITH(dsl::lstm(X, ih, hh, b, x), Contains("op 'lstm_from'") && Contains("initial state"));
     REQUIRE_THROWS_WITH(dsl::lstm(X, ih, hh, dsl::concat({x, dsl::slice(x, 0, 3)})),
                         Contains("op 'lstm'") && Contains("shared by every example"));
   }

@@ -363,10 +363,11 @@ TEST_CASE("ragged: an LSTM over sequences of different lengths is one launch a d
           "[scheduler][ragged]") {
   const at::Tensor ih = test::param({16, 8}, 1), hh = test::param({16, 4}, 2), b = test::param({16}, 3);
   // at::lstm over one sequence [L, 8] (reverse: over the rows flipped, flipped back).
-  auto reference = [&](const at::Tensor& X, bool reverse) {
+  auto reference = [&](const at::Tensor& X, bool reverse, const at::Tensor& start = {}) {
     const at::Tensor x = reverse ? X.flip(0) : X;
     const at::Tensor h0 = at::zeros({1, 1, 4});
-    const at::Tensor out = std::get<0>(at::lstm(x.unsqueeze(1), {h0, h0}, {ih, hh, b, at::zeros({16})},
+    const at::Tensor out = std::get<0>(at::lstm(x.unsqueeze(1), {start.defined() ? start.view({1, 1, 4}) : h0, h0},
+                                                {ih, hh, b, at::zeros({16})},
                                                 /*has_biases=*/true, 1, 0.0, false, false, false))
                                .squeeze(1);
     return reverse ? out.flip(0) : out;
@@ -378,10 +379,11 @@ TEST_CASE("ragged: an LSTM over sequences of different lengths is one launch a d
       c10::AutoGradMode mode(grad);
       Graph g;
       const int n = 12;
-      std::vector<Expr> fwd, bwd, same;
+      std::vector<Expr> fwd, bwd, same, from;
       for (int i = 0; i < n; ++i) {
         auto scope = g.example(i);
         const Expr X = g.input(test::data({length_of(i), 8}, i));
+        from.push_back(dsl::lstm(X, ih, hh, b, g.input(test::data({4}, i, 1))));  // from a given state
         fwd.push_back(dsl::lstm(X, ih, hh, b));
         bwd.push_back(dsl::lstm(X, ih, hh, b, /*reverse=*/true));
         same.push_back(dsl::lstm(dsl::slice(X, 0, 1, 0), ih, hh, b));  // one length: by shape
@@ -389,7 +391,9 @@ TEST_CASE("ragged: an LSTM over sequences of different lengths is one launch a d
       std::vector<Expr> all = fwd;
       all.insert(all.end(), bwd.begin(), bwd.end());
       all.insert(all.end(), same.begin(), same.end());
+      all.insert(all.end(), from.begin(), from.end());
       g.forward(all, {.strategy = strategy});
+      CHECK(launches_of(g, "lstm_from") == 1);
       // One launch a direction; the one-row sequences of `same` join the
       // forward launch where the strategy runs them in one round (not depth's:
       // they come one level later).
@@ -402,6 +406,7 @@ TEST_CASE("ragged: an LSTM over sequences of different lengths is one launch a d
         CHECK(at::allclose(fwd[k].value(), reference(X, false), 1e-4, 1e-5));
         CHECK(at::allclose(bwd[k].value(), reference(X, true), 1e-4, 1e-5));
         CHECK(at::allclose(same[k].value(), reference(X.narrow(0, 0, 1), false), 1e-4, 1e-5));
+        CHECK(at::allclose(from[k].value(), reference(X, false, test::data({4}, i, 1)), 1e-4, 1e-5));
       }
     }
   }
