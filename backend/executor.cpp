@@ -29,9 +29,10 @@ constexpr uint32_t kFlatKey = 0x80000000u;
 }  // namespace
 
 // On the CPU, and on CUDA where the row kernels compile, a gathered input is
-// one tensor written by row copies (backend/row_gather.h). Appends the rows of reads [begin, end), permuted by
-// `perm`, to picks_; false when a source cannot be read that way (a shared
-// value in a list, a view whose rows are not contiguous).
+// one tensor written by row copies (backend/row_gather.h). Appends the rows of
+// reads [begin, end), permuted by `perm`, to picks_; false when a source
+// cannot be read that way (a shared value in a list, a view whose rows are
+// not contiguous).
 bool Executor::pick_rows(const Plan& plan, uint32_t reads_begin, uint32_t reads_end, int64_t perm) {
   const size_t first = picks_.size();
   for (uint32_t q = reads_begin; q < reads_end; ++q) {
@@ -97,7 +98,7 @@ at::Tensor Executor::concat_rows(const Plan& plan, const PlannedBatch& b) {
 }
 
 // Arguments `args` of batch b written side by side into one [n, shape...]
-// tensor by one row gather (CPU); undefined when a source cannot be read so.
+// tensor by one row gather; undefined when a source cannot be read so.
 at::Tensor Executor::side_by_side(const Plan& plan, const PlannedBatch& b, std::span<const uint32_t> args,
                                   const Shape& shape) {
   if (!row_copies_on(config_.device)) return {};

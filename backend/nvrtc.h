@@ -1,7 +1,7 @@
 // Kernels compiled at run time with NVRTC and launched with the CUDA driver,
 // both loaded with dlopen (nothing needed at link time): what the generated
 // fused kernels (fused_cuda.cpp) and the row gathers' kernels
-// (row_gather_cuda.cpp) share. Built when LibTorch has CUDA.
+// (row_copies_cuda.cpp) share. Built when LibTorch has CUDA.
 #pragma once
 
 #include <span>

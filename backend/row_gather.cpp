@@ -25,6 +25,14 @@ using torch::autograd::variable_list;
 
 int64_t address(const float* p) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p)); }
 
+// The copy table of one gather (or of one reader's backward), emptied: one per
+// thread, reused, so that a gather allocates nothing once it has grown.
+std::vector<RowCopy>& copy_table() {
+  thread_local std::vector<RowCopy> table;
+  table.clear();
+  return table;
+}
+
 int64_t row_numel(const at::Tensor& t) {
   int64_t n = 1;
   for (int64_t d = 1; d < t.dim(); ++d) n *= t.size(d);
@@ -96,8 +104,7 @@ struct ReaderNode : torch::autograd::Node {
     HubBuffers hb = lock_buffers(wanted);
     const size_t n = rows.size() / segments;
     const int64_t out_width = g.numel() / static_cast<int64_t>(std::max<size_t>(n, 1));
-    std::vector<RowCopy> pieces;
-    pieces.reserve(rows.size());
+    std::vector<RowCopy>& pieces = copy_table();
     int64_t col = 0;
     for (size_t seg = 0; seg < segments; ++seg) {
       const RowPick* picks = rows.data() + seg * n;
@@ -194,8 +201,7 @@ at::Tensor RowGathers::gather(std::span<const at::Tensor* const> sources, std::s
   SHEAF_ASSERT(out.size(0) == static_cast<int64_t>(n), "row gather of ", n, " rows into ", out.sizes());
   float* o = out.data_ptr<float>();
   const int64_t out_width = row_numel(out);
-  std::vector<RowCopy> pieces;
-  pieces.reserve(rows.size());
+  std::vector<RowCopy>& pieces = copy_table();
   int64_t col = 0;
   for (size_t seg = 0; seg < segments; ++seg) {
     const RowPick* picks = rows.data() + seg * n;

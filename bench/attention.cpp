@@ -87,6 +87,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
   SheafOwners owners;
   std::vector<System> systems;
   for (const std::string& name : o.systems) {
+    const Seq2Seq& m = name.ends_with("/seq") ? model_by_sequence : model;  // a Sheaf system's model
     if (name == "per-example") {
       systems.push_back(per_example_system<DigitPair>(
           make_step, train, batches, [&](const DigitPair& p) { return model.per_example_loss(p); },
@@ -109,7 +110,6 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
                              : count_different(hand.greedy(first), reference_outputs);
       systems.push_back(std::move(s));
     } else if (auto spec = parse_sheaf_system(strip_suffix(name, "/seq")); spec && train) {
-      const Seq2Seq& m = name.ends_with("/seq") ? model_by_sequence : model;
       auto record = [&](Graph& g, size_t b) { return std::vector<Expr>{m.sheaf_batch_loss(g, batches[b])}; };
       const std::vector<size_t> added =
           add_sheaf_systems(o, *spec, train, batches.size(), make_step, record, systems, owners);
@@ -134,7 +134,6 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
         std::fprintf(stderr, "sheaf-bench: %s skipped in infer mode (decoding records as it runs)\n", name.c_str());
         continue;
       }
-      const Seq2Seq& m = name.ends_with("/seq") ? model_by_sequence : model;
       for (const Strategy* strategy : spec->strategies) {
         graphs.push_back(std::make_unique<Graph>(spec->graph(o.device, o.profile)));
         Graph* g = graphs.back().get();

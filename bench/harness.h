@@ -142,7 +142,7 @@ struct SheafSystem {
 };
 // Nothing for a name that is not a Sheaf system; UserError for a bad strategy.
 std::optional<SheafSystem> parse_sheaf_system(const std::string& name);
-// A workload's own system suffix (the model variant: "/matmul", "/steps") taken off.
+// A workload's own system suffix (the model variant: "/matmul", "/seq") taken off.
 inline std::string strip_suffix(const std::string& s, std::string_view suffix) {
   return s.ends_with(suffix) ? s.substr(0, s.size() - suffix.size()) : s;
 }

@@ -15,10 +15,10 @@
 
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/lstm.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
-#include <ATen/ops/tensor.h>
 
 #include <algorithm>
 #include <numeric>

@@ -11,7 +11,6 @@
 #include <ATen/TensorOperators.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-
 #include <algorithm>
 #include <vector>
 
@@ -33,8 +32,8 @@ std::vector<int64_t> step_order(size_t steps, bool reverse) {
 
 // Backward through time, step by step (latest first).
 void backward_steps(const at::Tensor& A, const at::Tensor& C, const at::Tensor& dH, const at::Tensor& hh,
-                  const std::vector<int64_t>& sizes, const std::vector<int64_t>& offset,
-                  const std::vector<int64_t>& ts, at::Tensor& dA) {
+                    const std::vector<int64_t>& sizes, const std::vector<int64_t>& offset,
+                    const std::vector<int64_t>& ts, at::Tensor& dA) {
   const int64_t h = hh.size(1);
   const at::Tensor Cprev = at::zeros_like(C);
   at::Tensor dh_carry, dc_carry;  // into the previous step's rows, from the step after it
@@ -82,16 +81,16 @@ struct PackedLstm : torch::autograd::Function<PackedLstm> {
       const int64_t active = sizes[tt], row = offset[tt];
       at::Tensor a = A.narrow(0, row, active), c = C.narrow(0, row, active);
       const int64_t carried = prev < 0 ? 0 : std::min(active, sizes[static_cast<size_t>(prev)]);
+      const int64_t prev_row = prev < 0 ? 0 : offset[static_cast<size_t>(prev)];
       if (prev < 0 && h0.numel() > 0) {  // the first step: every sequence starts here, from h0
         Hprev.narrow(0, row, active).copy_(h0);
         a.addmm_(h0, hh.t());
       }
       if (carried > 0) {
-        const at::Tensor hp = H.narrow(0, offset[static_cast<size_t>(prev)], carried);
+        const at::Tensor hp = H.narrow(0, prev_row, carried);
         Hprev.narrow(0, row, carried).copy_(hp);
         a.narrow(0, 0, carried).addmm_(hp, hh.t());
       }
-      const int64_t prev_row = prev < 0 ? 0 : offset[static_cast<size_t>(prev)];
       a.narrow(1, 0, 2 * h).sigmoid_();
       a.narrow(1, 2 * h, h).tanh_();
       a.narrow(1, 3 * h, h).sigmoid_();

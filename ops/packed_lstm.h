@@ -14,7 +14,7 @@
 // weight's gradient as ONE GEMM over all rows (autograd through the same loop
 // would make a node per op per step, and a weight gradient per step).
 // `reverse` runs each sequence from its last element to its first. Used by
-// dsl::lstm (ops/lstm.h) and by the hand-batched tagger baseline.
+// dsl::lstm (ops/lstm.h) and by the hand-batched tagger and seq2seq baselines.
 #pragma once
 
 #include <ATen/core/Tensor.h>

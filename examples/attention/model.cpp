@@ -58,10 +58,8 @@ Seq2Seq::Encoded Seq2Seq::sheaf_encode(Graph& g, const std::vector<int64_t>& sou
   if (source.empty()) throw UserError("Seq2Seq: an empty source");
   if (options_.sequence_op) {
     const Expr X = g.lookup(E, source);  // [n, embed]
-    const Expr F = dsl::lstm(X, enc_f.ih, enc_f.hh, enc_f.b), B = dsl::lstm(X, enc_b.ih, enc_b.hh, enc_b.b, true);
-    const auto n = static_cast<int64_t>(source.size());
-    const Expr last = dsl::concat({dsl::slice(F, n - 1, n, 0), dsl::slice(B, 0, 1, 0)}, 1);  // [1, hidden]
-    return {dsl::concat({F, B}, 1), {dsl::reshape(last, {options_.hidden}), {}}};
+    const Expr F = sheaf_lstm_rows(enc_f, X, false), B = sheaf_lstm_rows(enc_b, X, true);
+    return {dsl::concat({F, B}, 1), {bilstm_ends(F, B, static_cast<int64_t>(source.size())), {}}};
   }
   std::vector<Expr> xs;
   xs.reserve(source.size());
@@ -90,7 +88,7 @@ Expr Seq2Seq::sheaf_loss(Graph& g, const data::DigitPair& p) const {
     // 1/sqrt(d) undone: this model's scores are plain dot products).
     std::vector<int64_t> in{data::kDigitBos};
     in.insert(in.end(), p.target.begin(), p.target.end() - 1);
-    const Expr S = dsl::lstm(g.lookup(E, in), dec.ih, dec.hh, dec.b, enc.start.h);  // [T, hidden]
+    const Expr S = dsl::lstm(g.lookup(E, in), dec.ih, dec.hh, dec.b, enc.start.h);  // [T, hidden], from the encoder's state
     const Expr C = dsl::attention(S * std::sqrt(static_cast<double>(options_.hidden)), enc.H, enc.H);
     const Expr O = dsl::tanh(dsl::affine(Wc, dsl::concat({S, C}, 1), bc));
     return dsl::pick_neg_log_softmax(dsl::affine(Wo, O, bo), p.target);

@@ -65,6 +65,15 @@ std::vector<Expr> sheaf_lstm(const LstmWeights& w, std::span<const Expr> xs, boo
   return hs;
 }
 
+Expr sheaf_lstm_rows(const LstmWeights& w, const Expr& X, bool reverse) {
+  return dsl::lstm(X, w.ih, w.hh, w.b, reverse);
+}
+
+Expr bilstm_ends(const Expr& F, const Expr& B, int64_t n) {
+  const Expr ends = dsl::concat({dsl::slice(F, n - 1, n, 0), dsl::slice(B, 0, 1, 0)}, 1);  // [1, 2h]
+  return dsl::reshape(ends, {-1});
+}
+
 std::pair<at::Tensor, at::Tensor> eager_bilstm(const LstmWeights& f, const LstmWeights& b, const at::Tensor& xs) {
   const at::Tensor h0 = at::zeros({2, 1, f.hidden()}, xs.options().requires_grad(false));
   auto [out, hn, cn] = at::lstm(xs.unsqueeze(1), {h0, h0}, lstm_params(f, b), /*has_biases=*/true, /*num_layers=*/1,

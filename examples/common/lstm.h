@@ -42,6 +42,13 @@ LstmState sheaf_lstm_step(const LstmWeights& w, const Expr& x, const LstmState& 
 // position) as one GEMM.
 std::vector<Expr> sheaf_lstm(const LstmWeights& w, std::span<const Expr> xs, bool reverse);
 
+// Sheaf, the rows form: dsl::lstm with these weights over X [n, in], every
+// position's hidden state [n, h] (one launch for the batch's sequences).
+Expr sheaf_lstm_rows(const LstmWeights& w, const Expr& X, bool reverse);
+// A BiLSTM's final states from its two directions' rows F and B [n, h]: the
+// forward one's last row and the backward one's first, as one [2h] vector.
+Expr bilstm_ends(const Expr& F, const Expr& B, int64_t n);
+
 // Eager: at::lstm over one sequence [n, in], both directions; (outputs [n, 2h],
 // final states [2h]: the forward direction's last and the backward's first).
 std::pair<at::Tensor, at::Tensor> eager_bilstm(const LstmWeights& f, const LstmWeights& b, const at::Tensor& xs);

@@ -65,10 +65,8 @@ Expr Tagger::sheaf_word(Graph& g, const data::Sentence& s, size_t t) const {
   if (!options_.use_chars || !s.rare[t]) return g.lookup(E, s.word[t], options_.sparse_embedding_grad);
   if (options_.sequence_op) {  // the spelling's rows: the forward LSTM's last row, the backward one's first
     const Expr chars = g.lookup(C, s.chars[t]);
-    const auto n = static_cast<int64_t>(s.chars[t].size());
-    const Expr f = dsl::lstm(chars, char_fwd.ih, char_fwd.hh, char_fwd.b);
-    const Expr b = dsl::lstm(chars, char_bwd.ih, char_bwd.hh, char_bwd.b, /*reverse=*/true);
-    return dsl::reshape(dsl::concat({dsl::slice(f, n - 1, n, 0), dsl::slice(b, 0, 1, 0)}, 1), {options_.embed});
+    return bilstm_ends(sheaf_lstm_rows(char_fwd, chars, false), sheaf_lstm_rows(char_bwd, chars, true),
+                       static_cast<int64_t>(s.chars[t].size()));
   }
   std::vector<Expr> chars;
   for (int64_t c : s.chars[t]) chars.push_back(g.lookup(C, c));
@@ -88,7 +86,7 @@ std::vector<Expr> Tagger::sheaf_logits(Graph& g, const data::Sentence& s) const 
     } else {
       X = g.lookup(E, s.word, options_.sparse_embedding_grad);
     }
-    const Expr H = dsl::concat({dsl::lstm(X, fwd.ih, fwd.hh, fwd.b), dsl::lstm(X, bwd.ih, bwd.hh, bwd.b, true)}, 1);
+    const Expr H = dsl::concat({sheaf_lstm_rows(fwd, X, false), sheaf_lstm_rows(bwd, X, true)}, 1);
     return {dsl::affine(M2, dsl::tanh(dsl::affine(M1, H, m1)), m2)};  // [L, tags]
   }
   for (size_t t = 0; t < s.word.size(); ++t) xs.push_back(sheaf_word(g, s, t));
