@@ -295,6 +295,7 @@ LaunchArgs Executor::launch_args(const Plan& plan, const PlannedBatch& b) {
     a.segments_len = b.total;
     a.segment_counts = std::span(plan.indices.data() + b.counts, b.n);
   }
+  if (b.own_counts >= 0) a.own_counts = std::span(plan.indices.data() + b.own_counts, b.n);
   return a;
 }
 

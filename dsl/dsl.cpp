@@ -276,9 +276,9 @@ Expr min_dim(Expr x, int axis, Loc loc) { return reduce_dim(code_of<op::MinDim>,
 Expr logsumexp_dim(Expr x, int axis, Loc loc) { return reduce_dim(code_of<op::LogSumExpDim>, x, axis, loc); }
 Expr dot(Operand a, Operand b, Loc loc) { return binary(code_of<op::Dot>, a, b, loc); }
 
-Expr attention(Expr q, Expr k, Expr v, int heads, Loc loc) {
-  const int64_t h = heads;
-  return apply(code_of<op::Attention>, {q, k, v}, std::span(&h, 1), 0, loc);
+Expr attention(Expr q, Expr k, Expr v, int heads, double scale, Loc loc) {
+  const std::array<int64_t, 2> attrs{heads, attr_of(scale)};
+  return apply(code_of<op::Attention>, {q, k, v}, attrs, 0, loc);
 }
 
 Expr lstm(Expr x, Operand w_ih, Operand w_hh, Operand b, bool reverse, Loc loc) {

@@ -127,10 +127,11 @@ Expr min_dim(Expr x, int axis, Loc loc = Loc::current());
 Expr logsumexp_dim(Expr x, int axis, Loc loc = Loc::current());
 Expr dot(Operand a, Operand b, Loc loc = Loc::current());  // two vectors -> a scalar
 // Scaled dot-product attention with `heads` heads: q [Lq, d], k [Lk, d], v [Lk, dv]
-// -> [Lq, dv], each head softmax(q_h k_h^T / sqrt(d / heads)) v_h on its columns.
-// Self-attention over sentences of different lengths is one launch
-// (docs/ops.md, "Lengths"); written as matmul / softmax / matmul it runs once per length.
-Expr attention(Expr q, Expr k, Expr v, int heads = 1, Loc loc = Loc::current());
+// -> [Lq, dv], each head softmax(scale * q_h k_h^T) v_h on its columns; scale 0
+// means 1 / sqrt(d / heads) (give 1 for plain dot products).
+// Values of different lengths, Lq = Lk or not, are one launch (docs/ops.md,
+// "Lengths"); written as matmul / softmax / matmul it runs once per pair of lengths.
+Expr attention(Expr q, Expr k, Expr v, int heads = 1, double scale = 0, Loc loc = Loc::current());
 // Normalised over the last axis, times `gain` plus `bias` (shared [d] tensors).
 Expr layer_norm(Expr x, Operand gain, Operand bias, double eps = 1e-5, Loc loc = Loc::current());
 // An LSTM over a sequence x [L, d] (one row a step), from a zero state:

@@ -70,6 +70,13 @@ struct OpTraits {
   // over a sentence): every per-example argument then has the result's
   // length, and run() gets segment_ids() and segment_counts() with the rows.
   bool per_value = false;
+  // Per value (above), argument i brings rows of its own number, which may
+  // differ from the result's (attention's keys and values: Lk rows, queries
+  // and the result Lq): such arguments need the result's rank and are packed
+  // with their own lengths, and run() gets those lengths in own_counts()
+  // (the first such argument's; the op checks at recording that the others
+  // have as many).
+  uint8_t own_rows = 0;
   int8_t axis_attr = -1;    // >= 0: row by row only when this attribute (an axis) is not 0
   int8_t length_attr = -1;  // >= 0: this attribute is the length (left out of the signature when packed)
   // Reduces the rows of its per-example arguments [L, S...] (all of them, or
@@ -84,6 +91,7 @@ struct OpTraits {
 
   constexpr bool weight(size_t i) const { return i < 8 && ((weights >> i) & 1) != 0; }
   constexpr bool row_arg(size_t i) const { return !weight(i) && (i >= 8 || ((row_args >> i) & 1) != 0); }
+  constexpr bool own_rows_arg(size_t i) const { return i < 8 && ((own_rows >> i) & 1) != 0; }
 };
 
 class InferCtx {
@@ -132,6 +140,7 @@ struct LaunchArgs {
   const at::Tensor* index = nullptr;  // the round's indices on the device
   int64_t payload_off = 0, segments_off = 0, segments_len = 0;
   std::span<const int64_t> segment_counts;
+  std::span<const int64_t> own_counts;  // OpTraits::own_rows: rows per value of those arguments
   const std::vector<at::Tensor>* user_tensors = nullptr;
   at::TensorOptions options;
   uint64_t seed = 0;
@@ -171,6 +180,9 @@ class RunCtx {
   // [total] say which node each belongs to, counts [n] how many each node has.
   at::Tensor segment_ids() const { return a_.index->narrow(0, a_.segments_off, a_.segments_len); }
   std::span<const int64_t> segment_counts() const { return a_.segment_counts; }
+  // Packed per value with OpTraits::own_rows: how many rows each value's own-row
+  // arguments have (their rows end to end in in(i)); empty otherwise.
+  std::span<const int64_t> own_counts() const { return a_.own_counts; }
   // User tensors referenced by payloads (op::Input).
   const at::Tensor& user_tensor(int64_t i) const { return (*a_.user_tensors)[static_cast<size_t>(i)]; }
   const at::TensorOptions& options() const { return a_.options; }  // float on the graph's device

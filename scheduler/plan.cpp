@@ -589,6 +589,13 @@ class Planner {
     // from its own rows (attention): which value each row is.
     if (b.rows > 0 && (traits.per_value || (traits.across_rows && s_.shape_of(first).rank() == 1)))
       add_segments(b, nodes, [&](NodeId node) { return length_of(node); });
+    // Arguments with rows of their own number (attention's keys): theirs too.
+    if (b.rows > 0 && traits.own_rows != 0) {
+      uint32_t k = 0;
+      while (!traits.own_rows_arg(k)) ++k;
+      b.own_counts = static_cast<int64_t>(p_.indices.size());
+      for (NodeId node : nodes) p_.indices.push_back(length_of(s_.resolve(s_.args_of(node)[k])));
+    }
   }
 
   // Segment ids (each row's node: `length(node)` rows each) and counts.

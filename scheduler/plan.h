@@ -78,6 +78,7 @@ struct PlannedBatch {
   int64_t payload;      // offset in plan.indices of n payloads
   int64_t segments = -1;  // segmented ops: offset of `total` segment ids,
   int64_t counts = -1;    // then of n list lengths
+  int64_t own_counts = -1;  // OpTraits::own_rows: offset of n lengths of those arguments
   uint32_t total = 0;
 };
 

@@ -329,6 +329,7 @@ int Trace::by_rows(NodeId n, const OpTraits& traits) const {
     if (s_.has(r, NodeStore::kShared)) {
       if (!traits.weight(i) && a.rank() >= rank) return 0;
     } else if (traits.row_arg(i) && a.rank() == rank) {
+      if (traits.own_rows_arg(i)) continue;  // its own number of rows (OpTraits::own_rows)
       if (a[0] != out[0]) return 0;
       aligned = true;
       packed_vector = packed_vector || (rank == 1 && s_.has(r, NodeStore::kRowwise));

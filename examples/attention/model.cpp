@@ -84,12 +84,11 @@ Expr Seq2Seq::sheaf_loss(Graph& g, const data::DigitPair& p) const {
   std::vector<Expr> losses;
   if (options_.sequence_op) {
     // Teacher forcing: the decoder's inputs are known, so the decoder is one
-    // dsl::lstm and every step's attention one dsl::attention over H (its
-    // 1/sqrt(d) undone: this model's scores are plain dot products).
-    std::vector<int64_t> in{data::kDigitBos};
-    in.insert(in.end(), p.target.begin(), p.target.end() - 1);
-    const Expr S = dsl::lstm(g.lookup(E, in), dec.ih, dec.hh, dec.b, enc.start.h);  // [T, hidden], from the encoder's state
-    const Expr C = dsl::attention(S * std::sqrt(static_cast<double>(options_.hidden)), enc.H, enc.H);
+    // dsl::lstm and every step's attention one dsl::attention over H (scale
+    // 1: this model's scores are plain dot products).
+    const Expr S = dsl::lstm(g.lookup(E, decoder_inputs(p.target)), dec.ih, dec.hh, dec.b,
+                             enc.start.h);                  // [T, hidden], from the encoder's state
+    const Expr C = dsl::attention(S, enc.H, enc.H, 1, 1.0);  // [T, hidden]
     const Expr O = dsl::tanh(dsl::affine(Wc, dsl::concat({S, C}, 1), bc));
     return dsl::pick_neg_log_softmax(dsl::affine(Wo, O, bo), p.target);
   }

@@ -157,6 +157,14 @@ inline const std::vector<OpCase>& cases() {
          const Expr K = dsl::tanh(g.input(p.data({2 + i % 2, kD}, i, 11)));
          return dsl::sum_dim(dsl::attention(dsl::stack({h, h * 0.5}), K, K, 4), 0);
        }},
+      {"attention, queries and keys of different lengths (packed), scale given",
+       [](Graph& g, Expr h, int i, const Params& p) {
+         std::vector<Expr> rows{dsl::tanh(h)};
+         for (int r = 0; r < i % 3; ++r) rows.push_back(dsl::tanh(rows.back() * 1.5));
+         const Expr Q = dsl::stack(rows);                                            // [1 + i % 3, kD]
+         const Expr K = dsl::tanh(g.input(p.data({1 + (i + 1) % 4, kD}, i, 12)));   // [1 + (i + 1) % 4, kD]
+         return dsl::sum_dim(dsl::attention(Q, K, dsl::sigmoid(K), 2, 0.7), 0);
+       }},
       {"lstm (lengths 1-3: packed; forward and reverse)",
        [](Graph&, Expr h, int i, const Params& p) {
          std::vector<Expr> rows{dsl::tanh(h)};

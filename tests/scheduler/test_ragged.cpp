@@ -296,39 +296,46 @@ TEST_CASE("ragged: attention over values of different lengths equals each exampl
 namespace {
 
 // LibTorch's scaled dot-product attention of one example, head by head.
-at::Tensor attention_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads) {
+at::Tensor attention_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                        double scale = 0) {
   std::vector<at::Tensor> out;
   const int64_t dk = q.size(1) / heads, dv = v.size(1) / heads;
+  if (scale == 0) scale = 1.0 / std::sqrt(static_cast<double>(dk));
   for (int64_t h = 0; h < heads; ++h) {
     const at::Tensor qh = q.narrow(1, h * dk, dk), kh = k.narrow(1, h * dk, dk), vh = v.narrow(1, h * dv, dv);
-    out.push_back(at::softmax(qh.mm(kh.t()) / std::sqrt(static_cast<double>(dk)), 1).mm(vh));
+    out.push_back(at::softmax(qh.mm(kh.t()) * scale, 1).mm(vh));
   }
   return at::cat(out, 1);
 }
 
 }  // namespace
 
-TEST_CASE("ragged: self-attention over sentences of different lengths is one launch", "[scheduler][ragged]") {
+TEST_CASE("ragged: attention over sentences of different lengths is one launch, whatever the keys' lengths",
+          "[scheduler][ragged]") {
   const at::Tensor Wq = test::param({8, 8}, 1), Wv = test::param({4, 8}, 2), b = test::param({8}, 3),
                    c = test::param({4}, 4);
   for (const Strategy* strategy : all_strategies()) {
     DYNAMIC_SECTION(strategy->name()) {
       Graph g({.fuse = false});
       const int n = 12;
-      std::vector<Expr> outs, cross;
+      std::vector<Expr> outs, cross, plain;
       for (int i = 0; i < n; ++i) {
         auto scope = g.example(i);
         const Expr X = g.input(test::data({length_of(i), 8}, i));
         const Expr Q = dsl::affine(Wq, X, b), V = dsl::tanh(dsl::affine(Wv, X, c));
         outs.push_back(dsl::attention(Q, X, V, 2));  // packed: every length at once
-        // Keys of another length than the queries: by the queries' length (1..7), packed where that is 1.
-        cross.push_back(dsl::attention(Q, dsl::slice(X, 0, 1, 0), dsl::slice(V, 0, 1, 0), 4));
+        // Keys of another length than the queries (a decoder over an encoder):
+        // the first 1..7 rows, so that pairs of lengths differ across examples.
+        const int64_t keys = 1 + (i * 3) % length_of(i);
+        cross.push_back(dsl::attention(Q, dsl::slice(X, 0, keys, 0), dsl::slice(V, 0, keys, 0), 4));
+        plain.push_back(dsl::attention(Q, dsl::slice(X, 0, 1, 0), dsl::slice(V, 0, 1, 0), 4, 1.0));
       }
       std::vector<Expr> all = outs;
       all.insert(all.end(), cross.begin(), cross.end());
+      all.insert(all.end(), plain.begin(), plain.end());
       g.forward(all, {.strategy = strategy});
-      // One packed launch for the self-attention, 7 for the cross-attention.
-      CHECK(launches_of(g, "attention") == 1 + 7);
+      // One packed launch each: self-attention, cross-attention, plain dot products.
+      CHECK(launches_of(g, "attention") == 3);
       c10::NoGradGuard no_grad;
       for (int i = 0; i < n; ++i) {
         const at::Tensor X = test::data({length_of(i), 8}, i);
@@ -336,7 +343,11 @@ TEST_CASE("ragged: self-attention over sentences of different lengths is one lau
         const auto k = static_cast<size_t>(i);
         INFO("example " << i);
         CHECK(at::allclose(outs[k].value(), attention_of(Q, X, V, 2), 1e-4, 1e-5));
-        CHECK(at::allclose(cross[k].value(), attention_of(Q, X.narrow(0, 0, 1), V.narrow(0, 0, 1), 4), 1e-4, 1e-5));
+        const int64_t keys = 1 + (i * 3) % length_of(i);
+        CHECK(at::allclose(cross[k].value(), attention_of(Q, X.narrow(0, 0, keys), V.narrow(0, 0, keys), 4), 1e-4,
+                           1e-5));
+        CHECK(at::allclose(plain[k].value(), attention_of(Q, X.narrow(0, 0, 1), V.narrow(0, 0, 1), 4, 1.0), 1e-4,
+                           1e-5));
       }
     }
   }
@@ -348,11 +359,14 @@ TEST_CASE("ragged: self-attention equals each example alone, values and gradient
   auto program = [&](Graph& g, int i) {
     const Expr X = dsl::tanh(g.input(test::data({length_of(i), 8}, i)));
     const Expr Q = dsl::affine(W, X, b);
-    // Packed (self-attention, and the same value as queries and keys) and by
-    // shape (keys of another length), on packed rows and rows that are not.
+    // Self-attention (and the same value as queries and keys), and keys of
+    // another length (two queries over all rows; all queries over the first
+    // rows), on packed rows and rows that are not.
     const Expr A = dsl::attention(Q, X * 0.5, dsl::sigmoid(X), 2) + dsl::attention(X, X, Q, 1);
     const Expr C = dsl::attention(dsl::stack({dsl::sum_dim(A, 0), dsl::mean_dim(Q, 0)}), X, Q, 4);
-    return dsl::sum(A) + dsl::sum(C) * 0.5;
+    const int64_t keys = 1 + i % length_of(i);
+    const Expr D = dsl::attention(A, dsl::slice(Q, 0, keys, 0), dsl::slice(X, 0, keys, 0), 2, 0.5);
+    return dsl::sum(A) + dsl::sum(C) * 0.5 + dsl::sum(D) * 0.25;
   };
   const CheckReport r = check_batched(9, program, {.params = {W, b}});
   REQUIRE_BATCHED_EQUALS_ALONE(r);
