@@ -83,11 +83,14 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
   }
 
   StepMaker make_step(o, train, model.parameters(), 1.0 / static_cast<double>(o.batch));
+  // The /seq systems train their own model's parameters (zeroed and stepped as the others').
+  StepMaker make_seq_step(o, train, model_by_sequence.parameters(), 1.0 / static_cast<double>(o.batch));
   std::vector<std::unique_ptr<Graph>> graphs;
   SheafOwners owners;
   std::vector<System> systems;
   for (const std::string& name : o.systems) {
     const Seq2Seq& m = name.ends_with("/seq") ? model_by_sequence : model;  // a Sheaf system's model
+    StepMaker& sheaf_step = &m == &model_by_sequence ? make_seq_step : make_step;
     if (name == "per-example") {
       systems.push_back(per_example_system<DigitPair>(
           make_step, train, batches, [&](const DigitPair& p) { return model.per_example_loss(p); },
@@ -112,7 +115,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
     } else if (auto spec = parse_sheaf_system(strip_suffix(name, "/seq")); spec && train) {
       auto record = [&](Graph& g, size_t b) { return std::vector<Expr>{m.sheaf_batch_loss(g, batches[b])}; };
       const std::vector<size_t> added =
-          add_sheaf_systems(o, *spec, train, batches.size(), make_step, record, systems, owners);
+          add_sheaf_systems(o, *spec, train, batches.size(), sheaf_step, record, systems, owners);
       for (size_t q = 0; q < added.size(); ++q) {
         if (&m == &model_by_sequence) systems[added[q]].strategy += "/seq";
         systems[added[q]].max_abs_diff =
@@ -139,7 +142,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
         Graph* g = graphs.back().get();
         const size_t index = systems.size();
         System s{"sheaf", spec->label(*strategy) + (&m == &model_by_sequence ? "/seq" : "")};
-        s.step = make_step(s, [&, g, strategy, index](size_t b) {
+        s.step = sheaf_step(s, [&, g, strategy, index](size_t b) {
           m.sheaf_decode(*g, batches[b], strategy);
           systems[index].counters.add(g->stats());
           return at::Tensor();

@@ -320,7 +320,7 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
         std::vector<std::pair<double, std::string>> ops;
         for (const auto& [op, t] : s.op_times) ops.emplace_back(t.ms, op);
         std::sort(ops.rbegin(), ops.rend());
-        for (size_t k = 0; k < ops.size() && k < 12; ++k) {
+        for (size_t k = 0; k < ops.size() && k < 40; ++k) {
           const auto& t = s.op_times.at(ops[k].second);
           std::printf("  %-20s   aten  %-22s %7.1f launches, %6.2f ms per batch\n", "", ops[k].second.c_str(),
                       static_cast<double>(t.launches) / s.counted_batches, t.ms / s.counted_batches);

@@ -88,6 +88,8 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const T
     reference = per_example_logits(model, c.batches[0]);
   }
   StepMaker make_step(o, train, model.parameters(), 1.0 / static_cast<double>(o.batch));
+  // The /seq systems train their own model's parameters (zeroed and stepped as the others').
+  StepMaker make_seq_step(o, train, model_by_sequence.parameters(), 1.0 / static_cast<double>(o.batch));
   SheafOwners owners;
   std::vector<System> systems;
   for (const std::string& name : o.systems) {
@@ -118,7 +120,8 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const T
         return m.sheaf_batch_logits(g, c.batches[b]);
       };
       const std::vector<size_t> added =
-          add_sheaf_systems(o, *spec, train, c.batches.size(), make_step, record, systems, owners);
+          add_sheaf_systems(o, *spec, train, c.batches.size(), &m == &model_by_sequence ? make_seq_step : make_step,
+                            record, systems, owners);
       for (size_t q = 0; q < added.size(); ++q) {
         if (&m == &model_by_sequence) systems[added[q]].strategy += "/seq";
         systems[added[q]].max_abs_diff =

@@ -51,6 +51,8 @@ void run_mode(const Options& o, const std::string& mode, int64_t d, const Taggin
     reference = per_example_logits(model, c.batches[0]);
   }
   StepMaker make_step(o, train, model.parameters(), 1.0 / static_cast<double>(o.batch));
+  // The /matmul systems train their own model's parameters (zeroed and stepped as the others').
+  StepMaker make_heads_step(o, train, model_by_heads.parameters(), 1.0 / static_cast<double>(o.batch));
   SheafOwners owners;
   std::vector<System> systems;
   for (const std::string& name : o.systems) {
@@ -72,7 +74,8 @@ void run_mode(const Options& o, const std::string& mode, int64_t d, const Taggin
         return m.sheaf_batch_logits(g, c.batches[b]);
       };
       const std::vector<size_t> added =
-          add_sheaf_systems(o, *spec, train, c.batches.size(), make_step, record, systems, owners);
+          add_sheaf_systems(o, *spec, train, c.batches.size(), &m == &model_by_heads ? make_heads_step : make_step,
+                            record, systems, owners);
       for (size_t q = 0; q < added.size(); ++q) {
         if (&m == &model_by_heads) systems[added[q]].strategy += "/matmul";
         auto cat = [](std::span<const Expr> logits) {  // each sentence's [L, tags]

@@ -113,6 +113,7 @@ Expr affine(Operand W, Operand x, Operand b, Loc loc) { return apply(code_of<op:
 Expr matmul(Operand A, Operand B, Loc loc) { return apply(code_of<op::Matmul>, {A, B}, {}, 0, loc); }
 Expr pick(Expr x, int64_t i, Loc loc) { return apply(code_of<op::Pick>, {x}, {}, i, loc); }
 Expr pick(Expr x, Expr i, Loc loc) { return apply(code_of<op::PickAt>, {x, i}, {}, 0, loc); }
+Expr row(Expr x, int64_t i, Loc loc) { return apply(code_of<op::Row>, {x}, std::span(&i, 1), 0, loc); }
 Expr lookup(Operand table, Expr i, bool sparse_grad, Loc loc) {
   const int64_t sparse = sparse_grad ? 1 : 0;
   return apply(code_of<op::LookupAt>, {std::move(table), std::move(i)}, std::span(&sparse, 1), 0, loc);

@@ -164,6 +164,10 @@ Expr pick(Expr x, int64_t i, Loc loc = Loc::current());
 // e.g. an argmax): no host round trip. The gradient flows to x only; an index
 // out of range is a UserError when the batch runs.
 Expr pick(Expr x, Expr i, Loc loc = Loc::current());
+// Row i of x [L, S...], [S...]; i < 0 counts from the end (-1: the last row).
+// Values of different lengths share one launch (a BiLSTM's final states:
+// row(F, -1) and row(B, 0)); slice(x, L - 1, L, 0) runs once per length.
+Expr row(Expr x, int64_t i, Loc loc = Loc::current());
 // Row i of a shared table with the index computed in the graph (a scalar
 // holding a whole number: a decoder's own prediction as its next input), with
 // no host round trip. A 2-D table can give a sparse gradient; the gradient

@@ -17,11 +17,7 @@
 #pragma once
 
 #include <ATen/ops/bmm.h>
-#include <ATen/ops/cat.h>
-#include <ATen/ops/index_select.h>
 #include <ATen/ops/softmax.h>
-#include <ATen/ops/tensor.h>
-#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <cmath>
@@ -29,6 +25,7 @@
 #include <vector>
 
 #include "common.h"
+#include "map_rows.h"
 
 namespace sheaf::op {
 
@@ -64,16 +61,17 @@ struct Attention {
     const auto device = c.in(0).device();
     const Padding qp(counts, c.in(0).size(0), device), kp(key_counts, c.in(1).size(0), device);
     const auto n = static_cast<int64_t>(counts.size());
-    const at::Tensor mask = kp.pad.eq(kp.rows).view({n, 1, 1, kp.longest});  // padded keys: the zero row
+    const at::Tensor mask = kp.to_padded.index.eq(kp.rows).view({n, 1, 1, kp.longest});  // padded keys: the zero row
     const at::Tensor out = attend(qp.padded(c.in(0)), kp.padded(c.in(1)), kp.padded(c.in(2)), heads, scale, mask);
-    return out.reshape({n * qp.longest, -1}).index_select(0, qp.keep);
+    return qp.unpadded(out.reshape({n * qp.longest, -1}));
   }
 
  private:
-  // Values of `counts` rows each, end to end in `rows` rows, as [n, longest, ...].
+  // Values of `counts` rows each, end to end in `rows` rows, as [n, longest, ...]
+  // and back (op::map_rows: each way's gradient is the other way).
   struct Padding {
     int64_t rows = 0, longest = 0;
-    at::Tensor pad, keep;  // row per padded slot (rows: the zero row); padded slot per real row
+    RowMap to_padded, to_rows;  // padded slot <- row (rows: the zero row); row <- padded slot
     Padding(std::span<const int64_t> counts, int64_t total, const c10::Device& device) : rows(total) {
       longest = *std::max_element(counts.begin(), counts.end());
       std::vector<int64_t> p, k;
@@ -88,13 +86,13 @@ struct Attention {
         row += len;
         ++s;
       }
-      pad = at::tensor(p, at::kLong).to(device);
-      keep = at::tensor(k, at::kLong).to(device);
+      to_padded = RowMap(p, total, device);
+      to_rows = RowMap(k, static_cast<int64_t>(p.size()), device);
     }
     at::Tensor padded(const at::Tensor& x) const {
-      const at::Tensor zero = at::zeros({1, x.size(1)}, x.options());
-      return at::cat({x, zero}).index_select(0, pad).view({-1, longest, x.size(1)});
+      return map_rows(x, to_padded, to_rows).view({-1, longest, x.size(1)});
     }
+    at::Tensor unpadded(const at::Tensor& y) const { return map_rows(y, to_rows, to_padded); }
   };
 
   // q [n, Lq, d], k [n, Lk, d], v [n, Lk, dv] -> [n, Lq, dv]; mask [n, 1, 1, Lk]

@@ -13,7 +13,6 @@
 // GEMM) when a gradient is wanted on the CPU, else through at::lstm.
 #pragma once
 
-#include <ATen/ops/index_select.h>
 #include <ATen/ops/lstm.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
@@ -25,6 +24,7 @@
 #include <vector>
 
 #include "common.h"
+#include "map_rows.h"
 #include "packed_lstm.h"
 
 namespace sheaf::op {
@@ -91,15 +91,21 @@ struct Lstm {
       sizes.push_back(active);
     }
     const auto device = rows.device();
-    const at::Tensor data = rows.index_select(0, at::tensor(perm, at::kLong).to(device));
+    const auto total = static_cast<int64_t>(perm.size());
+    const RowMap to_steps(perm, total, device), to_values(inverse, total, device);
+    const at::Tensor data = map_rows(rows, to_steps, to_values);
     // The initial states in step 0's order: packed, argument 4 is repeated on
     // each of a value's rows (its first is taken); by shape, one row a value.
     at::Tensor h0;
     if (from_h0) {
-      std::vector<int64_t> first(order.size());
-      for (size_t k = 0; k < order.size(); ++k)
+      const at::Tensor given = by_shape ? c.batched(4) : c.in(4);
+      const auto n = static_cast<int64_t>(order.size());
+      std::vector<int64_t> first(order.size()), back(static_cast<size_t>(given.size(0)), n);
+      for (size_t k = 0; k < order.size(); ++k) {
         first[k] = by_shape ? static_cast<int64_t>(order[k]) : start[order[k]];
-      h0 = (by_shape ? c.batched(4) : c.in(4)).index_select(0, at::tensor(first, at::kLong).to(device));
+        back[static_cast<size_t>(first[k])] = static_cast<int64_t>(k);
+      }
+      h0 = map_rows(given, RowMap(first, given.size(0), device), RowMap(back, n, device));
     }
     at::Tensor packed;
     if (libtorch) {
@@ -111,7 +117,7 @@ struct Lstm {
     } else {
       packed = packed_lstm(data, c.in(1), c.in(2), c.in(3), sizes, reverse, h0);
     }
-    const at::Tensor out = packed.index_select(0, at::tensor(inverse, at::kLong).to(device));
+    const at::Tensor out = map_rows(packed, to_values, to_steps);
     return by_shape ? out.view({static_cast<int64_t>(lengths.size()), longest, -1}) : out;
   }
 };

@@ -75,6 +75,7 @@ struct MeanList;
 struct Softmax;
 struct LogSoftmax;
 struct Pick;         // x[id]
+struct Row;          // row i of x (from the end when negative)
 struct PickAt;       // x[i], i computed
 struct ArgMax;       // position of the largest element along the last axis
 struct PickNegLogSoftmax;  // -log softmax(x)[label]
@@ -101,7 +102,7 @@ inline constexpr auto kOpList = boost::hana::tuple_t<
     op::Dropout,
     op::Affine, op::Matmul, op::Attention, op::Lstm, op::LstmFrom,
     op::Concat, op::Slice, op::Reshape, op::Transpose, op::Stack,
-    op::Sum, op::Mean, op::SumList, op::MeanList, op::Softmax, op::LogSoftmax, op::Pick, op::PickAt, op::ArgMax,
+    op::Sum, op::Mean, op::SumList, op::MeanList, op::Softmax, op::LogSoftmax, op::Pick, op::PickAt, op::Row, op::ArgMax,
     op::PickNegLogSoftmax, op::SumDim, op::MeanDim, op::MaxDim, op::MinDim, op::LogSumExpDim, op::Dot, op::LayerNorm,
     op::Placeholder, op::Call, op::CallResult>;
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common.h"
+#include "map_rows.h"
 #include "segments.h"
 
 namespace sheaf::op {
@@ -253,6 +254,41 @@ struct Pick {
     return Shape{};
   }
   static at::Tensor run(RunCtx& c) { return at::gather(c.in(0), 1, c.payload().unsqueeze(1)).squeeze(1); }
+};
+
+// Row i of x [L, S...] (i < 0 counts from the end: -1 is the last), [S...]:
+// a BiLSTM's last forward state. attr 0: i, kept as given, so that values of
+// different lengths share a signature and their rows one launch
+// (OpTraits::row_reduce): one row move each way (op::map_rows), no
+// zero-filled source in the backward as a slice has.
+struct Row {
+  static constexpr std::string_view name = "row";
+  static constexpr OpTraits traits{.arity = 1, .row_reduce = true};
+  static Shape infer(const InferCtx& c) {
+    const Shape& s = c.shape(0);
+    if (s.rank() < 1) c.fail("needs a value of rank >= 1, got a scalar");
+    const int64_t i = c.attr(0);
+    if (i < -s[0] || i >= s[0]) c.fail("row ", i, " is out of range for a value of ", s[0], " rows (shape ", s.str(), ")");
+    return s.row();
+  }
+  static at::Tensor run(RunCtx& c) {
+    const int64_t i = c.attr(0);
+    const auto counts = c.segment_counts();
+    if (counts.empty()) {  // [n, L, S...]
+      const at::Tensor& x = c.in(0);
+      return x.select(1, i < 0 ? i + x.size(1) : i);
+    }
+    const at::Tensor& x = c.in(0);
+    const auto n = static_cast<int64_t>(counts.size());
+    std::vector<int64_t> take(counts.size()), back(static_cast<size_t>(x.size(0)), n);
+    int64_t start = 0;
+    for (size_t k = 0; k < counts.size(); ++k) {
+      take[k] = start + (i < 0 ? counts[k] + i : i);
+      back[static_cast<size_t>(take[k])] = static_cast<int64_t>(k);
+      start += counts[k];
+    }
+    return map_rows(x, RowMap(take, x.size(0), x.device()), RowMap(back, n, x.device()));
+  }
 };
 
 // x[i] of a vector x at an index computed in the graph (a scalar holding a

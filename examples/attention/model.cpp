@@ -59,7 +59,7 @@ Seq2Seq::Encoded Seq2Seq::sheaf_encode(Graph& g, const std::vector<int64_t>& sou
   if (options_.sequence_op) {
     const Expr X = g.lookup(E, source);  // [n, embed]
     const Expr F = sheaf_lstm_rows(enc_f, X, false), B = sheaf_lstm_rows(enc_b, X, true);
-    return {dsl::concat({F, B}, 1), {bilstm_ends(F, B, static_cast<int64_t>(source.size())), {}}};
+    return {dsl::concat({F, B}, 1), {bilstm_ends(F, B), {}}};
   }
   std::vector<Expr> xs;
   xs.reserve(source.size());

@@ -47,7 +47,7 @@ std::vector<Expr> sheaf_lstm(const LstmWeights& w, std::span<const Expr> xs, boo
 Expr sheaf_lstm_rows(const LstmWeights& w, const Expr& X, bool reverse);
 // A BiLSTM's final states from its two directions' rows F and B [n, h]: the
 // forward one's last row and the backward one's first, as one [2h] vector.
-Expr bilstm_ends(const Expr& F, const Expr& B, int64_t n);
+Expr bilstm_ends(const Expr& F, const Expr& B);
 
 // Eager: at::lstm over one sequence [n, in], both directions; (outputs [n, 2h],
 // final states [2h]: the forward direction's last and the backward's first).

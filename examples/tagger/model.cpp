@@ -65,8 +65,7 @@ Expr Tagger::sheaf_word(Graph& g, const data::Sentence& s, size_t t) const {
   if (!options_.use_chars || !s.rare[t]) return g.lookup(E, s.word[t], options_.sparse_embedding_grad);
   if (options_.sequence_op) {  // the spelling's rows: the forward LSTM's last row, the backward one's first
     const Expr chars = g.lookup(C, s.chars[t]);
-    return bilstm_ends(sheaf_lstm_rows(char_fwd, chars, false), sheaf_lstm_rows(char_bwd, chars, true),
-                       static_cast<int64_t>(s.chars[t].size()));
+    return bilstm_ends(sheaf_lstm_rows(char_fwd, chars, false), sheaf_lstm_rows(char_bwd, chars, true));
   }
   std::vector<Expr> chars;
   for (int64_t c : s.chars[t]) chars.push_back(g.lookup(C, c));

@@ -152,6 +152,14 @@ inline const std::vector<OpCase>& cases() {
          return h * 0.5 + dsl::sum_dim(dsl::attention(Q, X * 0.5, V, 2), 0) * 0.3 +
                 dsl::sum_dim(dsl::attention(X, X, Q, 1), 0) * 0.2;
        }},
+      {"row (lengths 1-3: one launch; from the end and the start; of a packed vector)",
+       [](Graph&, Expr h, int i, const Params& p) {
+         std::vector<Expr> rows{dsl::tanh(h)};
+         for (int r = 0; r < i % 3; ++r) rows.push_back(dsl::tanh(rows.back() * 1.5));
+         const Expr X = dsl::tanh(dsl::affine(p.W, dsl::stack(rows), p.b));  // [1 + i % 3, kD]
+         const Expr scores = dsl::matmul(X, dsl::tanh(h));                     // [1 + i % 3], a packed vector
+         return dsl::row(X, -1) * 0.5 + dsl::row(X, 0) * 0.25 + h * dsl::tanh(dsl::row(scores, -1)) * 0.5;
+       }},
       {"attention of other lengths (keys and values)",
        [](Graph& g, Expr h, int i, const Params& p) {
          const Expr K = dsl::tanh(g.input(p.data({2 + i % 2, kD}, i, 11)));

@@ -35,6 +35,9 @@ TEST_CASE("shape mismatch names op, example and line", "[dsl][errors]") {
   REQUIRE_THROWS_WITH(dsl::slice(x, 3, 9), Contains("op 'slice'") && Contains("outside"));
   REQUIRE_THROWS_WITH(dsl::chunk(x, 2), Contains("op 'chunk'") && Contains("equal chunks"));
   REQUIRE_THROWS_WITH(dsl::pick(x, 5), Contains("op 'pick'") && Contains("out of range"));
+  REQUIRE_THROWS_WITH(dsl::row(x, 5), Contains("op 'row'") && Contains("row 5 is out of range"));
+  REQUIRE_THROWS_WITH(dsl::row(x, -6), Contains("op 'row'") && Contains("row -6 is out of range"));
+  REQUIRE_THROWS_WITH(dsl::row(dsl::sum(x), 0), Contains("op 'row'") && Contains("rank >= 1"));
   REQUIRE_THROWS_WITH(dsl::pick(x, x), Contains("op 'pick'") && Contains("index must be a scalar"));
   REQUIRE_THROWS_WITH(dsl::argmax(dsl::sum(x)), Contains("op 'argmax'") && Contains("scalar"));
   const at::Tensor table = at::randn({6, 4});

@@ -6,6 +6,7 @@
 #include <array>
 #include <string>
 
+#include <sheaf/ops/map_rows.h>
 #include <sheaf/ops/matvec.h>
 #include <sheaf/ops/packed_lstm.h>
 #include <sheaf/ops/segments.h>
@@ -205,4 +206,48 @@ TEST_CASE("packed_lstm equals at::lstm per sequence, values and gradients", "[ds
       }
     }
   }
+}
+
+// map_rows against index_select (and cat with a zero row): a permutation, a
+// padding and its inverse; values and gradients (and the gradient of the
+// gradient); a non-contiguous source; an int64 tensor; without a gradient.
+TEST_CASE("map_rows moves rows as index_select does, its gradient the inverse map", "[dsl][ops]") {
+  const c10::Device cpu(c10::kCPU);
+  const std::vector<int64_t> perm{2, 0, 3, 1}, inverse{1, 3, 0, 2};
+  // Values of 2 and 1 rows, padded to 2: slot 3 reads the zero row (row 3 of 3).
+  const std::vector<int64_t> pad{0, 1, 2, 3}, keep{0, 1, 2};
+  for (const auto dtype : {at::kFloat, at::kDouble}) {
+    INFO("dtype " << dtype);
+    const at::Tensor x = at::randn({4, 3}, dtype).requires_grad_();
+    const op::RowMap to_perm(perm, 4, cpu), back(inverse, 4, cpu);
+    const at::Tensor y = op::map_rows(x, to_perm, back);
+    REQUIRE(at::equal(y, x.index_select(0, at::tensor(perm, at::kLong))));
+    const at::Tensor gy = at::randn({4, 3}, dtype).requires_grad_();
+    const at::Tensor gx = torch::autograd::grad({y}, {x}, {gy}, true, true)[0];
+    CHECK(at::equal(gx, gy.index_select(0, at::tensor(inverse, at::kLong))));
+    // Second order: the gradient is itself a row map of gy.
+    const at::Tensor ggy = torch::autograd::grad({gx}, {gy}, {at::ones_like(gx)})[0];
+    CHECK(at::equal(ggy, at::ones_like(gy)));
+
+    const at::Tensor v = at::randn({3, 2}, dtype).requires_grad_();
+    const op::RowMap to_pad(pad, 3, cpu), to_rows(keep, 4, cpu);
+    CHECK(to_pad.zeros);
+    CHECK_FALSE(to_rows.zeros);
+    const at::Tensor padded = op::map_rows(v, to_pad, to_rows);
+    const at::Tensor expect = at::cat({v, at::zeros({1, 2}, dtype)});
+    REQUIRE(at::equal(padded, expect));
+    const at::Tensor g = at::randn({4, 2}, dtype);
+    CHECK(at::equal(torch::autograd::grad({padded}, {v}, {g})[0], g.narrow(0, 0, 3)));
+    const at::Tensor w = at::randn({4, 2}, dtype).requires_grad_();
+    const at::Tensor back_out = op::map_rows(w, to_rows, to_pad);
+    REQUIRE(at::equal(back_out, w.narrow(0, 0, 3)));
+    const at::Tensor gw = torch::autograd::grad({back_out}, {w}, {at::ones({3, 2}, dtype)})[0];
+    CHECK(at::equal(gw, at::cat({at::ones({3, 2}, dtype), at::zeros({1, 2}, dtype)})));
+
+    const at::Tensor t = at::randn({3, 4}, dtype).t();  // [4, 3], not contiguous
+    CHECK(at::equal(op::map_rows(t, to_perm, back), t.index_select(0, at::tensor(perm, at::kLong))));
+  }
+  const at::Tensor ids = at::arange(8, at::kLong).view({4, 2});
+  CHECK(at::equal(op::map_rows(ids, op::RowMap(perm, 4, cpu), op::RowMap(inverse, 4, cpu)),
+                  ids.index_select(0, at::tensor(perm, at::kLong))));
 }

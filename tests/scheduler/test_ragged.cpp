@@ -353,6 +353,36 @@ TEST_CASE("ragged: attention over sentences of different lengths is one launch, 
   }
 }
 
+TEST_CASE("ragged: a row counted from the end is one launch over values of different lengths", "[scheduler][ragged]") {
+  for (const Strategy* strategy : all_strategies()) {
+    DYNAMIC_SECTION(strategy->name()) {
+      Graph g({.fuse = false});
+      const int n = 12;
+      std::vector<Expr> last, first, by_slice;
+      for (int i = 0; i < n; ++i) {
+        auto scope = g.example(i);
+        const Expr X = dsl::tanh(g.input(test::data({length_of(i), 4}, i)));
+        last.push_back(dsl::row(X, -1));
+        first.push_back(dsl::row(X, 0));
+        by_slice.push_back(dsl::slice(X, length_of(i) - 1, length_of(i), 0));
+      }
+      std::vector<Expr> all = last;
+      all.insert(all.end(), first.begin(), first.end());
+      all.insert(all.end(), by_slice.begin(), by_slice.end());
+      g.forward(all, {.strategy = strategy});
+      CHECK(launches_of(g, "row") == 2);    // every length at once, each end
+      CHECK(launches_of(g, "slice") == 7);  // a slice's bounds differ by length
+      for (int i = 0; i < n; ++i) {
+        const at::Tensor X = at::tanh(test::data({length_of(i), 4}, i));
+        const auto k = static_cast<size_t>(i);
+        INFO("example " << i);
+        CHECK(at::allclose(last[k].value(), X[length_of(i) - 1]));
+        CHECK(at::allclose(first[k].value(), X[0]));
+      }
+    }
+  }
+}
+
 TEST_CASE("ragged: self-attention equals each example alone, values and gradients, every strategy",
           "[scheduler][ragged][checker]") {
   const at::Tensor W = test::param({8, 8}, 1), b = test::param({8}, 2);

@@ -1,0 +1,93 @@
+#include "map_rows.h"
+
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include <sheaf/core/error.h>
+
+namespace sheaf::op {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// x [R, ...] through m: [m.host.size(), ...].
+at::Tensor apply_map(const at::Tensor& input, const RowMap& m) {
+  const at::Tensor x = input.is_cpu() ? input.contiguous() : input;
+  const auto rows = static_cast<int64_t>(m.host.size());
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes[0] = rows;
+  if (!x.is_cpu() || !x.is_contiguous()) {  // one gather on the device; the zero row appended
+    if (!m.zeros) return x.index_select(0, m.index);
+    std::vector<int64_t> zero = sizes;
+    zero[0] = 1;
+    return at::cat({x, at::zeros(zero, x.options())}).index_select(0, m.index);
+  }
+  at::Tensor out = at::empty(sizes, x.options());
+  const int64_t width = x.dim() > 1 ? x.numel() / std::max<int64_t>(x.size(0), 1) : 1;
+  const size_t bytes = static_cast<size_t>(width) * x.element_size();
+  const auto* src = static_cast<const char*>(x.data_ptr());
+  auto* dst = static_cast<char*>(out.data_ptr());
+  const int64_t from = x.size(0);
+  for (int64_t i = 0; i < rows; ++i, dst += bytes) {
+    const int64_t r = m.host[static_cast<size_t>(i)];
+    if (r == from) std::memset(dst, 0, bytes);
+    else std::memcpy(dst, src + static_cast<size_t>(r) * bytes, bytes);
+  }
+  return out;
+}
+
+// The maps ride in the node's saved data (the caller's may be gone by the backward).
+void save(AutogradContext* ctx, const char* name, const RowMap& m) {
+  ctx->saved_data[std::string(name) + ".host"] = m.host;
+  ctx->saved_data[std::string(name) + ".index"] = m.index;
+  ctx->saved_data[std::string(name) + ".zeros"] = m.zeros;
+}
+RowMap load(AutogradContext* ctx, const char* name) {
+  RowMap m;
+  m.host = ctx->saved_data[std::string(name) + ".host"].toIntVector();
+  m.index = ctx->saved_data[std::string(name) + ".index"].toTensor();
+  m.zeros = ctx->saved_data[std::string(name) + ".zeros"].toBool();
+  return m;
+}
+
+struct MapRows : torch::autograd::Function<MapRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const RowMap& forward, const RowMap& backward) {
+    save(ctx, "forward", forward);
+    save(ctx, "backward", backward);
+    return apply_map(x, forward);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {map_rows(grads[0], load(ctx, "backward"), load(ctx, "forward")), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+RowMap::RowMap(std::span<const int64_t> reads, int64_t from_rows, const c10::Device& device)
+    : host(reads.begin(), reads.end()) {
+  for (int64_t r : host) {
+    SHEAF_ASSERT(r >= 0 && r <= from_rows, "a row map reads row ", r, " of ", from_rows);
+    zeros = zeros || r == from_rows;
+  }
+  index = at::tensor(host, at::kLong);
+  if (!device.is_cpu()) index = index.to(device);
+}
+
+at::Tensor map_rows(const at::Tensor& x, const RowMap& forward, const RowMap& backward) {
+  SHEAF_ASSERT(x.dim() >= 1, "map_rows needs rows");
+  if (!x.requires_grad() || !c10::GradMode::is_enabled()) return apply_map(x, forward);
+  return MapRows::apply(x, forward, backward);
+}
+
+}  // namespace sheaf::op

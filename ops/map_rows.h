@@ -1,0 +1,34 @@
+// Rows of a tensor moved to other rows, where no row is read twice (a
+// permutation, padding to a longest length, the real rows back out of
+// padding): out[i] = x[index[i]], an index of x.size(0) reading a zero row.
+//
+// Why not index_select: its gradient zero-fills the source and adds the rows
+// in with index_add (row by row on the CPU in LibTorch 1.13: an ATen op a
+// row). A row read at most once makes the gradient another such map, the
+// inverse one: grad_x[j] = grad_out[back[j]] (back[j] == out rows: no reader,
+// zero). Both ways are one row copy each on the CPU.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace sheaf::op {
+
+// One direction of a map: for each row of the result, the row it reads
+// (`from_rows`: a zero row). Built from host indices; the tensor lives on `device`.
+struct RowMap {
+  RowMap() = default;
+  RowMap(std::span<const int64_t> reads, int64_t from_rows, const c10::Device& device);
+  at::Tensor index;        // [rows of the result], int64
+  std::vector<int64_t> host;
+  bool zeros = false;      // some row reads the zero row
+};
+
+// out = x's rows through `forward`; its gradient reaches x through `backward`
+// (the inverse map: the caller builds both, each row read at most once).
+at::Tensor map_rows(const at::Tensor& x, const RowMap& forward, const RowMap& backward);
+
+}  // namespace sheaf::op
