@@ -444,6 +444,9 @@ def write_markdown(path, tables, args, plot_written):
         "one-thread strategy of the row; the ratios, launches and trace+schedule time are that strategy's. "
         "A *+prefetch* system records and schedules the next batch on a second host thread while the "
         "current one runs (sheaf::Prefetcher); it is ranked apart in *best +prefetch / hand*. "
+        "A strategy ending in */seq* runs the same model written with Sheaf's sequence ops "
+        "(dsl::lstm over a sentence's rows, dsl::attention) instead of cell by cell; */inline* records "
+        "its sheaf::Functions op by op. "
         "*trace+sched % of wall* compares trace+schedule time per batch with the wall time per batch "
         "(1000 × batch / trees/s ms). *max |diff|* is the largest difference from the per-example "
         "outputs over all systems of the row.",

@@ -25,14 +25,16 @@ out=docs/results-$device.jsonl
   # no tags). hand is the faster kernel per mode (training: one custom autograd
   # node per LSTM direction; inference: LibTorch's at::lstm on the packed batch);
   # hand:fused, hand:lstm, hand:loop name one (bench/baselines/tagger_hand.h).
+  # /seq: the same tagger with each LSTM as one dsl::lstm over the sentence's rows.
   for w in tagger tagger-char; do
     "$bench" --workload "$w" --hidden 128 --batch 64 --trees 512 --device "$device" --threads 1 --repeat 5 --json \
-      --systems per-example,sheaf:auto,sheaf:auto/inline,sheaf:auto+prefetch,hand,hand:fused,hand:lstm
+      --systems per-example,sheaf:auto,sheaf:auto/inline,sheaf:auto/seq,sheaf:auto+prefetch,hand,hand:fused,hand:lstm
   done
   # Seq2seq with attention on generated digit strings of 3-20 (infer: greedy decoding;
-  # hand decodes with broadcast multiply + sum, hand:bmm with bmm).
+  # hand decodes with broadcast multiply + sum, hand:bmm with bmm). /seq: the encoder as
+  # dsl::lstm and, in training, the decoder as one dsl::lstm and one dsl::attention.
   "$bench" --workload attention --hidden 128 --batch 64 --trees 512 --device "$device" --threads 1 --repeat 5 --json \
-    --systems per-example,sheaf:auto,sheaf:auto+prefetch,hand,hand:bmm
+    --systems per-example,sheaf:auto,sheaf:auto/seq,sheaf:auto+prefetch,hand,hand:bmm
   # One Transformer encoder layer tagging sentences of 5-40 words (--hidden: its width).
   "$bench" --workload transformer --hidden 64,128 --batch 64 --trees 512 --device "$device" --threads 1 --repeat 5 \
     --json --systems per-example,sheaf:auto,sheaf:auto+prefetch,hand
