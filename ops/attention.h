@@ -40,7 +40,7 @@ struct Attention {
       c.fail("needs matrices (queries, keys, values: one row each), got ", q.str(), ", ", k.str(), " and ", v.str());
     if (k[1] != q[1]) c.fail("queries ", q.str(), " and keys ", k.str(), " need the same width");
     if (v[0] != k[0]) c.fail("keys ", k.str(), " and values ", v.str(), " need the same number of rows");
-    if (k[0] == 0) c.fail("needs at least one key, got keys ", k.str());
+    if (k[0] == 0 || q[0] == 0) c.fail("needs at least one query and one key, got ", q.str(), " and ", k.str());
     if (heads < 1 || q[1] % heads != 0 || v[1] % heads != 0)
       c.fail(heads, " heads must divide the query width ", q[1], " and the value width ", v[1]);
     if (!std::isfinite(c.attr_f(1))) c.fail("the scale must be finite, got ", c.attr_f(1));

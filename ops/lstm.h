@@ -38,6 +38,7 @@ struct Lstm {
   static Shape infer_lstm(const InferCtx& c) {
     const Shape &x = c.shape(0), &ih = c.shape(1), &hh = c.shape(2), &b = c.shape(3);
     if (x.rank() != 2) c.fail("needs a sequence as a matrix X [L, d] (one row a step), got ", x.str());
+    if (x[0] == 0) c.fail("needs a sequence of at least one step, got X ", x.str());
     if (ih.rank() != 2 || hh.rank() != 2 || b.rank() != 1)
       c.fail("needs weights W_ih [4h, d], W_hh [4h, h] and a bias [4h], got ", ih.str(), ", ", hh.str(), " and ",
              b.str());
@@ -96,13 +97,18 @@ struct Lstm {
     const at::Tensor data = map_rows(rows, to_steps, to_values);
     // The initial states in step 0's order: packed, argument 4 is repeated on
     // each of a value's rows (its first is taken); by shape, one row a value.
+    // A shared one (a learned start) is the same row for every value.
     at::Tensor h0;
-    if (from_h0) {
+    const auto n = static_cast<int64_t>(order.size());
+    if (from_h0 && c.shared(4)) {
+      h0 = c.in(4).reshape({1, -1}).expand({n, -1});
+    } else if (from_h0) {
       const at::Tensor given = by_shape ? c.batched(4) : c.in(4);
-      const auto n = static_cast<int64_t>(order.size());
       std::vector<int64_t> first(order.size()), back(static_cast<size_t>(given.size(0)), n);
       for (size_t k = 0; k < order.size(); ++k) {
         first[k] = by_shape ? static_cast<int64_t>(order[k]) : start[order[k]];
+        SHEAF_ASSERT(first[k] < given.size(0), "lstm_from: value ", k, "'s first row ", first[k], " of ",
+                     given.size(0));
         back[static_cast<size_t>(first[k])] = static_cast<int64_t>(k);
       }
       h0 = map_rows(given, RowMap(first, given.size(0), device), RowMap(back, n, device));

@@ -23,18 +23,20 @@ using torch::autograd::variable_list;
 
 // x [R, ...] through m: [m.host.size(), ...].
 at::Tensor apply_map(const at::Tensor& input, const RowMap& m) {
+  SHEAF_ASSERT(input.size(0) == m.from, "a row map of ", m.from, " rows applied to ", input.size(0));
   const at::Tensor x = input.is_cpu() ? input.contiguous() : input;
   const auto rows = static_cast<int64_t>(m.host.size());
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes[0] = rows;
-  if (!x.is_cpu() || !x.is_contiguous()) {  // one gather on the device; the zero row appended
+  if (!x.is_cpu()) {  // one gather on the device; the zero row appended
     if (!m.zeros) return x.index_select(0, m.index);
     std::vector<int64_t> zero = sizes;
     zero[0] = 1;
     return at::cat({x, at::zeros(zero, x.options())}).index_select(0, m.index);
   }
   at::Tensor out = at::empty(sizes, x.options());
-  const int64_t width = x.dim() > 1 ? x.numel() / std::max<int64_t>(x.size(0), 1) : 1;
+  int64_t width = 1;
+  for (int64_t d = 1; d < x.dim(); ++d) width *= x.size(d);
   const size_t bytes = static_cast<size_t>(width) * x.element_size();
   const auto* src = static_cast<const char*>(x.data_ptr());
   auto* dst = static_cast<char*>(out.data_ptr());
@@ -52,12 +54,14 @@ void save(AutogradContext* ctx, const char* name, const RowMap& m) {
   ctx->saved_data[std::string(name) + ".host"] = m.host;
   ctx->saved_data[std::string(name) + ".index"] = m.index;
   ctx->saved_data[std::string(name) + ".zeros"] = m.zeros;
+  ctx->saved_data[std::string(name) + ".from"] = m.from;
 }
 RowMap load(AutogradContext* ctx, const char* name) {
   RowMap m;
   m.host = ctx->saved_data[std::string(name) + ".host"].toIntVector();
   m.index = ctx->saved_data[std::string(name) + ".index"].toTensor();
   m.zeros = ctx->saved_data[std::string(name) + ".zeros"].toBool();
+  m.from = ctx->saved_data[std::string(name) + ".from"].toInt();
   return m;
 }
 
@@ -75,7 +79,7 @@ struct MapRows : torch::autograd::Function<MapRows> {
 }  // namespace
 
 RowMap::RowMap(std::span<const int64_t> reads, int64_t from_rows, const c10::Device& device)
-    : host(reads.begin(), reads.end()) {
+    : host(reads.begin(), reads.end()), from(from_rows) {
   for (int64_t r : host) {
     SHEAF_ASSERT(r >= 0 && r <= from_rows, "a row map reads row ", r, " of ", from_rows);
     zeros = zeros || r == from_rows;

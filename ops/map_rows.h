@@ -24,6 +24,7 @@ struct RowMap {
   RowMap(std::span<const int64_t> reads, int64_t from_rows, const c10::Device& device);
   at::Tensor index;        // [rows of the result], int64
   std::vector<int64_t> host;
+  int64_t from = 0;        // rows of the source (and the zero row's index)
   bool zeros = false;      // some row reads the zero row
 };
 

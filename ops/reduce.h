@@ -259,8 +259,9 @@ struct Pick {
 // Row i of x [L, S...] (i < 0 counts from the end: -1 is the last), [S...]:
 // a BiLSTM's last forward state. attr 0: i, kept as given, so that values of
 // different lengths share a signature and their rows one launch
-// (OpTraits::row_reduce): one row move each way (op::map_rows), no
-// zero-filled source in the backward as a slice has.
+// (OpTraits::row_reduce): one row move each way (op::map_rows); its gradient
+// writes each source row once (zeros where no row was read) instead of a
+// slice's zero-fill of the whole source and an add.
 struct Row {
   static constexpr std::string_view name = "row";
   static constexpr OpTraits traits{.arity = 1, .row_reduce = true};

@@ -32,6 +32,7 @@ template <class Op>
 constexpr OpInfo info_of() {
   static_assert(OpDescriptor<Op>,
                 "an entry of sheaf::kOpList lacks part of its descriptor (name, traits, infer or the batched run)");
+  static_assert(Op::traits.own_rows == 0 || Op::traits.per_value, "OpTraits::own_rows needs OpTraits::per_value");
   return OpInfo{Op::name, Op::traits, &Op::infer, &Op::run, pointwise_of<Op>()};
 }
 

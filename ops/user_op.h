@@ -24,6 +24,7 @@ template <class Op>
 OpCode user_op() {
   static_assert(OpDescriptor<Op>,
                 "a user op needs name, traits, static Shape infer(const InferCtx&) and static at::Tensor run(RunCtx&)");
+  static_assert(Op::traits.own_rows == 0 || Op::traits.per_value, "OpTraits::own_rows needs OpTraits::per_value");
   static const OpCode code = register_op(OpInfo{Op::name, Op::traits, &Op::infer, &Op::run, nullptr});
   return code;
 }

@@ -592,7 +592,7 @@ class Planner {
     // Arguments with rows of their own number (attention's keys): theirs too.
     if (b.rows > 0 && traits.own_rows != 0) {
       uint32_t k = 0;
-      while (!traits.own_rows_arg(k)) ++k;
+      while (k + 1 < b.arity && !traits.own_rows_arg(k)) ++k;
       b.own_counts = static_cast<int64_t>(p_.indices.size());
       for (NodeId node : nodes) p_.indices.push_back(length_of(s_.resolve(s_.args_of(node)[k])));
     }

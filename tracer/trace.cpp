@@ -326,6 +326,8 @@ int Trace::by_rows(NodeId n, const OpTraits& traits) const {
   for (size_t i = 0; i < args.size(); ++i) {
     const NodeId r = s_.resolve(args[i]);
     const Shape& a = s_.shape_of(args[i]);
+    if (traits.own_rows_arg(i) && (s_.has(r, NodeStore::kShared) || a.rank() != rank))
+      return 0;  // own rows need the rows' rank (and per-example values): by shape otherwise
     if (s_.has(r, NodeStore::kShared)) {
       if (!traits.weight(i) && a.rank() >= rank) return 0;
     } else if (traits.row_arg(i) && a.rank() == rank) {

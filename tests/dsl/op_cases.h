@@ -188,6 +188,13 @@ inline const std::vector<OpCase>& cases() {
          const Expr h0 = dsl::tanh(dsl::slice(h, 0, kD / 4));  // [kD / 4], computed per example
          return h * 0.5 + h * dsl::sum(dsl::lstm(dsl::stack(rows), p.W, p.Wh, p.b, h0)) * 0.3;
        }},
+      {"lstm from a shared state (a learned start; lengths 1-3: packed)",
+       [](Graph& g, Expr h, int i, const Params& p) {
+         std::vector<Expr> rows{dsl::tanh(h)};
+         for (int r = 0; r < i % 3; ++r) rows.push_back(dsl::sigmoid(rows.back()));
+         const Expr h0 = dsl::tanh(dsl::slice(g.param(p.v), 0, kD / 4));  // [kD / 4], shared
+         return h * 0.5 + h * dsl::sum(dsl::lstm(dsl::stack(rows), p.W, p.Wh, p.b, h0)) * 0.3;
+       }},
       {"lstm of sequences of one length (by shape)",
        [](Graph&, Expr h, int, const Params& p) {
          const Expr X = dsl::stack({h, dsl::tanh(h), dsl::sigmoid(h)});

@@ -58,11 +58,15 @@ TEST_CASE("shape mismatch names op, example and line", "[dsl][errors]") {
     REQUIRE_THROWS_WITH(dsl::attention(M, N, N), Contains("op 'attention'") && Contains("the same width"));
     REQUIRE_THROWS_WITH(dsl::attention(M, M, N), Contains("op 'attention'") && Contains("the same number of rows"));
     REQUIRE_THROWS_WITH(dsl::attention(M, M, M, 2), Contains("op 'attention'") && Contains("2 heads must divide"));
+    REQUIRE_THROWS_WITH(dsl::attention(g.input(at::randn({0, 5})), M, M),
+                        Contains("op 'attention'") && Contains("at least one query and one key"));
   }
   {
     const Expr X = dsl::stack({x, x});  // [2, 5]
     const at::Tensor ih = at::randn({8, 5}), hh = at::randn({8, 2}), b = at::zeros({8});
     REQUIRE_THROWS_WITH(dsl::lstm(x, ih, hh, b), Contains("op 'lstm'") && Contains("needs a sequence as a matrix"));
+    REQUIRE_THROWS_WITH(dsl::lstm(g.input(at::randn({0, 5})), ih, hh, b),
+                        Contains("op 'lstm'") && Contains("at least one step"));
     REQUIRE_THROWS_WITH(dsl::lstm(X, ih, at::randn({8, 3}), b), Contains("op 'lstm'") && Contains("hidden size 3"));
     REQUIRE_THROWS_WITH(dsl::lstm(X, at::randn({8, 4}), hh, b), Contains("op 'lstm'") && Contains("does not take rows"));
     REQUIRE_THROWS_WITH(dsl::lstm(X, ih, hh, dsl::tanh(X)), Contains("op 'lstm'") && Contains("a bias [4h]"));

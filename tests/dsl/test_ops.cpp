@@ -247,6 +247,11 @@ TEST_CASE("map_rows moves rows as index_select does, its gradient the inverse ma
     const at::Tensor t = at::randn({3, 4}, dtype).t();  // [4, 3], not contiguous
     CHECK(at::equal(op::map_rows(t, to_perm, back), t.index_select(0, at::tensor(perm, at::kLong))));
   }
+  // A map built for another number of rows is refused, not read past the source.
+  CHECK_THROWS(op::map_rows(at::randn({5, 3}), op::RowMap(perm, 4, cpu), op::RowMap(inverse, 4, cpu)));
+  // Rows of no width.
+  CHECK(op::map_rows(at::randn({4, 0}), op::RowMap(perm, 4, cpu), op::RowMap(inverse, 4, cpu)).sizes() ==
+        at::IntArrayRef({4, 0}));
   const at::Tensor ids = at::arange(8, at::kLong).view({4, 2});
   CHECK(at::equal(op::map_rows(ids, op::RowMap(perm, 4, cpu), op::RowMap(inverse, 4, cpu)),
                   ids.index_select(0, at::tensor(perm, at::kLong))));
