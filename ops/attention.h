@@ -61,7 +61,7 @@ struct Attention {
     const auto device = c.in(0).device();
     const Padding qp(counts, c.in(0).size(0), device), kp(key_counts, c.in(1).size(0), device);
     const auto n = static_cast<int64_t>(counts.size());
-    const at::Tensor mask = kp.to_padded.index.eq(kp.rows).view({n, 1, 1, kp.longest});  // padded keys: the zero row
+    const at::Tensor mask = kp.to_padded.index().eq(kp.rows).view({n, 1, 1, kp.longest});  // padded keys: the zero row
     const at::Tensor out = attend(qp.padded(c.in(0)), kp.padded(c.in(1)), kp.padded(c.in(2)), heads, scale, mask);
     return qp.unpadded(out.reshape({n * qp.longest, -1}));
   }

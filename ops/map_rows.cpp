@@ -29,10 +29,10 @@ at::Tensor apply_map(const at::Tensor& input, const RowMap& m) {
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes[0] = rows;
   if (!x.is_cpu()) {  // one gather on the device; the zero row appended
-    if (!m.zeros) return x.index_select(0, m.index);
+    if (!m.zeros) return x.index_select(0, m.index());
     std::vector<int64_t> zero = sizes;
     zero[0] = 1;
-    return at::cat({x, at::zeros(zero, x.options())}).index_select(0, m.index);
+    return at::cat({x, at::zeros(zero, x.options())}).index_select(0, m.index());
   }
   at::Tensor out = at::empty(sizes, x.options());
   int64_t width = 1;
@@ -52,14 +52,14 @@ at::Tensor apply_map(const at::Tensor& input, const RowMap& m) {
 // The maps ride in the node's saved data (the caller's may be gone by the backward).
 void save(AutogradContext* ctx, const char* name, const RowMap& m) {
   ctx->saved_data[std::string(name) + ".host"] = m.host;
-  ctx->saved_data[std::string(name) + ".index"] = m.index;
+  ctx->saved_data[std::string(name) + ".device"] = m.device;
   ctx->saved_data[std::string(name) + ".zeros"] = m.zeros;
   ctx->saved_data[std::string(name) + ".from"] = m.from;
 }
 RowMap load(AutogradContext* ctx, const char* name) {
   RowMap m;
   m.host = ctx->saved_data[std::string(name) + ".host"].toIntVector();
-  m.index = ctx->saved_data[std::string(name) + ".index"].toTensor();
+  m.device = ctx->saved_data[std::string(name) + ".device"].toDevice();
   m.zeros = ctx->saved_data[std::string(name) + ".zeros"].toBool();
   m.from = ctx->saved_data[std::string(name) + ".from"].toInt();
   return m;
@@ -78,14 +78,20 @@ struct MapRows : torch::autograd::Function<MapRows> {
 
 }  // namespace
 
-RowMap::RowMap(std::span<const int64_t> reads, int64_t from_rows, const c10::Device& device)
-    : host(reads.begin(), reads.end()), from(from_rows) {
+RowMap::RowMap(std::span<const int64_t> reads, int64_t from_rows, const c10::Device& on)
+    : host(reads.begin(), reads.end()), from(from_rows), device(on) {
   for (int64_t r : host) {
     SHEAF_ASSERT(r >= 0 && r <= from_rows, "a row map reads row ", r, " of ", from_rows);
     zeros = zeros || r == from_rows;
   }
-  index = at::tensor(host, at::kLong);
-  if (!device.is_cpu()) index = index.to(device);
+}
+
+const at::Tensor& RowMap::index() const {
+  if (!index_.defined()) {
+    index_ = at::tensor(host, at::kLong);
+    if (!device.is_cpu()) index_ = index_.to(device);
+  }
+  return index_;
 }
 
 at::Tensor map_rows(const at::Tensor& x, const RowMap& forward, const RowMap& backward) {

@@ -18,14 +18,20 @@
 namespace sheaf::op {
 
 // One direction of a map: for each row of the result, the row it reads
-// (`from_rows`: a zero row). Built from host indices; the tensor lives on `device`.
+// (`from_rows`: a zero row). Built from host indices; their tensor on
+// `device` is made when first asked for (the CPU's loop reads the host
+// copy; a backward map unused without a gradient is never uploaded).
 struct RowMap {
   RowMap() = default;
   RowMap(std::span<const int64_t> reads, int64_t from_rows, const c10::Device& device);
-  at::Tensor index;        // [rows of the result], int64
+  const at::Tensor& index() const;  // [rows of the result], int64, on device
   std::vector<int64_t> host;
   int64_t from = 0;        // rows of the source (and the zero row's index)
   bool zeros = false;      // some row reads the zero row
+  c10::Device device = c10::kCPU;
+
+ private:
+  mutable at::Tensor index_;
 };
 
 // out = x's rows through `forward`; its gradient reaches x through `backward`
