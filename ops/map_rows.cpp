@@ -38,6 +38,7 @@ at::Tensor apply_map(const at::Tensor& input, const RowMap& m) {
   int64_t width = 1;
   for (int64_t d = 1; d < x.dim(); ++d) width *= x.size(d);
   const size_t bytes = static_cast<size_t>(width) * x.element_size();
+  if (bytes == 0 || rows == 0) return out;  // nothing to move (and no buffer to point at)
   const auto* src = static_cast<const char*>(x.data_ptr());
   auto* dst = static_cast<char*>(out.data_ptr());
   const int64_t from = x.size(0);
