@@ -242,17 +242,3 @@ TEST_CASE("tagger: save and load", "[examples][tagger]") {
   CHECK(error_of([&] { words_only.load(path); }).find("Tagger::load") != std::string::npos);
   std::filesystem::remove(path);
 }
-
-TEST_CASE("tmp sparse", "[tmp]") {
-  const Corpus c = corpus(20, 5);
-  for (bool seq : {false, true}) {
-    Tagger m = model(c.vocab, false, 3, seq);
-    Graph g;
-    const auto batch = pointers(c.sentences);
-    Expr loss = m.sheaf_batch_loss(g, batch);
-    g.forward({loss});
-    loss.value().backward();
-    for (const at::Tensor& p : m.parameters())
-      if (p.grad().defined()) WARN(seq << " " << p.sizes() << " sparse " << p.grad().is_sparse() << " contiguous " << p.grad().is_contiguous() << " strides " << p.grad().strides());
-  }
-}
