@@ -57,9 +57,9 @@ struct Attention {
     // Packed rows: pad each value's queries to the longest query count and
     // its keys and values to the longest key count, each through one index
     // (padding reads an appended zero row), and keep the real rows after.
-    const std::span<const int64_t> key_counts = c.own_counts().empty() ? counts : c.own_counts();
+    SHEAF_ASSERT(!c.own_counts().empty(), "attention: a packed batch without its keys' counts");
     const auto device = c.in(0).device();
-    const Padding qp(counts, c.in(0).size(0), device), kp(key_counts, c.in(1).size(0), device);
+    const Padding qp(counts, c.in(0).size(0), device), kp(c.own_counts(), c.in(1).size(0), device);
     const auto n = static_cast<int64_t>(counts.size());
     const at::Tensor mask = kp.to_padded.index().eq(kp.rows).view({n, 1, 1, kp.longest});  // padded keys: the zero row
     const at::Tensor out = attend(qp.padded(c.in(0)), kp.padded(c.in(1)), kp.padded(c.in(2)), heads, scale, mask);
@@ -74,25 +74,18 @@ struct Attention {
     RowMap to_padded, to_rows;  // padded slot <- row (rows: the zero row); row <- padded slot
     Padding(std::span<const int64_t> counts, int64_t total, const c10::Device& device) : rows(total) {
       longest = *std::max_element(counts.begin(), counts.end());
-      std::vector<int64_t> p, k;
+      std::vector<int64_t> p;
       p.reserve(counts.size() * static_cast<size_t>(longest));
-      k.reserve(static_cast<size_t>(total));
-      int64_t row = 0, s = 0;
+      int64_t row = 0;
       for (const int64_t len : counts) {
-        for (int64_t j = 0; j < longest; ++j) {
-          p.push_back(j < len ? row + j : total);
-          if (j < len) k.push_back(s * longest + j);
-        }
+        for (int64_t j = 0; j < longest; ++j) p.push_back(j < len ? row + j : total);
         row += len;
-        ++s;
       }
       to_padded = RowMap(p, total, device);
-      to_rows = RowMap(k, static_cast<int64_t>(p.size()), device);
+      to_rows = to_padded.inverse();
     }
-    at::Tensor padded(const at::Tensor& x) const {
-      return map_rows(x, to_padded, to_rows).view({-1, longest, x.size(1)});
-    }
-    at::Tensor unpadded(const at::Tensor& y) const { return map_rows(y, to_rows, to_padded); }
+    at::Tensor padded(const at::Tensor& x) const { return map_rows(x, to_padded).view({-1, longest, x.size(1)}); }
+    at::Tensor unpadded(const at::Tensor& y) const { return map_rows(y, to_rows); }
   };
 
   // q [n, Lq, d], k [n, Lk, d], v [n, Lk, dv] -> [n, Lq, dv]; mask [n, 1, 1, Lk]

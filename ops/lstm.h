@@ -78,14 +78,13 @@ struct Lstm {
     std::vector<int64_t> start(lengths.size());
     for (size_t k = 1; k < lengths.size(); ++k) start[k] = start[k - 1] + lengths[k - 1];
     const int64_t longest = lengths.empty() ? 0 : lengths[order[0]];
-    std::vector<int64_t> sizes, perm, inverse(static_cast<size_t>(rows.size(0)));
-    perm.reserve(inverse.size());
+    std::vector<int64_t> sizes, perm;
+    perm.reserve(static_cast<size_t>(rows.size(0)));
     for (int64_t t = 0; t < longest; ++t) {
       int64_t active = 0;
       for (size_t k : order) {
         if (lengths[k] <= t) break;
         const int64_t r = start[k] + (flip ? lengths[k] - 1 - t : t);
-        inverse[static_cast<size_t>(r)] = static_cast<int64_t>(perm.size());
         perm.push_back(r);
         ++active;
       }
@@ -93,8 +92,8 @@ struct Lstm {
     }
     const auto device = rows.device();
     const auto total = static_cast<int64_t>(perm.size());
-    const RowMap to_steps(perm, total, device), to_values(inverse, total, device);
-    const at::Tensor data = map_rows(rows, to_steps, to_values);
+    const RowMap to_steps(perm, total, device), to_values = to_steps.inverse();
+    const at::Tensor data = map_rows(rows, to_steps);
     // The initial states in step 0's order: packed, argument 4 is repeated on
     // each of a value's rows (its first is taken); by shape, one row a value.
     // A shared one (a learned start) is the same row for every value.
@@ -104,14 +103,13 @@ struct Lstm {
       h0 = c.in(4).reshape({1, -1}).expand({n, -1});
     } else if (from_h0) {
       const at::Tensor given = by_shape ? c.batched(4) : c.in(4);
-      std::vector<int64_t> first(order.size()), back(static_cast<size_t>(given.size(0)), n);
+      std::vector<int64_t> first(order.size());
       for (size_t k = 0; k < order.size(); ++k) {
         first[k] = by_shape ? static_cast<int64_t>(order[k]) : start[order[k]];
         SHEAF_ASSERT(first[k] < given.size(0), "lstm_from: value ", k, "'s first row ", first[k], " of ",
                      given.size(0));
-        back[static_cast<size_t>(first[k])] = static_cast<int64_t>(k);
       }
-      h0 = map_rows(given, RowMap(first, given.size(0), device), RowMap(back, n, device));
+      h0 = map_rows(given, RowMap(first, given.size(0), device));
     }
     at::Tensor packed;
     if (libtorch) {
@@ -123,7 +121,7 @@ struct Lstm {
     } else {
       packed = packed_lstm(data, c.in(1), c.in(2), c.in(3), sizes, reverse, h0);
     }
-    const at::Tensor out = map_rows(packed, to_values, to_steps);
+    const at::Tensor out = map_rows(packed, to_values);
     return by_shape ? out.view({static_cast<int64_t>(lengths.size()), longest, -1}) : out;
   }
 };

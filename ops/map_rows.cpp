@@ -67,13 +67,12 @@ RowMap load(AutogradContext* ctx, const char* name) {
 }
 
 struct MapRows : torch::autograd::Function<MapRows> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const RowMap& forward, const RowMap& backward) {
-    save(ctx, "forward", forward);
-    save(ctx, "backward", backward);
-    return apply_map(x, forward);
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const RowMap& m) {
+    save(ctx, "map", m);
+    return apply_map(x, m);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {map_rows(grads[0], load(ctx, "backward"), load(ctx, "forward")), at::Tensor(), at::Tensor()};
+    return {map_rows(grads[0], load(ctx, "map").inverse()), at::Tensor()};
   }
 };
 
@@ -95,10 +94,22 @@ const at::Tensor& RowMap::index() const {
   return index_;
 }
 
-at::Tensor map_rows(const at::Tensor& x, const RowMap& forward, const RowMap& backward) {
+RowMap RowMap::inverse() const {
+  const auto rows = static_cast<int64_t>(host.size());
+  std::vector<int64_t> back(static_cast<size_t>(from), rows);
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t r = host[static_cast<size_t>(i)];
+    if (r == from) continue;  // the zero row
+    SHEAF_ASSERT(back[static_cast<size_t>(r)] == rows, "a row map reads row ", r, " twice: it has no inverse");
+    back[static_cast<size_t>(r)] = i;
+  }
+  return RowMap(back, rows, device);
+}
+
+at::Tensor map_rows(const at::Tensor& x, const RowMap& m) {
   SHEAF_ASSERT(x.dim() >= 1, "map_rows needs rows");
-  if (!x.requires_grad() || !c10::GradMode::is_enabled()) return apply_map(x, forward);
-  return MapRows::apply(x, forward, backward);
+  if (!x.requires_grad() || !c10::GradMode::is_enabled()) return apply_map(x, m);
+  return MapRows::apply(x, m);
 }
 
 }  // namespace sheaf::op

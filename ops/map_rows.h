@@ -6,7 +6,8 @@
 // in with index_add (row by row on the CPU in LibTorch 1.13: an ATen op a
 // row). A row read at most once makes the gradient another such map, the
 // inverse one: grad_x[j] = grad_out[back[j]] (back[j] == out rows: no reader,
-// zero). Both ways are one row copy each on the CPU.
+// zero), derived from the map when a backward runs. Both ways are one row
+// copy each on the CPU.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -25,6 +26,9 @@ struct RowMap {
   RowMap() = default;
   RowMap(std::span<const int64_t> reads, int64_t from_rows, const c10::Device& device);
   const at::Tensor& index() const;  // [rows of the result], int64, on device
+  // The map back: for each source row, the result row that read it (the
+  // result's row count where none did). A row read twice has none: refused.
+  RowMap inverse() const;
   std::vector<int64_t> host;
   int64_t from = 0;        // rows of the source (and the zero row's index)
   bool zeros = false;      // some row reads the zero row
@@ -34,8 +38,8 @@ struct RowMap {
   mutable at::Tensor index_;
 };
 
-// out = x's rows through `forward`; its gradient reaches x through `backward`
-// (the inverse map: the caller builds both, each row read at most once).
-at::Tensor map_rows(const at::Tensor& x, const RowMap& forward, const RowMap& backward);
+// out = x's rows through `m` (each row read at most once); its gradient
+// reaches x through m.inverse().
+at::Tensor map_rows(const at::Tensor& x, const RowMap& m);
 
 }  // namespace sheaf::op

@@ -280,15 +280,13 @@ struct Row {
       return x.select(1, i < 0 ? i + x.size(1) : i);
     }
     const at::Tensor& x = c.in(0);
-    const auto n = static_cast<int64_t>(counts.size());
-    std::vector<int64_t> take(counts.size()), back(static_cast<size_t>(x.size(0)), n);
+    std::vector<int64_t> take(counts.size());
     int64_t start = 0;
     for (size_t k = 0; k < counts.size(); ++k) {
       take[k] = start + (i < 0 ? counts[k] + i : i);
-      back[static_cast<size_t>(take[k])] = static_cast<int64_t>(k);
       start += counts[k];
     }
-    return map_rows(x, RowMap(take, x.size(0), x.device()), RowMap(back, n, x.device()));
+    return map_rows(x, RowMap(take, x.size(0), x.device()));
   }
 };
 

@@ -219,8 +219,9 @@ TEST_CASE("map_rows moves rows as index_select does, its gradient the inverse ma
   for (const auto dtype : {at::kFloat, at::kDouble}) {
     INFO("dtype " << dtype);
     const at::Tensor x = at::randn({4, 3}, dtype).requires_grad_();
-    const op::RowMap to_perm(perm, 4, cpu), back(inverse, 4, cpu);
-    const at::Tensor y = op::map_rows(x, to_perm, back);
+    const op::RowMap to_perm(perm, 4, cpu);
+    CHECK(to_perm.inverse().host == inverse);
+    const at::Tensor y = op::map_rows(x, to_perm);
     REQUIRE(at::equal(y, x.index_select(0, at::tensor(perm, at::kLong))));
     const at::Tensor gy = at::randn({4, 3}, dtype).requires_grad_();
     const at::Tensor gx = torch::autograd::grad({y}, {x}, {gy}, true, true)[0];
@@ -231,28 +232,32 @@ TEST_CASE("map_rows moves rows as index_select does, its gradient the inverse ma
 
     const at::Tensor v = at::randn({3, 2}, dtype).requires_grad_();
     const op::RowMap to_pad(pad, 3, cpu), to_rows(keep, 4, cpu);
+    CHECK(to_pad.inverse().host == keep);
+    CHECK(to_rows.inverse().host == pad);
     CHECK(to_pad.zeros);
     CHECK_FALSE(to_rows.zeros);
-    const at::Tensor padded = op::map_rows(v, to_pad, to_rows);
+    const at::Tensor padded = op::map_rows(v, to_pad);
     const at::Tensor expect = at::cat({v, at::zeros({1, 2}, dtype)});
     REQUIRE(at::equal(padded, expect));
     const at::Tensor g = at::randn({4, 2}, dtype);
     CHECK(at::equal(torch::autograd::grad({padded}, {v}, {g})[0], g.narrow(0, 0, 3)));
     const at::Tensor w = at::randn({4, 2}, dtype).requires_grad_();
-    const at::Tensor back_out = op::map_rows(w, to_rows, to_pad);
+    const at::Tensor back_out = op::map_rows(w, to_rows);
     REQUIRE(at::equal(back_out, w.narrow(0, 0, 3)));
     const at::Tensor gw = torch::autograd::grad({back_out}, {w}, {at::ones({3, 2}, dtype)})[0];
     CHECK(at::equal(gw, at::cat({at::ones({3, 2}, dtype), at::zeros({1, 2}, dtype)})));
 
     const at::Tensor t = at::randn({3, 4}, dtype).t();  // [4, 3], not contiguous
-    CHECK(at::equal(op::map_rows(t, to_perm, back), t.index_select(0, at::tensor(perm, at::kLong))));
+    CHECK(at::equal(op::map_rows(t, to_perm), t.index_select(0, at::tensor(perm, at::kLong))));
   }
   // A map built for another number of rows is refused, not read past the source.
-  CHECK_THROWS(op::map_rows(at::randn({5, 3}), op::RowMap(perm, 4, cpu), op::RowMap(inverse, 4, cpu)));
+  CHECK_THROWS(op::map_rows(at::randn({5, 3}), op::RowMap(perm, 4, cpu)));
+  // A row read twice has no inverse (its gradient would need an add).
+  CHECK_THROWS(op::RowMap(std::vector<int64_t>{0, 0}, 2, cpu).inverse());
   // Rows of no width.
-  CHECK(op::map_rows(at::randn({4, 0}), op::RowMap(perm, 4, cpu), op::RowMap(inverse, 4, cpu)).sizes() ==
+  CHECK(op::map_rows(at::randn({4, 0}), op::RowMap(perm, 4, cpu)).sizes() ==
         at::IntArrayRef({4, 0}));
   const at::Tensor ids = at::arange(8, at::kLong).view({4, 2});
-  CHECK(at::equal(op::map_rows(ids, op::RowMap(perm, 4, cpu), op::RowMap(inverse, 4, cpu)),
+  CHECK(at::equal(op::map_rows(ids, op::RowMap(perm, 4, cpu)),
                   ids.index_select(0, at::tensor(perm, at::kLong))));
 }
