@@ -97,12 +97,14 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const T
       systems.push_back(per_example_system<Sentence>(
           make_step, train, c.batches, [&](const Sentence& x) { return model.per_example_loss(x); },
           [&](const Sentence& x) { model.per_example_logits(x); }));
-    } else if (name == "hand" || name == "hand:lstm" || name == "hand:loop" || name == "hand:fused") {
+    } else if (name == "hand" || name == "hand:lstm" || name == "hand:loop" || name == "hand:fused" ||
+               name == "hand:sheaf-cell") {
       // "hand" is the fastest kernel for the mode on this machine's CPU
       // (docs/benchmarks.md): our one-node LSTM to train, at::lstm to infer.
       const auto kernel = name == "hand:lstm"    ? HandTagger::Kernel::kLstmCall
                           : name == "hand:loop"  ? HandTagger::Kernel::kLoop
                           : name == "hand:fused" ? HandTagger::Kernel::kFused
+                          : name == "hand:sheaf-cell" ? HandTagger::Kernel::kSheafCell
                           : train                ? HandTagger::Kernel::kFused
                                                  : HandTagger::Kernel::kLstmCall;
       System s{name == "hand" ? name : "hand-alt", name == "hand" ? "" : name.substr(5)};

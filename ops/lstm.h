@@ -8,9 +8,9 @@
 // form: it works, and takes a launch or two per step and op). Here the whole
 // batch of sequences, of any lengths, is ONE packed launch (OpTraits::per_value):
 // the values' rows are reordered time-major, longest first, and run through
-// packed_lstm (ops/packed_lstm.h: a GEMM and the cell's math per step forward,
-// one autograd node whose backward computes each weight's gradient as one
-// GEMM) when a gradient is wanted on the CPU, else through at::lstm.
+// packed_lstm on the CPU (ops/packed_lstm.h: a GEMM a step and the cell's
+// math as one fused loop, ops/lstm_cell.h; one autograd node whose backward
+// computes each weight's gradient as one GEMM), through at::lstm on CUDA.
 #pragma once
 
 #include <ATen/ops/lstm.h>
@@ -65,11 +65,15 @@ struct Lstm {
       lengths.assign(static_cast<size_t>(rows.size(0)), rows.size(1));
       rows = rows.reshape({-1, rows.size(2)});
     }
-    // LibTorch's own LSTM where no gradient is wanted (its CPU kernel is the
-    // faster there) and off the CPU (cuDNN); packed_lstm where one is on the
-    // CPU (one autograd node, weight gradients one GEMM each). at::lstm runs
-    // each sequence forward: reversed, its rows are taken last first.
-    const bool libtorch = !c10::GradMode::is_enabled() || !rows.is_cpu();
+    // On the CPU in float, packed_lstm with the fused cell (ops/lstm_cell.h),
+    // with or without a gradient: its input projection is one GEMM and its
+    // cell one loop a step, where at::lstm's CPU kernel projects each step's
+    // input apart and runs the cell op by op. Other CPU types: packed_lstm's
+    // ATen form when a gradient is wanted (one autograd node, weight gradients
+    // one GEMM each), else at::lstm. Off the CPU: at::lstm (cuDNN). at::lstm
+    // runs each sequence forward: reversed, its rows are taken last first.
+    const bool fused = rows.is_cpu() && rows.scalar_type() == at::kFloat;
+    const bool libtorch = !rows.is_cpu() || (!fused && !c10::GradMode::is_enabled());
     const bool flip = reverse && libtorch;
     // Time-major, longest first: step t holds row t of every value longer than t.
     std::vector<size_t> order(lengths.size());
@@ -119,7 +123,8 @@ struct Lstm {
                                     {ih, hh, b, at::zeros_like(b)}, /*has_biases=*/true, /*num_layers=*/1,
                                     /*dropout=*/0.0, /*train=*/false, /*bidirectional=*/false));
     } else {
-      packed = packed_lstm(data, c.in(1), c.in(2), c.in(3), sizes, reverse, h0);
+      packed = packed_lstm(data, c.in(1), c.in(2), c.in(3), sizes, reverse, h0,
+                           fused ? LstmCell::kFused : LstmCell::kAten);
     }
     const at::Tensor out = map_rows(packed, to_values);
     return by_shape ? out.view({static_cast<int64_t>(lengths.size()), longest, -1}) : out;

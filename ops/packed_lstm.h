@@ -15,6 +15,14 @@
 // would make a node per op per step, and a weight gradient per step).
 // `reverse` runs each sequence from its last element to its first. Used by
 // dsl::lstm (ops/lstm.h) and by the hand-batched tagger and seq2seq baselines.
+//
+// The cell's elementwise math per step: kAten, with ATen ops (~8 launches a
+// step forward, ~20 backward): what LibTorch code can write, and what the
+// hand-batched baselines use, so that they stay code a LibTorch user could
+// ship. kFused: one vectorised loop a step forward and one backward
+// (ops/lstm_cell.h), Sheaf's own kernel, as the fused elementwise groups of
+// the step-by-step form are; dsl::lstm runs it. Float32 on the CPU; anything
+// else runs kAten.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -24,7 +32,10 @@
 
 namespace sheaf::op {
 
+enum class LstmCell { kAten, kFused };
+
 at::Tensor packed_lstm(const at::Tensor& x, const at::Tensor& ih, const at::Tensor& hh, const at::Tensor& b,
-                       std::span<const int64_t> sizes, bool reverse, const at::Tensor& h0 = {});
+                       std::span<const int64_t> sizes, bool reverse, const at::Tensor& h0 = {},
+                       LstmCell cell = LstmCell::kAten);
 
 }  // namespace sheaf::op

@@ -77,9 +77,9 @@ std::pair<at::Tensor, at::Tensor> loop_call(const LstmWeights& f, const LstmWeig
 // direction, its backward by hand: ops/packed_lstm.h); final states picked from
 // the outputs (forward: each sequence's last row; backward: step 0's rows).
 std::pair<at::Tensor, at::Tensor> fused_call(const LstmWeights& f, const LstmWeights& b, const at::Tensor& data,
-                                             const Packing& p) {
-  const at::Tensor of = op::packed_lstm(data, f.ih, f.hh, f.b, p.batch_sizes, false);
-  const at::Tensor ob = op::packed_lstm(data, b.ih, b.hh, b.b, p.batch_sizes, true);
+                                             const Packing& p, op::LstmCell cell) {
+  const at::Tensor of = op::packed_lstm(data, f.ih, f.hh, f.b, p.batch_sizes, false, {}, cell);
+  const at::Tensor ob = op::packed_lstm(data, b.ih, b.hh, b.b, p.batch_sizes, true, {}, cell);
   std::vector<int64_t> last(p.order.size());
   for (size_t k = 0; k < last.size(); ++k) last[k] = p.row(k, p.length[k] - 1);
   const at::Tensor hf = of.index_select(0, at::tensor(last, at::kLong).to(data.device()));
@@ -93,8 +93,9 @@ std::pair<at::Tensor, at::Tensor> packed_bilstm(HandTagger::Kernel kernel, const
     case HandTagger::Kernel::kLstmCall: return lstm_call(f, b, data, p);
     case HandTagger::Kernel::kLoop: return loop_call(f, b, data, p);
     case HandTagger::Kernel::kFused: break;
+    case HandTagger::Kernel::kSheafCell: return fused_call(f, b, data, p, op::LstmCell::kFused);
   }
-  return fused_call(f, b, data, p);
+  return fused_call(f, b, data, p, op::LstmCell::kAten);
 }
 
 }  // namespace

@@ -21,8 +21,11 @@ class HandTagger {
   // the packed batch); our own loop of ATen ops under autograd, which projects
   // every row's input in one GEMM first (at::lstm on packed input projects step
   // by step); or each direction as ONE autograd node with a hand-written
-  // backward and one GEMM per weight gradient (kFused).
-  enum class Kernel { kLstmCall, kLoop, kFused };
+  // backward and one GEMM per weight gradient (kFused). kSheafCell: kFused
+  // with Sheaf's fused cell loop (op::LstmCell::kFused), a custom kernel that
+  // LibTorch code does not have: not a hand baseline, a reference for how much
+  // of Sheaf's dsl::lstm's lead is that kernel.
+  enum class Kernel { kLstmCall, kLoop, kFused, kSheafCell };
   explicit HandTagger(const Tagger& model, Kernel kernel = Kernel::kLstmCall) : m_(model), kernel_(kernel) {}
   at::Tensor loss(std::span<const data::Sentence* const> batch) const;    // summed over tokens
   at::Tensor logits(std::span<const data::Sentence* const> batch) const;  // [tokens, tags], packed order

@@ -161,51 +161,61 @@ TEST_CASE("segment_softmax and segment_weighted_sum equal LibTorch per segment, 
   }
 }
 
-// packed_lstm's loops (float32 on the CPU) and its LibTorch-op form (anything
-// else: double here) against at::lstm sequence by sequence, values and every
-// gradient (input, both weights, bias), forward and reverse, on sequences of
-// lengths 5, 3, 3, 1 packed time-major.
+// packed_lstm with each cell (the fused loop runs on float32 on the CPU;
+// double runs the ATen form either way) against at::lstm sequence by sequence,
+// values and every gradient (input, both weights, bias, h0), forward, reverse
+// and from an h0, on sequences of lengths 5, 3, 3, 1 packed time-major; hidden
+// sizes below and above a vector's width (the loops' tails and bodies).
 TEST_CASE("packed_lstm equals at::lstm per sequence, values and gradients", "[dsl][ops]") {
   const std::vector<int64_t> lengths{5, 3, 3, 1}, sizes{4, 3, 3, 1, 1};  // longest first, time-major
-  const int64_t d = 6, h = 5, rows = 12;
-  for (const auto dtype : {at::kFloat, at::kDouble}) {
-    for (const int run : {0, 1, 2}) {
-      const bool reverse = run == 1, with_h0 = run == 2;
-      INFO("dtype " << dtype << ", reverse " << reverse << ", h0 " << with_h0);
-      at::manual_seed(3);
-      auto leaf = [&](std::vector<int64_t> s) { return (at::randn(s, dtype) * 0.5).requires_grad_(); };
-      const at::Tensor x = leaf({rows, d}), ih = leaf({4 * h, d}), hh = leaf({4 * h, h}), b = leaf({4 * h});
-      const at::Tensor h0 = leaf({static_cast<int64_t>(lengths.size()), h});
-      const at::Tensor gy = at::randn({rows, h}, dtype);
-      const at::Tensor ours = op::packed_lstm(x, ih, hh, b, sizes, reverse, with_h0 ? h0 : at::Tensor());
-      // Sequence k's element t is packed row offset[t] + k.
-      std::vector<at::Tensor> theirs(static_cast<size_t>(rows));
-      for (size_t k = 0; k < lengths.size(); ++k) {
-        std::vector<int64_t> at_rows;
-        for (int64_t t = 0, off = 0; t < lengths[k]; off += sizes[static_cast<size_t>(t)], ++t)
-          at_rows.push_back(off + static_cast<int64_t>(k));
-        const at::Tensor idx = at::tensor(at_rows, at::kLong);
-        at::Tensor seq = x.index_select(0, idx);
-        if (reverse) seq = seq.flip(0);
-        const at::Tensor zero = at::zeros({1, 1, h}, dtype);
-        const at::Tensor start = with_h0 ? h0[static_cast<int64_t>(k)].view({1, 1, h}) : zero;
-        at::Tensor out = std::get<0>(at::lstm(seq.unsqueeze(1), {start, zero}, {ih, hh, b, at::zeros({4 * h}, dtype)},
-                                              true, 1, 0.0, true, false, false)).squeeze(1);
-        if (reverse) out = out.flip(0);
-        for (size_t t = 0; t < at_rows.size(); ++t) theirs[static_cast<size_t>(at_rows[t])] = out[static_cast<int64_t>(t)];
-      }
-      const at::Tensor ref = at::stack(theirs);
-      REQUIRE(at::allclose(ours, ref, 1e-5, 1e-6));
-      std::vector<at::Tensor> wrt{x, ih, hh, b};
-      if (with_h0) wrt.push_back(h0);
-      const auto d_ours = torch::autograd::grad({ours}, wrt, {gy});
-      const auto d_theirs = torch::autograd::grad({ref}, wrt, {gy});
-      for (size_t i = 0; i < wrt.size(); ++i) {
-        INFO("gradient " << i);
-        CHECK(at::allclose(d_ours[i], d_theirs[i], 1e-4, 1e-5));
-      }
-    }
-  }
+  const int64_t d = 6, rows = 12;
+  for (const auto dtype : {at::kFloat, at::kDouble})
+    for (const op::LstmCell cell : {op::LstmCell::kAten, op::LstmCell::kFused})
+      for (const int64_t h : {5, 37})
+        for (const int run : {0, 1, 2}) {
+          const bool reverse = run == 1, with_h0 = run == 2;
+          INFO("dtype " << dtype << ", fused cell " << (cell == op::LstmCell::kFused) << ", hidden " << h
+                        << ", reverse " << reverse << ", h0 " << with_h0);
+          at::manual_seed(3);
+          auto leaf = [&](std::vector<int64_t> s) { return (at::randn(s, dtype) * 0.5).requires_grad_(); };
+          const at::Tensor x = leaf({rows, d}), ih = leaf({4 * h, d}), hh = leaf({4 * h, h}), b = leaf({4 * h});
+          const at::Tensor h0 = leaf({static_cast<int64_t>(lengths.size()), h});
+          const at::Tensor gy = at::randn({rows, h}, dtype);
+          const at::Tensor ours = op::packed_lstm(x, ih, hh, b, sizes, reverse, with_h0 ? h0 : at::Tensor(), cell);
+          // Sequence k's element t is packed row offset[t] + k.
+          std::vector<at::Tensor> theirs(static_cast<size_t>(rows));
+          for (size_t k = 0; k < lengths.size(); ++k) {
+            std::vector<int64_t> at_rows;
+            for (int64_t t = 0, off = 0; t < lengths[k]; off += sizes[static_cast<size_t>(t)], ++t)
+              at_rows.push_back(off + static_cast<int64_t>(k));
+            const at::Tensor idx = at::tensor(at_rows, at::kLong);
+            at::Tensor seq = x.index_select(0, idx);
+            if (reverse) seq = seq.flip(0);
+            const at::Tensor zero = at::zeros({1, 1, h}, dtype);
+            const at::Tensor start = with_h0 ? h0[static_cast<int64_t>(k)].view({1, 1, h}) : zero;
+            at::Tensor out = std::get<0>(at::lstm(seq.unsqueeze(1), {start, zero},
+                                                  {ih, hh, b, at::zeros({4 * h}, dtype)}, true, 1, 0.0, true, false,
+                                                  false))
+                                 .squeeze(1);
+            if (reverse) out = out.flip(0);
+            for (size_t t = 0; t < at_rows.size(); ++t)
+              theirs[static_cast<size_t>(at_rows[t])] = out[static_cast<int64_t>(t)];
+          }
+          const at::Tensor ref = at::stack(theirs);
+          REQUIRE(at::allclose(ours, ref, 1e-5, 1e-6));
+          std::vector<at::Tensor> wrt{x, ih, hh, b};
+          if (with_h0) wrt.push_back(h0);
+          const auto d_ours = torch::autograd::grad({ours}, wrt, {gy});
+          const auto d_theirs = torch::autograd::grad({ref}, wrt, {gy});
+          for (size_t i = 0; i < wrt.size(); ++i) {
+            INFO("gradient " << i);
+            CHECK(at::allclose(d_ours[i], d_theirs[i], 1e-4, 1e-5));
+          }
+          // Without a gradient wanted: the same values (nothing kept for a backward).
+          const c10::NoGradGuard no_grad;
+          CHECK(at::allclose(op::packed_lstm(x, ih, hh, b, sizes, reverse, with_h0 ? h0 : at::Tensor(), cell), ours,
+                             0, 0));
+        }
 }
 
 // map_rows against index_select (and cat with a zero row): a permutation, a

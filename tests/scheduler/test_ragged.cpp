@@ -416,7 +416,8 @@ TEST_CASE("ragged: an LSTM over sequences of different lengths is one launch a d
                                .squeeze(1);
     return reverse ? out.flip(0) : out;
   };
-  // With a gradient wanted, packed_lstm runs; without, at::lstm.
+  // packed_lstm with its fused cell (float on the CPU), with a gradient wanted
+  // and without (then nothing is kept for a backward).
   for (const bool grad : {true, false})
   for (const Strategy* strategy : all_strategies()) {
     DYNAMIC_SECTION(strategy->name() << (grad ? "" : ", no gradient")) {
