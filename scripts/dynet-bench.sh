@@ -8,6 +8,7 @@
 # h=128 and 256 and the shift-reduce parser. Writes JSON lines to OUT (default
 # docs/dynet/results.jsonl) only when every run succeeded; DyNet's messages go
 # to OUT.log. Needs PyPI the first time (DYNET_VENV: another environment).
+# ROUNDS (default 3): interleaved rounds; SST_DIR "none": the taggers only.
 #   scripts/dynet-bench.sh [SST_DIR] [OUT]     (SST_DIR default ../shared/data/sst)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,13 +32,13 @@ dynet() { "$venv/bin/python" "bench/dynet/$1" "${@:2}" --json 2>> "$log"; }
 set +e
 (
   set -e
-  for round in 1 2 3; do
+  for round in $(seq "${ROUNDS:-3}"); do
     for w in tagger tagger-char; do
       chars=""
       [ "$w" = tagger-char ] && chars=--chars
       dynet bilstm_tagger.py --data "$data" $chars --sentences 512 --batch 64 --repeat 5
       "$bench" --workload "$w" --data "$data" --hidden 128 --batch 64 --trees 512 --threads 1 --repeat 5 --json \
-        --systems sheaf:auto,hand
+        --systems sheaf:auto,sheaf:auto/seq,hand
     done
     if [ -f "$sst/train.txt" ]; then
       for h in 128 256; do
@@ -71,5 +72,6 @@ for (w, mode, hidden), systems in sorted(by.items()):
     dynet = med.get("dynet:autobatch")
     line = ", ".join(f"{k} {v:.0f}" + (f" ({v / dynet:.2f}x DyNet)" if dynet and k != "dynet:autobatch" else "")
                      for k, v in med.items())
-    print(f"{w} {mode} h={hidden} (items/s, median of 3 rounds): {line}")
+    rounds = max(len(v) for v in systems.values())
+    print(f"{w} {mode} h={hidden} (items/s, median of {rounds} rounds): {line}")
 PY
