@@ -183,6 +183,8 @@ at::Tensor packed_lstm(const at::Tensor& x, const at::Tensor& ih, const at::Tens
   const at::Tensor start = h0.defined() ? h0 : at::empty({0}, x.options());
   const bool fused = cell == LstmCell::kFused && x.is_cpu() && x.scalar_type() == at::kFloat &&
                      ih.scalar_type() == at::kFloat && hh.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat;
+  // Whether autograd will make a node (Function::apply's own test over the
+  // tensor arguments): without one, the forward keeps nothing for a backward.
   const bool grad = c10::GradMode::is_enabled() && (x.requires_grad() || ih.requires_grad() || hh.requires_grad() ||
                                                     b.requires_grad() || start.requires_grad());
   return PackedLstm::apply(x, ih, hh, b, start, std::vector<int64_t>(sizes.begin(), sizes.end()), reverse, fused,

@@ -22,15 +22,15 @@ out=docs/results-$device.jsonl
   "$bench" --workload gated_rvnn --hidden 128 --batch 64 --trees 512 "${args[@]}" \
     --systems per-example,sheaf,sheaf:auto/inline,hand
   # DyNet's tagger workloads, on synthetic sentences with DyNet's sizes (SST has
-  # no tags). hand is the faster kernel per mode (training: one custom autograd
-  # node per LSTM direction; inference: LibTorch's at::lstm on the packed batch);
-  # hand:fused, hand:lstm, hand:loop name one (bench/baselines/tagger_hand.h).
+  # no tags). hand: one custom autograd node per LSTM direction (packed_lstm, its
+  # cell in ATen ops); hand:lstm runs LibTorch's at::lstm on the packed batch
+  # (bench/baselines/tagger_hand.h).
   # /seq: the same tagger with each LSTM as one dsl::lstm over the sentence's rows
-  # (its cell one fused loop a step). hand:sheaf-cell: hand:fused with that same
+  # (its cell one fused loop a step). hand:sheaf-cell: hand with that same
   # fused cell, not LibTorch code: a reference for how much of /seq's lead is the kernel.
   for w in tagger tagger-char; do
     "$bench" --workload "$w" --hidden 128 --batch 64 --trees 512 --device "$device" --threads 1 --repeat 5 --json \
-      --systems per-example,sheaf:auto,sheaf:auto/inline,sheaf:auto/seq,sheaf:auto+prefetch,hand,hand:fused,hand:lstm,hand:sheaf-cell
+      --systems per-example,sheaf:auto,sheaf:auto/inline,sheaf:auto/seq,sheaf:auto+prefetch,hand,hand:lstm,hand:sheaf-cell
   done
   # Seq2seq with attention on generated digit strings of 3-20 (infer: greedy decoding;
   # hand decodes with broadcast multiply + sum, hand:bmm with bmm). /seq: the encoder as

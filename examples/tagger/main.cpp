@@ -174,7 +174,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--chars", c.chars, "spell rare words with a character BiLSTM (DyNet's bilstm-tagger-withchar)");
   // The sequence form is the default: on the CPU its LSTMs run a fused cell
-  // (ops/lstm_cell.h), 1.2-1.3x hand-batched code where step by step is 0.94-0.99x.
+  // (ops/lstm_cell.h), faster than hand-batched code where step by step is not
+  // (docs/benchmarks.md).
   app.add_flag("--step-by-step,!--sequence-op", c.step_by_step,
                "each LSTM as a cell a token (autobatched step by step) instead of one dsl::lstm over the sentence");
   app.add_option("--rare-count", c.rare_count, "a word seen at most this often in train is rare")
