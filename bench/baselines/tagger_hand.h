@@ -1,10 +1,10 @@
 // The tagger of examples/tagger/model.h, hand-batched with LibTorch: the batch's
-// sentences sorted by length and packed (time-major, no padding), both word
-// LSTMs in ONE at::lstm call on the packed sequence (LibTorch's fused cell, its
-// own backward), the MLP and the loss over every token in one launch each. In
-// the char tagger, every rare token of the batch is spelled by one packed
-// at::lstm call over all their characters, and its rows are placed among the
-// word embeddings with one index_select.
+// sentences sorted by length and packed (time-major, no padding), each word
+// LSTM direction one call on the packed batch (Kernel below), the MLP and the
+// loss over every token in one launch each. In the char tagger, every rare
+// token of the batch is spelled by one packed char BiLSTM over all their
+// characters, and its rows are placed among the word embeddings with one
+// index_select.
 #pragma once
 
 #include <ATen/core/Tensor.h>
