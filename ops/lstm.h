@@ -72,8 +72,8 @@ struct Lstm {
     // ATen form when a gradient is wanted (one autograd node, weight gradients
     // one GEMM each), else at::lstm. Off the CPU: at::lstm (cuDNN). at::lstm
     // runs each sequence forward: reversed, its rows are taken last first.
-    const bool fused = rows.is_cpu() && rows.scalar_type() == at::kFloat;
-    const bool libtorch = !rows.is_cpu() || (!fused && !c10::GradMode::is_enabled());
+    const bool cpu_float = rows.is_cpu() && rows.scalar_type() == at::kFloat;
+    const bool libtorch = !rows.is_cpu() || (!cpu_float && !c10::GradMode::is_enabled());
     const bool flip = reverse && libtorch;
     // Time-major, longest first: step t holds row t of every value longer than t.
     std::vector<size_t> order(lengths.size());
@@ -123,8 +123,8 @@ struct Lstm {
                                     {ih, hh, b, at::zeros_like(b)}, /*has_biases=*/true, /*num_layers=*/1,
                                     /*dropout=*/0.0, /*train=*/false, /*bidirectional=*/false));
     } else {
-      packed = packed_lstm(data, c.in(1), c.in(2), c.in(3), sizes, reverse, h0,
-                           fused ? LstmCell::kFused : LstmCell::kAten);
+      // packed_lstm itself runs the ATen cell where the fused one cannot run.
+      packed = packed_lstm(data, c.in(1), c.in(2), c.in(3), sizes, reverse, h0, LstmCell::kFused);
     }
     const at::Tensor out = map_rows(packed, to_values);
     return by_shape ? out.view({static_cast<int64_t>(lengths.size()), longest, -1}) : out;
