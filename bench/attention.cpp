@@ -152,7 +152,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
         systems.push_back(std::move(s));
       }
     } else {
-      throw UserError("unknown system '" + name + "' for attention (per-example, hand, hand:bmm, hand:mulsum, hand:at-lstm, sheaf[:<strategy>][+prefetch][/unfused][/inline][/seq])");
+      throw UserError("unknown system '" + name + "' for attention (per-example, hand, hand:bmm, hand:mulsum, hand:at-lstm, sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline][/seq])");
     }
   }
   const double items = static_cast<double>(batches.size() * static_cast<size_t>(o.batch));

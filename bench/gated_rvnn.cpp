@@ -73,7 +73,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
                                            [&](Graph& g) { return model.sheaf_batch_root_logits(g, w.batches[0]); }),
                      reference);
     } else {
-      throw UserError("unknown system '" + name + "' for gated_rvnn (per-example, hand, sheaf[:<strategy>][/unfused][/inline])");
+      throw UserError("unknown system '" + name + "' for gated_rvnn (per-example, hand, sheaf[:<strategy>][/unfused][/eager][/inline])");
     }
   }
   const double items = static_cast<double>(w.batches.size() * static_cast<size_t>(o.batch));

@@ -46,6 +46,7 @@ std::optional<SheafSystem> parse_sheaf_system(const std::string& name) {
     return true;
   };
   s.inline_functions = take_suffix("/inline");
+  s.defer = !take_suffix("/eager");
   s.fuse = !take_suffix("/unfused");
   s.prefetch = take_suffix("+prefetch");
   if (rest == "sheaf") s.strategies.assign(all_strategies().begin(), all_strategies().end());
@@ -54,12 +55,16 @@ std::optional<SheafSystem> parse_sheaf_system(const std::string& name) {
 }
 
 std::string SheafSystem::label(const Strategy& s) const {
-  return std::string(s.name()) + (prefetch ? "+prefetch" : "") + (fuse ? "" : "/unfused") +
+  return std::string(s.name()) + (prefetch ? "+prefetch" : "") + (fuse ? "" : "/unfused") + (defer ? "" : "/eager") +
          (inline_functions ? "/inline" : "");
 }
 
 GraphOptions SheafSystem::graph(const std::string& device, bool profile) const {
-  return GraphOptions{.device = c10::Device(device), .profile = profile, .fuse = fuse, .inline_functions = inline_functions};
+  return GraphOptions{.device = c10::Device(device),
+                      .profile = profile,
+                      .fuse = fuse,
+                      .defer_unawaited = defer,
+                      .inline_functions = inline_functions};
 }
 
 void System::Counters::add(const Stats& s) {

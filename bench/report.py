@@ -446,7 +446,8 @@ def write_markdown(path, tables, args, plot_written):
         "current one runs (sheaf::Prefetcher); it is ranked apart in *best +prefetch / hand*. "
         "A strategy ending in */seq* runs the same model written with Sheaf's sequence ops "
         "(dsl::lstm over a sentence's rows, dsl::attention) instead of cell by cell; */inline* records "
-        "its sheaf::Functions op by op. "
+        "its sheaf::Functions op by op; */eager* runs every node as soon as it can, also while control "
+        "flow waits (GraphOptions::defer_unawaited off). "
         "*trace+sched % of wall* compares trace+schedule time per batch with the wall time per batch "
         "(1000 × batch / trees/s ms). *max |diff|* is the largest difference from the per-example "
         "outputs over all systems of the row.",

@@ -155,7 +155,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
       }
       systems.push_back(std::move(s));
     } else {
-      throw UserError("unknown system '" + name + "' for shift_reduce (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/inline])");
+      throw UserError("unknown system '" + name + "' for shift_reduce (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline])");
     }
   }
 

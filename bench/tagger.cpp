@@ -133,7 +133,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const T
       }
     } else {
       throw UserError("unknown system '" + name + "' for " + o.workload +
-                      " (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/inline][/seq])");
+                      " (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline][/seq])");
     }
   }
   const double items = static_cast<double>(c.batches.size() * static_cast<size_t>(o.batch));

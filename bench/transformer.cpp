@@ -89,7 +89,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t d, const Taggin
                      reference);
       }
     } else {
-      throw UserError("unknown system '" + name + "' for transformer (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/inline][/matmul])");
+      throw UserError("unknown system '" + name + "' for transformer (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline][/matmul])");
     }
   }
   const double items = static_cast<double>(c.batches.size() * static_cast<size_t>(o.batch));

@@ -111,7 +111,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
         systems[added[q]].max_abs_diff = diff(
             sheaf_outputs(model, w.batches[0], spec->graph(o.device), *spec->strategies[q]), reference);
     } else {
-      throw UserError("unknown system '" + name + "' (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/inline])");
+      throw UserError("unknown system '" + name + "' (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline])");
     }
   }
 

@@ -81,7 +81,10 @@ Run run_examples(const std::vector<int>& examples, const Recorder& record, const
   GraphOptions go = o.graph;
   go.fuse = fuse;
   go.inline_functions = inline_functions;
-  if (reference) go.batch_weight_grads = false;  // plain autograd, batch by batch
+  if (reference) {
+    go.batch_weight_grads = false;  // plain autograd, batch by batch
+    go.defer_unawaited = false;     // every node as soon as it can run
+  }
   run.graph = std::make_unique<Graph>(go);
   Graph& g = *run.graph;
   std::vector<std::function<Expr()>> outputs;

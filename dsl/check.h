@@ -1,6 +1,7 @@
 // The core guarantee, as a tool: running examples batched (every strategy,
 // fused and unfused) gives the same values and the same parameter gradients as
-// running each example alone, op by op.
+// running each example alone, op by op (each node as soon as it can run:
+// GraphOptions::defer_unawaited off).
 //
 //   auto report = sheaf::check_batched(n, [&](sheaf::Graph& g, int i) {
 //     return model(g, data[i]);           // the per-example program

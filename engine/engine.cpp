@@ -125,15 +125,24 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
   stop_trace_clock();
   if (debug_enabled()) std::cerr << "[sheaf] graph before forward:\n" << trace_.dump();
 
+  bool defer = options_.defer_unawaited;
+  defer_from_ = static_cast<NodeId>(trace_.size());
   for (int round = 0;; ++round) {
     if (round >= options.max_rounds) throw_runaway(options.max_rounds, loc);
     if (prepared_) {
       prepared_ = false;
       execute_round();
-    } else if (schedule_round(strategy, validate)) {
+    } else if (schedule_round(strategy, validate, defer)) {
       execute_round();
     }
-    if (!deliver_waiters()) break;
+    if (deliver_waiters()) {
+      defer = options_.defer_unawaited;
+      continue;
+    }
+    // Nothing awaited could be served: what waited runs too (then control
+    // flow may go on, or the forward ends with everything computed).
+    if (!defer || !trace_.ready().any_deferred()) break;
+    defer = false;
   }
   if (!failures_.empty()) throw_failures(loc);
   check_targets(targets, loc);
@@ -144,14 +153,22 @@ void Engine::prepare(std::span<const Expr> targets, const ForwardOptions& option
   for (const Expr& t : targets) node_of(t, "prepare", loc);
   if (prepared_) return;  // nothing recorded since can join that round
   stop_trace_clock();
-  prepared_ = schedule_round(strategy_for(options), options.validate || debug_enabled());
+  prepared_ = schedule_round(strategy_for(options), options.validate || debug_enabled(), /*defer=*/false);
 }
 
 // Plans the pending nodes that can run. Returns false when there is nothing to
 // launch (the round only resolved placeholders).
-bool Engine::schedule_round(const Strategy& strategy, bool validate) {
+bool Engine::schedule_round(const Strategy& strategy, bool validate, bool defer) {
   const auto t0 = Clock::now();
-  const bool launch = scheduler_.schedule(trace_, strategy, validate, options_.fuse, *options_.cost);
+  // While control flow waits, a round runs what the awaited values need; the
+  // rest (a step's loss) batches with its kind in a later round.
+  awaited_.clear();
+  if (defer)
+    for (const Waiter& w : waiters_)
+      if (w.callback) awaited_.push_back(w.node);
+  const Awaited awaited{awaited_, defer_from_};
+  const bool launch = scheduler_.schedule(trace_, strategy, validate, options_.fuse, *options_.cost,
+                                          awaited_.empty() ? nullptr : &awaited);
   if (!launch) finish_aliases();
   stats_.schedule_ms += ms_since(t0);
   const Scheduler::Times& parts = scheduler_.times();
@@ -163,6 +180,7 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate) {
   if (launch) stats_.strategy_used = scheduler_.chosen();
   if (!scheduler_.compared().empty()) stats_.compared.assign(scheduler_.compared().begin(), scheduler_.compared().end());
   stats_.deferred_inferences = trace_.deferred_inferences();
+  stats_.deferred = trace_.ready().deferred_count();
   if (!launch) return false;
   stats_.split_shared += scheduler_.split_shared();
   if (debug_enabled()) {

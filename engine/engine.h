@@ -123,7 +123,7 @@ class Engine {
   };
 
   const Strategy& strategy_for(const ForwardOptions& options) const;
-  bool schedule_round(const Strategy& strategy, bool validate);
+  bool schedule_round(const Strategy& strategy, bool validate, bool defer);
   void execute_round();
   void finish_aliases();
   bool deliver_waiters();
@@ -151,6 +151,8 @@ class Engine {
   std::vector<Waiter> waiters_;           // slots; callback empty = free
   std::vector<uint32_t> free_waiters_;
   size_t live_waiters_ = 0;
+  std::vector<NodeId> awaited_;  // scratch: the live waiters' nodes
+  NodeId defer_from_ = 0;        // the first node control flow recorded in this forward()
   uint64_t next_order_ = 0;
   std::vector<Failure> failures_;
   std::vector<at::Tensor> fetched_;  // what the current delivery's HostValues point into

@@ -56,6 +56,11 @@ struct GraphOptions {
   // Compute each shared weight's gradient once per round, as one product over
   // the rows of every batch that used it (ops/weight_grad.h), not batch by batch.
   bool batch_weight_grads = true;
+  // While control flow waits for values (dsl::cond, loops, co_await), run
+  // only what those values need; the rest (a parser step's loss, a decoder
+  // step's log-probabilities nobody branches on) waits for a later round and
+  // batches there with its kind from the other steps: fewer, larger launches.
+  bool defer_unawaited = true;
   // Record a sheaf::Function's body at every call, as if it were written inline
   // (one node per op): the checker's reference for function calls.
   bool inline_functions = false;

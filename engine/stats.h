@@ -23,6 +23,9 @@ struct Stats : ExecCounters {
   // the nodes recorded, not with nodes x rounds.
   uint64_t round_visits = 0;
   uint64_t deferred_inferences = 0;
+  // Times a node that could run waited for a later round because nothing
+  // awaited needed it yet (GraphOptions::defer_unawaited).
+  uint64_t deferred = 0;
   // The schedule of the last round: the strategy's name, or the one `auto` picked.
   std::string_view strategy_used;
   // A strategy that compares schedules (auto), in the last round that compared

@@ -19,6 +19,27 @@ uint32_t next_round(const NodeStore& s, RoundDag& dag) {
   return dag.round;
 }
 
+// Marks what the awaited nodes need: themselves and, through arguments and
+// resolved placeholders, every node they depend on that is not computed yet.
+// A node is marked once (needed stays needed), so rounds walk only what is new.
+// Deferred nodes found needed go to `work`.
+void need_from(const NodeStore& s, ReadyQueue& q, std::span<const NodeId> awaited, std::vector<NodeId>& stack,
+               std::vector<NodeId>& work) {
+  stack.assign(awaited.begin(), awaited.end());
+  while (!stack.empty()) {
+    const NodeId n = stack.back();
+    stack.pop_back();
+    if (s.has(n, NodeStore::kComputed) || !q.need(n, work)) continue;
+    if (s.has(n, NodeStore::kPlaceholder)) {
+      // Unresolved: its branch is not recorded yet; mark_runnable walks on from
+      // the node it resolves to.
+      if (s.alias[n] != kNoNode) stack.push_back(s.alias[n]);
+      continue;
+    }
+    for (NodeId a : s.args_of(n)) stack.push_back(a);
+  }
+}
+
 // What can run now, looking only at the queue's candidates (new nodes and nodes
 // woken since the last round), in index order: arguments come first, so one
 // pass decides them. A node that cannot run parks on the node that stops it; a
@@ -26,8 +47,11 @@ uint32_t next_round(const NodeStore& s, RoundDag& dag) {
 // so the order stays topological: dag.node gets it, with each node's in-round
 // arguments and depth). An unresolved placeholder, a node whose shape waits on
 // a cond, and a failed node are dropped: resolving, inferring the shape, and
-// nothing, respectively, bring them back.
-void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& aliases, RoundDag& dag, uint64_t& visits) {
+// nothing, respectively, bring them back. With `awaited`, a node that could
+// run but that no awaited node needs is deferred instead (if recorded from
+// awaited->defer_from on).
+void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& aliases, RoundDag& dag, uint64_t& visits,
+                   const Awaited* awaited) {
   const uint32_t round = next_round(s, dag);
   dag.node.clear();
   dag.sig.clear();
@@ -37,6 +61,11 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
   dag.max_depth = 0;
   auto& work = dag.undecided;
   work.clear();
+  if (awaited) {
+    need_from(s, q, awaited->nodes, dag.stack, q.candidates());
+  } else {
+    q.release_deferred();
+  }
   work.swap(q.candidates());
   if (!std::is_sorted(work.begin(), work.end())) std::sort(work.begin(), work.end());
   auto ready = [&](NodeId r) { return s.has(r, NodeStore::kComputed) || dag.stamp[r] == round; };
@@ -50,6 +79,11 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
       const NodeId r = s.resolve(n);
       if (!ready(r)) {
         q.park(n, r);
+        // Needed before it resolved: what it became is needed now.
+        if (awaited && q.needed(n)) {
+          const NodeId target[] = {r};
+          need_from(s, q, target, dag.stack, work);
+        }
         continue;
       }
       dag.stamp[n] = round;
@@ -87,6 +121,11 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
       dag.local_of[n] = dag.local_of[s.resolve(s.args_of(n)[0])];
       q.wake(n, work);
       continue;
+    }
+    if (awaited && n >= awaited->defer_from && !q.needed(n)) {
+      dag.args.resize(listed);
+      if (!q.deferred(n)) q.defer(n);
+      continue;  // nodes that read it park on it
     }
     dag.stamp[n] = round;
     dag.local_of[n] = static_cast<uint32_t>(dag.node.size());
@@ -128,8 +167,8 @@ void link_dag(RoundDag& dag) {
 }
 
 void build_round(const NodeStore& s, ReadyQueue& queue, std::vector<NodeId>& aliases, RoundDag& dag,
-                 uint64_t& visits) {
-  mark_runnable(s, queue, aliases, dag, visits);
+                 uint64_t& visits, const Awaited* awaited) {
+  mark_runnable(s, queue, aliases, dag, visits, awaited);
   dag.region.assign(dag.size(), kNone32);
   link_uses(dag);
 }

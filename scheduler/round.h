@@ -30,6 +30,7 @@ struct RoundDag {
   std::vector<uint32_t> local_of;
   std::vector<uint32_t> fill;
   std::vector<NodeId> undecided;  // the round's work list
+  std::vector<NodeId> stack;      // scratch: the walk from awaited nodes
   size_t size() const { return node.size(); }
   // Signatures are dense ids: a table indexed by signature needs this many entries.
   uint32_t num_sigs() const {
@@ -46,9 +47,18 @@ struct RoundDag {
 // park in the queue until what they wait for is ready; a round's work follows
 // what changed). Resolved placeholders whose value is ready go to `aliases`:
 // they need no launch. `visits` counts the nodes looked at. `dag` is
-// overwritten; its buffers are reused.
+// overwritten; its buffers are reused. With `awaited`, a node from
+// awaited->defer_from on that none of awaited->nodes needs is deferred in the
+// queue (tracer/ready.h); without, every deferred node is looked at again.
+struct Awaited {
+  std::span<const NodeId> nodes;  // what control flow waits for
+  // Nodes recorded before control flow started (below this) are never
+  // deferred: known up front, they batch best in the first round (a
+  // sentence's word vectors, an encoder).
+  NodeId defer_from = 0;
+};
 void build_round(const NodeStore& store, ReadyQueue& queue, std::vector<NodeId>& aliases, RoundDag& dag,
-                 uint64_t& visits);
+                 uint64_t& visits, const Awaited* awaited = nullptr);
 
 // A DAG built by hand (tests, tools): nodes 0..n-1 with the given signatures and
 // in-round arguments (each argument's id below its user's).

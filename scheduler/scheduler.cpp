@@ -20,11 +20,12 @@ void lap(Clock::time_point& t, double& into) {
 }
 }  // namespace
 
-bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, bool fuse, const CostModel& cost) {
+bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, bool fuse, const CostModel& cost,
+                         const Awaited* awaited) {
   auto t = Clock::now();
   aliases_.clear();
   compared_.clear();
-  build_round(trace.store(), trace.ready(), aliases_, dag_, times_.visits);
+  build_round(trace.store(), trace.ready(), aliases_, dag_, times_.visits, awaited);
   lap(t, times_.round_ms);
   if (dag_.size() == 0) return false;
   if (fuse) fuser_.fuse(trace.store(), dag_);

@@ -34,7 +34,10 @@ class Scheduler {
   // `strategy` (checking the strategy's batches if `validate`; a strategy with
   // candidates: the cheapest by `cost`). Returns false when the round has
   // nothing to launch (it only resolved placeholders: see aliases()).
-  bool schedule(Trace& trace, const Strategy& strategy, bool validate, bool fuse, const CostModel& cost);
+  // With `awaited` (the nodes control flow waits for), the round runs only
+  // what they need and defers the rest (scheduler/round.h).
+  bool schedule(Trace& trace, const Strategy& strategy, bool validate, bool fuse, const CostModel& cost,
+                const Awaited* awaited = nullptr);
 
   const Plan& plan() const { return plan_; }
   const Times& times() const { return times_; }

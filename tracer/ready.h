@@ -4,8 +4,14 @@
 // again. So building a round costs what changed since the last one, not
 // everything still waiting (a chain of conds no longer rescans the graph per
 // round).
+//
+// While control flow waits for values, a round may run only what those values
+// need (Scheduler::schedule's `awaited`): a node nothing awaited needs (a
+// step's loss) is deferred, and joins a later round, batched with its kind
+// from the other steps, once something needs it or nothing is awaited any more.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -31,11 +37,49 @@ class ReadyQueue {
     for (uint32_t e = head_[on]; e != kNone32; e = next_[e]) into.push_back(node_[e]);
     head_[on] = kNone32;
   }
+
+  // ---- Deferral. A node is "needed" once an awaited node depends on it (for
+  // good: what it feeds is awaited), and "deferred" while it could run but waits.
+  bool needed(NodeId n) const { return n < mark_.size() && (mark_[n] & kNeeded) != 0; }
+  bool deferred(NodeId n) const { return n < mark_.size() && (mark_[n] & kDeferred) != 0; }
+  bool any_deferred() const { return !deferred_.empty(); }
+  // Deferrals since clear() (Stats::deferred; a node parked again after a
+  // round that ran everything may be deferred again).
+  uint64_t deferred_count() const { return deferred_count_; }
+  void defer(NodeId n) {
+    grow(n);
+    mark_[n] |= kDeferred;
+    deferred_.push_back(n);
+    ++deferred_count_;
+  }
+  // Marks n needed; a deferred n goes back to be looked at (into `work`: the
+  // candidates, or a round's work list). Returns whether n was newly needed
+  // (its arguments then need looking at).
+  bool need(NodeId n, std::vector<NodeId>& work) {
+    grow(n);
+    if (mark_[n] & kNeeded) return false;
+    if (mark_[n] & kDeferred) work.push_back(n);
+    mark_[n] = kNeeded;
+    return true;
+  }
+  // Every deferred node goes back to the candidates.
+  void release_deferred() {
+    for (NodeId n : deferred_)
+      if (mark_[n] & kDeferred) {
+        mark_[n] &= static_cast<uint8_t>(~kDeferred);
+        candidates_.push_back(n);
+      }
+    deferred_.clear();
+  }
+
   void clear() {
     candidates_.clear();
     head_.clear();
     node_.clear();
     next_.clear();
+    mark_.clear();
+    deferred_.clear();
+    deferred_count_ = 0;
   }
 
  private:
@@ -43,6 +87,13 @@ class ReadyQueue {
   std::vector<uint32_t> head_;  // per node waited on: its list of waiters (entries linked through next_)
   std::vector<NodeId> node_;
   std::vector<uint32_t> next_;
+  static constexpr uint8_t kNeeded = 1, kDeferred = 2;
+  std::vector<uint8_t> mark_;       // per node: kNeeded, kDeferred
+  std::vector<NodeId> deferred_;    // deferred nodes (entries released by need() go stale)
+  uint64_t deferred_count_ = 0;
+  void grow(NodeId n) {
+    if (mark_.size() <= n) mark_.resize(std::max<size_t>(n + 1, mark_.size() * 2), 0);
+  }
 };
 
 }  // namespace sheaf
