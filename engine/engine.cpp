@@ -162,8 +162,10 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate, bool defer)
   const auto t0 = Clock::now();
   // While control flow waits, a round runs what the awaited values need; the
   // rest (a step's loss) batches with its kind in a later round.
+  // Only nodes control flow recorded can be deferred: until there are some,
+  // no walk (a training step that awaits once before its first round).
   awaited_.clear();
-  if (defer)
+  if (defer && trace_.size() > defer_from_)
     for (const Waiter& w : waiters_)
       if (w.callback) awaited_.push_back(w.node);
   const Awaited awaited{awaited_, defer_from_};
