@@ -246,9 +246,17 @@ void Engine::finish_aliases() {
 at::Tensor Engine::value(NodeId n, Loc loc) {
   NodeStore& s = trace_.store();
   const NodeId r = s.resolve(n);
-  if (!s.has(r, NodeStore::kComputed))
+  if (!s.has(r, NodeStore::kComputed)) {
+    // Inside control flow only what is awaited has run (the rest may be deferred).
+    if (t_delivering == this)
+      throw_user_at(loc, "value() of a node that has not been computed (op '", op_info(s.op[n]).name,
+                    "' recorded at ", format_loc(s.loc[n]),
+                    "): inside a branch, loop body or coroutine only awaited values have run; await it "
+                    "(co_await sheaf::fetch_values(e)), or set GraphOptions::defer_unawaited = false to run "
+                    "every recorded node as soon as it can");
     throw_user_at(loc, "value() of a node that has not been computed (op '", op_info(s.op[n]).name, "' recorded at ",
                   format_loc(s.loc[n]), "); call forward() after recording it");
+  }
   const at::Tensor& t = lazy_.get(s, s.value_batch[r]);
   const uint32_t row = s.value_row[r];
   if (s.has(r, NodeStore::kPacked)) return t.narrow(0, row, s.shape_of(r)[0]);  // its rows of a packed batch

@@ -60,6 +60,8 @@ struct GraphOptions {
   // only what those values need; the rest (a parser step's loss, a decoder
   // step's log-probabilities nobody branches on) waits for a later round and
   // batches there with its kind from the other steps: fewer, larger launches.
+  // Inside a callback, value() of a node nothing awaited is then an error
+  // (await it instead); after forward() every node has run.
   bool defer_unawaited = true;
   // Record a sheaf::Function's body at every call, as if it were written inline
   // (one node per op): the checker's reference for function calls.

@@ -42,7 +42,7 @@ class ReadyQueue {
   // good: what it feeds is awaited), and "deferred" while it could run but waits.
   bool needed(NodeId n) const { return n < mark_.size() && (mark_[n] & kNeeded) != 0; }
   bool deferred(NodeId n) const { return n < mark_.size() && (mark_[n] & kDeferred) != 0; }
-  bool any_deferred() const { return !deferred_.empty(); }
+  bool any_deferred() const { return live_deferred_ > 0; }
   // Deferrals since clear() (Stats::deferred; a node parked again after a
   // round that ran everything may be deferred again).
   uint64_t deferred_count() const { return deferred_count_; }
@@ -51,6 +51,7 @@ class ReadyQueue {
     mark_[n] |= kDeferred;
     deferred_.push_back(n);
     ++deferred_count_;
+    ++live_deferred_;
   }
   // Marks n needed; a deferred n goes back to be looked at (into `work`: the
   // candidates, or a round's work list). Returns whether n was newly needed
@@ -58,7 +59,10 @@ class ReadyQueue {
   bool need(NodeId n, std::vector<NodeId>& work) {
     grow(n);
     if (mark_[n] & kNeeded) return false;
-    if (mark_[n] & kDeferred) work.push_back(n);
+    if (mark_[n] & kDeferred) {
+      work.push_back(n);
+      --live_deferred_;
+    }
     mark_[n] = kNeeded;
     return true;
   }
@@ -70,6 +74,7 @@ class ReadyQueue {
         candidates_.push_back(n);
       }
     deferred_.clear();
+    live_deferred_ = 0;
   }
 
   void clear() {
@@ -80,6 +85,7 @@ class ReadyQueue {
     mark_.clear();
     deferred_.clear();
     deferred_count_ = 0;
+    live_deferred_ = 0;
   }
 
  private:
@@ -91,6 +97,7 @@ class ReadyQueue {
   std::vector<uint8_t> mark_;       // per node: kNeeded, kDeferred
   std::vector<NodeId> deferred_;    // deferred nodes (entries released by need() go stale)
   uint64_t deferred_count_ = 0;
+  size_t live_deferred_ = 0;        // entries of deferred_ still deferred
   void grow(NodeId n) {
     if (mark_.size() <= n) mark_.resize(std::max<size_t>(n + 1, mark_.size() * 2), 0);
   }

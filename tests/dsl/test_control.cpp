@@ -333,3 +333,21 @@ TEST_CASE("deferral: a cond's branch, recorded while control flow waits, runs wh
     else CHECK(g.stats().rounds == eager_rounds);
   }
 }
+
+TEST_CASE("deferral: value() of an unawaited node inside a coroutine says to await it", "[dsl][control][task][errors]") {
+  P p;
+  Graph g;
+  auto body = [&](Graph& g) -> Task<Expr> {
+    Expr h = g.input(data({6}, 1));
+    const double v0 = co_await fetch_item(dsl::sum(h));
+    Expr side = dsl::sum(h * h);  // recorded by control flow, never awaited: deferred
+    Expr h2 = dsl::tanh(dsl::affine(p.W, h, p.b));
+    const double v1 = co_await fetch_item(dsl::sum(h2));
+    (void)v0;
+    (void)v1;
+    (void)side.item();  // not run yet
+    co_return h2;
+  };
+  Task<Expr> t = body(g);
+  REQUIRE_THROWS_WITH(g.forward(), Contains("only awaited values have run") && Contains("defer_unawaited"));
+}
