@@ -300,8 +300,11 @@ TEST_CASE("deferral: batched equals alone, values and gradients", "[dsl][control
 
 TEST_CASE("deferral: a cond's branch, recorded while control flow waits, runs when what awaits it can",
           "[dsl][control][launches]") {
-  // The branch is needed through the cond's result (a placeholder) by what
-  // the coroutine awaits; a value nothing awaits (side) is only summed later.
+  // The branch, recorded by the cond's callback, feeds what the coroutine
+  // awaits through the cond's result (a placeholder). That await registers
+  // only once the placeholder's shape is known, so the branch's round runs
+  // with no waiter live: this checks values and rounds, not the walk through
+  // a resolved placeholder in mark_runnable (no test reaches that path).
   P p;
   uint64_t eager_rounds = 0;
   for (const bool defer : {false, true}) {
