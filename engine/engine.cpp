@@ -248,14 +248,13 @@ at::Tensor Engine::value(NodeId n, Loc loc) {
   const NodeId r = s.resolve(n);
   if (!s.has(r, NodeStore::kComputed)) {
     // Inside control flow only what is awaited has run (the rest may be deferred).
-    if (t_delivering == this)
-      throw_user_at(loc, "value() of a node that has not been computed (op '", op_info(s.op[n]).name,
-                    "' recorded at ", format_loc(s.loc[n]),
-                    "): inside a branch, loop body or coroutine only awaited values have run; await it "
-                    "(co_await sheaf::fetch_values(e)), or set GraphOptions::defer_unawaited = false to run "
-                    "every recorded node as soon as it can");
+    const char* hint = t_delivering == this
+                           ? ": inside a branch, loop body or coroutine only awaited values have run; await it "
+                             "(co_await sheaf::fetch_values(e)), or set GraphOptions::defer_unawaited = false to "
+                             "run every recorded node as soon as it can"
+                           : "; call forward() after recording it";
     throw_user_at(loc, "value() of a node that has not been computed (op '", op_info(s.op[n]).name, "' recorded at ",
-                  format_loc(s.loc[n]), "); call forward() after recording it");
+                  format_loc(s.loc[n]), ")", hint);
   }
   const at::Tensor& t = lazy_.get(s, s.value_batch[r]);
   const uint32_t row = s.value_row[r];
