@@ -62,13 +62,12 @@ inline float exp_clamped(float x) {
 }
 
 inline float exp(float x) {
-  constexpr float kMax = detail::kExpMax;
-  const float xc = x > kMax ? kMax : (x < detail::kExpLo ? detail::kExpLo : x);
+  const float xc = x > detail::kExpMax ? detail::kExpMax : (x < detail::kExpLo ? detail::kExpLo : x);
   float n;
   const float m = detail::exp_reduced(xc, n);
   // From 88.38 on n is 128 and 2^128 is no float: scale by 2^127, then 2.
   const float y = m * pow2i(n > 127.0f ? 127.0f : n) * (n > 127.0f ? 2.0f : 1.0f);
-  const float big = select(x > kMax, std::numeric_limits<float>::infinity(), y);
+  const float big = select(x > detail::kExpMax, std::numeric_limits<float>::infinity(), y);
   const float out = select(x < -103.972076416015625f, 0.0f, big);
   return select(x != x, x, out);
 }
