@@ -45,6 +45,7 @@ std::optional<SheafSystem> parse_sheaf_system(const std::string& name) {
     rest.resize(rest.size() - suffix.size());
     return true;
   };
+  s.pack_weights = !take_suffix("/unpacked");
   s.inline_functions = take_suffix("/inline");
   s.defer = !take_suffix("/eager");
   s.fuse = !take_suffix("/unfused");
@@ -56,13 +57,14 @@ std::optional<SheafSystem> parse_sheaf_system(const std::string& name) {
 
 std::string SheafSystem::label(const Strategy& s) const {
   return std::string(s.name()) + (prefetch ? "+prefetch" : "") + (fuse ? "" : "/unfused") + (defer ? "" : "/eager") +
-         (inline_functions ? "/inline" : "");
+         (inline_functions ? "/inline" : "") + (pack_weights ? "" : "/unpacked");
 }
 
 GraphOptions SheafSystem::graph(const std::string& device, bool profile) const {
   return GraphOptions{.device = c10::Device(device),
                       .profile = profile,
                       .fuse = fuse,
+                      .pack_weights = pack_weights,
                       .defer_unawaited = defer,
                       .inline_functions = inline_functions};
 }

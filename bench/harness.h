@@ -127,19 +127,21 @@ class Json {
 
 double median(std::vector<double> v);
 
-// A --systems entry for Sheaf: "sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline]".
+// A --systems entry for Sheaf: "sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline][/unpacked]".
 // "sheaf" alone means every strategy; +prefetch records the next batch on a
 // second host thread (sheaf::Prefetcher); /unfused turns elementwise fusion off;
 // /eager runs every node as soon as it can run, even while control flow waits
 // for other values (GraphOptions::defer_unawaited off);
 // /inline records the models' sheaf::Functions op by op at every call
-// (GraphOptions::inline_functions: the same program, one node per op).
+// (GraphOptions::inline_functions: the same program, one node per op);
+// /unpacked leaves every product to OpenBLAS (GraphOptions::pack_weights off).
 struct SheafSystem {
   std::vector<const Strategy*> strategies;
   bool prefetch = false;
   bool fuse = true;
   bool defer = true;
   bool inline_functions = false;
+  bool pack_weights = true;
   std::string label(const Strategy& s) const;  // the JSON "strategy" field: "auto", "lazy+prefetch/unfused"
   GraphOptions graph(const std::string& device, bool profile = false) const;  // the options its graphs use
 };

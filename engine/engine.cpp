@@ -62,7 +62,9 @@ Engine::Engine(Graph& graph, GraphOptions options)
       options_(checked_options(options)),
       trace_(options_.device),
       slot_(acquire_slot(this)),
-      generation_(generation_of(slot_)) {}
+      generation_(generation_of(slot_)) {
+  transposed_.set_packing(options_.pack_weights);
+}
 
 Engine::~Engine() { release_slot(slot_); }
 

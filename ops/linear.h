@@ -28,10 +28,14 @@ inline at::Tensor shared_linear(RunCtx& c, const at::Tensor& x, const at::Tensor
   // W^T where the product reads it: several rows, and not plain autograd on W
   // (which needs W itself in the product for W's gradient).
   const bool plain_w_grad = !batcher && w.requires_grad() && c10::GradMode::is_enabled();
-  const at::Tensor* wt =
-      c.transposed() && x.dim() == 2 && x.size(0) > 1 && !plain_w_grad ? c.transposed()->get(w) : nullptr;
-  if (batcher) return batcher->linear(x, w, b, wt, bias_rows);
-  return linear_rows(x, w, b, wt);
+  const bool reuse = c.transposed() && x.dim() == 2 && !plain_w_grad;
+  // Packed first (ops/packed_gemm.h), one row included: the panels the other
+  // batches read are warm, W itself is not. Else W^T for several rows.
+  std::shared_ptr<const PackedWeight> packed =
+      reuse ? c.transposed()->packed(w, batcher && w.requires_grad() && c10::GradMode::is_enabled()) : nullptr;
+  const at::Tensor* wt = reuse && !packed && x.size(0) > 1 ? c.transposed()->get(w) : nullptr;
+  if (batcher) return batcher->linear(x, w, b, wt, bias_rows, std::move(packed));
+  return packed ? linear_packed(x, *packed, b) : linear_rows(x, w, b, wt);
 }
 
 // W x + b. W: [m, k] (shared or per example); x: [k] or [t, k]; b: [m].

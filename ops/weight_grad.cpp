@@ -59,19 +59,24 @@ struct WeightGradNode : torch::autograd::Node {
 struct LinearNode : torch::autograd::Node {
   std::shared_ptr<Rows> rows;
   SavedVariable x, w;
+  std::shared_ptr<const PackedWeight> packed;  // W laid out for dX = dY W, or null
   std::vector<int64_t> x_sizes, b_sizes;
   bool bias_rows = false;
   std::string name() const override { return "sheaf::LinearBackward"; }
   void release_variables() override {
     x.reset_data();
     w.reset_data();
+    packed.reset();
   }
   variable_list apply(variable_list&& grads) override {
     variable_list out(3);
     if (!grads[0].defined()) return out;
     const at::Tensor weight = w.unpack();
     const at::Tensor dy = grads[0].reshape({-1, weight.size(0)});
-    if (task_should_compute_output(0)) out[0] = at::mm(dy, weight).view(x_sizes);
+    if (task_should_compute_output(0))
+      out[0] = (packed && packed->backward.defined() ? packed_mm(dy, packed->backward)
+                                                                         : at::mm(dy, weight))
+                   .view(x_sizes);
     if (bias_rows && task_should_compute_output(2)) out[2] = grads[0].reshape(b_sizes);
     // Only where this backward runs the weight's node: rows left behind by a
     // partial backward would be counted again by the next one.
@@ -113,6 +118,34 @@ const at::Tensor* TransposedWeights::get(const at::Tensor& w) {
   return nullptr;
 }
 
+std::shared_ptr<const PackedWeight> TransposedWeights::packed(const at::Tensor& w, bool backward) {
+  if (!packing_ || !packed_gemm_available() || w.dim() != 2 || w.is_inference()) return nullptr;
+  const at::Tensor wt = w.detach().t();
+  if (!packed_gemm_suits(wt)) return nullptr;
+  backward = backward && packed_gemm_suits(w.detach());
+  PackedEntry* e = nullptr;
+  for (PackedEntry& f : packed_)
+    if (f.w.is_same(w)) e = &f;
+  if (!e) e = &packed_.emplace_back(PackedEntry{w, nullptr, 0, nullptr});
+  if (e->data != w.data_ptr() || e->version != w._version()) {  // new, changed in place or re-seated
+    e->data = w.data_ptr();
+    e->version = w._version();
+    e->packed = nullptr;
+  }
+  // A fresh object for a new layout: a backward still holding the old one keeps it.
+  if (!e->packed || (backward && !e->packed->backward.defined())) {
+    auto p = std::make_shared<PackedWeight>();
+    p->forward = e->packed ? e->packed->forward : pack_matrix(wt);
+    if (backward) p->backward = pack_matrix(w.detach());
+    e->packed = std::move(p);
+  }
+  return e->packed;
+}
+
+at::Tensor linear_packed(const at::Tensor& x, const PackedWeight& w, const at::Tensor& b) {
+  return packed_mm(x, w.forward, b);
+}
+
 namespace {
 
 // x [m, k] W^T + b from wt = W^T [k, n].
@@ -146,13 +179,14 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 }
 
 at::Tensor WeightGradBatcher::linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
-                                     const at::Tensor* wt, bool bias_rows) {
+                                     const at::Tensor* wt, bool bias_rows, std::shared_ptr<const PackedWeight> packed) {
   // A frozen weight leaves nothing to batch: plain autograd for x and the bias.
-  if (!c10::GradMode::is_enabled() || !w.requires_grad()) return linear_rows(x, w, b, wt);
+  if (!c10::GradMode::is_enabled() || !w.requires_grad())
+    return packed ? linear_packed(x, *packed, b) : linear_rows(x, w, b, wt);
   at::Tensor y;
   {
     c10::AutoGradMode no_grad(false);
-    y = linear_rows(x, w, b, wt);
+    y = packed ? linear_packed(x, *packed, b) : linear_rows(x, w, b, wt);
   }
   // The weight's node, made at its first use in this round; a bias per row is
   // not its business (each batch's node hands that gradient on).
@@ -181,6 +215,7 @@ at::Tensor WeightGradBatcher::linear(const at::Tensor& x, const at::Tensor& w, c
   node->rows = tap->rows;
   node->x = SavedVariable(x, /*is_output=*/false);
   node->w = SavedVariable(w, /*is_output=*/false);
+  node->packed = std::move(packed);
   node->x_sizes = x.sizes().vec();
   node->bias_rows = bias_rows;
   if (bias_rows) node->b_sizes = b.sizes().vec();

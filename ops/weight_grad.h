@@ -16,7 +16,15 @@
 #include <utility>
 #include <vector>
 
+#include "packed_gemm.h"
+
 namespace sheaf {
+
+// A shared weight W [n, k] laid out for packed_mm (ops/packed_gemm.h): W^T for
+// the product x W^T, and, when W takes a gradient, W itself for dX = dY W.
+struct PackedWeight {
+  PackedMatrix forward, backward;
+};
 
 // Contiguous copies of W^T for the shared weights a graph applies again and
 // again (a cell's weight at every step or tree level). OpenBLAS packs a [k, n]
@@ -39,12 +47,26 @@ namespace sheaf {
 // in-place ops on the tensor itself (optimizers do), or clear() the graph
 // first. Not for inference tensors (no version counter). CPU only: cuBLAS
 // reads either layout.
+//
+// Where the CPU has AVX-512, packed() comes first: the weight in packed_mm's
+// panels, made at its first product (OpenBLAS would copy it into its own
+// panels in that call anyway) and again after an update in place; those
+// weights never reach get(). GraphOptions::pack_weights off (set_packing(false))
+// leaves OpenBLAS every product.
 class TransposedWeights {
  public:
   // W^T for w, or null where the plain layout is used (first use, not 2-D, not
   // on the CPU). The pointer stays valid until the next call or clear().
   const at::Tensor* get(const at::Tensor& w);
-  void clear() { entries_.clear(); }
+  // W packed (with its backward form when `backward`), or null: packing off or
+  // not available, or a weight it does not suit. Valid until the weight changes.
+  std::shared_ptr<const PackedWeight> packed(const at::Tensor& w, bool backward);
+  // Whether packed() may pack at all (GraphOptions::pack_weights).
+  void set_packing(bool on) { packing_ = on; }
+  void clear() {
+    entries_.clear();
+    packed_.clear();
+  }
 
  private:
   struct Entry {
@@ -53,7 +75,15 @@ class TransposedWeights {
     int64_t version = 0;
     at::Tensor wt;  // undefined until the second use
   };
+  struct PackedEntry {
+    at::Tensor w;
+    const void* data = nullptr;
+    int64_t version = 0;
+    std::shared_ptr<PackedWeight> packed;  // null: to be made at the next use
+  };
   std::vector<Entry> entries_;
+  std::vector<PackedEntry> packed_;
+  bool packing_ = true;
 };
 
 class WeightGradBatcher {
@@ -65,8 +95,10 @@ class WeightGradBatcher {
   // wt: W^T contiguous (TransposedWeights) or null. bias_rows: b is [rows, m],
   // one bias per row of x (a per-example bias: an LSTM step's input
   // projection), added by the same product; its gradient is dY.
+  // packed: W in packed_mm's layout (ops/packed_gemm.h) for the product and,
+  // if it has its backward form, for dX.
   at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor* wt = nullptr,
-                    bool bias_rows = false);
+                    bool bias_rows = false, std::shared_ptr<const PackedWeight> packed = nullptr);
 
  private:
   struct Tap;
@@ -80,5 +112,7 @@ class WeightGradBatcher {
 // through it) the product reads W^T instead. b: [m], [rows, m] (a bias per
 // row) or undefined.
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor* wt = nullptr);
+// The same product through a packed weight (x: [m, k], any m).
+at::Tensor linear_packed(const at::Tensor& x, const PackedWeight& w, const at::Tensor& b);
 
 }  // namespace sheaf

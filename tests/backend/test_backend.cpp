@@ -4,6 +4,11 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/core/GradMode.h>
 
+#include <ATen/record_function.h>
+
+#include <atomic>
+#include <cstring>
+
 #include <sheaf/ops/weight_grad.h>
 
 #include "../support.h"
@@ -194,6 +199,125 @@ TEST_CASE("linear_rows: a bias per row, and a [1, m] bias broadcast, with and wi
     CHECK(at::allclose(linear_rows(x, W, rows, &wt), expected + rows, 1e-4, 1e-4));
     CHECK(at::allclose(linear_rows(x, W, one), expected + one, 1e-4, 1e-4));
     CHECK(at::allclose(linear_rows(x, W, one, &wt), expected + one, 1e-4, 1e-4));
+  }
+}
+
+TEST_CASE("packed_mm: the product of any rows, with no bias, one bias or a bias per row, equals OpenBLAS's",
+          "[backend][packed]") {
+  if (!packed_gemm_available()) {
+    WARN("no AVX-512 on this CPU: the packed product is not used here, nothing to check");
+    return;
+  }
+  // Column counts on and off the 32-column panels; rows through every block remainder.
+  for (auto [k, n] : {std::pair<int64_t, int64_t>{288, 640}, {416, 128}, {37, 45}, {8, 8}, {100, 17}}) {
+    const at::Tensor W = at::randn({n, k});
+    const PackedMatrix p = pack_matrix(W.t());
+    REQUIRE(p.panels.size(0) == (n + 31) / 32);
+    for (int64_t m : {1, 2, 5, 6, 7, 12, 13, 45, 64}) {
+      INFO("k " << k << " n " << n << " rows " << m);
+      const at::Tensor x = at::randn({m, k}), b = at::randn({n}), rows = at::randn({m, n});
+      const at::Tensor expected = at::mm(x, W.t());
+      CHECK(at::allclose(packed_mm(x, p), expected, 1e-4, 1e-4));
+      CHECK(at::allclose(packed_mm(x, p, b), expected + b, 1e-4, 1e-4));
+      CHECK(at::allclose(packed_mm(x, p, rows), expected + rows, 1e-4, 1e-4));
+      CHECK(at::allclose(packed_mm(x, p, b.unsqueeze(0)), expected + b, 1e-4, 1e-4));
+      // Rows of a wider tensor (a row stride past k) are read in place; other strides are copied first.
+      const at::Tensor wide = at::randn({m, k + 3}).narrow(1, 1, k);
+      CHECK(at::allclose(packed_mm(wide, p), at::mm(wide, W.t()), 1e-4, 1e-4));
+      const at::Tensor cols = at::randn({k, m}).t();
+      CHECK(at::allclose(packed_mm(cols, p), at::mm(cols, W.t()), 1e-4, 1e-4));
+    }
+  }
+  const at::Tensor x = at::randn({3, 5});
+  CHECK_THROWS_AS(packed_mm(x, pack_matrix(at::randn({8, 8}))), InternalError);  // k does not match
+  CHECK_THROWS_AS(pack_matrix(at::randn({8, 8}, at::kDouble)), InternalError);
+}
+
+TEST_CASE("TransposedWeights::packed: made at a weight's first use, again after an update, off when asked",
+          "[backend][packed]") {
+  TransposedWeights cache;
+  at::Tensor W = param({64, 48}, 23);
+  if (!packed_gemm_available()) {
+    CHECK(cache.packed(W, true) == nullptr);
+    return;
+  }
+  std::shared_ptr<const PackedWeight> p = cache.packed(W, false);
+  REQUIRE(p != nullptr);
+  CHECK_FALSE(p->backward.defined());
+  CHECK(cache.packed(W, false) == p);  // the same layout while W stays as it is
+  const at::Tensor x = at::randn({9, 48});
+  CHECK(at::allclose(linear_packed(x, *p, {}), at::mm(x, W.detach().t()), 1e-4, 1e-4));
+  std::shared_ptr<const PackedWeight> both = cache.packed(W, true);  // the backward form joins it
+  REQUIRE(both != nullptr);
+  REQUIRE(both->backward.defined());
+  CHECK(both->forward.panels.is_same(p->forward.panels));
+  const at::Tensor dy = at::randn({9, 64});
+  CHECK(at::allclose(packed_mm(dy, both->backward), at::mm(dy, W.detach()), 1e-4, 1e-4));
+  {
+    c10::NoGradGuard no_grad;
+    W.add_(1.0);
+  }
+  p = cache.packed(W, true);  // the version moved: a new layout, not the stale one
+  REQUIRE(p != nullptr);
+  CHECK(p != both);
+  CHECK(at::allclose(linear_packed(x, *p, {}), at::mm(x, W.detach().t()), 1e-4, 1e-4));
+  CHECK(at::allclose(packed_mm(dy, p->backward), at::mm(dy, W.detach()), 1e-4, 1e-4));
+  // An old layout a backward still holds stays what it was.
+  CHECK(at::allclose(packed_mm(x, both->forward), at::mm(x, (W.detach() - 1.0).t()), 1e-4, 1e-4));
+  cache.set_packing(false);
+  CHECK(cache.packed(W, false) == nullptr);
+  cache.set_packing(true);
+  CHECK(cache.packed(at::randn({8, 6000}).requires_grad_(), false) == nullptr);  // k past what was measured
+  CHECK(cache.packed(at::randn({2, 2}).requires_grad_(), false) == nullptr);     // too small to pay
+  {
+    c10::InferenceMode inference;  // no version counter to tell an update by: never packed
+    CHECK(cache.packed(at::randn({64, 48}), false) == nullptr);
+  }
+}
+
+TEST_CASE("pack_weights: a recurrence's values and gradients are the same with the packed product and OpenBLAS",
+          "[backend][packed]") {
+  // A chain of 6 steps over 7 examples: the weight's second product on is
+  // packed (forward, and dX in backward).
+  auto run = [](bool pack) {
+    // Small enough that tanh does not saturate (whose derivative there would
+    // magnify any rounding).
+    at::Tensor W = param({40, 40}, 31, 0.05), b = param({40}, 32);
+    Graph g(GraphOptions{.pack_weights = pack});
+    std::vector<Expr> losses;
+    std::vector<at::Tensor> xs;
+    for (int i = 0; i < 7; ++i) {
+      auto s = g.example(i);
+      xs.push_back(data({40}, i).requires_grad_());
+      Expr h = g.input(xs.back());
+      for (int t = 0; t < 6; ++t) h = dsl::tanh(dsl::affine(W, h, b));
+      losses.push_back(dsl::sum(h * h));
+    }
+    Expr loss = dsl::sum(losses);
+    g.forward(loss);
+    loss.value().backward();
+    std::vector<at::Tensor> out{loss.value().detach(), W.grad(), b.grad()};
+    for (const at::Tensor& x : xs) out.push_back(x.grad());
+    return out;
+  };
+  static std::atomic<int> products{0};  // packed_mm calls seen (a callback takes no captures)
+  const at::CallbackHandle counter = at::addGlobalCallback(at::RecordFunctionCallback(
+      [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+        if (std::strcmp(fn.name(), "sheaf::packed_mm") == 0) ++products;
+        return nullptr;
+      }));
+  const std::vector<at::Tensor> packed = run(true);
+  const int packed_products = products.exchange(0);
+  const std::vector<at::Tensor> plain = run(false);
+  const int plain_products = products.exchange(0);
+  at::removeCallback(counter);
+  // Every step forward, and dX in backward.
+  if (packed_gemm_available()) CHECK(packed_products >= 12);
+  CHECK(plain_products == 0);
+  for (size_t i = 0; i < packed.size(); ++i) {
+    INFO("tensor " << i << ": max |diff| " << (packed[i] - plain[i]).abs().max().item<double>() << " of max "
+                    << plain[i].abs().max().item<double>());
+    CHECK(at::allclose(packed[i], plain[i], 1e-4, 1e-5));
   }
 }
 

@@ -1,0 +1,175 @@
+#include "packed_gemm.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/record_function.h>
+
+#include <sheaf/core/cpu_features.h>
+#include <sheaf/core/error.h>
+
+#include <algorithm>
+
+#ifdef SHEAF_HAVE_AVX2_CLONES
+#include <immintrin.h>
+#endif
+
+namespace sheaf {
+
+namespace {
+
+constexpr int64_t kPanel = 32;  // columns a panel: two 16-float registers a row
+constexpr int kRows = 6;        // rows a block: 12 accumulators, the FMA units kept busy
+
+#ifdef SHEAF_HAVE_AVX2_CLONES
+// R rows of x times one panel: accumulators start from the bias (row stride
+// ldb; 0 for one bias for every row) and run over k; stores keep to the
+// panel's real columns (masks).
+template <int R>
+SHEAF_AVX512_TARGET inline void block(const float* x, int64_t ldx, const float* panel, int64_t k, const float* bias,
+                                      int64_t ldb, float* c, int64_t ldc, __mmask16 m0, __mmask16 m1) {
+  __m512 a0[R], a1[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    a0[r] = bias ? _mm512_maskz_loadu_ps(m0, bias + r * ldb) : _mm512_setzero_ps();
+    a1[r] = bias ? _mm512_maskz_loadu_ps(m1, bias + r * ldb + 16) : _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < k; ++i) {
+    const __m512 w0 = _mm512_loadu_ps(panel + i * kPanel), w1 = _mm512_loadu_ps(panel + i * kPanel + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_set1_ps(x[r * ldx + i]);
+      a0[r] = _mm512_fmadd_ps(xv, w0, a0[r]);
+      a1[r] = _mm512_fmadd_ps(xv, w1, a1[r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    _mm512_mask_storeu_ps(c + r * ldc, m0, a0[r]);
+    _mm512_mask_storeu_ps(c + r * ldc + 16, m1, a1[r]);
+  }
+}
+
+// Panels [p0, p1) for every row: each panel (k x 32 floats) stays in cache
+// while the row blocks pass over it.
+SHEAF_AVX512_TARGET void panels_avx512(const float* x, int64_t m, int64_t ldx, const float* packed, int64_t k,
+                                       int64_t n, const float* bias, int64_t ldb, float* c, int64_t p0, int64_t p1) {
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t cols = std::min<int64_t>(kPanel, n - p * kPanel);
+    const auto m0 = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+    const auto m1 = static_cast<__mmask16>(cols <= 16 ? 0 : cols >= 32 ? 0xFFFF : (1u << (cols - 16)) - 1);
+    const float* panel = packed + p * k * kPanel;
+    const float* b = bias ? bias + p * kPanel : nullptr;
+    float* out = c + p * kPanel;
+    int64_t i = 0;
+    for (; i + kRows <= m; i += kRows) block<kRows>(x + i * ldx, ldx, panel, k, b ? b + i * ldb : nullptr, ldb, out + i * n, n, m0, m1);
+    const float* xr = x + i * ldx;
+    const float* br = b ? b + i * ldb : nullptr;
+    float* cr = out + i * n;
+    switch (m - i) {
+      case 1: block<1>(xr, ldx, panel, k, br, ldb, cr, n, m0, m1); break;
+      case 2: block<2>(xr, ldx, panel, k, br, ldb, cr, n, m0, m1); break;
+      case 3: block<3>(xr, ldx, panel, k, br, ldb, cr, n, m0, m1); break;
+      case 4: block<4>(xr, ldx, panel, k, br, ldb, cr, n, m0, m1); break;
+      case 5: block<5>(xr, ldx, panel, k, br, ldb, cr, n, m0, m1); break;
+      default: break;
+    }
+  }
+}
+
+// One panel from columns of B read with a stride (W^T of a row-major W): each
+// panel row is two gathers across 32 of W's rows, which stay in L1 for the
+// next rows. Past `cols` the gathers are masked to zeros.
+SHEAF_AVX512_TARGET void pack_strided_avx512(const float* from, int64_t sk, int64_t sn, int64_t k, int64_t cols,
+                                             float* panel) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(static_cast<int>(sn));
+  const __m512i i0 = _mm512_mullo_epi32(lane, step);
+  const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(static_cast<int>(16 * sn)));
+  const auto m0 = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+  const auto m1 = static_cast<__mmask16>(cols <= 16 ? 0 : cols >= 32 ? 0xFFFF : (1u << (cols - 16)) - 1);
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; ++i) {
+    const float* row = from + i * sk;
+    _mm512_storeu_ps(panel + i * kPanel, _mm512_mask_i32gather_ps(zero, m0, i0, row, 4));
+    _mm512_storeu_ps(panel + i * kPanel + 16, _mm512_mask_i32gather_ps(zero, m1, i1, row, 4));
+  }
+}
+#endif
+
+}  // namespace
+
+bool packed_gemm_available() {
+#ifdef SHEAF_HAVE_AVX2_CLONES
+  return use_avx512();
+#else
+  return false;
+#endif
+}
+
+bool packed_gemm_suits(const at::Tensor& b) {
+  // Past these sizes a panel (k x 32 floats) outgrows the core's L2 and
+  // OpenBLAS's blocking over k wins; none was measured there.
+  return b.dim() == 2 && b.scalar_type() == at::kFloat && b.is_cpu() && b.size(0) >= 8 && b.size(0) <= 4096 &&
+         b.size(1) >= 8 && b.size(0) * b.size(1) <= (int64_t{1} << 24) && b.stride(0) < (int64_t{1} << 24) &&
+         b.stride(1) < (int64_t{1} << 24);  // the packing's gathers index 32 columns in int32
+}
+
+PackedMatrix pack_matrix(const at::Tensor& b_in) {
+  RECORD_FUNCTION("sheaf::pack_weight", std::vector<c10::IValue>());  // a copy kernel: counted as a launch
+  if (!packed_gemm_available() || !packed_gemm_suits(b_in))
+    throw InternalError("pack_matrix: a matrix the packed product does not take");
+  const at::Tensor b = b_in.detach();
+  const int64_t k = b.size(0), n = b.size(1), panels = (n + kPanel - 1) / kPanel;
+  at::Tensor out = at::empty({panels, k, kPanel}, b.options());
+  const float* src = b.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  const int64_t sk = b.stride(0), sn = b.stride(1);
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t cols = std::min<int64_t>(kPanel, n - p * kPanel);
+    float* panel = dst + p * k * kPanel;
+    const float* from = src + p * kPanel * sn;
+    if (sn == 1) {  // rows of B: each panel row is a piece of one
+      for (int64_t i = 0; i < k; ++i) {
+        std::copy_n(from + i * sk, cols, panel + i * kPanel);
+        std::fill(panel + i * kPanel + cols, panel + (i + 1) * kPanel, 0.0f);
+      }
+      continue;
+    }
+#ifdef SHEAF_HAVE_AVX2_CLONES
+    pack_strided_avx512(from, sk, sn, k, cols, panel);
+#endif
+  }
+  return {out, k, n};
+}
+
+at::Tensor packed_mm(const at::Tensor& x_in, const PackedMatrix& b, const at::Tensor& bias_in) {
+  RECORD_FUNCTION("sheaf::packed_mm", std::vector<c10::IValue>());
+  if (!packed_gemm_available() || !b.defined() || x_in.dim() != 2 || x_in.size(1) != b.k ||
+      x_in.scalar_type() != at::kFloat || !x_in.is_cpu())
+    throw InternalError("packed_mm: an input the packed product does not take");
+  const at::Tensor x = x_in.stride(1) == 1 && x_in.stride(0) >= b.k ? x_in : x_in.contiguous();
+  const int64_t m = x.size(0);
+  at::Tensor bias;
+  int64_t ldb = 0;
+  if (bias_in.defined()) {
+    bias = bias_in.contiguous();
+    const bool rows = bias.dim() == 2 && bias.size(0) == m && m > 1;
+    if (bias.numel() != (rows ? m * b.n : b.n)) throw InternalError("packed_mm: a bias of the wrong size");
+    ldb = rows ? b.n : 0;
+  }
+  at::Tensor c = at::empty({m, b.n}, x.options());
+  if (m == 0) return c;
+#ifdef SHEAF_HAVE_AVX2_CLONES
+  const float* xp = x.data_ptr<float>();
+  const float* pp = b.panels.data_ptr<float>();
+  const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  float* cp = c.data_ptr<float>();
+  const int64_t ldx = x.stride(0), panels = b.panels.size(0);
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    panels_avx512(xp, m, ldx, pp, b.k, b.n, bp, ldb, cp, p0, p1);
+  });
+#endif
+  return c;
+}
+
+}  // namespace sheaf

@@ -1,0 +1,40 @@
+// Products with a weight laid out once for many of them. A batched graph applies
+// each shared weight again and again in one forward (every tree level, every
+// parser step) to a few dozen rows at a time. OpenBLAS copies the weight into
+// its own panel layout inside every call: a fifth to a third of such a product
+// on one core (a parser step's [640, 288] weight at 45 rows: the copy is ~30%
+// of the kernel's time). Here the weight is copied into that layout once (per
+// graph and weight version: ops/weight_grad.h's cache) and every product reads
+// it as it is.
+//
+// The kernel is AVX-512 (CPUs without it keep OpenBLAS: packed_gemm_available()).
+// Its sums run in a different order than OpenBLAS's: results agree to float
+// rounding, not bit for bit.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace sheaf {
+
+// B [K, N] (any strides) as panels of 32 columns: panels[p][k][j] = B[k][32 p + j],
+// the last panel zero-filled past N.
+struct PackedMatrix {
+  at::Tensor panels;  // [ceil(N / 32), K, 32] float, contiguous
+  int64_t k = 0, n = 0;
+  bool defined() const { return panels.defined(); }
+};
+
+// Whether this CPU runs the packed kernel (AVX-512; SHEAF_CPU_ISA caps it) and
+// the shapes suit it: float, K and N within what was measured.
+bool packed_gemm_available();
+bool packed_gemm_suits(const at::Tensor& b);
+
+PackedMatrix pack_matrix(const at::Tensor& b);
+
+// x [m, K] (rows with a unit inner stride; others are copied) times the packed
+// B, plus bias: undefined, [N] (every row), or [m, N] (a bias per row).
+at::Tensor packed_mm(const at::Tensor& x, const PackedMatrix& b, const at::Tensor& bias = {});
+
+}  // namespace sheaf
