@@ -447,7 +447,8 @@ def write_markdown(path, tables, args, plot_written):
         "A strategy ending in */seq* runs the same model written with Sheaf's sequence ops "
         "(dsl::lstm over a sentence's rows, dsl::attention) instead of cell by cell; */inline* records "
         "its sheaf::Functions op by op; */eager* runs every node as soon as it can, also while control "
-        "flow waits (GraphOptions::defer_unawaited off). "
+        "flow waits (GraphOptions::defer_unawaited off); */unpacked* leaves every product to OpenBLAS "
+        "(GraphOptions::pack_weights off: no weights laid out once for Sheaf's product kernel). "
         "*trace+sched % of wall* compares trace+schedule time per batch with the wall time per batch "
         "(1000 × batch / trees/s ms). *max |diff|* is the largest difference from the per-example "
         "outputs over all systems of the row.",
