@@ -8,6 +8,7 @@
 
 #include <data/trees.h>
 #include <baselines/tree_lstm_hand.h>
+#include <sheaf/ops/packed_gemm.h>
 #include <tree_lstm/model.h>
 
 #include "harness.h"
@@ -85,15 +86,22 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
         return total;
       });
       systems.push_back(std::move(s));
-    } else if (name == "hand") {
-      System s{name, ""};
-      s.step = make_step(s, [&](size_t b) {
-        HandBatched hand(model);
+    } else if (name == "hand" || name == "hand:sheaf-gemm") {
+      // hand:sheaf-gemm: the same code with Sheaf's packed-weight product kernel
+      // (needs AVX-512): a reference, not a LibTorch baseline.
+      const auto product = name == "hand" ? HandBatched::Product::kLibTorch : HandBatched::Product::kSheafPacked;
+      if (product == HandBatched::Product::kSheafPacked && !packed_gemm_available()) {
+        std::fprintf(stderr, "sheaf-bench: %s skipped (no AVX-512 on this CPU)\n", name.c_str());
+        continue;
+      }
+      System s{name == "hand" ? name : "hand-alt", name == "hand" ? "" : name.substr(5)};
+      s.step = make_step(s, [&, product](size_t b) {
+        HandBatched hand(model, product);
         return train ? hand.loss(w.batches[b]) : hand.root_logits(w.batches[b]);
       });
       {
         c10::NoGradGuard no_grad;
-        HandBatched hand(model);
+        HandBatched hand(model, product);
         Outputs out{hand.root_logits(w.batches[0]).cpu(),
                     hand.loss(w.batches[0]).item<double>() / labelled_nodes(model, w.batches[0])};
         s.max_abs_diff = diff(out, reference);
@@ -111,7 +119,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
         systems[added[q]].max_abs_diff = diff(
             sheaf_outputs(model, w.batches[0], spec->graph(o.device), *spec->strategies[q]), reference);
     } else {
-      throw UserError("unknown system '" + name + "' (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline])");
+      throw UserError("unknown system '" + name + "' (per-example, hand, hand:sheaf-gemm, sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline][/unpacked])");
     }
   }
 

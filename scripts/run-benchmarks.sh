@@ -16,9 +16,11 @@ out=docs/results-$device.jsonl
   # next batch on a second host thread (ranked apart in the report).
   # /inline: the same model with its sheaf::Functions recorded op by op (GraphOptions::inline_functions).
   # /unpacked: every product through OpenBLAS (GraphOptions::pack_weights off),
-  # to show what the weights laid out once (ops/packed_gemm.h) bring.
+  # to show what the weights laid out once (ops/packed_gemm.h) bring;
+  # hand:sheaf-gemm: the hand version with that same product kernel, not
+  # LibTorch code: a reference for how much of the lead is the kernel.
   "$bench" --workload treelstm --hidden 128,256 --batch 64 --trees 1024 "${args[@]}" \
-    --systems per-example,sheaf,sheaf:auto/inline,sheaf:auto/unpacked,sheaf:auto+prefetch,hand
+    --systems per-example,sheaf,sheaf:auto/inline,sheaf:auto/unpacked,sheaf:auto+prefetch,hand,hand:sheaf-gemm
   # /eager: every node as soon as it can run, also while control flow waits
   # (GraphOptions::defer_unawaited off): the step losses of greedy parsing run a step at a time.
   "$bench" --workload shift_reduce --hidden 128 --batch 64 --trees 512 "${args[@]}" \

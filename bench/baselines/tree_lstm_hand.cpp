@@ -1,13 +1,41 @@
 #include "tree_lstm_hand.h"
 
 #include <ATen/ATen.h>
-
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <common/linear_rows.h>
+#include <sheaf/ops/packed_gemm.h>
 
 #include "tree_levels.h"
 
 namespace sheaf::models {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// x U^T + b through U's packed panels (forward: U^T's; backward: U's for dX),
+// dU and db as at::linear's backward computes them.
+struct PackedLinear : torch::autograd::Function<PackedLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                            const at::Tensor& forward_panels, const at::Tensor& backward_panels) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["panels"] = backward_panels;
+    ctx->saved_data["k"] = w.size(0);
+    ctx->saved_data["n"] = w.size(1);
+    return packed_mm(x, PackedMatrix{forward_panels, w.size(1), w.size(0)}, b);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const at::Tensor dy = grads[0].contiguous();
+    const PackedMatrix w{ctx->saved_data["panels"].toTensor(), ctx->saved_data["k"].toInt(),
+                         ctx->saved_data["n"].toInt()};
+    return {packed_mm(dy, w), at::mm(dy.t(), x), dy.sum(0), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
 
 // ---------------------------------------------------------------------------
 // Hand-batched, level by level.
@@ -25,6 +53,15 @@ HandBatched::Run HandBatched::run(std::span<const data::Tree* const> trees, bool
   const c10::Device device = m_.E.device();
   auto upload = [&](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).to(device); };
   const TreeLevels levels(trees);
+  // kSheafPacked: U laid out once for the batch's levels.
+  const bool packed = product_ == Product::kSheafPacked;
+  const bool grad = c10::GradMode::is_enabled() && m_.U.requires_grad();
+  const PackedMatrix u_t = packed ? pack_matrix(m_.U.detach().t()) : PackedMatrix{};
+  const PackedMatrix u = packed && grad ? pack_matrix(m_.U.detach()) : PackedMatrix{};
+  auto product = [&](const at::Tensor& x) {
+    if (!packed) return linear_rows(x, m_.U, m_.b);
+    return grad ? PackedLinear::apply(x, m_.U, m_.b, u_t.panels, u.panels) : packed_mm(x, u_t, m_.b);
+  };
 
   Run run;
   run.labels.resize(levels.size());
@@ -46,7 +83,7 @@ HandBatched::Run HandBatched::run(std::span<const data::Tree* const> trees, bool
     const at::Tensor p = upload(levels.child_order(k));
     at::Tensor x = TreeLevels::children_of(h_blocks, k).index_select(0, p).view({n, 2 * h});
     at::Tensor cc = TreeLevels::children_of(c_blocks, k).index_select(0, p).view({n, 2, h});
-    at::Tensor gates = linear_rows(x, m_.U, m_.b);
+    at::Tensor gates = product(x);
     at::Tensor a = at::tanh(gates.narrow(1, 0, h));
     std::vector<at::Tensor> s = at::sigmoid(gates.narrow(1, h, 4 * h)).chunk(4, 1);
     at::Tensor c = a * s[0] + s[1] * cc.select(1, 0) + s[2] * cc.select(1, 1);

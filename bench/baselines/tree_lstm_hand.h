@@ -14,7 +14,12 @@ namespace sheaf::models {
 // then one launch per cell op per level.
 class HandBatched {
  public:
-  explicit HandBatched(const TreeLSTM& model) : m_(model) {}
+  // How each level's product runs: LibTorch's GEMM (OpenBLAS; the baseline),
+  // or Sheaf's packed-weight kernel (ops/packed_gemm.h) with U laid out once a
+  // batch: not LibTorch code, a reference for how much of Sheaf's lead is that
+  // kernel (sheaf-bench hand:sheaf-gemm).
+  enum class Product { kLibTorch, kSheafPacked };
+  explicit HandBatched(const TreeLSTM& model, Product product = Product::kLibTorch) : m_(model), product_(product) {}
   // Summed loss over the batch's labelled nodes.
   at::Tensor loss(std::span<const data::Tree* const> trees) const;
   // Root logits [trees, 5].
@@ -24,6 +29,7 @@ class HandBatched {
   struct Run;
   Run run(std::span<const data::Tree* const> trees, bool want_roots) const;
   const TreeLSTM& m_;
+  Product product_;
 };
 
 }  // namespace sheaf::models

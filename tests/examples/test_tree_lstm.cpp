@@ -2,6 +2,7 @@
 // losses and gradients, and Sheaf's batched run equals its one-at-a-time run.
 #include <c10/core/GradMode.h>
 #include <baselines/tree_lstm_hand.h>
+#include <sheaf/ops/packed_gemm.h>
 #include <tree_lstm/model.h>
 
 #include "../support.h"
@@ -39,6 +40,19 @@ TEST_CASE("TreeLSTM: Sheaf, per-example and hand-batched agree on loss and gradi
   });
   test::require_all_close(per_example, hand);
   test::require_all_close(per_example, sheafed);
+  // Sheaf without its packed products, and the hand version with them (sheaf-bench hand:sheaf-gemm).
+  auto unpacked = test::gradients_of(m.parameters(), [&] {
+    Graph g(GraphOptions{.pack_weights = false});
+    Expr total = m.sheaf_batch_loss(g, batch);
+    g.forward(total);
+    return total.value();
+  });
+  test::require_all_close(per_example, unpacked);
+  if (packed_gemm_available()) {
+    auto hand_packed = test::gradients_of(
+        m.parameters(), [&] { return HandBatched(m, HandBatched::Product::kSheafPacked).loss(ptrs); });
+    test::require_all_close(per_example, hand_packed);
+  }
 }
 
 TEST_CASE("TreeLSTM: root logits agree three ways", "[examples][tree_lstm]") {
