@@ -90,8 +90,11 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
       // hand:sheaf-gemm: the same code with Sheaf's packed-weight product kernel
       // (needs AVX-512): a reference, not a LibTorch baseline.
       const auto product = name == "hand" ? HandBatched::Product::kLibTorch : HandBatched::Product::kSheafPacked;
-      if (product == HandBatched::Product::kSheafPacked && !packed_gemm_available()) {
-        std::fprintf(stderr, "sheaf-bench: %s skipped (no AVX-512 on this CPU)\n", name.c_str());
+      if (product == HandBatched::Product::kSheafPacked &&
+          (!packed_gemm_available() || !packed_gemm_suits(model.U.detach().t()) ||
+           !packed_gemm_suits(model.U.detach()))) {
+        std::fprintf(stderr, "sheaf-bench: %s skipped (needs AVX-512, the CPU, and U within the kernel's sizes)\n",
+                     name.c_str());
         continue;
       }
       System s{name == "hand" ? name : "hand-alt", name == "hand" ? "" : name.substr(5)};

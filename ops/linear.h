@@ -27,12 +27,17 @@ inline at::Tensor shared_linear(RunCtx& c, const at::Tensor& x, const at::Tensor
   WeightGradBatcher* batcher = c.weight_grads();
   // W^T where the product reads it: several rows, and not plain autograd on W
   // (which needs W itself in the product for W's gradient).
-  const bool plain_w_grad = !batcher && w.requires_grad() && c10::GradMode::is_enabled();
+  const bool grad = c10::GradMode::is_enabled();
+  const bool plain_w_grad = !batcher && w.requires_grad() && grad;
   const bool reuse = c.transposed() && x.dim() == 2 && !plain_w_grad;
   // Packed first (ops/packed_gemm.h), one row included: the panels the other
-  // batches read are warm, W itself is not. Else W^T for several rows.
+  // batches read are warm, W itself is not. Else W^T for several rows. The
+  // packed product records no autograd of its own: it serves where nothing
+  // needs a gradient, or where the batcher's node gives x, W and b theirs (a
+  // frozen W with autograd on goes through at::linear, which gives x and b theirs).
+  const bool packable = (!grad || (batcher && w.requires_grad())) && packed_product_takes(x, b);
   std::shared_ptr<const PackedWeight> packed =
-      reuse ? c.transposed()->packed(w, batcher && w.requires_grad() && c10::GradMode::is_enabled()) : nullptr;
+      reuse && packable ? c.transposed()->packed(w, grad && x.requires_grad(), x.size(0)) : nullptr;
   const at::Tensor* wt = reuse && !packed && x.size(0) > 1 ? c.transposed()->get(w) : nullptr;
   if (batcher) return batcher->linear(x, w, b, wt, bias_rows, std::move(packed));
   return packed ? linear_packed(x, *packed, b) : linear_rows(x, w, b, wt);

@@ -115,6 +115,11 @@ bool packed_gemm_suits(const at::Tensor& b) {
          b.stride(1) < (int64_t{1} << 24);  // the packing's gathers index 32 columns in int32
 }
 
+bool packed_product_takes(const at::Tensor& x, const at::Tensor& bias) {
+  auto cpu_float = [](const at::Tensor& t) { return t.scalar_type() == at::kFloat && t.is_cpu(); };
+  return x.dim() == 2 && cpu_float(x) && (!bias.defined() || cpu_float(bias));
+}
+
 PackedMatrix pack_matrix(const at::Tensor& b_in) {
   RECORD_FUNCTION("sheaf::pack_weight", std::vector<c10::IValue>());  // a copy kernel: counted as a launch
   if (!packed_gemm_available() || !packed_gemm_suits(b_in))
@@ -145,11 +150,11 @@ PackedMatrix pack_matrix(const at::Tensor& b_in) {
 
 at::Tensor packed_mm(const at::Tensor& x_in, const PackedMatrix& b, const at::Tensor& bias_in) {
   RECORD_FUNCTION("sheaf::packed_mm", std::vector<c10::IValue>());
-  if (!packed_gemm_available() || !b.defined() || x_in.dim() != 2 || x_in.size(1) != b.k ||
-      x_in.scalar_type() != at::kFloat || !x_in.is_cpu())
+  if (!packed_gemm_available() || !b.defined() || !packed_product_takes(x_in, bias_in) || x_in.size(1) != b.k)
     throw InternalError("packed_mm: an input the packed product does not take");
   const at::Tensor x = x_in.stride(1) == 1 && x_in.stride(0) >= b.k ? x_in : x_in.contiguous();
   const int64_t m = x.size(0);
+  if (m == 0) return at::empty({0, b.n}, x.options());
   at::Tensor bias;
   int64_t ldb = 0;
   if (bias_in.defined()) {
@@ -159,14 +164,15 @@ at::Tensor packed_mm(const at::Tensor& x_in, const PackedMatrix& b, const at::Te
     ldb = rows ? b.n : 0;
   }
   at::Tensor c = at::empty({m, b.n}, x.options());
-  if (m == 0) return c;
 #ifdef SHEAF_HAVE_AVX2_CLONES
   const float* xp = x.data_ptr<float>();
   const float* pp = b.panels.data_ptr<float>();
   const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
   float* cp = c.data_ptr<float>();
   const int64_t ldx = x.stride(0), panels = b.panels.size(0);
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+  // With more than one thread, panels split across them; a small product stays on one.
+  const int64_t grain = m * b.k * b.n < (int64_t{1} << 18) ? panels : 1;
+  at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
     panels_avx512(xp, m, ldx, pp, b.k, b.n, bp, ldb, cp, p0, p1);
   });
 #endif

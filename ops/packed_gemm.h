@@ -31,6 +31,9 @@ struct PackedMatrix {
 bool packed_gemm_available();
 bool packed_gemm_suits(const at::Tensor& b);
 
+// Whether packed_mm takes this input and bias (float, on the CPU).
+bool packed_product_takes(const at::Tensor& x, const at::Tensor& bias);
+
 PackedMatrix pack_matrix(const at::Tensor& b);
 
 // x [m, K] (rows with a unit inner stride; others are copied) times the packed

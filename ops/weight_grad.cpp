@@ -118,7 +118,7 @@ const at::Tensor* TransposedWeights::get(const at::Tensor& w) {
   return nullptr;
 }
 
-std::shared_ptr<const PackedWeight> TransposedWeights::packed(const at::Tensor& w, bool backward) {
+std::shared_ptr<const PackedWeight> TransposedWeights::packed(const at::Tensor& w, bool backward, int64_t rows) {
   if (!packing_ || !packed_gemm_available() || w.dim() != 2 || w.is_inference()) return nullptr;
   const at::Tensor wt = w.detach().t();
   if (!packed_gemm_suits(wt)) return nullptr;
@@ -132,6 +132,7 @@ std::shared_ptr<const PackedWeight> TransposedWeights::packed(const at::Tensor& 
     e->version = w._version();
     e->packed = nullptr;
   }
+  if (!e->packed && rows < 4) return nullptr;
   // A fresh object for a new layout: a backward still holding the old one keeps it.
   if (!e->packed || (backward && !e->packed->backward.defined())) {
     auto p = std::make_shared<PackedWeight>();
@@ -180,9 +181,10 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 
 at::Tensor WeightGradBatcher::linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                                      const at::Tensor* wt, bool bias_rows, std::shared_ptr<const PackedWeight> packed) {
-  // A frozen weight leaves nothing to batch: plain autograd for x and the bias.
-  if (!c10::GradMode::is_enabled() || !w.requires_grad())
-    return packed ? linear_packed(x, *packed, b) : linear_rows(x, w, b, wt);
+  if (!c10::GradMode::is_enabled()) return packed ? linear_packed(x, *packed, b) : linear_rows(x, w, b, wt);
+  // A frozen weight leaves nothing to batch: plain autograd for x and the bias
+  // (the packed product records none).
+  if (!w.requires_grad()) return linear_rows(x, w, b, wt);
   at::Tensor y;
   {
     c10::AutoGradMode no_grad(false);

@@ -49,9 +49,9 @@ struct PackedWeight {
 // reads either layout.
 //
 // Where the CPU has AVX-512, packed() comes first: the weight in packed_mm's
-// panels, made at its first product (OpenBLAS would copy it into its own
-// panels in that call anyway) and again after an update in place; those
-// weights never reach get(). GraphOptions::pack_weights off (set_packing(false))
+// panels, made at its first product of 4 rows or more (OpenBLAS would copy it
+// into its own panels in that call anyway) and again after an update in
+// place; those weights reach get() only for products packed() leaves. GraphOptions::pack_weights off (set_packing(false))
 // leaves OpenBLAS every product.
 class TransposedWeights {
  public:
@@ -59,8 +59,11 @@ class TransposedWeights {
   // on the CPU). The pointer stays valid until the next call or clear().
   const at::Tensor* get(const at::Tensor& w);
   // W packed (with its backward form when `backward`), or null: packing off or
-  // not available, or a weight it does not suit. Valid until the weight changes.
-  std::shared_ptr<const PackedWeight> packed(const at::Tensor& w, bool backward);
+  // not available, a weight it does not suit, or a new layout wanted for a
+  // product of fewer than 4 rows (a weight applied once to a row or two: a
+  // GEMV copies nothing; the next product lays it out). Valid until the
+  // weight changes.
+  std::shared_ptr<const PackedWeight> packed(const at::Tensor& w, bool backward, int64_t rows = 4);
   // Whether packed() may pack at all (GraphOptions::pack_weights).
   void set_packing(bool on) { packing_ = on; }
   void clear() {

@@ -226,11 +226,17 @@ TEST_CASE("packed_mm: the product of any rows, with no bias, one bias or a bias 
       CHECK(at::allclose(packed_mm(wide, p), at::mm(wide, W.t()), 1e-4, 1e-4));
       const at::Tensor cols = at::randn({k, m}).t();
       CHECK(at::allclose(packed_mm(cols, p), at::mm(cols, W.t()), 1e-4, 1e-4));
+      // W's own rows laid out (the backward's dX = dY W): panels cut from rows, k columns.
+      const at::Tensor dy = at::randn({m, n});
+      CHECK(at::allclose(packed_mm(dy, pack_matrix(W)), at::mm(dy, W), 1e-4, 1e-4));
     }
+    CHECK(packed_mm(at::randn({0, k}), p, at::randn({0, n})).sizes() == at::IntArrayRef{0, n});  // no rows
   }
   const at::Tensor x = at::randn({3, 5});
   CHECK_THROWS_AS(packed_mm(x, pack_matrix(at::randn({8, 8}))), InternalError);  // k does not match
   CHECK_THROWS_AS(pack_matrix(at::randn({8, 8}, at::kDouble)), InternalError);
+  CHECK_THROWS_AS(packed_mm(at::randn({3, 8}, at::kDouble), pack_matrix(at::randn({8, 8}))), InternalError);
+  CHECK_FALSE(packed_product_takes(at::randn({3, 8}), at::randn({8}, at::kDouble)));
 }
 
 TEST_CASE("TransposedWeights::packed: made at a weight's first use, again after an update, off when asked",
@@ -269,6 +275,10 @@ TEST_CASE("TransposedWeights::packed: made at a weight's first use, again after 
   cache.set_packing(true);
   CHECK(cache.packed(at::randn({8, 6000}).requires_grad_(), false) == nullptr);  // k past what was measured
   CHECK(cache.packed(at::randn({2, 2}).requires_grad_(), false) == nullptr);     // too small to pay
+  const at::Tensor once = param({64, 48}, 24);
+  CHECK(cache.packed(once, false, 1) == nullptr);  // a new layout for one row: a GEMV instead
+  CHECK(cache.packed(once, false, 4) != nullptr);
+  CHECK(cache.packed(once, false, 1) != nullptr);  // laid out already: one row reads it too
   {
     c10::InferenceMode inference;  // no version counter to tell an update by: never packed
     CHECK(cache.packed(at::randn({64, 48}), false) == nullptr);
@@ -317,6 +327,36 @@ TEST_CASE("pack_weights: a recurrence's values and gradients are the same with t
   for (size_t i = 0; i < packed.size(); ++i) {
     INFO("tensor " << i << ": max |diff| " << (packed[i] - plain[i]).abs().max().item<double>() << " of max "
                     << plain[i].abs().max().item<double>());
+    CHECK(at::allclose(packed[i], plain[i], 1e-4, 1e-5));
+  }
+}
+
+TEST_CASE("pack_weights: a frozen weight still passes gradients to its input and bias", "[backend][packed]") {
+  // The packed product records no autograd of its own: a frozen W with
+  // autograd on must take the path that does (at::linear).
+  auto run = [](bool pack) {
+    const at::Tensor W = param({40, 40}, 33, 0.05).requires_grad_(false), b = param({40}, 34);
+    Graph g(GraphOptions{.pack_weights = pack});
+    std::vector<Expr> losses;
+    std::vector<at::Tensor> xs;
+    for (int i = 0; i < 7; ++i) {
+      auto s = g.example(i);
+      xs.push_back(data({40}, i).requires_grad_());
+      Expr h = g.input(xs.back());
+      for (int t = 0; t < 3; ++t) h = dsl::tanh(dsl::affine(W, h, b) + dsl::matmul(W, h));
+      losses.push_back(dsl::sum(h * h));
+    }
+    Expr loss = dsl::sum(losses);
+    g.forward(loss);
+    loss.value().backward();
+    std::vector<at::Tensor> out{loss.value().detach(), b.grad()};
+    for (const at::Tensor& x : xs) out.push_back(x.grad());
+    return out;
+  };
+  const std::vector<at::Tensor> packed = run(true), plain = run(false);
+  for (size_t i = 0; i < packed.size(); ++i) {
+    INFO("tensor " << i);
+    REQUIRE(packed[i].defined());
     CHECK(at::allclose(packed[i], plain[i], 1e-4, 1e-5));
   }
 }
