@@ -21,6 +21,14 @@ constexpr int64_t kPanel = 32;  // columns a panel: two 16-float registers a row
 constexpr int kRows = 6;        // rows a block: 12 accumulators, the FMA units kept busy
 
 #ifdef SHEAF_HAVE_AVX2_CLONES
+// A panel's two 16-column halves, as masks of its first `cols` (1-32) real columns.
+struct PanelMasks {
+  __mmask16 lo, hi;
+  explicit PanelMasks(int64_t cols)
+      : lo(static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1)),
+        hi(static_cast<__mmask16>(cols <= 16 ? 0 : cols >= 32 ? 0xFFFF : (1u << (cols - 16)) - 1)) {}
+};
+
 // R rows of x times one panel: accumulators start from the bias (row stride
 // ldb; 0 for one bias for every row) and run over k; stores keep to the
 // panel's real columns (masks).
@@ -55,8 +63,8 @@ SHEAF_AVX512_TARGET void panels_avx512(const float* x, int64_t m, int64_t ldx, c
                                        int64_t n, const float* bias, int64_t ldb, float* c, int64_t p0, int64_t p1) {
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t cols = std::min<int64_t>(kPanel, n - p * kPanel);
-    const auto m0 = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
-    const auto m1 = static_cast<__mmask16>(cols <= 16 ? 0 : cols >= 32 ? 0xFFFF : (1u << (cols - 16)) - 1);
+    const PanelMasks mask(cols);
+    const __mmask16 m0 = mask.lo, m1 = mask.hi;
     const float* panel = packed + p * k * kPanel;
     const float* b = bias ? bias + p * kPanel : nullptr;
     float* out = c + p * kPanel;
@@ -85,13 +93,12 @@ SHEAF_AVX512_TARGET void pack_strided_avx512(const float* from, int64_t sk, int6
   const __m512i step = _mm512_set1_epi32(static_cast<int>(sn));
   const __m512i i0 = _mm512_mullo_epi32(lane, step);
   const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(static_cast<int>(16 * sn)));
-  const auto m0 = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
-  const auto m1 = static_cast<__mmask16>(cols <= 16 ? 0 : cols >= 32 ? 0xFFFF : (1u << (cols - 16)) - 1);
+  const PanelMasks mask(cols);
   const __m512 zero = _mm512_setzero_ps();
   for (int64_t i = 0; i < k; ++i) {
     const float* row = from + i * sk;
-    _mm512_storeu_ps(panel + i * kPanel, _mm512_mask_i32gather_ps(zero, m0, i0, row, 4));
-    _mm512_storeu_ps(panel + i * kPanel + 16, _mm512_mask_i32gather_ps(zero, m1, i1, row, 4));
+    _mm512_storeu_ps(panel + i * kPanel, _mm512_mask_i32gather_ps(zero, mask.lo, i0, row, 4));
+    _mm512_storeu_ps(panel + i * kPanel + 16, _mm512_mask_i32gather_ps(zero, mask.hi, i1, row, 4));
   }
 }
 #endif

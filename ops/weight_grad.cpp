@@ -95,6 +95,19 @@ struct WeightGradBatcher::Tap {
 WeightGradBatcher::WeightGradBatcher() = default;
 WeightGradBatcher::~WeightGradBatcher() = default;
 
+namespace {
+
+// Whether w changed in place or was re-seated since (data, version) were
+// taken; they are brought up to date.
+bool changed(const at::Tensor& w, const void*& data, int64_t& version) {
+  if (data == w.data_ptr() && version == w._version()) return false;
+  data = w.data_ptr();
+  version = w._version();
+  return true;
+}
+
+}  // namespace
+
 const at::Tensor* TransposedWeights::get(const at::Tensor& w) {
   // Inference tensors have no version counter to tell an update by.
   if (w.dim() != 2 || !w.is_cpu() || w.is_inference()) return nullptr;
@@ -105,9 +118,7 @@ const at::Tensor* TransposedWeights::get(const at::Tensor& w) {
   if ((w.size(1) % 128 == 0 && entries > 65536) || entries > (int64_t{1} << 20)) return nullptr;
   for (Entry& e : entries_) {
     if (!e.w.is_same(w)) continue;
-    if (e.data != w.data_ptr() || e.version != w._version()) {  // changed in place or re-seated: start again
-      e.data = w.data_ptr();
-      e.version = w._version();
+    if (changed(w, e.data, e.version)) {  // start again
       e.wt = at::Tensor();
       return nullptr;
     }
@@ -127,11 +138,7 @@ std::shared_ptr<const PackedWeight> TransposedWeights::packed(const at::Tensor& 
   for (PackedEntry& f : packed_)
     if (f.w.is_same(w)) e = &f;
   if (!e) e = &packed_.emplace_back(PackedEntry{w, nullptr, 0, nullptr});
-  if (e->data != w.data_ptr() || e->version != w._version()) {  // new, changed in place or re-seated
-    e->data = w.data_ptr();
-    e->version = w._version();
-    e->packed = nullptr;
-  }
+  if (changed(w, e->data, e->version)) e->packed = nullptr;  // new, changed in place or re-seated
   if (!e->packed && rows < 4) return nullptr;
   // A fresh object for a new layout: a backward still holding the old one keeps it.
   if (!e->packed || (backward && !e->packed->backward.defined())) {

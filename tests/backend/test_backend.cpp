@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 
 #include <sheaf/ops/weight_grad.h>
 
@@ -285,30 +286,55 @@ TEST_CASE("TransposedWeights::packed: made at a weight's first use, again after 
   }
 }
 
+namespace {
+
+// Seven examples, each a chain of `steps` applications of `step` to its own
+// input, summed squares as the loss, with weight packing on or off: the loss,
+// then the gradients of `params` and of each example's input.
+std::vector<at::Tensor> chain_results(bool pack, const std::vector<at::Tensor>& params,
+                                      const std::function<Expr(Expr)>& step, int steps) {
+  Graph g(GraphOptions{.pack_weights = pack});
+  std::vector<Expr> losses;
+  std::vector<at::Tensor> xs;
+  for (int i = 0; i < 7; ++i) {
+    auto s = g.example(i);
+    xs.push_back(data({40}, i).requires_grad_());
+    Expr h = g.input(xs.back());
+    for (int t = 0; t < steps; ++t) h = step(h);
+    losses.push_back(dsl::sum(h * h));
+  }
+  Expr loss = dsl::sum(losses);
+  g.forward(loss);
+  loss.value().backward();
+  std::vector<at::Tensor> out{loss.value().detach()};
+  for (const at::Tensor& p : params) out.push_back(p.grad());
+  for (const at::Tensor& x : xs) out.push_back(x.grad());
+  return out;
+}
+
+void check_same(const std::vector<at::Tensor>& packed, const std::vector<at::Tensor>& plain) {
+  REQUIRE(packed.size() == plain.size());
+  for (size_t i = 0; i < packed.size(); ++i) {
+    INFO("tensor " << i);
+    REQUIRE(packed[i].defined());
+    REQUIRE(plain[i].defined());
+    INFO("max |diff| " << (packed[i] - plain[i]).abs().max().item<double>() << " of max "
+                       << plain[i].abs().max().item<double>());
+    CHECK(at::allclose(packed[i], plain[i], 1e-4, 1e-5));
+  }
+}
+
+}  // namespace
+
 TEST_CASE("pack_weights: a recurrence's values and gradients are the same with the packed product and OpenBLAS",
           "[backend][packed]") {
-  // A chain of 6 steps over 7 examples: the weight's second product on is
-  // packed (forward, and dX in backward).
+  // A chain of 6 steps over 7 examples: every product is packed (forward, and
+  // dX in backward).
   auto run = [](bool pack) {
     // Small enough that tanh does not saturate (whose derivative there would
     // magnify any rounding).
-    at::Tensor W = param({40, 40}, 31, 0.05), b = param({40}, 32);
-    Graph g(GraphOptions{.pack_weights = pack});
-    std::vector<Expr> losses;
-    std::vector<at::Tensor> xs;
-    for (int i = 0; i < 7; ++i) {
-      auto s = g.example(i);
-      xs.push_back(data({40}, i).requires_grad_());
-      Expr h = g.input(xs.back());
-      for (int t = 0; t < 6; ++t) h = dsl::tanh(dsl::affine(W, h, b));
-      losses.push_back(dsl::sum(h * h));
-    }
-    Expr loss = dsl::sum(losses);
-    g.forward(loss);
-    loss.value().backward();
-    std::vector<at::Tensor> out{loss.value().detach(), W.grad(), b.grad()};
-    for (const at::Tensor& x : xs) out.push_back(x.grad());
-    return out;
+    const at::Tensor W = param({40, 40}, 31, 0.05), b = param({40}, 32);
+    return chain_results(pack, {W, b}, [&](Expr h) { return dsl::tanh(dsl::affine(W, h, b)); }, 6);
   };
   static std::atomic<int> products{0};  // packed_mm calls seen (a callback takes no captures)
   const at::CallbackHandle counter = at::addGlobalCallback(at::RecordFunctionCallback(
@@ -324,11 +350,7 @@ TEST_CASE("pack_weights: a recurrence's values and gradients are the same with t
   // Every step forward, and dX in backward.
   if (packed_gemm_available()) CHECK(packed_products >= 12);
   CHECK(plain_products == 0);
-  for (size_t i = 0; i < packed.size(); ++i) {
-    INFO("tensor " << i << ": max |diff| " << (packed[i] - plain[i]).abs().max().item<double>() << " of max "
-                    << plain[i].abs().max().item<double>());
-    CHECK(at::allclose(packed[i], plain[i], 1e-4, 1e-5));
-  }
+  check_same(packed, plain);
 }
 
 TEST_CASE("pack_weights: a frozen weight still passes gradients to its input and bias", "[backend][packed]") {
@@ -336,29 +358,10 @@ TEST_CASE("pack_weights: a frozen weight still passes gradients to its input and
   // autograd on must take the path that does (at::linear).
   auto run = [](bool pack) {
     const at::Tensor W = param({40, 40}, 33, 0.05).requires_grad_(false), b = param({40}, 34);
-    Graph g(GraphOptions{.pack_weights = pack});
-    std::vector<Expr> losses;
-    std::vector<at::Tensor> xs;
-    for (int i = 0; i < 7; ++i) {
-      auto s = g.example(i);
-      xs.push_back(data({40}, i).requires_grad_());
-      Expr h = g.input(xs.back());
-      for (int t = 0; t < 3; ++t) h = dsl::tanh(dsl::affine(W, h, b) + dsl::matmul(W, h));
-      losses.push_back(dsl::sum(h * h));
-    }
-    Expr loss = dsl::sum(losses);
-    g.forward(loss);
-    loss.value().backward();
-    std::vector<at::Tensor> out{loss.value().detach(), b.grad()};
-    for (const at::Tensor& x : xs) out.push_back(x.grad());
-    return out;
+    return chain_results(
+        pack, {b}, [&](Expr h) { return dsl::tanh(dsl::affine(W, h, b) + dsl::matmul(W, h)); }, 3);
   };
-  const std::vector<at::Tensor> packed = run(true), plain = run(false);
-  for (size_t i = 0; i < packed.size(); ++i) {
-    INFO("tensor " << i);
-    REQUIRE(packed[i].defined());
-    CHECK(at::allclose(packed[i], plain[i], 1e-4, 1e-5));
-  }
+  check_same(run(true), run(false));
 }
 
 TEST_CASE("a partial backward through a product's per-example bias leaves its weight's gradient exact", "[backend]") {
