@@ -238,8 +238,22 @@ double Executor::lap(double* into) {
 void Executor::upload_indices(const Plan& plan) {
   const auto n = static_cast<int64_t>(plan.indices.size());
   const bool cuda = config_.device.is_cuda();
+  auto copy_into = [&](const at::Tensor& t) {
+    if (n) std::memcpy(t.data_ptr<int64_t>(), plan.indices.data(), static_cast<size_t>(n) * sizeof(int64_t));
+  };
+  if (!cuda && config_.index_buffer != nullptr) {
+    // The last round's buffer serves again when nothing else holds it (a
+    // lookup's or an index_select's backward keeps a view of it: training),
+    // which saves an allocation a round. Reads go by offsets: it may be longer.
+    at::Tensor& buffer = *config_.index_buffer;
+    if (!buffer.defined() || buffer.numel() < n || buffer.use_count() != 1 || buffer.storage().use_count() != 1)
+      buffer = at::empty({n}, at::TensorOptions().dtype(at::kLong));
+    copy_into(buffer);
+    index_ = buffer;
+    return;
+  }
   at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(cuda));
-  if (n) std::memcpy(host.data_ptr<int64_t>(), plan.indices.data(), static_cast<size_t>(n) * sizeof(int64_t));
+  copy_into(host);
   index_ = config_.device.is_cpu() ? host : host.to(config_.device, /*non_blocking=*/true);
 }
 

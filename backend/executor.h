@@ -32,6 +32,10 @@ struct ExecConfig {
   bool batch_weight_grads = true;  // one gradient product per shared weight per round (ops/weight_grad.h)
   const FunctionTable* functions = nullptr;  // the bodies of the graph's function calls
   TransposedWeights* transposed = nullptr;   // W^T of shared weights, kept for the graph (ops/weight_grad.h)
+  // The graph's last index buffer (CPU): a round reuses it when nothing else
+  // holds it (no autograd node saved ids from it: inference) instead of
+  // allocating one. Null: a new buffer every round.
+  at::Tensor* index_buffer = nullptr;
 };
 
 class Executor {

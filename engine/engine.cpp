@@ -206,7 +206,7 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate, bool defer)
 void Engine::execute_round() {
   const auto t0 = Clock::now();
   exec_config_ = ExecConfig{options_.device, options_.seed, options_.train, options_.profile,
-                            options_.batch_weight_grads, &functions_, &transposed_};
+                            options_.batch_weight_grads, &functions_, &transposed_, &index_buffer_};
   Executor exec(trace_.store(), lazy_, exec_config_, stats_);
   try {
     exec.run(scheduler_.plan());

@@ -145,6 +145,7 @@ class Engine {
   FunctionCache functions_;
   ExecConfig exec_config_;
   TransposedWeights transposed_;  // W^T of the shared weights this graph applies repeatedly, until clear()
+  at::Tensor index_buffer_;       // the rounds' ids on the CPU, reused while nothing else holds it (ExecConfig)
   uint32_t slot_;
   uint32_t generation_;
   Stats stats_;

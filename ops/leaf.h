@@ -61,7 +61,7 @@ inline const Shape& check_table(const InferCtx& c) {
 // index_select along the rows.
 struct Lookup {
   static constexpr std::string_view name = "lookup";
-  static constexpr OpTraits traits{.arity = 1, .source = true};
+  static constexpr OpTraits traits{.arity = 1, .source = true, .payload_index = true};
   static Shape infer(const InferCtx& c) {
     const Shape& t = check_table(c);
     if (c.payload() < 0 || c.payload() >= t[0])

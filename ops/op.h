@@ -88,6 +88,11 @@ struct OpTraits {
   // ([sum of L, S...]) and, per node, its number of rows in segment_counts()
   // (segment_ids(): each row's node); otherwise segment_counts() is empty.
   bool row_reduce = false;
+  // The payload is an index into axis 0 of argument 0 (a table's row, a
+  // vector's element) and inference reads it only to check that range: the
+  // tracer may then reuse one inference for nodes whose payloads differ (and
+  // still checks each payload against that axis).
+  bool payload_index = false;
 
   constexpr bool weight(size_t i) const { return i < 8 && ((weights >> i) & 1) != 0; }
   constexpr bool row_arg(size_t i) const { return !weight(i) && (i >= 8 || ((row_args >> i) & 1) != 0); }

@@ -248,7 +248,7 @@ inline void check_index(const InferCtx& c, const char* what) {
 // payload: the index.
 struct Pick {
   static constexpr std::string_view name = "pick";
-  static constexpr OpTraits traits{.arity = 1};
+  static constexpr OpTraits traits{.arity = 1, .payload_index = true};
   static Shape infer(const InferCtx& c) {
     check_index(c, "index");
     return Shape{};
@@ -325,7 +325,7 @@ struct ArgMax {
 // payload: the gold label.
 struct PickNegLogSoftmax {
   static constexpr std::string_view name = "pick_neg_log_softmax";
-  static constexpr OpTraits traits{.arity = 1};
+  static constexpr OpTraits traits{.arity = 1, .payload_index = true};
   static Shape infer(const InferCtx& c) {
     check_index(c, "label");
     return Shape{};

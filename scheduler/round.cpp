@@ -67,7 +67,7 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
     q.release_deferred();
   }
   work.swap(q.candidates());
-  if (!std::is_sorted(work.begin(), work.end())) std::sort(work.begin(), work.end());
+  sort_unique(work, s.size(), dag.bits);
   auto ready = [&](NodeId r) { return s.has(r, NodeStore::kComputed) || dag.stamp[r] == round; };
   for (size_t i = 0; i < work.size(); ++i) {
     const NodeId n = work[i];
@@ -139,6 +139,26 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
 }
 
 }  // namespace
+
+// A bit per node and a scan of the words, where that costs less than a comparison sort.
+void sort_unique(std::vector<NodeId>& v, size_t size, std::vector<uint64_t>& bits) {
+  if (std::is_sorted(v.begin(), v.end())) {
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    return;
+  }
+  const size_t words = (size + 63) / 64;
+  if (v.size() < 64 || v.size() * 8 < words) {  // few: a comparison sort costs less than the scan
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    return;
+  }
+  bits.assign(words, 0);
+  for (NodeId n : v) bits[n >> 6] |= uint64_t{1} << (n & 63);
+  v.clear();
+  for (size_t w = 0; w < words; ++w)
+    for (uint64_t b = bits[w]; b != 0; b &= b - 1)
+      v.push_back(static_cast<NodeId>(w * 64 + static_cast<size_t>(__builtin_ctzll(b))));
+}
 
 // The CSR lists of uses from those of arguments.
 void link_uses(RoundDag& dag) {

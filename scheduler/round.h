@@ -31,6 +31,7 @@ struct RoundDag {
   std::vector<uint32_t> fill;
   std::vector<NodeId> undecided;  // the round's work list
   std::vector<NodeId> stack;      // scratch: the walk from awaited nodes
+  std::vector<uint64_t> bits;     // scratch: sorting the work list (a bit per node)
   size_t size() const { return node.size(); }
   // Signatures are dense ids: a table indexed by signature needs this many entries.
   uint32_t num_sigs() const {
@@ -59,6 +60,11 @@ struct Awaited {
 };
 void build_round(const NodeStore& store, ReadyQueue& queue, std::vector<NodeId>& aliases, RoundDag& dag,
                  uint64_t& visits, const Awaited* awaited = nullptr);
+
+// Sorts node ids (each below `size`) and drops repeats: a round's work list,
+// which control flow hands over in callback order. Linear in the ids plus
+// size / 64 where that beats a comparison sort; `bits` is scratch.
+void sort_unique(std::vector<NodeId>& ids, size_t size, std::vector<uint64_t>& bits);
 
 // A DAG built by hand (tests, tools): nodes 0..n-1 with the given signatures and
 // in-round arguments (each argument's id below its user's).

@@ -67,21 +67,22 @@ void Scheduler::plan_with(Trace& trace, const Strategy& strategy, StrategyMemo* 
 // Plans the round with each candidate and keeps the cheapest (ties: the
 // first), used alone for the next kRecheck - 1 rounds: a comparison costs a
 // schedule and a plan per candidate. Only plans, no timing, decide: the same
-// graph gets the same schedule on every run.
+// graph gets the same schedule on every run. The candidates are planned last
+// to first: the store holds the rows of the last plan made, so when the first
+// (the usual winner) wins, its plan stands without being made again.
 void Scheduler::compare(Trace& trace, const Strategy& strategy, bool validate, const Fuser* fuser,
                         const CostModel& cost) {
   static constexpr int kRecheck = 16;
   const std::span<const Strategy* const> candidates = strategy.candidates();
-  size_t best = 0;
-  for (size_t k = 0; k < candidates.size(); ++k) {
+  compared_.resize(candidates.size());
+  size_t best = candidates.size() - 1;
+  for (size_t k = candidates.size(); k-- > 0;) {
     plan_with(trace, *candidates[k], nullptr, strategy.name(), validate, fuser);
-    const PlanCost c{candidates[k]->name(), plan_.batches.size(), plan_.gathers, plan_.gathered_bytes,
-                     cost.of(plan_.batches.size(), plan_.gathers, plan_.gathered_bytes)};
-    compared_.push_back(c);
-    if (c.cost_us < compared_[best].cost_us) best = k;
+    compared_[k] = PlanCost{candidates[k]->name(), plan_.batches.size(), plan_.gathers, plan_.gathered_bytes,
+                            cost.of(plan_.batches.size(), plan_.gathers, plan_.gathered_bytes)};
+    if (compared_[k].cost_us <= compared_[best].cost_us) best = k;
   }
-  // The store holds the rows of the last plan made.
-  if (best + 1 != candidates.size()) plan_with(trace, *candidates[best], nullptr, strategy.name(), validate, fuser);
+  if (best != 0) plan_with(trace, *candidates[best], nullptr, strategy.name(), validate, fuser);
   memo_.choice = static_cast<int>(best);
   memo_.rounds_left = kRecheck - 1;
 }

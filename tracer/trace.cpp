@@ -80,23 +80,34 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
   // too long to keep (or unknown shapes: inferred later).
   std::array<int64_t, std::tuple_size_v<decltype(LastRecord::key)>> key;
   size_t len = 0;
-  LastRecord& last = last_record_[op % last_record_.size()];
-  bool hit = false;
+  std::array<LastRecord, kRecordWays>& ways = last_record_[op % last_record_.size()];
+  const LastRecord* hit = nullptr;
+  // An index payload is checked against its range below, not keyed: a lookup
+  // per word, a label per example would otherwise each infer anew.
+  const bool index_payload = info.traits.payload_index;
+  // (Read before inference: interning its result may move the shapes `shapes` points at.)
+  const int64_t bound = index_payload && !unknown && !args.empty() && shapes[0]->rank() > 0 ? (*shapes[0])[0] : 0;
   if (!unknown) {
     if (3 + args.size() + attrs.size() <= key.size()) {
       key[len++] = op;
-      key[len++] = payload;
+      key[len++] = index_payload ? 0 : payload;
       key[len++] = static_cast<int64_t>(args.size()) << 1 | is_shared;
       // (Whether a per-example argument is packed decides whether this node packs: Trace::by_rows.)
       for (size_t i = 0; i < args.size(); ++i)
         key[len++] = shared[i] ? (int64_t{1} << 40) | s_.resolve(args[i])
                                : s_.shape[args[i]] | (s_.has(s_.resolve(args[i]), NodeStore::kRowwise) ? int64_t{1} << 41 : 0);
       for (int64_t a : attrs) key[len++] = a;
-      hit = last.len == len;
-      for (size_t i = 0; i < len && hit; ++i) hit = last.key[i] == key[i];  // a few words: no memcmp call
+      for (const LastRecord& w : ways) {
+        bool same = w.len == len && (!index_payload || (payload >= 0 && payload < w.bound));
+        for (size_t i = 0; i < len && same; ++i) same = w.key[i] == key[i];  // a few words: no memcmp call
+        if (same) {
+          hit = &w;
+          break;
+        }
+      }
     }
     if (hit) {
-      shape = last.shape;  // the same inputs passed the same checks
+      shape = hit->shape;  // the same inputs passed the same checks
     } else {
       const Site site{info.name, example, loc};
       const InferCtx ctx(std::span(shapes, args.size()), std::span(shared, args.size()), attrs, payload, site);
@@ -111,16 +122,18 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
   if (unknown) {
     wait_for_shapes(n);
   } else if (hit) {
-    s_.sig[n] = last.sig;
-    s_.flags[n] |= last.flags;  // kRowwise, kRowReduce: the same shapes, the same verdict
+    s_.sig[n] = hit->sig;
+    s_.flags[n] |= hit->flags;  // kRowwise, kRowReduce: the same shapes, the same verdict
   } else {
     if (!is_shared) s_.sig[n] = signature(n, info.traits);
-    if (len > 0) {
+    if (len > 0) {  // round robin over the op's ways: a model alternates a few kinds of call, lookup, ...
+      LastRecord& last = ways[next_way_[op % next_way_.size()]++ % kRecordWays];
       std::copy(key.begin(), key.begin() + static_cast<std::ptrdiff_t>(len), last.key.begin());
       last.len = len;
       last.shape = shape;
       last.sig = is_shared ? kNoSig : s_.sig[n];
       last.flags = static_cast<uint8_t>(s_.flags[n] & (NodeStore::kRowwise | NodeStore::kRowReduce));
+      last.bound = bound;
     }
   }
   ready_.add(n);
@@ -545,7 +558,7 @@ bool Trace::infer_deferred(NodeId d) {
 void Trace::clear() {
   s_.clear();
   last_sig_.fill(LastSig{});  // signature ids start again from 0
-  last_record_.fill(LastRecord{});  // and node ids
+  for (auto& ways : last_record_) ways.fill(LastRecord{});  // and node ids
   recent_params_.fill(RecentParam{});
   ready_.clear();
   deferred_inferences_ = 0;

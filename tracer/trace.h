@@ -126,18 +126,22 @@ class Trace {
   std::vector<const Shape*> arg_shapes_;
   std::vector<uint8_t> arg_shared_;
   std::vector<int64_t> key_scratch_;
-  // The last node of each op (by op code) whose shape was inferred, keyed by
-  // everything its shape and signature depend on (arguments' shapes, shared
-  // arguments themselves, attributes, payload): most nodes repeat it, and a
-  // hit skips inference, interning and the signature's key.
+  // The last few nodes of each op (by op code) whose shapes were inferred,
+  // keyed by everything their shape and signature depend on (arguments'
+  // shapes, shared arguments themselves, attributes, payload unless it is an
+  // index: OpTraits::payload_index): most nodes repeat one of them, and a hit
+  // skips inference, interning and the signature's key.
   struct LastRecord {
     std::array<int64_t, 16> key{};
     size_t len = 0;
     ShapeId shape = kUnknownShape;
     SigId sig = kNoSig;
     uint8_t flags = 0;  // what signature() set besides the signature (NodeStore::kRowwise)
+    int64_t bound = 0;  // an index payload must lie in [0, bound) (argument 0's axis 0)
   };
-  std::array<LastRecord, 64> last_record_{};
+  static constexpr size_t kRecordWays = 4;  // a TreeLSTM's leaf and inner calls, a gated net's gate and two cells
+  std::array<std::array<LastRecord, kRecordWays>, 64> last_record_{};
+  std::array<uint8_t, 64> next_way_{};
   // The last signature key of each op (by op code): most nodes repeat it.
   struct LastSig {
     std::array<int64_t, 12> key{};

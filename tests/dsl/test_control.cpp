@@ -98,6 +98,26 @@ TEST_CASE("loop: a vector state with gradients, different trip counts", "[dsl][c
   REQUIRE_BATCHED_EQUALS_ALONE(r);
 }
 
+// A lookup's backward reads the ids the round handed its launch (a view of
+// the round's index buffer); later rounds of the same forward must not write
+// over them (the executor reuses the buffer only when nothing holds it).
+TEST_CASE("loop: embedding gradients after rounds that follow the lookups", "[dsl][control][checker]") {
+  P p;
+  const at::Tensor E = param({40, 6}, 4);
+  CheckReport r = check_batched(24, [&](Graph& g, int i) {
+    Expr h0 = g.lookup(E, (i * 7) % 40) + g.lookup(E, (i * 13 + 5) % 40);
+    Expr k0 = g.input(at::full({}, static_cast<double>(i % 4)));
+    std::vector<Expr> out = dsl::loop(
+        {h0, k0}, [](const std::vector<Expr>& s) { return s[1] > 0.5; },
+        [&](const std::vector<Expr>& s) {
+          return std::vector<Expr>{dsl::tanh(dsl::affine(p.W, s[0], p.b)) + g.lookup(E, (i * 3 + 1) % 40),
+                                   s[1] - 1.0};
+        });
+    return dsl::sum(out[0] * out[0]);
+  }, {.params = {p.W, p.b, E}});
+  REQUIRE_BATCHED_EQUALS_ALONE(r);
+}
+
 TEST_CASE("loop: halting on a computed probability", "[dsl][control][checker]") {
   // Adaptive computation: keep transforming until a sigmoid readout passes 0.8.
   P p;

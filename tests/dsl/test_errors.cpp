@@ -108,6 +108,28 @@ TEST_CASE("id out of range in a lookup", "[dsl][errors]") {
   REQUIRE_THROWS_WITH(g.lookup(at::randn({3, 2, 4}), {1, 2}, /*sparse_grad=*/true), Contains("2-D"));
 }
 
+// The tracer reuses one inference for nodes that differ only in an index
+// payload (OpTraits::payload_index): each index must still be checked.
+TEST_CASE("an index out of range after the same op was recorded in range", "[dsl][errors]") {
+  Graph g;
+  at::Tensor E = param({10, 4}, 3);
+  auto scope = g.example(2);
+  Expr v = g.lookup(E, 9);
+  for (int64_t id : {0, 5, 9}) REQUIRE_NOTHROW(g.lookup(E, id));
+  REQUIRE_THROWS_WITH(g.lookup(E, 10), Contains("op 'lookup'") && Contains("id 10") && Contains("10 rows"));
+  REQUIRE_THROWS_WITH(g.lookup(E, -1), Contains("op 'lookup'") && Contains("id -1"));
+  REQUIRE_NOTHROW(dsl::pick(v, 3));
+  REQUIRE_THROWS_WITH(dsl::pick(v, 4), Contains("op 'pick'") && Contains("out of range for a vector of 4"));
+  REQUIRE_NOTHROW(dsl::pick_neg_log_softmax(v, 0));
+  REQUIRE_THROWS_WITH(dsl::pick_neg_log_softmax(v, 4),
+                      Contains("op 'pick_neg_log_softmax'") && Contains("label 4") && Contains("vector of 4"));
+  REQUIRE_THROWS_WITH(dsl::pick_neg_log_softmax(v, -3), Contains("label -3"));
+  // In range again after the errors: nothing was recorded by them.
+  const size_t before = g.size();
+  REQUIRE_NOTHROW(dsl::pick(v, 1));
+  REQUIRE(g.size() == before + 1);
+}
+
 TEST_CASE("Exprs from a cleared or destroyed graph, or from another graph", "[dsl][errors]") {
   Graph g;
   Expr x = g.input(at::randn({4}));

@@ -131,3 +131,26 @@ TEST_CASE("every strategy gives a valid schedule of random DAGs", "[scheduler]")
     CHECK(lazy.size() <= depth_launches);
   }
 }
+
+TEST_CASE("a round's work list: sorted, without repeats, on both paths", "[scheduler][round]") {
+  std::mt19937 rng(7);
+  std::vector<uint64_t> bits;
+  // (ids, graph size): few ids (comparison sort), many (a bit per node), sorted input with repeats.
+  for (auto [count, size] : {std::pair<size_t, size_t>{10, 1000}, {70, 100000}, {500, 4000}, {5000, 5000}}) {
+    std::vector<NodeId> ids;
+    std::uniform_int_distribution<NodeId> pick(0, static_cast<NodeId>(size - 1));
+    for (size_t i = 0; i < count; ++i) ids.push_back(pick(rng));
+    for (size_t i = 0; i < count / 5; ++i) ids.push_back(ids[i]);  // repeats
+    ids.push_back(static_cast<NodeId>(size - 1));                   // the last id a graph has
+    std::vector<NodeId> want = ids;
+    std::sort(want.begin(), want.end());
+    want.erase(std::unique(want.begin(), want.end()), want.end());
+    sort_unique(ids, size, bits);
+    CHECK(ids == want);
+    sort_unique(ids, size, bits);  // already sorted: unchanged
+    CHECK(ids == want);
+  }
+  std::vector<NodeId> repeats{3, 3, 5, 5, 5, 9};
+  sort_unique(repeats, 10, bits);
+  CHECK(repeats == std::vector<NodeId>{3, 5, 9});
+}
