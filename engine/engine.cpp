@@ -286,6 +286,7 @@ void Engine::clear() {
   generation_ = bump_generation(slot_);
   functions_.trim(generation_);
   transposed_.clear();
+  pending_calls_.clear();
 }
 
 // ---------------------------------------------------------------------------
@@ -347,22 +348,45 @@ void Engine::call_later(const std::shared_ptr<const FunctionDef>& def, std::span
       example = s.example[a];
       break;
     }
-  std::vector<NodeId> holders;
+  const auto index = static_cast<uint32_t>(pending_calls_.size());
+  PendingCall& pending = pending_calls_.emplace_back();
+  pending.def = def;
+  pending.args.assign(args.begin(), args.end());
+  pending.example = example;
+  pending.loc = site.loc;
   out.clear();
   for (size_t k = 0; k < expected; ++k) {
-    holders.push_back(trace_.placeholder(kUnknownShape, example, site.loc));
-    out.push_back(expr(holders.back()));
+    pending.holders.push_back(trace_.placeholder(kUnknownShape, example, site.loc));
+    out.push_back(expr(pending.holders.back()));
   }
-  trace_.when_shapes_known(args, [this, def, args = std::vector<NodeId>(args.begin(), args.end()), holders, example,
-                                  loc = site.loc] {
-    ExampleGuard in_example(trace_, example);
-    std::vector<Expr> results;
-    call(def, args, 0, results, loc);
-    if (results.size() != holders.size())
-      throw_user(Site{def->name, example, loc}, "function '", def->name, "' returned ", results.size(),
-                 " results where the call takes ", holders.size());
-    for (size_t k = 0; k < holders.size(); ++k) trace_.resolve(holders[k], results[k].id());
-  });
+  trace_.when_shapes_known(args, [this, index] { run_pending_call(index); });
+}
+
+void Engine::run_pending_call(uint32_t index) {
+  // Moved out: the call may record calls that wait in turn (pending_calls_ grows).
+  const PendingCall p = std::move(pending_calls_[index]);
+  ExampleGuard in_example(trace_, p.example);
+  c10::SmallVector<NodeId, 4> values;
+  {
+    std::vector<Expr> own;
+    const bool scratch = !call_results_busy_;
+    std::vector<Expr>& results = scratch ? call_results_ : own;
+    struct Busy {
+      bool& flag;
+      bool set;
+      ~Busy() {
+        if (set) flag = false;
+      }
+    } busy{call_results_busy_, scratch};
+    call_results_busy_ = true;
+    call(p.def, p.args, 0, results, p.loc);
+    if (results.size() != p.holders.size())
+      throw_user(Site{p.def->name, p.example, p.loc}, "function '", p.def->name, "' returned ", results.size(),
+                 " results where the call takes ", p.holders.size());
+    for (const Expr& r : results) values.push_back(r.id());
+  }
+  // (Resolving runs the watchers it wakes, which may run pending calls too.)
+  for (size_t k = 0; k < p.holders.size(); ++k) trace_.resolve(p.holders[k], values[k]);
 }
 
 // The body recorded here, op by op, on the arguments themselves.

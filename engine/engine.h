@@ -10,6 +10,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
 
 #include <chrono>
 #include <cstdint>
@@ -163,6 +164,19 @@ class Engine {
   [[noreturn]] void throw_frozen() const;
   std::chrono::steady_clock::time_point trace_start_;
   std::vector<int64_t> call_attrs_;  // call()'s scratch, used after its body is recorded
+  // Calls whose arguments' shapes wait on a dsl::cond (call_later), kept here
+  // rather than in their callbacks: a watcher is then two words, and a
+  // control-flow-heavy batch does not allocate per call.
+  struct PendingCall {
+    std::shared_ptr<const FunctionDef> def;
+    c10::SmallVector<NodeId, 4> args, holders;
+    int64_t example = 0;
+    std::source_location loc;
+  };
+  void run_pending_call(uint32_t index);
+  std::vector<PendingCall> pending_calls_;  // until clear()
+  std::vector<Expr> call_results_;          // run_pending_call's results (a nested one uses its own)
+  bool call_results_busy_ = false;
 };
 
 }  // namespace sheaf::detail
