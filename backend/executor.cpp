@@ -241,7 +241,7 @@ void Executor::upload_indices(const Plan& plan) {
   auto copy_into = [&](const at::Tensor& t) {
     if (n) std::memcpy(t.data_ptr<int64_t>(), plan.indices.data(), static_cast<size_t>(n) * sizeof(int64_t));
   };
-  if (!cuda && config_.index_buffer != nullptr) {
+  if (config_.device.is_cpu() && config_.index_buffer != nullptr) {
     // The last round's buffer serves again when nothing else holds it (a
     // lookup's or an index_select's backward keeps a view of it: training),
     // which saves an allocation a round. Reads go by offsets: it may be longer.

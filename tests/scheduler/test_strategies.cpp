@@ -135,8 +135,9 @@ TEST_CASE("every strategy gives a valid schedule of random DAGs", "[scheduler]")
 TEST_CASE("a round's work list: sorted, without repeats, on both paths", "[scheduler][round]") {
   std::mt19937 rng(7);
   std::vector<uint64_t> bits;
-  // (ids, graph size): few ids (comparison sort), many (a bit per node), sorted input with repeats.
-  for (auto [count, size] : {std::pair<size_t, size_t>{10, 1000}, {70, 100000}, {500, 4000}, {5000, 5000}}) {
+  // (ids, graph size): few ids, or few for a big graph (a comparison sort); many for the graph (a bit per node).
+  for (auto [count, size] :
+       {std::pair<size_t, size_t>{10, 1000}, {70, 100000}, {2000, 100000}, {500, 4000}, {5000, 5000}}) {
     std::vector<NodeId> ids;
     std::uniform_int_distribution<NodeId> pick(0, static_cast<NodeId>(size - 1));
     for (size_t i = 0; i < count; ++i) ids.push_back(pick(rng));
