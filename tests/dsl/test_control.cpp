@@ -109,7 +109,7 @@ TEST_CASE("loop: embedding gradients after rounds that follow the lookups", "[ds
     Expr k0 = g.input(at::full({}, static_cast<double>(i % 4)));
     std::vector<Expr> out = dsl::loop(
         {h0, k0}, [](const std::vector<Expr>& s) { return s[1] > 0.5; },
-        [&](const std::vector<Expr>& s) {
+        [&p, &E, &g, i](const std::vector<Expr>& s) {  // runs during forward: i by value
           return std::vector<Expr>{dsl::tanh(dsl::affine(p.W, s[0], p.b)) + g.lookup(E, (i * 3 + 1) % 40),
                                    s[1] - 1.0};
         });
