@@ -61,11 +61,18 @@ uint32_t Fuser::find(uint32_t i) {
 // Union-find over fusible nodes joined to fusible arguments of the same shape
 // and non-fusible depth; then the regions (two or more members) in local order,
 // their members (in local order: a topological order) and which members escape.
+//
+// A fusible node's depth is as late as its readers allow (the least of
+// theirs), not as early as its arguments do: `h * 0.5` of an argument, read
+// by a cell after a product, would otherwise be a region of its own (a
+// launch, and an autograd node) at depth 0. Depths stay non-decreasing along
+// every edge and rise through every non-fusible node, so regions stay convex.
 void Fuser::collect_regions(const NodeStore& s, const RoundDag& dag) {
   const auto m = static_cast<uint32_t>(dag.size());
   fusible_.resize(m);
   local_.resize(m);
   parent_.resize(m);
+  bool any = false;
   for (uint32_t i = 0; i < m; ++i) {
     const NodeId n = dag.node[i];
     const bool f = fusible(s, n);
@@ -74,12 +81,27 @@ void Fuser::collect_regions(const NodeStore& s, const RoundDag& dag) {
     // What the arguments' loop needs of a local, in one place (one cache miss per argument, not three).
     uint32_t d = 0;
     for (uint32_t a : dag.args_of(i)) d = std::max(d, local_[a].nd + (local_[a].fusible ? 0u : 1u));
-    const ShapeId shape = s.shape[n];
-    local_[i] = Local{d, shape, f};
-    if (!f) continue;
-    for (uint32_t a : dag.args_of(i))
-      if (local_[a].fusible && local_[a].nd == d && local_[a].shape == shape) parent_[find(a)] = find(i);
+    local_[i] = Local{d, s.shape[n], f};
+    any = any || f;
   }
+  if (!any) return collect_members(dag);
+  for (uint32_t i = m; i-- > 0;) {
+    if (!fusible_[i] || dag.uses_of(i).empty()) continue;
+    uint32_t late = kNone32;
+    for (uint32_t u : dag.uses_of(i)) late = std::min(late, local_[u].nd);
+    local_[i].nd = late;  // >= its own: a reader is never earlier
+  }
+  for (uint32_t i = 0; i < m; ++i) {
+    if (!fusible_[i]) continue;
+    const Local l = local_[i];
+    for (uint32_t a : dag.args_of(i))
+      if (local_[a].fusible && local_[a].nd == l.nd && local_[a].shape == l.shape) parent_[find(a)] = find(i);
+  }
+  collect_members(dag);
+}
+
+void Fuser::collect_members(const RoundDag& dag) {
+  const auto m = static_cast<uint32_t>(dag.size());
   count_.assign(m, 0);
   for (uint32_t i = 0; i < m; ++i)
     if (fusible_[i]) ++count_[parent_[i] = find(i)];

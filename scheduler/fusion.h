@@ -93,6 +93,7 @@ class Fuser {
   bool fusible(const NodeStore& s, NodeId n) const;
   uint32_t find(uint32_t i);
   void collect_regions(const NodeStore& s, const RoundDag& dag);
+  void collect_members(const RoundDag& dag);  // collect_regions' second half: regions from the sets
   void find_inputs(const NodeStore& s, const RoundDag& dag, uint32_t region);
   std::shared_ptr<const FusedProgram> program_for(NodeStore& s, const RoundDag& dag, uint32_t region, SigId& sig);
   std::shared_ptr<const FusedProgram> build_program(const NodeStore& s, const Region& region, const Shape& shape,

@@ -116,6 +116,32 @@ TEST_CASE("fusion: regions across rounds of control flow", "[fusion][control]") 
   REQUIRE_BATCHED_EQUALS_ALONE(check_batched(5, TaskProgram(program), both()));
 }
 
+TEST_CASE("fusion: elementwise work on an argument joins the region that reads it after a product", "[fusion]") {
+  // tanh(h) * 0.5 needs only an input, but its one reader comes after a
+  // product: it belongs in the reader's kernel, not in a launch of its own.
+  // sigmoid(h) is also read by a product, so it must be made before it.
+  const at::Tensor W = param({4, 4}, 7), U = param({4, 4}, 8), b = param({4}, 9);
+  auto program = [&](Graph& g, int i) {
+    Expr x = g.input(data({4}, i)), h = g.input(data({4}, i, 1));
+    Expr y = dsl::relu(dsl::affine(W, x, b)) * 0.5 + dsl::tanh(h) * 0.5;
+    Expr s = dsl::sigmoid(h);
+    return dsl::tanh(dsl::affine(U, s, b)) * y + s;
+  };
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(5, program, both({W, U, b})));
+  Graph g;
+  std::vector<Expr> ys;
+  for (int i = 0; i < 5; ++i) {
+    auto scope = g.example(i);
+    ys.push_back(program(g, i));
+  }
+  g.forward(ys);
+  INFO(g.plan_str());
+  // One kernel after both products: y's cell with tanh(h) * 0.5 in it, then
+  // tanh, mul and add (before: tanh(h) * 0.5 was a kernel of its own).
+  CHECK(g.stats().fused_batches == 1);
+  CHECK(g.stats().fused_ops == 8);
+}
+
 TEST_CASE("fusion: what is not fused (dropout, shared-only values, different shapes) still runs", "[fusion]") {
   const at::Tensor W = param({4, 4}, 6);
   auto program = [&](Graph& g, int i) {
