@@ -3,6 +3,7 @@
 // parameter) also broadcasts over the batch axis.
 #pragma once
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/arange.h>
@@ -10,6 +11,7 @@
 #include <ATen/ops/bitwise_right_shift.h>
 #include <ATen/ops/bitwise_xor.h>
 #include <ATen/ops/div.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/exp.h>
 #include <ATen/ops/ge.h>
 #include <ATen/ops/gelu.h>
@@ -48,8 +50,19 @@ inline at::Tensor add2(const at::Tensor& a, const at::Tensor& b) { return at::ad
 inline at::Tensor sub2(const at::Tensor& a, const at::Tensor& b) { return at::sub(a, b); }
 inline at::Tensor mul2(const at::Tensor& a, const at::Tensor& b) { return at::mul(a, b); }
 inline at::Tensor div2(const at::Tensor& a, const at::Tensor& b) { return at::div(a, b); }
-// Comparisons give 0/1 floats; they have no gradient.
-inline at::Tensor gt2(const at::Tensor& a, const at::Tensor& b) { return at::gt(a, b).to(a.scalar_type()); }
+// Comparisons give 0/1 floats; they have no gradient. Written straight into a
+// float tensor: one launch, where a bool result and its conversion were two.
+// (The out= call sizes `out` to the broadcast shape.)
+template <class Compare>
+at::Tensor as_floats(const at::Tensor& like, Compare compare) {
+  at::Tensor out = at::empty({0}, like.options().requires_grad(false));
+  at::NoGradGuard no_grad;  // an out= call refuses inputs that need gradients; these have none to give
+  compare(out);
+  return out;
+}
+inline at::Tensor gt2(const at::Tensor& a, const at::Tensor& b) {
+  return as_floats(a, [&](at::Tensor& out) { at::gt_out(out, a, b); });
+}
 
 struct Add : Binary<add2> {
   static constexpr std::string_view name = "add";
@@ -138,8 +151,12 @@ struct WithScalar {
 inline at::Tensor add_s(const at::Tensor& x, const at::Scalar& s) { return at::add(x, s); }
 inline at::Tensor mul_s(const at::Tensor& x, const at::Scalar& s) { return at::mul(x, s); }
 inline at::Tensor rdiv_s(const at::Tensor& x, const at::Scalar& s) { return at::mul(at::reciprocal(x), s); }
-inline at::Tensor gt_s(const at::Tensor& x, const at::Scalar& s) { return at::gt(x, s).to(x.scalar_type()); }
-inline at::Tensor lt_s(const at::Tensor& x, const at::Scalar& s) { return at::lt(x, s).to(x.scalar_type()); }
+inline at::Tensor gt_s(const at::Tensor& x, const at::Scalar& s) {
+  return as_floats(x, [&](at::Tensor& out) { at::gt_out(out, x, s); });
+}
+inline at::Tensor lt_s(const at::Tensor& x, const at::Scalar& s) {
+  return as_floats(x, [&](at::Tensor& out) { at::lt_out(out, x, s); });
+}
 
 struct AddScalar : WithScalar<add_s> {
   static constexpr std::string_view name = "add_scalar";

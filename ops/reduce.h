@@ -51,6 +51,8 @@ struct ReduceAll {
     }
     const int rank = static_cast<int>(c.in(0).dim()) - 1;
     if (rank == 0) return c.in(0);  // reducing over an empty axis list would reduce everything
+    // One element each (a gate's [1] score): the values themselves, not a launch.
+    if (c.in(0).numel() == c.n()) return c.in(0).reshape({c.n()});
     std::vector<int64_t> axes(static_cast<size_t>(rank));
     std::iota(axes.begin(), axes.end(), 1);
     return F(c.in(0), axes);
