@@ -74,6 +74,11 @@ inline const std::vector<OpCase>& cases() {
       {"neg", [](Graph&, Expr h, int, const Params&) { return -h + (1.0 - h); }},
       {"greater", [](Graph& g, Expr h, int i, const Params& p) { return h * (h > g.input(p.data({kD}, i, 3))); }},
       {"greater/less scalar", [](Graph&, Expr h, int, const Params&) { return h * (h > 0.1) + h * (h < -0.1); }},
+      {"sum/mean of one element (a reshape); greater than a per-example scalar (broadcast)",
+       [](Graph&, Expr h, int, const Params&) {
+         const Expr one = dsl::stack({dsl::sum(dsl::tanh(h))});  // [1]
+         return h * (h > dsl::mean(one) * 0.1) + h * dsl::sum(one);
+       }},
       {"tanh", [](Graph&, Expr h, int, const Params&) { return dsl::tanh(h); }},
       {"sigmoid", [](Graph&, Expr h, int, const Params&) { return dsl::sigmoid(h); }},
       {"relu", [](Graph&, Expr h, int, const Params&) { return dsl::relu(h) - 0.5; }},
