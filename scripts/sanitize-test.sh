@@ -18,7 +18,10 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
 fi
 cmake --build "$build" -j"$(nproc)"
 # LibTorch's own allocations at exit are not ours to report; everything else is.
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1:strict_string_checks=1}
+# detect_stack_use_after_return: a frame's locals stay poisoned after it
+# returns, so a reference kept past its frame (a callback's captured local, a
+# temporary bound to a member reference) is reported, not read by luck.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # Random programs: a tenth of the Release run's count (everything is ~10x slower here).
 export SHEAF_RANDOM_PROGRAMS=${SHEAF_RANDOM_PROGRAMS:-10}

@@ -547,7 +547,8 @@ bool Trace::infer_deferred(NodeId d) {
     arg_shared_.push_back(s_.has(a, NodeStore::kShared));
   }
   const OpInfo& info = op_info(s_.op[d]);
-  InferCtx ctx(arg_shapes_, arg_shared_, s_.attrs_of(d), s_.payload[d], site_of(d));
+  const Site site = site_of(d);  // named: the context keeps a reference to it
+  InferCtx ctx(arg_shapes_, arg_shared_, s_.attrs_of(d), s_.payload[d], site);
   s_.shape[d] = s_.shapes.intern(info.infer(ctx));
   if (!s_.has(d, NodeStore::kShared)) s_.sig[d] = signature(d, info.traits);
   return true;
