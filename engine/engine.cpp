@@ -64,6 +64,7 @@ Engine::Engine(Graph& graph, GraphOptions options)
       slot_(acquire_slot(this)),
       generation_(generation_of(slot_)) {
   transposed_.set_packing(options_.pack_weights);
+  scheduler_.fuse_lone_ops(options_.device.is_cpu());
 }
 
 Engine::~Engine() { release_slot(slot_); }

@@ -157,6 +157,7 @@ void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const S
   }
   v.results.clear();
   for (NodeId r : result_nodes) v.results.push_back(s.shape_of(r));
+  v.fuser.fuse_lone_ops(options.device.is_cpu());
   v.body.compile(e.trace().store(), e.trace().ready(), arg_nodes, result_nodes, options.fuse, v.fuser, &e.functions());
   e.freeze_body();  // its nodes are steps now: recording or running on them is the user's mistake
 }

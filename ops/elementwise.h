@@ -234,7 +234,7 @@ struct Neg : Unary<neg1> {
 struct Tanh : Unary<tanh1> {
   static constexpr std::string_view name = "tanh";
   struct Pointwise {
-    static constexpr PointwiseInfo info{.cuda_fwd = "tanhf(a)", .cuda_da = "1.f - y * y"};
+    static constexpr PointwiseInfo info{.alone_on_cpu = true, .cuda_fwd = "tanhf(a)", .cuda_da = "1.f - y * y"};
     static float fwd(float a, float, float) { return pw::tanh(a); }
     static float da(float, float, float y, float) { return 1.0f - y * y; }
     static float db(float, float, float, float) { return 0.0f; }
@@ -243,7 +243,8 @@ struct Tanh : Unary<tanh1> {
 struct Sigmoid : Unary<sigmoid1> {
   static constexpr std::string_view name = "sigmoid";
   struct Pointwise {
-    static constexpr PointwiseInfo info{.cuda_fwd = "1.f / (1.f + expf(-a))", .cuda_da = "(1.f - y) * y"};
+    static constexpr PointwiseInfo info{.alone_on_cpu = true, .cuda_fwd = "1.f / (1.f + expf(-a))",
+                                        .cuda_da = "(1.f - y) * y"};
     static float fwd(float a, float, float) { return pw::sigmoid(a); }
     static float da(float, float, float y, float) { return (1.0f - y) * y; }
     static float db(float, float, float, float) { return 0.0f; }

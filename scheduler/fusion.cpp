@@ -26,7 +26,10 @@ int64_t inner_of(const Shape& s, int axis) {
 
 Fuser::Fuser() {
   pointwise_op_.resize(kNumOps);
-  for (OpCode op = 0; op < kNumOps; ++op) pointwise_op_[op] = op_info(op).pointwise != nullptr;
+  for (OpCode op = 0; op < kNumOps; ++op) {
+    const PointwiseInfo* p = op_info(op).pointwise;
+    pointwise_op_[op] = p == nullptr ? 0 : p->alone_on_cpu ? 2 : 1;
+  }
 }
 
 bool Fuser::fusible(const NodeStore& s, NodeId n) const {
@@ -84,7 +87,7 @@ void Fuser::collect_regions(const NodeStore& s, const RoundDag& dag) {
     local_[i] = Local{d, s.shape[n], f};
     any = any || f;
   }
-  if (!any) return collect_members(dag);
+  if (!any) return collect_members(s, dag);
   for (uint32_t i = m; i-- > 0;) {
     if (!fusible_[i] || dag.uses_of(i).empty()) continue;
     uint32_t late = kNone32;
@@ -97,10 +100,10 @@ void Fuser::collect_regions(const NodeStore& s, const RoundDag& dag) {
     for (uint32_t a : dag.args_of(i))
       if (local_[a].fusible && local_[a].nd == l.nd && local_[a].shape == l.shape) parent_[find(a)] = find(i);
   }
-  collect_members(dag);
+  collect_members(s, dag);
 }
 
-void Fuser::collect_members(const RoundDag& dag) {
+void Fuser::collect_members(const NodeStore& s, const RoundDag& dag) {
   const auto m = static_cast<uint32_t>(dag.size());
   count_.assign(m, 0);
   for (uint32_t i = 0; i < m; ++i)
@@ -118,7 +121,8 @@ void Fuser::collect_members(const RoundDag& dag) {
   for (uint32_t i = 0; i < m; ++i) {
     if (!fusible_[i]) continue;
     const uint32_t r = parent_[i];
-    if (count_[r] < 2) continue;
+    if (count_[r] < 2 && !(lone_ && s.op[dag.node[i]] < pointwise_op_.size() && pointwise_op_[s.op[dag.node[i]]] == 2))
+      continue;
     uint32_t& k = id_of_root_[r];
     if (k == kNone32) {
       k = static_cast<uint32_t>(regions_.size());

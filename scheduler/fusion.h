@@ -73,7 +73,11 @@ struct Region {
 class Fuser {
  public:
   Fuser();
-  // Finds the round's regions (two or more fusible nodes) and rewrites `dag` so
+  // On the CPU, a region may also be one node of an op worth a kernel alone
+  // (PointwiseInfo::alone_on_cpu: LibTorch's CPU loop for it is several times
+  // slower than the fused kernel's). Set by the graph from its device.
+  void fuse_lone_ops(bool on) { lone_ = on; }
+  // Finds the round's regions (two or more fusible nodes, or one as above) and rewrites `dag` so
   // that each is one entry: dag.node[i] = kNoNode, dag.region[i] = its index,
   // dag.sig[i] = the pattern's signature. Other entries keep their node (and
   // dag.region[i] = kNone32). Strategies and the planner then see regions as
@@ -93,7 +97,7 @@ class Fuser {
   bool fusible(const NodeStore& s, NodeId n) const;
   uint32_t find(uint32_t i);
   void collect_regions(const NodeStore& s, const RoundDag& dag);
-  void collect_members(const RoundDag& dag);  // collect_regions' second half: regions from the sets
+  void collect_members(const NodeStore& s, const RoundDag& dag);  // collect_regions' second half: regions from the sets
   void find_inputs(const NodeStore& s, const RoundDag& dag, uint32_t region);
   std::shared_ptr<const FusedProgram> program_for(NodeStore& s, const RoundDag& dag, uint32_t region, SigId& sig);
   std::shared_ptr<const FusedProgram> build_program(const NodeStore& s, const Region& region, const Shape& shape,
@@ -116,7 +120,8 @@ class Fuser {
   std::vector<Region> regions_;
   std::vector<NodeId> members_, inputs_;
   std::vector<uint32_t> member_local_;  // members' local ids (same slots as members_)
-  std::vector<uint8_t> pointwise_op_;
+  std::vector<uint8_t> pointwise_op_;  // per op: 0 not pointwise, 1 pointwise, 2 also worth a kernel alone
+  bool lone_ = false;
   std::vector<uint8_t> escapes_;
   std::vector<int64_t> key_, last_key_, program_key_;
   std::vector<FusedInstr> code_;  // program_for's: the region's instructions

@@ -54,6 +54,7 @@ class Scheduler {
   // only: made per example, like W * 1.0). Nodes of the first of them, for a warning.
   uint32_t split_shared() const { return split_shared_; }
   NodeId split_shared_example() const { return split_shared_node_; }
+  void fuse_lone_ops(bool on) { fuser_.fuse_lone_ops(on); }  // Fuser::fuse_lone_ops
   // Forgets the last plan (the graph was cleared); keeps buffers and the memo.
   void reset() {
     plan_.batches.clear();

@@ -119,12 +119,12 @@ TEST_CASE("fusion: regions across rounds of control flow", "[fusion][control]") 
 TEST_CASE("fusion: elementwise work on an argument joins the region that reads it after a product", "[fusion]") {
   // tanh(h) * 0.5 needs only an input, but its one reader comes after a
   // product: it belongs in the reader's kernel, not in a launch of its own.
-  // sigmoid(h) is also read by a product, so it must be made before it.
+  // relu(h) is also read by a product, so it must be made before it.
   const at::Tensor W = param({4, 4}, 7), U = param({4, 4}, 8), b = param({4}, 9);
   auto program = [&](Graph& g, int i) {
     Expr x = g.input(data({4}, i)), h = g.input(data({4}, i, 1));
     Expr y = dsl::relu(dsl::affine(W, x, b)) * 0.5 + dsl::tanh(h) * 0.5;
-    Expr s = dsl::sigmoid(h);
+    Expr s = dsl::relu(h);
     return dsl::tanh(dsl::affine(U, s, b)) * y + s;
   };
   REQUIRE_BATCHED_EQUALS_ALONE(check_batched(5, program, both({W, U, b})));
@@ -140,6 +140,37 @@ TEST_CASE("fusion: elementwise work on an argument joins the region that reads i
   // tanh, mul and add (before: tanh(h) * 0.5 was a kernel of its own).
   CHECK(g.stats().fused_batches == 1);
   CHECK(g.stats().fused_ops == 8);
+}
+
+TEST_CASE("fusion: a lone tanh or sigmoid runs as a fused kernel on the CPU, a lone relu as LibTorch's", "[fusion]") {
+  // LibTorch's CPU tanh and sigmoid are several times slower than the fused
+  // kernel's polynomials (PointwiseInfo::alone_on_cpu); relu is not.
+  const at::Tensor W = param({4, 4}, 10), b = param({4}, 11);
+  for (const bool sigmoid : {false, true}) {
+    auto program = [&](Graph& g, int i) {
+      Expr a = dsl::affine(W, g.input(data({4}, i)), b);
+      return dsl::affine(W, sigmoid ? dsl::sigmoid(a) : dsl::tanh(a), b);
+    };
+    REQUIRE_BATCHED_EQUALS_ALONE(check_batched(5, program, both({W, b})));
+    Graph g;
+    std::vector<Expr> ys;
+    for (int i = 0; i < 5; ++i) {
+      auto scope = g.example(i);
+      ys.push_back(program(g, i));
+    }
+    g.forward(ys);
+    INFO(g.plan_str());
+    CHECK(g.stats().fused_batches == 1);
+    CHECK(g.stats().fused_ops == 1);
+  }
+  Graph g;
+  std::vector<Expr> ys;
+  for (int i = 0; i < 5; ++i) {
+    auto scope = g.example(i);
+    ys.push_back(dsl::relu(dsl::affine(W, g.input(data({4}, i)), b)));
+  }
+  g.forward(ys);
+  CHECK(g.stats().fused_batches == 0);
 }
 
 TEST_CASE("fusion: what is not fused (dropout, shared-only values, different shapes) still runs", "[fusion]") {
