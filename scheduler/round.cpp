@@ -142,13 +142,10 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
 
 // A bit per node and a scan of the words, where that costs less than a comparison sort.
 void sort_unique(std::vector<NodeId>& v, size_t size, std::vector<uint64_t>& bits) {
-  if (std::is_sorted(v.begin(), v.end())) {
-    v.erase(std::unique(v.begin(), v.end()), v.end());
-    return;
-  }
   const size_t words = (size + 63) / 64;
-  if (v.size() < 64 || v.size() * 8 < words) {  // few: a comparison sort costs less than the scan
-    std::sort(v.begin(), v.end());
+  const bool sorted = std::is_sorted(v.begin(), v.end());
+  if (sorted || v.size() < 64 || v.size() * 8 < words) {  // few: a comparison sort costs less than the scan
+    if (!sorted) std::sort(v.begin(), v.end());
     v.erase(std::unique(v.begin(), v.end()), v.end());
     return;
   }

@@ -560,6 +560,7 @@ void Trace::clear() {
   s_.clear();
   last_sig_.fill(LastSig{});  // signature ids start again from 0
   for (auto& ways : last_record_) ways.fill(LastRecord{});  // and node ids
+  next_way_.fill(0);  // which way each op evicts next: the same after every clear()
   recent_params_.fill(RecentParam{});
   ready_.clear();
   deferred_inferences_ = 0;
