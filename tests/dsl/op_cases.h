@@ -178,6 +178,13 @@ inline const std::vector<OpCase>& cases() {
          const Expr K = dsl::tanh(g.input(p.data({1 + (i + 1) % 4, kD}, i, 12)));   // [1 + (i + 1) % 4, kD]
          return dsl::sum_dim(dsl::attention(Q, K, dsl::sigmoid(K), 2, 0.7), 0);
        }},
+      {"attention over values of very different lengths (on the CPU: padded in groups of like lengths)",
+       [](Graph& g, Expr h, int i, const Params& p) {
+         const int64_t len = i % 2 == 0 ? 2 + i % 3 : 60 + i;  // short and long, in turn
+         const Expr K = dsl::tanh(g.input(p.data({len, kD}, i, 13)));
+         const Expr Q = dsl::tanh(dsl::affine(p.W, K, p.b) + h);
+         return h * 0.5 + dsl::sum_dim(dsl::attention(Q, K, dsl::sigmoid(K), 2), 0) * (0.5 / static_cast<double>(len));
+       }},
       {"lstm (lengths 1-3: packed; forward and reverse)",
        [](Graph&, Expr h, int i, const Params& p) {
          std::vector<Expr> rows{dsl::tanh(h)};
