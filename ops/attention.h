@@ -11,9 +11,10 @@
 // (OpTraits::per_value): the rows of every example's Q end to end with their
 // counts, and those of K and V with theirs (OpTraits::own_rows: Lk need not
 // be Lq, a decoder's queries over an encoder's states); run() pads each to
-// the longest in the batch, masks the padded keys, runs the heads as two
-// batched GEMMs and keeps the real rows: exact (padded queries are dropped,
-// padded keys get weight 0).
+// the longest in the batch (on the CPU: in its group of like lengths),
+// masks the padded keys, runs the heads as two batched GEMMs (a pair a group)
+// and keeps the real rows: exact (padded queries are dropped, padded keys
+// get weight 0).
 #pragma once
 
 #include <ATen/ops/bmm.h>
@@ -66,22 +67,25 @@ struct Attention {
     const int64_t d = c.in(0).size(1), dv = c.in(2).size(1);
     const Groups g = device.is_cpu() ? buckets(qc, kc, heads, d + dv) : Groups::one(qc.size());
     const Padding qp(qc, g, c.in(0).size(0), device), kp(kc, g, c.in(1).size(0), device);
-    const at::Tensor q = map_rows(c.in(0), qp.to_padded), k = map_rows(c.in(1), kp.to_padded),
-                     v = map_rows(c.in(2), kp.to_padded);
+    // The groups' rows as pieces of one split each (one backward that
+    // concatenates, where a narrow a group would each zero-fill the whole).
+    auto pieces = [&](int arg, const Padding& p) {
+      const at::Tensor x = map_rows(c.in(arg), p.to_padded);
+      return g.cuts.size() == 2 ? std::vector<at::Tensor>{x} : x.split_with_sizes(p.sizes);
+    };
+    const std::vector<at::Tensor> q = pieces(0, qp), k = pieces(1, kp), v = pieces(2, kp);
     std::vector<at::Tensor> outs;
     for (size_t b = 0; b + 1 < g.cuts.size(); ++b) {
       const int64_t nb = static_cast<int64_t>(g.cuts[b + 1] - g.cuts[b]), lq = qp.longest[b], lk = kp.longest[b];
-      auto part = [&](const at::Tensor& x, const Padding& p) {
-        return x.narrow(0, p.begin[b], nb * p.longest[b]).view({nb, p.longest[b], x.size(1)});
-      };
+      auto shaped = [&](const at::Tensor& x, int64_t len) { return x.view({nb, len, x.size(1)}); };
       const at::Tensor mask =  // padded keys: the zero row
           kp.to_padded.index().narrow(0, kp.begin[b], nb * lk).eq(kp.rows).view({nb, 1, 1, lk});
-      outs.push_back(attend(part(q, qp), part(k, kp), part(v, kp), heads, scale, mask).reshape({nb * lq, -1}));
+      outs.push_back(attend(shaped(q[b], lq), shaped(k[b], lk), shaped(v[b], lk), heads, scale, mask)
+                         .reshape({nb * lq, -1}));
     }
     return map_rows(outs.size() == 1 ? outs[0] : at::cat(outs), qp.to_rows);
   }
 
- private:
   // Values in padding order (`order`: value indices) cut into groups of
   // consecutive ones: group b is order[cuts[b] .. cuts[b + 1]).
   struct Groups {
@@ -95,8 +99,8 @@ struct Attention {
   };
 
   // Values sorted by key count (then query count), cut where padding each
-  // group to its own longest costs less than one more pair of GEMMs: an exact
-  // partition of the sorted values (dynamic programming, n^2 for n values).
+  // group to its own longest costs less than one more pair of GEMMs: the
+  // cheapest partition of the sorted values (dynamic programming).
   // Cost in microseconds, estimated on this project's CPU (one thread): a
   // padded score costs the softmax, mask and scale per head plus a
   // multiply-add per column of Q and V; a group costs ~10 LibTorch calls.
@@ -111,35 +115,44 @@ struct Attention {
                                                                         : qc[static_cast<size_t>(a)] < qc[static_cast<size_t>(b)];
     });
     const double per_score = static_cast<double>(heads) * kPerScoreHead + static_cast<double>(columns) * kPerMac;
-    std::vector<double> best(n + 1, 0.0);
-    std::vector<size_t> from(n + 1, 0);
-    for (size_t j = 1; j <= n; ++j) {
-      best[j] = -1;
+    auto kc_at = [&](size_t i) { return kc[static_cast<size_t>(g.order[i])]; };
+    // Groups end only where the key count changes (values of one key count
+    // pad alike): D distinct counts make the search D x n, not n^2.
+    std::vector<size_t> at{0};
+    for (size_t j = 1; j < n; ++j)
+      if (kc_at(j) != kc_at(j - 1)) at.push_back(j);
+    at.push_back(n);
+    std::vector<double> best(at.size(), 0.0);
+    std::vector<size_t> from(at.size(), 0);
+    for (size_t e = 1; e < at.size(); ++e) {
+      best[e] = -1;
       int64_t lq = 0;
-      const int64_t lk = kc[static_cast<size_t>(g.order[j - 1])];  // the group's longest keys: its last value's
-      for (size_t i = j; i-- > 0;) {  // group order[i .. j)
-        lq = std::max(lq, qc[static_cast<size_t>(g.order[i])]);
-        const double cost = best[i] + static_cast<double>(j - i) * static_cast<double>(lq * lk) * per_score + kPerGroup;
-        if (best[j] < 0 || cost < best[j]) {
-          best[j] = cost;
-          from[j] = i;
+      const int64_t lk = kc_at(at[e] - 1);  // the group's longest keys: its last value's
+      for (size_t b = e; b-- > 0;) {        // group order[at[b] .. at[e])
+        for (size_t i = at[b]; i < at[b + 1]; ++i) lq = std::max(lq, qc[static_cast<size_t>(g.order[i])]);
+        const double cost =
+            best[b] + static_cast<double>(at[e] - at[b]) * static_cast<double>(lq * lk) * per_score + kPerGroup;
+        if (best[e] < 0 || cost < best[e]) {
+          best[e] = cost;
+          from[e] = b;
         }
       }
     }
     g.cuts.clear();
-    for (size_t j = n; j > 0; j = from[j]) g.cuts.push_back(j);
+    for (size_t e = at.size() - 1; e > 0; e = from[e]) g.cuts.push_back(at[e]);
     g.cuts.push_back(0);
     std::reverse(g.cuts.begin(), g.cuts.end());
     if (g.cuts.size() == 2) return Groups::one(n);  // one group: the values' own order
     return g;
   }
 
+ private:
   // Values of `counts` rows each, end to end in `rows` rows, as [n_b, longest_b, ...]
   // per group, the groups one after another, and back (op::map_rows: each
   // way's gradient is the other way).
   struct Padding {
     int64_t rows = 0;
-    std::vector<int64_t> longest, begin;  // per group: its padded length, its first padded row
+    std::vector<int64_t> longest, begin, sizes;  // per group: its padded length, first padded row, padded rows
     RowMap to_padded, to_rows;  // padded slot <- row (rows: the zero row); row <- padded slot
     Padding(std::span<const int64_t> counts, const Groups& g, int64_t total, const c10::Device& device) : rows(total) {
       std::vector<int64_t> first(counts.size());  // each value's first row
@@ -148,11 +161,13 @@ struct Attention {
         row += static_cast<size_t>(counts[i]);
       }
       std::vector<int64_t> p;
+      p.reserve(counts.size() * static_cast<size_t>(*std::max_element(counts.begin(), counts.end())));
       for (size_t b = 0; b + 1 < g.cuts.size(); ++b) {
         int64_t l = 0;
         for (size_t i = g.cuts[b]; i < g.cuts[b + 1]; ++i) l = std::max(l, counts[static_cast<size_t>(g.order[i])]);
         longest.push_back(l);
         begin.push_back(static_cast<int64_t>(p.size()));
+        sizes.push_back(l * static_cast<int64_t>(g.cuts[b + 1] - g.cuts[b]));
         for (size_t i = g.cuts[b]; i < g.cuts[b + 1]; ++i) {
           const auto v = static_cast<size_t>(g.order[i]);
           for (int64_t j = 0; j < l; ++j) p.push_back(j < counts[v] ? first[v] + j : total);

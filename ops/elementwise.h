@@ -56,7 +56,7 @@ inline at::Tensor div2(const at::Tensor& a, const at::Tensor& b) { return at::di
 template <class Compare>
 at::Tensor as_floats(const at::Tensor& like, Compare compare) {
   at::Tensor out = at::empty({0}, like.options().requires_grad(false));
-  at::NoGradGuard no_grad;  // an out= call refuses inputs that need gradients; these have none to give
+  at::NoGradGuard no_grad;  // no gradient to record; out= calls may refuse inputs that need one
   compare(out);
   return out;
 }

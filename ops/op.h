@@ -220,7 +220,7 @@ struct PointwiseInfo {
   bool differentiable = true;  // comparisons are not
   // Worth a fused kernel of its own on the CPU, with nothing to fuse it with:
   // LibTorch's CPU loop is several times slower than the polynomial
-  // (ops/pointwise_math.h). On this project's CPU, tanh took 2.5-3.6 ns an
+  // (ops/pointwise_math.h). On this project's CPU, tanh took 2.2-2.7 ns an
   // element in LibTorch 1.13 and 2.15, against about 0.5 here.
   bool alone_on_cpu = false;
   std::string_view cuda_fwd = {}, cuda_da = {}, cuda_db = {};

@@ -62,14 +62,21 @@ uint32_t Fuser::find(uint32_t i) {
 }
 
 // Union-find over fusible nodes joined to fusible arguments of the same shape
-// and non-fusible depth; then the regions (two or more members) in local order,
+// and non-fusible depth; then the regions (two or more members, or one alone_on_cpu op) in local order,
 // their members (in local order: a topological order) and which members escape.
 //
-// A fusible node's depth is as late as its readers allow (the least of
-// theirs), not as early as its arguments do: `h * 0.5` of an argument, read
-// by a cell after a product, would otherwise be a region of its own (a
-// launch, and an autograd node) at depth 0. Depths stay non-decreasing along
-// every edge and rise through every non-fusible node, so regions stay convex.
+// Depth rises through every non-fusible node and at every slice that cuts
+// a fusible value to another shape. So along a path of equal depth every node
+// is fusible and no shape shrinks (a pointwise op's value is as big as each
+// operand); around a cycle every shape would be the same, and union-find
+// would have joined it into one region: contracting regions keeps the round
+// acyclic. (Without the slice rule, a scalar read by a [4] region and added
+// to a slice of that region's value made two regions that read each other.)
+//
+// A fusible node's depth is then as late as its readers allow, not as early
+// as its arguments do: `h * 0.5` of an argument, read by a cell after a
+// product, would otherwise be a region of its own (a launch, and an autograd
+// node) at depth 0. Every edge keeps the step it had, so the above holds.
 void Fuser::collect_regions(const NodeStore& s, const RoundDag& dag) {
   const auto m = static_cast<uint32_t>(dag.size());
   fusible_.resize(m);
@@ -81,17 +88,19 @@ void Fuser::collect_regions(const NodeStore& s, const RoundDag& dag) {
     const bool f = fusible(s, n);
     fusible_[i] = f;
     parent_[i] = i;
+    const ShapeId shape = s.shape[n];
+    const bool cut = f && s.op[n] == code_of<op::Slice>;
     // What the arguments' loop needs of a local, in one place (one cache miss per argument, not three).
     uint32_t d = 0;
-    for (uint32_t a : dag.args_of(i)) d = std::max(d, local_[a].nd + (local_[a].fusible ? 0u : 1u));
-    local_[i] = Local{d, s.shape[n], f};
+    for (uint32_t a : dag.args_of(i)) d = std::max(d, local_[a].nd + step(local_[a], cut, shape));
+    local_[i] = Local{d, shape, f, cut};
     any = any || f;
   }
   if (!any) return collect_members(s, dag);
   for (uint32_t i = m; i-- > 0;) {
     if (!fusible_[i] || dag.uses_of(i).empty()) continue;
     uint32_t late = kNone32;
-    for (uint32_t u : dag.uses_of(i)) late = std::min(late, local_[u].nd);
+    for (uint32_t u : dag.uses_of(i)) late = std::min(late, local_[u].nd - step(local_[i], local_[u].cut, local_[u].shape));
     local_[i].nd = late;  // >= its own: a reader is never earlier
   }
   for (uint32_t i = 0; i < m; ++i) {

@@ -113,7 +113,11 @@ class Fuser {
     uint32_t nd;     // non-fusible depth: regions never span a non-fusible node
     ShapeId shape;
     bool fusible;
+    bool cut;        // a fusible slice
   };
+  // The depth an edge adds, from argument `a` to a reader (a fusible slice
+  // when `cut`) of shape `shape`: see collect_regions.
+  static uint32_t step(const Local& a, bool cut, ShapeId shape) { return !a.fusible || (cut && a.shape != shape) ? 1 : 0; }
   std::vector<Local> local_;
   std::vector<uint32_t> parent_, region_of_, member_pos_, count_, id_of_root_;
   std::vector<SigId> region_sig_;

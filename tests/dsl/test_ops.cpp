@@ -6,6 +6,7 @@
 #include <array>
 #include <string>
 
+#include <sheaf/ops/attention.h>
 #include <sheaf/ops/map_rows.h>
 #include <sheaf/ops/matvec.h>
 #include <sheaf/ops/packed_lstm.h>
@@ -270,4 +271,13 @@ TEST_CASE("map_rows moves rows as index_select does, its gradient the inverse ma
   const at::Tensor ids = at::arange(8, at::kLong).view({4, 2});
   CHECK(at::equal(op::map_rows(ids, op::RowMap(perm, 4, cpu)),
                   ids.index_select(0, at::tensor(perm, at::kLong))));
+}
+
+TEST_CASE("attention on the CPU pads values of very different lengths in groups of like lengths", "[ops][attention]") {
+  // (The op table's case with short and long values checks the groups' values and gradients.)
+  const std::vector<int64_t> same(8, 20), mixed{2, 60, 3, 64, 2, 61};
+  CHECK(op::Attention::buckets(same, same, 2, 16).cuts.size() == 2);  // one group
+  const auto g = op::Attention::buckets(mixed, mixed, 2, 16);
+  REQUIRE(g.cuts == std::vector<size_t>{0, 3, 6});  // the short ones, then the long ones
+  CHECK(g.order == std::vector<int64_t>{0, 4, 2, 1, 5, 3});  // by key count, ties in order
 }

@@ -148,6 +148,24 @@ TEST_CASE("fusion: elementwise work on an argument joins the region that reads i
   CHECK(s.fused_ops == 8);
 }
 
+TEST_CASE("fusion: a slice of a region's value, added to a scalar the region reads, makes no cycle", "[fusion]") {
+  // s (one element) feeds the [4] product's kernel, and a slice of that
+  // kernel's value is added to s. Joined by shape and depth alone, {s, slice,
+  // add} and {tanh, mul} each read the other: the round could not be ordered.
+  // Both where s is computed after a product and where it is a slice of an
+  // argument (which sat early, and rose to its readers' depth).
+  const at::Tensor W = param({4, 4}, 12), U = param({1, 4}, 13), b = param({4}, 14), c = param({1}, 15);
+  for (const bool gate : {true, false}) {
+    auto program = [&](Graph& g, int i) {
+      Expr x = g.input(data({4}, i)), h = g.input(data({4}, i, 1));
+      Expr s = gate ? dsl::sigmoid(dsl::affine(U, x, c)) : dsl::slice(h, 0, 1);  // [1]
+      Expr v = dsl::tanh(dsl::affine(W, x, b)) * s;                                  // [4]
+      return dsl::slice(v, 0, 1) + s;
+    };
+    REQUIRE_BATCHED_EQUALS_ALONE(check_batched(5, program, both({W, U, b, c})));
+  }
+}
+
 TEST_CASE("fusion: a lone tanh or sigmoid runs as a fused kernel on the CPU, a lone relu as LibTorch's", "[fusion]") {
   // LibTorch's CPU tanh and sigmoid are several times slower than the fused
   // kernel's polynomials (PointwiseInfo::alone_on_cpu); relu is not.
