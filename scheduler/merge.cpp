@@ -32,13 +32,17 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
   tail.resize(nb);
   next.resize(dag.size());
   pos_of_node.resize(dag.size());
-  for (uint32_t k = 0; k < nb; ++k) {
-    const std::span<const uint32_t> nodes = schedule[k];
-    head[k] = nodes.front();
-    tail[k] = nodes.back();
-    for (size_t j = 0; j < nodes.size(); ++j) {
-      next[nodes[j]] = j + 1 < nodes.size() ? nodes[j + 1] : kNone32;
-      pos_of_node[nodes[j]] = k;
+  {
+    uint32_t* const nx = next.data();
+    uint32_t* const pos = pos_of_node.data();
+    const uint32_t* const nodes = schedule.nodes.data();
+    for (uint32_t k = 0; k < nb; ++k) {
+      const uint32_t b = schedule.begin[k], e = schedule.begin[k + 1];
+      head[k] = nodes[b];
+      tail[k] = nodes[e - 1];
+      for (uint32_t j = b; j + 1 < e; ++j) nx[nodes[j]] = nodes[j + 1];
+      nx[nodes[e - 1]] = kNone32;
+      for (uint32_t j = b; j < e; ++j) pos[nodes[j]] = k;
     }
   }
   // A batch's signature is its head's (a move appends to the receiver).
@@ -65,6 +69,7 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
     tail[to] = tail[from];
     alive[from] = 0;
   };
+  bool moved = false;
   // Each pass catches cascades in its own direction; a third pass rarely finds
   // anything, and this is a heuristic: stop after two.
   for (int pass = 0, changed = 1; changed && pass < 2; ++pass) {
@@ -74,14 +79,22 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
       if (!alive[k] || sig_of(k) == kNoSig) continue;
       const auto cand = candidates(sig_of(k));
       if (cand.back() <= k) continue;  // no later batch to join: skip the scan of uses
+      // The nearest batch it could join: once a use comes no later than it,
+      // none can be joined (a level's batch read by the next level's: the
+      // first use ends the scan).
+      auto nearest = std::upper_bound(cand.begin(), cand.end(), k);
+      while (nearest != cand.end() && !alive[*nearest]) ++nearest;
+      if (nearest == cand.end()) continue;
       uint32_t limit = nb;  // exclusive
-      for (uint32_t i = head[k]; i != kNone32; i = next[i])
+      for (uint32_t i = head[k]; i != kNone32 && limit > *nearest; i = next[i])
         for (uint32_t u : dag.uses_of(i)) limit = std::min(limit, pos_of_node[u]);
+      if (limit <= *nearest) continue;
       auto it = std::lower_bound(cand.begin(), cand.end(), limit);
       while (it != cand.begin() && *(it - 1) > k && !alive[*(it - 1)]) --it;
       if (it != cand.begin() && *(it - 1) > k) {
         move(k, *(it - 1));
         changed = 1;
+        moved = true;
       }
     }
     // Earlier: from the first batch up, so that arguments have settled first.
@@ -89,23 +102,36 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
       if (!alive[k] || sig_of(k) == kNoSig) continue;
       const auto cand = candidates(sig_of(k));
       if (cand.front() >= k) continue;  // no earlier batch to join
+      // The latest batch it could join: an argument there or later ends the scan.
+      auto latest = std::lower_bound(cand.begin(), cand.end(), k);
+      while (latest != cand.begin() && !alive[*(latest - 1)]) --latest;
+      if (latest == cand.begin()) continue;
+      const int64_t bound = *(latest - 1);
       int64_t lower = -1;  // exclusive
-      for (uint32_t i = head[k]; i != kNone32; i = next[i])
+      for (uint32_t i = head[k]; i != kNone32 && lower < bound; i = next[i])
         for (uint32_t a : dag.args_of(i)) lower = std::max<int64_t>(lower, pos_of_node[a]);
+      if (lower >= bound) continue;
       auto it = lower < 0 ? cand.begin() : std::upper_bound(cand.begin(), cand.end(), static_cast<uint32_t>(lower));
       while (it != cand.end() && *it < k && !alive[*it]) ++it;
       if (it != cand.end() && *it < k) {
         move(k, *it);
         changed = 1;
+        moved = true;
       }
     }
   }
+  if (!moved) return;  // the schedule stands as it was
+  // Written through plain pointers: the scratch is thread_local, and a
+  // push_back per node reloaded it at every step.
   Batches& out = x.out;
-  out.clear();
+  out.nodes.resize(schedule.nodes.size());
+  out.begin.resize(1);
+  uint32_t* w = out.nodes.data();
+  const uint32_t* nxt = next.data();
   for (uint32_t k = 0; k < nb; ++k) {
     if (!alive[k]) continue;
-    for (uint32_t i = head[k]; i != kNone32; i = next[i]) out.nodes.push_back(i);
-    out.close();
+    for (uint32_t i = head[k]; i != kNone32; i = nxt[i]) *w++ = i;
+    out.begin.push_back(static_cast<uint32_t>(w - out.nodes.data()));
   }
   std::swap(schedule, out);  // both keep their buffers
 }
