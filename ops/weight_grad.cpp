@@ -131,15 +131,33 @@ const at::Tensor* TransposedWeights::get(const at::Tensor& w) {
 
 std::shared_ptr<const PackedWeight> TransposedWeights::packed(const at::Tensor& w, bool backward, int64_t rows) {
   if (!packing_ || !packed_gemm_available() || w.dim() != 2 || w.is_inference()) return nullptr;
-  const at::Tensor wt = w.detach().t();
-  if (!packed_gemm_suits(wt)) return nullptr;
-  backward = backward && packed_gemm_suits(w.detach());
   PackedEntry* e = nullptr;
   for (PackedEntry& f : packed_)
     if (f.w.is_same(w)) e = &f;
-  if (!e) e = &packed_.emplace_back(PackedEntry{w, nullptr, 0, nullptr});
-  if (changed(w, e->data, e->version)) e->packed = nullptr;  // new, changed in place or re-seated
-  if (!e->packed && rows < 4) return nullptr;
+  // Seen before and unchanged: decided without making a tensor (a weight is
+  // applied at every level of every tree; the view W^T cost more than this).
+  const bool same = e && e->data == w.data_ptr() && e->version == w._version() && e->rows == w.size(0) &&
+                    e->cols == w.size(1) && e->row_stride == w.stride(0) && e->col_stride == w.stride(1);
+  if (same && !e->suits) return nullptr;
+  if (same && e->packed && (!backward || e->packed->backward.defined() || !e->backward_suits)) return e->packed;
+  const at::Tensor wt = w.detach().t();
+  if (!e) {
+    e = &packed_.emplace_back();
+    e->w = w;
+  }
+  if (!same) {  // new, changed in place, re-seated or reshaped
+    e->data = w.data_ptr();
+    e->version = w._version();
+    e->rows = w.size(0);
+    e->cols = w.size(1);
+    e->row_stride = w.stride(0);
+    e->col_stride = w.stride(1);
+    e->suits = packed_gemm_suits(wt);
+    e->backward_suits = packed_gemm_suits(w.detach());
+    e->packed = nullptr;
+  }
+  if (!e->suits || (!e->packed && rows < 4)) return nullptr;
+  backward = backward && e->backward_suits;
   // A fresh object for a new layout: a backward still holding the old one keeps it.
   if (!e->packed || (backward && !e->packed->backward.defined())) {
     auto p = std::make_shared<PackedWeight>();

@@ -78,10 +78,14 @@ class TransposedWeights {
     int64_t version = 0;
     at::Tensor wt;  // undefined until the second use
   };
+  // What a weight was when last seen (any change: decided again), and the verdicts.
   struct PackedEntry {
     at::Tensor w;
     const void* data = nullptr;
-    int64_t version = 0;
+    int64_t version = -1;
+    int64_t rows = 0, cols = 0, row_stride = 0, col_stride = 0;
+    bool suits = false;           // W^T suits packed_mm (else every product goes to OpenBLAS)
+    bool backward_suits = false;  // W itself does (dX = dY W packed too)
     std::shared_ptr<PackedWeight> packed;  // null: to be made at the next use
   };
   std::vector<Entry> entries_;

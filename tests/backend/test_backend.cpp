@@ -271,6 +271,19 @@ TEST_CASE("TransposedWeights::packed: made at a weight's first use, again after 
   CHECK(at::allclose(packed_mm(dy, p->backward), at::mm(dy, W.detach()), 1e-4, 1e-4));
   // An old layout a backward still holds stays what it was.
   CHECK(at::allclose(packed_mm(x, both->forward), at::mm(x, (W.detach() - 1.0).t()), 1e-4, 1e-4));
+  // Re-seated (new memory, same version), then given another shape: laid out again each time.
+  W.set_data(param({64, 48}, 25).detach());
+  p = cache.packed(W, false);
+  REQUIRE(p != nullptr);
+  CHECK(at::allclose(linear_packed(x, *p, {}), at::mm(x, W.detach().t()), 1e-4, 1e-4));
+  W.set_data(param({32, 48}, 26).detach());
+  p = cache.packed(W, false);
+  REQUIRE(p != nullptr);
+  CHECK(at::allclose(linear_packed(x, *p, {}), at::mm(x, W.detach().t()), 1e-4, 1e-4));
+  // A weight that does not suit is answered again from what was decided (no layout).
+  const at::Tensor row = param({1, 48}, 27);
+  CHECK(cache.packed(row, false) == nullptr);
+  CHECK(cache.packed(row, false) == nullptr);
   cache.set_packing(false);
   CHECK(cache.packed(W, false) == nullptr);
   cache.set_packing(true);
