@@ -74,12 +74,12 @@ struct Attention {
       return g.cuts.size() == 2 ? std::vector<at::Tensor>{x} : x.split_with_sizes(p.sizes);
     };
     const std::vector<at::Tensor> q = pieces(0, qp), k = pieces(1, kp), v = pieces(2, kp);
+    const at::Tensor padded_keys = kp.to_padded.index().eq(kp.rows);  // the zero row: one launch for every group
     std::vector<at::Tensor> outs;
     for (size_t b = 0; b + 1 < g.cuts.size(); ++b) {
       const int64_t nb = static_cast<int64_t>(g.cuts[b + 1] - g.cuts[b]), lq = qp.longest[b], lk = kp.longest[b];
       auto shaped = [&](const at::Tensor& x, int64_t len) { return x.view({nb, len, x.size(1)}); };
-      const at::Tensor mask =  // padded keys: the zero row
-          kp.to_padded.index().narrow(0, kp.begin[b], nb * lk).eq(kp.rows).view({nb, 1, 1, lk});
+      const at::Tensor mask = padded_keys.narrow(0, kp.begin[b], nb * lk).view({nb, 1, 1, lk});
       outs.push_back(attend(shaped(q[b], lq), shaped(k[b], lk), shaped(v[b], lk), heads, scale, mask)
                          .reshape({nb * lq, -1}));
     }

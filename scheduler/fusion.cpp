@@ -28,14 +28,14 @@ Fuser::Fuser() {
   pointwise_op_.resize(kNumOps);
   for (OpCode op = 0; op < kNumOps; ++op) {
     const PointwiseInfo* p = op_info(op).pointwise;
-    pointwise_op_[op] = p == nullptr ? 0 : p->alone_on_cpu ? 2 : 1;
+    pointwise_op_[op] = p == nullptr ? kNotPointwise : p->alone_on_cpu ? kWorthAlone : kPointwise;
   }
 }
 
 bool Fuser::fusible(const NodeStore& s, NodeId n) const {
   if (s.sig[n] == kNoSig) return false;  // shared: computed once, never batched
   const OpCode op = s.op[n];
-  if (op < pointwise_op_.size() && pointwise_op_[op]) {  // users' ops follow: never fused
+  if (pointwise_kind(op) != kNotPointwise) {
     // A fused kernel reads each operand as a row of the node's size or as one
     // value: an operand broadcast along some dims (a [d] bias on [t, d]) runs alone.
     for (NodeId a : s.args_of(n)) {
@@ -130,8 +130,7 @@ void Fuser::collect_members(const NodeStore& s, const RoundDag& dag) {
   for (uint32_t i = 0; i < m; ++i) {
     if (!fusible_[i]) continue;
     const uint32_t r = parent_[i];
-    if (count_[r] < 2 && !(lone_ && s.op[dag.node[i]] < pointwise_op_.size() && pointwise_op_[s.op[dag.node[i]]] == 2))
-      continue;
+    if (count_[r] < 2 && !(lone_ && pointwise_kind(s.op[dag.node[i]]) == kWorthAlone)) continue;
     uint32_t& k = id_of_root_[r];
     if (k == kNone32) {
       k = static_cast<uint32_t>(regions_.size());

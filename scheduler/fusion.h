@@ -124,7 +124,13 @@ class Fuser {
   std::vector<Region> regions_;
   std::vector<NodeId> members_, inputs_;
   std::vector<uint32_t> member_local_;  // members' local ids (same slots as members_)
-  std::vector<uint8_t> pointwise_op_;  // per op: 0 not pointwise, 1 pointwise, 2 also worth a kernel alone
+  // Per built-in op: whether it is elementwise, and worth a kernel of its own
+  // (PointwiseInfo::alone_on_cpu); users' ops lie past the table: never fused.
+  enum PointwiseKind : uint8_t { kNotPointwise, kPointwise, kWorthAlone };
+  std::vector<uint8_t> pointwise_op_;
+  PointwiseKind pointwise_kind(OpCode op) const {
+    return op < pointwise_op_.size() ? static_cast<PointwiseKind>(pointwise_op_[op]) : kNotPointwise;
+  }
   bool lone_ = false;
   std::vector<uint8_t> escapes_;
   std::vector<int64_t> key_, last_key_, program_key_;
