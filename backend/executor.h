@@ -36,12 +36,19 @@ struct ExecConfig {
   // holds it (no autograd node saved ids from it: inference) instead of
   // allocating one. Null: a new buffer every round.
   at::Tensor* index_buffer = nullptr;
+  // The graph's row gathers, kept from round to round (one gradient hub per
+  // source batch for all rounds, backend/row_gather.h). Null: the round's own.
+  RowGathers* row_gathers = nullptr;
 };
 
 class Executor {
  public:
   Executor(NodeStore& store, LazyValues& lazy, const ExecConfig& config, ExecCounters& counters)
-      : s_(store), lazy_(lazy), config_(config), counters_(counters) {}
+      : s_(store),
+        lazy_(lazy),
+        config_(config),
+        counters_(counters),
+        row_gathers_(config.row_gathers ? *config.row_gathers : own_row_gathers_) {}
   // Runs every batch of the plan in order. On failure (a LibTorch error in a
   // launch) throws UserError naming the op, its line and examples; batches
   // before it stay computed.
@@ -79,7 +86,8 @@ class Executor {
   Shape row_shape_;   // a packed batch's out_shape (launch_args)
   WeightGradBatcher weight_grads_;  // one product per shared weight for the round's gradients
   std::vector<std::vector<at::Tensor>> groups_;  // outputs of each read group, made at first use
-  RowGathers row_gathers_;                       // CPU gathers, one gradient per source for the round
+  RowGathers own_row_gathers_;                   // without the graph's (ExecConfig::row_gathers)
+  RowGathers& row_gathers_;                      // CPU gathers, one gradient per source batch
   std::vector<const at::Tensor*> row_sources_;   // copy_rows' scratch
   std::vector<uint32_t> row_batches_;
   std::vector<RowPick> picks_, permuted_;

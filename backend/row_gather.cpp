@@ -39,7 +39,7 @@ int64_t row_numel(const at::Tensor& t) {
   return n;
 }
 
-// The source's gradient for one round: every reader adds its rows here.
+// The source's gradient: every reader adds its rows here.
 struct HubNode : torch::autograd::Node {
   std::mutex mutex;
   at::Tensor grad;  // allocated by the first reader with a gradient to add
@@ -143,6 +143,7 @@ void attach_reader(at::Tensor& out, std::vector<HubPtr> hubs, std::span<const Ro
 struct RowGathers::Hub {
   HubPtr node;
   at::Tensor dummy;  // 0 elements; the hub's only output: readers' edges point here
+  at::Tensor source;  // whose gradient it gathers (held: its address names it)
 };
 
 RowGathers::RowGathers() = default;
@@ -159,16 +160,19 @@ bool RowGathers::readable(const at::Tensor& t) {
 }
 
 std::shared_ptr<RowGathers::Hub> RowGathers::hub_for(uint32_t batch, const at::Tensor& source) {
-  for (const auto& [b, hub] : hubs_)
-    if (b == batch) return hub;
+  std::shared_ptr<Hub>& slot = hubs_[batch];
+  // Another tensor for the same batch (a view made anew each round: rows of
+  // rows) gets a hub of its own: the hub's edge is its source's.
+  if (slot && slot->source.is_same(source)) return slot;
   auto hub = std::make_shared<Hub>();
+  hub->source = source;
   hub->node = detail::make_node<HubNode>();
   hub->node->sizes = source.sizes().vec();
   hub->node->options = source.options().requires_grad(false);
   hub->node->set_next_edges({torch::autograd::impl::gradient_edge(source)});
   hub->dummy = at::empty({0}, hub->node->options);
   torch::autograd::set_history(hub->dummy, hub->node);
-  hubs_.emplace_back(batch, hub);
+  slot = hub;
   return hub;
 }
 

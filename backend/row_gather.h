@@ -8,10 +8,14 @@
 // is one output tensor written by memcpy of rows, and one autograd node.
 //
 // Gradients: a reader node's backward adds its rows' gradients straight into
-// ONE buffer per source batch per round (a "hub" node), which hands the whole
-// buffer to the source's autograd edge once every reader has run. So a batch
-// read by many later batches (a tree level read by every level above it)
-// costs one zero-filled gradient, not one per reader. The readers reach the
+// ONE buffer per source batch (a "hub" node), which hands the whole buffer to
+// the source's autograd edge once every reader has run. So a batch read by
+// many later batches (a tree level read by every level above it) costs one
+// zero-filled gradient, not one per reader. The graph keeps its hubs from
+// round to round (ExecConfig::row_gathers): a batch read in many rounds (the
+// words of a sentence, read by every step of control flow) also gets one,
+// where a hub per round zero-filled a whole-batch gradient each round and
+// autograd then added those up. The readers reach the
 // hub through a 0-element tensor (the hub's only output): autograd then runs
 // the hub after all its readers, and nothing but the buffer carries data.
 #pragma once
@@ -23,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -88,8 +93,8 @@ class RowGathers {
 
   // out[i] = sources[rows[i].source][rows[i].row], shape [rows.size(), row shape
   // of the sources]. `batches[k]` names source k (its hub is shared by every
-  // gather of the round from that batch). Sources must be readable() and share
-  // one row shape.
+  // gather from that batch until clear(), while the batch is the same tensor).
+  // Sources must be readable() and share one row shape.
   at::Tensor gather(std::span<const at::Tensor* const> sources, std::span<const uint32_t> batches,
                     std::span<const RowPick> rows);
   // Several gathers side by side, each row their concatenation (a batched
@@ -102,10 +107,13 @@ class RowGathers {
   std::shared_ptr<const InPlaceRows> in_place(std::span<const at::Tensor* const> sources,
                                               std::span<const uint32_t> batches, std::span<const RowPick> rows);
 
+  // Forgets every hub (the graph was cleared: batch numbers start again).
+  void clear() { hubs_.clear(); }
+
  private:
   struct Hub;
   std::shared_ptr<Hub> hub_for(uint32_t batch, const at::Tensor& source);
-  std::vector<std::pair<uint32_t, std::shared_ptr<Hub>>> hubs_;  // by source batch, this round
+  std::unordered_map<uint32_t, std::shared_ptr<Hub>> hubs_;  // by source batch
 };
 
 }  // namespace sheaf

@@ -207,7 +207,8 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate, bool defer)
 void Engine::execute_round() {
   const auto t0 = Clock::now();
   exec_config_ = ExecConfig{options_.device, options_.seed, options_.train, options_.profile,
-                            options_.batch_weight_grads, &functions_, &transposed_, &index_buffer_};
+                            options_.batch_weight_grads, &functions_, &transposed_, &index_buffer_,
+                            &row_gathers_};
   Executor exec(trace_.store(), lazy_, exec_config_, stats_);
   try {
     exec.run(scheduler_.plan());
@@ -287,6 +288,7 @@ void Engine::clear() {
   generation_ = bump_generation(slot_);
   functions_.trim(generation_);
   transposed_.clear();
+  row_gathers_.clear();
   pending_calls_.clear();
 }
 

@@ -147,6 +147,7 @@ class Engine {
   ExecConfig exec_config_;
   TransposedWeights transposed_;  // W^T of the shared weights this graph applies repeatedly, until clear()
   at::Tensor index_buffer_;       // the rounds' ids on the CPU, reused while nothing else holds it (ExecConfig)
+  RowGathers row_gathers_;        // one gradient hub per batch for all rounds, until clear() (ExecConfig)
   uint32_t slot_;
   uint32_t generation_;
   Stats stats_;

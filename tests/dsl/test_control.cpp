@@ -1,5 +1,10 @@
 // Control flow on computed values: dsl::cond, dsl::loop and coroutines, batched
 // across examples, equal to running each example alone (values and gradients).
+#include <torch/csrc/autograd/function.h>
+
+#include <algorithm>
+#include <map>
+
 #include "../support.h"
 
 using namespace sheaf;
@@ -116,6 +121,40 @@ TEST_CASE("loop: embedding gradients after rounds that follow the lookups", "[ds
     return dsl::sum(out[0] * out[0]);
   }, {.params = {p.W, p.b, E}});
   REQUIRE_BATCHED_EQUALS_ALONE(r);
+}
+
+TEST_CASE("cond: a batch read in several rounds gets one gradient buffer, not one per round",
+          "[dsl][control][checker]") {
+  // The words are read by round 1 (the product) and, after the cond, by
+  // round 2 (either branch), both times a few rows of the lookup batch.
+  P p;
+  const at::Tensor E = param({40, 6}, 5);
+  auto program = [&](Graph& g, int i) {
+    const Expr a = g.lookup(E, (i * 7) % 40), b = g.lookup(E, (i * 11 + 3) % 40);
+    const Expr h = dsl::tanh(dsl::affine(p.W, a * b, p.b));
+    const Expr out = dsl::cond(dsl::sum(h) > 0.0, [=] { return h * a; }, [=] { return h - b; });
+    return dsl::sum(out * out);
+  };
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(16, program, {.params = {p.W, p.b, E}}));
+
+  Graph g;
+  const std::vector<Expr> losses = test::forward_examples(g, 16, program);
+  REQUIRE(g.stats().rounds >= 2);
+  // Every hub in the autograd graph hands its buffer to a different place.
+  at::Tensor total = losses[0].value();
+  for (size_t i = 1; i < losses.size(); ++i) total = total + losses[i].value();
+  std::vector<torch::autograd::Node*> stack{total.grad_fn().get()}, seen;
+  std::map<std::pair<torch::autograd::Node*, uint32_t>, int> hubs_into;
+  while (!stack.empty()) {
+    torch::autograd::Node* f = stack.back();
+    stack.pop_back();
+    if (f == nullptr || std::find(seen.begin(), seen.end(), f) != seen.end()) continue;
+    seen.push_back(f);
+    if (f->name() == "sheaf::GatherHub") ++hubs_into[{f->next_edges()[0].function.get(), f->next_edges()[0].input_nr}];
+    for (const torch::autograd::Edge& e : f->next_edges()) stack.push_back(e.function.get());
+  }
+  REQUIRE_FALSE(hubs_into.empty());
+  for (const auto& [into, count] : hubs_into) CHECK(count == 1);
 }
 
 TEST_CASE("loop: halting on a computed probability", "[dsl][control][checker]") {
