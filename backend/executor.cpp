@@ -132,7 +132,7 @@ at::Tensor Executor::read(const Plan& plan, uint32_t r) {
   if (rd.split >= 0) return split_pieces(plan, rd.split)[rd.slot];
   if (rd.group >= 0) {
     // One of several partial reads of this batch: on the CPU a row copy whose
-    // gradient joins the batch's one gradient of the round.
+    // gradient joins the batch's one gradient (its hub: backend/row_gather.h).
     if (at::Tensor x = copy_rows(plan, r, r + 1, -1); x.defined()) return x;
     auto& outs = groups_[static_cast<size_t>(rd.group)];
     if (outs.empty()) {

@@ -4,12 +4,14 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/record_function.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include <sheaf/core/error.h>
 
@@ -144,6 +146,7 @@ struct RowGathers::Hub {
   HubPtr node;
   at::Tensor dummy;  // 0 elements; the hub's only output: readers' edges point here
   at::Tensor source;  // whose gradient it gathers (held: its address names it)
+  std::optional<c10::Stream> stream;  // current when it was made (none on the CPU)
 };
 
 RowGathers::RowGathers() = default;
@@ -161,15 +164,24 @@ bool RowGathers::readable(const at::Tensor& t) {
 
 std::shared_ptr<RowGathers::Hub> RowGathers::hub_for(uint32_t batch, const at::Tensor& source) {
   std::shared_ptr<Hub>& slot = hubs_[batch];
-  // Another tensor for the same batch (a view made anew each round: rows of
-  // rows) gets a hub of its own: the hub's edge is its source's.
-  if (slot && slot->source.is_same(source)) return slot;
+  // A later round's readers join the hub of an earlier one only where it
+  // hands its buffer where theirs would go: the same tensor (a view made
+  // anew each round, rows of rows, is another), with the same autograd
+  // history (not rewritten in place since), and on the same stream (autograd
+  // orders a hub after its readers by stream; readers send it nothing to
+  // synchronise on).
+  const torch::autograd::Edge edge = torch::autograd::impl::gradient_edge(source);
+  const std::optional<c10::Stream> stream =
+      source.is_cpu() ? std::nullopt
+                      : std::optional(c10::impl::getDeviceGuardImpl(source.device().type())->getStream(source.device()));
+  if (slot && slot->source.is_same(source) && slot->node->next_edge(0) == edge && slot->stream == stream) return slot;
   auto hub = std::make_shared<Hub>();
   hub->source = source;
+  hub->stream = stream;
   hub->node = detail::make_node<HubNode>();
   hub->node->sizes = source.sizes().vec();
   hub->node->options = source.options().requires_grad(false);
-  hub->node->set_next_edges({torch::autograd::impl::gradient_edge(source)});
+  hub->node->set_next_edges({edge});
   hub->dummy = at::empty({0}, hub->node->options);
   torch::autograd::set_history(hub->dummy, hub->node);
   slot = hub;

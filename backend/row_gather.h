@@ -1,5 +1,5 @@
 // Gathers as plain row copies (on the CPU; on CUDA one kernel, row_copies.h),
-// with one gradient per source per round.
+// with one gradient per source batch.
 //
 // A batched input whose rows come from several earlier batches (children of a
 // tree level, a parser's stack) is, through LibTorch ops, one index_select or

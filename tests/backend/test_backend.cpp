@@ -280,6 +280,13 @@ TEST_CASE("TransposedWeights::packed: made at a weight's first use, again after 
   p = cache.packed(W, false);
   REQUIRE(p != nullptr);
   CHECK(at::allclose(linear_packed(x, *p, {}), at::mm(x, W.detach().t()), 1e-4, 1e-4));
+  // Transposed in place of itself: the same memory and version counter, another
+  // shape and strides; laid out again, not the layout of the old shape.
+  W.set_data(W.detach().t());
+  p = cache.packed(W, false);
+  REQUIRE(p != nullptr);
+  const at::Tensor x32 = at::randn({9, 32});
+  CHECK(at::allclose(linear_packed(x32, *p, {}), at::mm(x32, W.detach().t()), 1e-4, 1e-4));
   // A weight that does not suit is answered again from what was decided (no layout).
   const at::Tensor row = param({1, 48}, 27);
   CHECK(cache.packed(row, false) == nullptr);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "../support.h"
 
@@ -138,23 +139,41 @@ TEST_CASE("cond: a batch read in several rounds gets one gradient buffer, not on
   REQUIRE_BATCHED_EQUALS_ALONE(check_batched(16, program, {.params = {p.W, p.b, E}}));
 
   Graph g;
-  const std::vector<Expr> losses = test::forward_examples(g, 16, program);
+  Expr word;  // example 0's first word: a row of the lookup batch
+  const std::vector<Expr> losses = test::forward_examples(g, 16, [&](Graph& pg, int i) {
+    if (i == 0) word = pg.lookup(E, 0);
+    return program(pg, i);
+  });
   REQUIRE(g.stats().rounds >= 2);
-  // Every hub in the autograd graph hands its buffer to a different place.
+  // Every hub in the autograd graph hands its buffer to a different place,
+  // and each reader node of a hub is counted.
   at::Tensor total = losses[0].value();
   for (size_t i = 1; i < losses.size(); ++i) total = total + losses[i].value();
   std::vector<torch::autograd::Node*> stack{total.grad_fn().get()}, seen;
   std::map<std::pair<torch::autograd::Node*, uint32_t>, int> hubs_into;
+  std::map<torch::autograd::Node*, std::set<torch::autograd::Node*>> readers;
   while (!stack.empty()) {
     torch::autograd::Node* f = stack.back();
     stack.pop_back();
     if (f == nullptr || std::find(seen.begin(), seen.end(), f) != seen.end()) continue;
     seen.push_back(f);
     if (f->name() == "sheaf::GatherHub") ++hubs_into[{f->next_edges()[0].function.get(), f->next_edges()[0].input_nr}];
-    for (const torch::autograd::Edge& e : f->next_edges()) stack.push_back(e.function.get());
+    for (const torch::autograd::Edge& e : f->next_edges()) {
+      if (e.function && e.function->name() == "sheaf::GatherHub") readers[e.function.get()].insert(f);
+      stack.push_back(e.function.get());
+    }
   }
   REQUIRE_FALSE(hubs_into.empty());
   for (const auto& [into, count] : hubs_into) CHECK(count == 1);
+  // The lookup batch's one hub has readers from both rounds: round 1's
+  // product reads both words, round 2's branches one each (either branch
+  // taken by some example), so more readers than one round makes.
+  torch::autograd::Node* lookups = word.value().grad_fn()->next_edges()[0].function.get();
+  torch::autograd::Node* hub = nullptr;
+  for (const auto& [h, rs] : readers)
+    if (h->next_edges()[0].function.get() == lookups) hub = h;
+  REQUIRE(hub != nullptr);
+  CHECK(readers[hub].size() >= 3);
 }
 
 TEST_CASE("loop: halting on a computed probability", "[dsl][control][checker]") {
