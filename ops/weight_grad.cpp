@@ -95,18 +95,19 @@ struct WeightGradBatcher::Tap {
 WeightGradBatcher::WeightGradBatcher() = default;
 WeightGradBatcher::~WeightGradBatcher() = default;
 
-namespace {
-
-// Whether w changed in place or was re-seated since (data, version) were
-// taken; they are brought up to date.
-bool changed(const at::Tensor& w, const void*& data, int64_t& version) {
-  if (data == w.data_ptr() && version == w._version()) return false;
-  data = w.data_ptr();
-  version = w._version();
-  return true;
+bool TransposedWeights::Seen::matches(const at::Tensor& w) const {
+  return data == w.data_ptr() && version == w._version() && rows == w.size(0) && cols == w.size(1) &&
+         row_stride == w.stride(0) && col_stride == w.stride(1);
 }
 
-}  // namespace
+void TransposedWeights::Seen::take(const at::Tensor& w) {
+  data = w.data_ptr();
+  version = w._version();
+  rows = w.size(0);
+  cols = w.size(1);
+  row_stride = w.stride(0);
+  col_stride = w.stride(1);
+}
 
 const at::Tensor* TransposedWeights::get(const at::Tensor& w) {
   // Inference tensors have no version counter to tell an update by.
@@ -118,14 +119,17 @@ const at::Tensor* TransposedWeights::get(const at::Tensor& w) {
   if ((w.size(1) % 128 == 0 && entries > 65536) || entries > (int64_t{1} << 20)) return nullptr;
   for (Entry& e : entries_) {
     if (!e.w.is_same(w)) continue;
-    if (changed(w, e.data, e.version)) {  // start again
+    if (!e.seen.matches(w)) {  // start again
+      e.seen.take(w);
       e.wt = at::Tensor();
       return nullptr;
     }
     if (!e.wt.defined()) e.wt = w.detach().t().contiguous();
     return &e.wt;
   }
-  entries_.push_back({w, w.data_ptr(), w._version(), at::Tensor()});
+  Entry& e = entries_.emplace_back();
+  e.w = w;
+  e.seen.take(w);
   return nullptr;
 }
 
@@ -136,8 +140,7 @@ std::shared_ptr<const PackedWeight> TransposedWeights::packed(const at::Tensor& 
     if (f.w.is_same(w)) e = &f;
   // Seen before and unchanged: decided without making a tensor (a weight is
   // applied at every level of every tree; the view W^T cost more than this).
-  const bool same = e && e->data == w.data_ptr() && e->version == w._version() && e->rows == w.size(0) &&
-                    e->cols == w.size(1) && e->row_stride == w.stride(0) && e->col_stride == w.stride(1);
+  const bool same = e && e->seen.matches(w);
   if (same && !e->suits) return nullptr;
   if (same && e->packed && (!backward || e->packed->backward.defined() || !e->backward_suits)) return e->packed;
   const at::Tensor wt = w.detach().t();
@@ -146,12 +149,7 @@ std::shared_ptr<const PackedWeight> TransposedWeights::packed(const at::Tensor& 
     e->w = w;
   }
   if (!same) {  // new, changed in place, re-seated or reshaped
-    e->data = w.data_ptr();
-    e->version = w._version();
-    e->rows = w.size(0);
-    e->cols = w.size(1);
-    e->row_stride = w.stride(0);
-    e->col_stride = w.stride(1);
+    e->seen.take(w);
     e->suits = packed_gemm_suits(wt);
     e->backward_suits = packed_gemm_suits(w.detach());
     e->packed = nullptr;

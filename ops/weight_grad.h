@@ -40,8 +40,8 @@ struct PackedWeight {
 // a batch (a Tree-LSTM's [640, 256] read 2% slower); nor past 1Mi entries,
 // beyond what was measured. A weight is transposed at its second product in a
 // graph, so a weight used once never pays for the copy. The Engine owns one
-// and clears it with the graph; an entry is also dropped when the weight's data
-// or version counter changes (an optimizer step in place). An update the
+// and clears it with the graph; an entry is also dropped when the weight's data,
+// version counter, sizes or strides change (an optimizer step in place). An update the
 // version counter does not see (through W.data(), or raw writes to its memory)
 // while a graph is alive leaves a stale copy: update shared weights with
 // in-place ops on the tensor itself (optimizers do), or clear() the graph
@@ -72,18 +72,23 @@ class TransposedWeights {
   }
 
  private:
-  struct Entry {
-    at::Tensor w;  // held: its address cannot come back as another tensor's
-    const void* data = nullptr;
-    int64_t version = 0;
-    at::Tensor wt;  // undefined until the second use
-  };
-  // What a weight was when last seen (any change: decided again), and the verdicts.
-  struct PackedEntry {
-    at::Tensor w;
+  // What a weight was when last seen: its memory, version counter, sizes and
+  // strides. Any change (an update in place, re-seated, reshaped) decides again.
+  struct Seen {
     const void* data = nullptr;
     int64_t version = -1;
     int64_t rows = 0, cols = 0, row_stride = 0, col_stride = 0;
+    bool matches(const at::Tensor& w) const;
+    void take(const at::Tensor& w);
+  };
+  struct Entry {
+    at::Tensor w;  // held: its address cannot come back as another tensor's
+    Seen seen;
+    at::Tensor wt;  // undefined until the second use
+  };
+  struct PackedEntry {
+    at::Tensor w;
+    Seen seen;
     bool suits = false;           // W^T suits packed_mm (else every product goes to OpenBLAS)
     bool backward_suits = false;  // W itself does (dX = dY W packed too)
     std::shared_ptr<PackedWeight> packed;  // null: to be made at the next use

@@ -180,6 +180,11 @@ TEST_CASE("TransposedWeights: W^T from a weight's second use, a fresh one after 
   const at::Tensor small = param({256, 256}, 22);  // 64Ki entries: small enough to pay
   CHECK(cache.get(small) == nullptr);
   CHECK(cache.get(small) != nullptr);
+  W.set_data(W.detach().t());  // the same memory and version counter, another shape: not the stale W^T
+  CHECK(cache.get(W) == nullptr);
+  wt = cache.get(W);
+  REQUIRE(wt != nullptr);
+  CHECK(at::equal(*wt, W.detach().t()));
   cache.clear();
   CHECK(cache.get(W) == nullptr);
   {
