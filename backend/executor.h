@@ -11,6 +11,7 @@
 
 #include <vector>
 
+#include <sheaf/core/error.h>
 #include <sheaf/ops/op.h>
 #include <sheaf/ops/weight_grad.h>
 #include <sheaf/scheduler/plan.h>
@@ -37,7 +38,7 @@ struct ExecConfig {
   // allocating one. Null: a new buffer every round.
   at::Tensor* index_buffer = nullptr;
   // The graph's row gathers, kept from round to round (one gradient hub per
-  // source batch for all rounds, backend/row_gather.h). Null: the round's own.
+  // source batch for all rounds, backend/row_gather.h). Required.
   RowGathers* row_gathers = nullptr;
 };
 
@@ -48,7 +49,7 @@ class Executor {
         lazy_(lazy),
         config_(config),
         counters_(counters),
-        row_gathers_(config.row_gathers ? *config.row_gathers : own_row_gathers_) {}
+        row_gathers_(required(config.row_gathers)) {}
   // Runs every batch of the plan in order. On failure (a LibTorch error in a
   // launch) throws UserError naming the op, its line and examples; batches
   // before it stay computed.
@@ -86,8 +87,11 @@ class Executor {
   Shape row_shape_;   // a packed batch's out_shape (launch_args)
   WeightGradBatcher weight_grads_;  // one product per shared weight for the round's gradients
   std::vector<std::vector<at::Tensor>> groups_;  // outputs of each read group, made at first use
-  RowGathers own_row_gathers_;                   // without the graph's (ExecConfig::row_gathers)
-  RowGathers& row_gathers_;                      // CPU gathers, one gradient per source batch
+  RowGathers& row_gathers_;                      // the graph's: CPU gathers, one gradient per source batch
+  static RowGathers& required(RowGathers* g) {
+    SHEAF_ASSERT(g != nullptr, "an executor without the graph's row gathers");
+    return *g;
+  }
   std::vector<const at::Tensor*> row_sources_;   // copy_rows' scratch
   std::vector<uint32_t> row_batches_;
   std::vector<RowPick> picks_, permuted_;
