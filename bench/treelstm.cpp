@@ -88,12 +88,12 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
       systems.push_back(std::move(s));
     } else if (name == "hand" || name == "hand:sheaf-gemm") {
       // hand:sheaf-gemm: the same code with Sheaf's packed-weight product kernel
-      // (needs AVX-512): a reference, not a LibTorch baseline.
+      // (needs AVX2+FMA): a reference, not a LibTorch baseline.
       const auto product = name == "hand" ? HandBatched::Product::kLibTorch : HandBatched::Product::kSheafPacked;
       if (product == HandBatched::Product::kSheafPacked &&
           (!packed_gemm_available() || !packed_gemm_suits(model.U.detach().t()) ||
            !packed_gemm_suits(model.U.detach()))) {
-        std::fprintf(stderr, "sheaf-bench: %s skipped (needs AVX-512, the CPU, and U within the kernel's sizes)\n",
+        std::fprintf(stderr, "sheaf-bench: %s skipped (needs AVX2+FMA, the CPU, and U within the kernel's sizes)\n",
                      name.c_str());
         continue;
       }

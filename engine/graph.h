@@ -56,7 +56,7 @@ struct GraphOptions {
   // Compute each shared weight's gradient once per round, as one product over
   // the rows of every batch that used it (ops/weight_grad.h), not batch by batch.
   bool batch_weight_grads = true;
-  // On CPUs with AVX-512: each shared weight applied to several rows is laid
+  // On CPUs with AVX-512 or AVX2+FMA: each shared weight applied to several rows is laid
   // out once a graph (again after each update) for a product kernel that reads
   // it as it is, instead of OpenBLAS copying it in every call
   // (ops/packed_gemm.h). Off: OpenBLAS for every product.

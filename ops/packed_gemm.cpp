@@ -84,6 +84,86 @@ SHEAF_AVX512_TARGET void panels_avx512(const float* x, int64_t m, int64_t ldx, c
   }
 }
 
+// AVX2: the same panels, each as two 16-column halves: R rows x 2 registers a
+// half is the 6 x 16 block of 12 accumulators that 16 registers allow. A half
+// panel's row is one 64-byte line, so a half of k rows (16 KiB at k = 256) stays
+// in L1 while the row blocks pass. Halves cut short (the last panel past N) load
+// and store through lane masks; their panel columns are zeros.
+struct HalfMasks {
+  __m256i lo, hi;
+  SHEAF_AVX2_TARGET explicit HalfMasks(int64_t cols) {  // cols: 1-16 real columns
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols)), lane);
+    hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols) - 8), lane);
+  }
+};
+
+template <int R>
+SHEAF_AVX2_TARGET inline void half_block(const float* x, int64_t ldx, const float* half, int64_t k,
+                                         const float* bias, int64_t ldb, float* c, int64_t ldc, int64_t cols,
+                                         const HalfMasks& mask) {
+  __m256 a0[R], a1[R];
+  const bool full = cols == 16;
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    if (!bias) {
+      a0[r] = a1[r] = _mm256_setzero_ps();
+    } else if (full) {
+      a0[r] = _mm256_loadu_ps(bias + r * ldb);
+      a1[r] = _mm256_loadu_ps(bias + r * ldb + 8);
+    } else {
+      a0[r] = _mm256_maskload_ps(bias + r * ldb, mask.lo);
+      a1[r] = _mm256_maskload_ps(bias + r * ldb + 8, mask.hi);
+    }
+  }
+  for (int64_t i = 0; i < k; ++i) {
+    const __m256 w0 = _mm256_loadu_ps(half + i * kPanel), w1 = _mm256_loadu_ps(half + i * kPanel + 8);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_broadcast_ss(x + r * ldx + i);
+      a0[r] = _mm256_fmadd_ps(xv, w0, a0[r]);
+      a1[r] = _mm256_fmadd_ps(xv, w1, a1[r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    if (full) {
+      _mm256_storeu_ps(c + r * ldc, a0[r]);
+      _mm256_storeu_ps(c + r * ldc + 8, a1[r]);
+    } else {
+      _mm256_maskstore_ps(c + r * ldc, mask.lo, a0[r]);
+      _mm256_maskstore_ps(c + r * ldc + 8, mask.hi, a1[r]);
+    }
+  }
+}
+
+SHEAF_AVX2_TARGET void panels_avx2(const float* x, int64_t m, int64_t ldx, const float* packed, int64_t k, int64_t n,
+                                   const float* bias, int64_t ldb, float* c, int64_t p0, int64_t p1) {
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t h = 0; h < kPanel; h += 16) {
+      const int64_t cols = std::min<int64_t>(16, n - p * kPanel - h);
+      if (cols <= 0) break;
+      const HalfMasks mask(cols);
+      const float* half = packed + p * k * kPanel + h;
+      const float* b = bias ? bias + p * kPanel + h : nullptr;
+      float* out = c + p * kPanel + h;
+      int64_t i = 0;
+      for (; i + kRows <= m; i += kRows)
+        half_block<kRows>(x + i * ldx, ldx, half, k, b ? b + i * ldb : nullptr, ldb, out + i * n, n, cols, mask);
+      const float* xr = x + i * ldx;
+      const float* br = b ? b + i * ldb : nullptr;
+      float* cr = out + i * n;
+      switch (m - i) {
+        case 1: half_block<1>(xr, ldx, half, k, br, ldb, cr, n, cols, mask); break;
+        case 2: half_block<2>(xr, ldx, half, k, br, ldb, cr, n, cols, mask); break;
+        case 3: half_block<3>(xr, ldx, half, k, br, ldb, cr, n, cols, mask); break;
+        case 4: half_block<4>(xr, ldx, half, k, br, ldb, cr, n, cols, mask); break;
+        case 5: half_block<5>(xr, ldx, half, k, br, ldb, cr, n, cols, mask); break;
+        default: break;
+      }
+    }
+}
+
 // One panel from columns of B read with a stride (W^T of a row-major W): each
 // panel row is two gathers across 32 of W's rows, which stay in L1 for the
 // next rows. Past `cols` the gathers are masked to zeros.
@@ -103,11 +183,18 @@ SHEAF_AVX512_TARGET void pack_strided_avx512(const float* from, int64_t sk, int6
 }
 #endif
 
+// The same panel from any strides, one column at a time (W^T: one row of W
+// each), for CPUs without AVX-512's masked gathers.
+void pack_strided(const float* from, int64_t sk, int64_t sn, int64_t k, int64_t cols, float* panel) {
+  for (int64_t j = 0; j < kPanel; ++j)
+    for (int64_t i = 0; i < k; ++i) panel[i * kPanel + j] = j < cols ? from[i * sk + j * sn] : 0.0f;
+}
+
 }  // namespace
 
 bool packed_gemm_available() {
 #ifdef SHEAF_HAVE_AVX2_CLONES
-  return use_avx512();
+  return use_avx2();
 #else
   return false;
 #endif
@@ -149,8 +236,12 @@ PackedMatrix pack_matrix(const at::Tensor& b_in) {
       continue;
     }
 #ifdef SHEAF_HAVE_AVX2_CLONES
-    pack_strided_avx512(from, sk, sn, k, cols, panel);
+    if (use_avx512()) {
+      pack_strided_avx512(from, sk, sn, k, cols, panel);
+      continue;
+    }
 #endif
+    pack_strided(from, sk, sn, k, cols, panel);
   }
   return {out, k, n};
 }
@@ -180,7 +271,10 @@ at::Tensor packed_mm(const at::Tensor& x_in, const PackedMatrix& b, const at::Te
   // With more than one thread, panels split across them; a small product stays on one.
   const int64_t grain = m * b.k * b.n < (int64_t{1} << 18) ? panels : 1;
   at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
-    panels_avx512(xp, m, ldx, pp, b.k, b.n, bp, ldb, cp, p0, p1);
+    if (use_avx512())
+      panels_avx512(xp, m, ldx, pp, b.k, b.n, bp, ldb, cp, p0, p1);
+    else
+      panels_avx2(xp, m, ldx, pp, b.k, b.n, bp, ldb, cp, p0, p1);
   });
 #endif
   return c;

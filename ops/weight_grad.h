@@ -48,7 +48,7 @@ struct PackedWeight {
 // first. Not for inference tensors (no version counter). CPU only: cuBLAS
 // reads either layout.
 //
-// Where the CPU has AVX-512, packed() comes first: the weight in packed_mm's
+// Where the CPU has AVX-512 or AVX2+FMA, packed() comes first: the weight in packed_mm's
 // panels, made at its first product of 4 rows or more (OpenBLAS would copy it
 // into its own panels in that call anyway) and again after an update in
 // place; those weights reach get() only for products packed() leaves. GraphOptions::pack_weights off (set_packing(false))
