@@ -208,10 +208,30 @@ TEST_CASE("linear_rows: a bias per row, and a [1, m] bias broadcast, with and wi
   }
 }
 
+TEST_CASE("linear_rows: one output column (a GEMV) with every kind of bias, and its gradients", "[backend]") {
+  const at::Tensor A = at::randn({1, 40}).requires_grad_(), a = at::randn({1}).requires_grad_();
+  for (int64_t m : {1, 2, 7}) {
+    INFO(m << " rows");
+    const at::Tensor x = at::randn({m, 40}).requires_grad_(), rows = at::randn({m, 1}), one = at::randn({1, 1});
+    const at::Tensor at_ = A.detach().t().contiguous();
+    const at::Tensor expected = at::matmul(x.detach(), A.detach().t());
+    CHECK(at::allclose(linear_rows(x, A, {}), expected, 1e-5, 1e-5));
+    CHECK(at::allclose(linear_rows(x, A, rows), expected + rows, 1e-5, 1e-5));
+    CHECK(at::allclose(linear_rows(x, A, one, &at_), expected + one, 1e-5, 1e-5));
+    const at::Tensor y = linear_rows(x, A, a, &at_);
+    CHECK(y.sizes() == at::IntArrayRef{m, 1});
+    CHECK(at::allclose(y, expected + a.detach(), 1e-5, 1e-5));
+    const at::Tensor dy = at::randn({m, 1});
+    const auto got = torch::autograd::grad({y}, {x, A, a}, {dy});
+    const auto want = torch::autograd::grad({at::linear(x, A, a)}, {x, A, a}, {dy});
+    for (size_t i = 0; i < got.size(); ++i) CHECK(at::allclose(got[i], want[i], 1e-5, 1e-5));
+  }
+}
+
 TEST_CASE("packed_mm: the product of any rows, with no bias, one bias or a bias per row, equals OpenBLAS's",
           "[backend][packed]") {
   if (!packed_gemm_available()) {
-    WARN("no AVX-512 on this CPU: the packed product is not used here, nothing to check");
+    WARN("no AVX2+FMA on this CPU: the packed product is not used here, nothing to check");
     return;
   }
   // Column counts on and off the 32-column panels; rows through every block remainder.
