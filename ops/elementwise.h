@@ -52,7 +52,9 @@ inline at::Tensor mul2(const at::Tensor& a, const at::Tensor& b) { return at::mu
 inline at::Tensor div2(const at::Tensor& a, const at::Tensor& b) { return at::div(a, b); }
 // Comparisons give 0/1 floats; they have no gradient. Written straight into a
 // float tensor: one launch, where a bool result and its conversion were two.
-// (The out= call sizes `out` to the broadcast shape.)
+// (The out= call sizes `out` to the broadcast shape.) Even so LibTorch takes
+// ~16 us a launch on a few hundred values (a gate's per round; Zen 1 core), the
+// fused kernel ~5: the scalar comparisons run fused when alone too (alone_on_cpu).
 template <class Compare>
 at::Tensor as_floats(const at::Tensor& like, Compare compare) {
   at::Tensor out = at::empty({0}, like.options().requires_grad(false));
@@ -199,7 +201,7 @@ struct PowScalar : WithScalar<pow_s> {
 struct GreaterScalar : WithScalar<gt_s> {
   static constexpr std::string_view name = "greater_scalar";
   struct Pointwise {
-    static constexpr PointwiseInfo info{.scalar = true, .differentiable = false, .cuda_fwd = "(a > c ? 1.f : 0.f)"};
+    static constexpr PointwiseInfo info{.scalar = true, .differentiable = false, .alone_on_cpu = true, .cuda_fwd = "(a > c ? 1.f : 0.f)"};
     static float fwd(float a, float, float c) { return a > c ? 1.0f : 0.0f; }
     static float da(float, float, float, float) { return 0.0f; }
     static float db(float, float, float, float) { return 0.0f; }
@@ -208,7 +210,7 @@ struct GreaterScalar : WithScalar<gt_s> {
 struct LessScalar : WithScalar<lt_s> {
   static constexpr std::string_view name = "less_scalar";
   struct Pointwise {
-    static constexpr PointwiseInfo info{.scalar = true, .differentiable = false, .cuda_fwd = "(a < c ? 1.f : 0.f)"};
+    static constexpr PointwiseInfo info{.scalar = true, .differentiable = false, .alone_on_cpu = true, .cuda_fwd = "(a < c ? 1.f : 0.f)"};
     static float fwd(float a, float, float c) { return a < c ? 1.0f : 0.0f; }
     static float da(float, float, float, float) { return 0.0f; }
     static float db(float, float, float, float) { return 0.0f; }
