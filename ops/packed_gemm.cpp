@@ -8,6 +8,7 @@
 #include <sheaf/core/error.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #ifdef SHEAF_HAVE_AVX2_CLONES
 #include <immintrin.h>
@@ -19,6 +20,24 @@ namespace {
 
 constexpr int64_t kPanel = 32;  // columns a panel: two 16-float registers a row
 constexpr int kRows = 6;        // rows a block: 12 accumulators, the FMA units kept busy
+
+// Rows in blocks of kRows, then the 1-5 left as one block: run(first row,
+// std::integral_constant<int, rows>) for each, the block size a template
+// argument for the kernels' register arrays.
+template <class Run>
+void by_row_blocks(int64_t m, Run&& run) {
+  int64_t i = 0;
+  for (; i + kRows <= m; i += kRows) run(i, std::integral_constant<int, kRows>{});
+  switch (m - i) {
+    case 1: run(i, std::integral_constant<int, 1>{}); break;
+    case 2: run(i, std::integral_constant<int, 2>{}); break;
+    case 3: run(i, std::integral_constant<int, 3>{}); break;
+    case 4: run(i, std::integral_constant<int, 4>{}); break;
+    case 5: run(i, std::integral_constant<int, 5>{}); break;
+    default: break;
+  }
+}
+static_assert(kRows == 6, "by_row_blocks names the remainders 1-5");
 
 #ifdef SHEAF_HAVE_AVX2_CLONES
 // A panel's two 16-column halves, as masks of its first `cols` (1-32) real columns.
@@ -68,19 +87,9 @@ SHEAF_AVX512_TARGET void panels_avx512(const float* x, int64_t m, int64_t ldx, c
     const float* panel = packed + p * k * kPanel;
     const float* b = bias ? bias + p * kPanel : nullptr;
     float* out = c + p * kPanel;
-    int64_t i = 0;
-    for (; i + kRows <= m; i += kRows) block<kRows>(x + i * ldx, ldx, panel, k, b ? b + i * ldb : nullptr, ldb, out + i * n, n, m0, m1);
-    const float* xr = x + i * ldx;
-    const float* br = b ? b + i * ldb : nullptr;
-    float* cr = out + i * n;
-    switch (m - i) {
-      case 1: block<1>(xr, ldx, panel, k, br, ldb, cr, n, m0, m1); break;
-      case 2: block<2>(xr, ldx, panel, k, br, ldb, cr, n, m0, m1); break;
-      case 3: block<3>(xr, ldx, panel, k, br, ldb, cr, n, m0, m1); break;
-      case 4: block<4>(xr, ldx, panel, k, br, ldb, cr, n, m0, m1); break;
-      case 5: block<5>(xr, ldx, panel, k, br, ldb, cr, n, m0, m1); break;
-      default: break;
-    }
+    by_row_blocks(m, [&](int64_t i, auto rows) {
+      block<rows.value>(x + i * ldx, ldx, panel, k, b ? b + i * ldb : nullptr, ldb, out + i * n, n, m0, m1);
+    });
   }
 }
 
@@ -147,20 +156,9 @@ SHEAF_AVX2_TARGET void panels_avx2(const float* x, int64_t m, int64_t ldx, const
       const float* half = packed + p * k * kPanel + h;
       const float* b = bias ? bias + p * kPanel + h : nullptr;
       float* out = c + p * kPanel + h;
-      int64_t i = 0;
-      for (; i + kRows <= m; i += kRows)
-        half_block<kRows>(x + i * ldx, ldx, half, k, b ? b + i * ldb : nullptr, ldb, out + i * n, n, cols, mask);
-      const float* xr = x + i * ldx;
-      const float* br = b ? b + i * ldb : nullptr;
-      float* cr = out + i * n;
-      switch (m - i) {
-        case 1: half_block<1>(xr, ldx, half, k, br, ldb, cr, n, cols, mask); break;
-        case 2: half_block<2>(xr, ldx, half, k, br, ldb, cr, n, cols, mask); break;
-        case 3: half_block<3>(xr, ldx, half, k, br, ldb, cr, n, cols, mask); break;
-        case 4: half_block<4>(xr, ldx, half, k, br, ldb, cr, n, cols, mask); break;
-        case 5: half_block<5>(xr, ldx, half, k, br, ldb, cr, n, cols, mask); break;
-        default: break;
-      }
+      by_row_blocks(m, [&](int64_t i, auto rows) {
+        half_block<rows.value>(x + i * ldx, ldx, half, k, b ? b + i * ldb : nullptr, ldb, out + i * n, n, cols, mask);
+      });
     }
 }
 
