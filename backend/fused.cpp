@@ -191,10 +191,15 @@ std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& pro
     kernels->forward(p, kernel_inputs(p, inputs, n), outputs, n);
   }
 
+  // A region of comparisons alone (a gate's lone `x > 0`) gives no gradient:
+  // no node, as LibTorch's comparison records none (a slice passes its rows'
+  // gradient on, so a region with one keeps its node).
   bool requires_grad = false;
   for (const FusedInput& x : inputs)
     requires_grad = requires_grad || (x.rows ? x.rows->needs_grad() : x.tensor.requires_grad());
-  if (requires_grad && c10::GradMode::is_enabled()) {
+  bool differentiable = false;
+  for (const FusedInstr& in : p.code) differentiable = differentiable || in.slice || op_info(in.op).pointwise->differentiable;
+  if (requires_grad && differentiable && c10::GradMode::is_enabled()) {
     auto node = detail::make_node<FusedBackward>();
     node->program = program;
     node->kernels = kernels;

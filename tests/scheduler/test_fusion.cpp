@@ -175,6 +175,23 @@ TEST_CASE("fusion: a lone tanh or sigmoid runs as a fused kernel on the CPU, a l
   CHECK(g.stats().fused_batches == 0);
 }
 
+TEST_CASE("fusion: a lone comparison runs fused on the CPU and, like LibTorch's, records no gradient", "[fusion]") {
+  // A gate's `score > 0` alone in its round: LibTorch's comparison into floats
+  // costs several times the fused kernel's launch (PointwiseInfo::alone_on_cpu).
+  const at::Tensor W = param({4, 4}, 16), b = param({4}, 17);
+  auto program = [&](Graph& g, int i) { return dsl::affine(W, dsl::affine(W, g.input(data({4}, i)), b) > 0.0, b); };
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(5, program, both({W, b})));
+  Graph g;
+  std::vector<Expr> masks;
+  test::forward_examples(g, 5, [&](Graph& pg, int i) {
+    masks.push_back(dsl::affine(W, pg.input(data({4}, i)), b) > 0.0);
+    return dsl::affine(W, masks.back(), b);
+  });
+  CHECK(g.stats().fused_batches == 1);
+  CHECK(g.stats().fused_ops == 1);
+  for (const Expr& mask : masks) CHECK_FALSE(mask.value().requires_grad());  // no backward node for zeros
+}
+
 TEST_CASE("fusion: what is not fused (dropout, shared-only values, different shapes) still runs", "[fusion]") {
   const at::Tensor W = param({4, 4}, 6);
   auto program = [&](Graph& g, int i) {
