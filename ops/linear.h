@@ -38,7 +38,8 @@ inline at::Tensor shared_linear(RunCtx& c, const at::Tensor& x, const at::Tensor
   const bool packable = (!grad || (batcher && w.requires_grad())) && packed_product_takes(x, b);
   std::shared_ptr<const PackedWeight> packed =
       reuse && packable ? c.transposed()->packed(w, grad && x.requires_grad(), x.size(0)) : nullptr;
-  const at::Tensor* wt = reuse && !packed && x.size(0) > 1 ? c.transposed()->get(w) : nullptr;
+  // (One output column is a GEMV on W's row, linear_rows: no W^T.)
+  const at::Tensor* wt = reuse && !packed && x.size(0) > 1 && w.size(0) > 1 ? c.transposed()->get(w) : nullptr;
   if (batcher) return batcher->linear(x, w, b, wt, bias_rows, std::move(packed));
   return packed ? linear_packed(x, *packed, b) : linear_rows(x, w, b, wt);
 }

@@ -18,7 +18,7 @@ namespace sheaf {
 
 namespace {
 
-constexpr int64_t kPanel = 32;  // columns a panel: two 16-float registers a row
+constexpr int64_t kPanel = 32;  // columns a panel: two AVX-512 registers a row, or four AVX2 ones
 constexpr int kRows = 6;        // rows a block: 12 accumulators, the FMA units kept busy
 
 // Rows in blocks of kRows, then the 1-5 left as one block: run(first row,
@@ -112,7 +112,9 @@ SHEAF_AVX2_TARGET inline void half_block(const float* x, int64_t ldx, const floa
                                          const float* bias, int64_t ldb, float* c, int64_t ldc, int64_t cols,
                                          const HalfMasks& mask) {
   __m256 a0[R], a1[R];
-  const bool full = cols == 16;
+  // Columns 8-15 of a half with 8 or fewer are not touched at all: masked-off
+  // lanes do not fault on Intel's word, and AMD's manuals are less plain.
+  const bool full = cols == 16, high = cols > 8;
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     if (!bias) {
@@ -122,7 +124,7 @@ SHEAF_AVX2_TARGET inline void half_block(const float* x, int64_t ldx, const floa
       a1[r] = _mm256_loadu_ps(bias + r * ldb + 8);
     } else {
       a0[r] = _mm256_maskload_ps(bias + r * ldb, mask.lo);
-      a1[r] = _mm256_maskload_ps(bias + r * ldb + 8, mask.hi);
+      a1[r] = high ? _mm256_maskload_ps(bias + r * ldb + 8, mask.hi) : _mm256_setzero_ps();
     }
   }
   for (int64_t i = 0; i < k; ++i) {
@@ -141,7 +143,7 @@ SHEAF_AVX2_TARGET inline void half_block(const float* x, int64_t ldx, const floa
       _mm256_storeu_ps(c + r * ldc + 8, a1[r]);
     } else {
       _mm256_maskstore_ps(c + r * ldc, mask.lo, a0[r]);
-      _mm256_maskstore_ps(c + r * ldc + 8, mask.hi, a1[r]);
+      if (high) _mm256_maskstore_ps(c + r * ldc + 8, mask.hi, a1[r]);
     }
   }
 }
