@@ -209,22 +209,29 @@ TEST_CASE("linear_rows: a bias per row, and a [1, m] bias broadcast, with and wi
 }
 
 TEST_CASE("linear_rows: one output column (a GEMV) with every kind of bias, and its gradients", "[backend]") {
-  const at::Tensor A = at::randn({1, 40}).requires_grad_(), a = at::randn({1}).requires_grad_();
+  const at::Tensor A = at::randn({1, 40}).requires_grad_();
+  const at::Tensor a_t = A.detach().t().contiguous();
   for (int64_t m : {1, 2, 7}) {
-    INFO(m << " rows");
-    const at::Tensor x = at::randn({m, 40}).requires_grad_(), rows = at::randn({m, 1}), one = at::randn({1, 1});
-    const at::Tensor at_ = A.detach().t().contiguous();
-    const at::Tensor expected = at::matmul(x.detach(), A.detach().t());
-    CHECK(at::allclose(linear_rows(x, A, {}), expected, 1e-5, 1e-5));
-    CHECK(at::allclose(linear_rows(x, A, rows), expected + rows, 1e-5, 1e-5));
-    CHECK(at::allclose(linear_rows(x, A, one, &at_), expected + one, 1e-5, 1e-5));
-    const at::Tensor y = linear_rows(x, A, a, &at_);
-    CHECK(y.sizes() == at::IntArrayRef{m, 1});
-    CHECK(at::allclose(y, expected + a.detach(), 1e-5, 1e-5));
-    const at::Tensor dy = at::randn({m, 1});
-    const auto got = torch::autograd::grad({y}, {x, A, a}, {dy});
-    const auto want = torch::autograd::grad({at::linear(x, A, a)}, {x, A, a}, {dy});
-    for (size_t i = 0; i < got.size(); ++i) CHECK(at::allclose(got[i], want[i], 1e-5, 1e-5));
+    const at::Tensor x = at::randn({m, 40}).requires_grad_();
+    const at::Tensor biases[] = {at::Tensor(), at::randn({1}).requires_grad_(), at::randn({1, 1}).requires_grad_(),
+                                 at::randn({m, 1}).requires_grad_()};
+    const char* names[] = {"none", "[1]", "[1, 1]", "[m, 1]"};
+    for (size_t k = 0; k < 4; ++k) {
+      const at::Tensor& b = biases[k];
+      for (const at::Tensor* wt : {static_cast<const at::Tensor*>(nullptr), &a_t}) {
+        INFO(m << " rows, bias " << names[k] << (wt ? ", W^T given" : ""));
+        const at::Tensor y = linear_rows(x, A, b, wt);
+        const at::Tensor want = b.defined() ? at::matmul(x, A.t()) + b : at::matmul(x, A.t());
+        CHECK(y.sizes() == want.sizes());
+        CHECK(at::allclose(y, want, 1e-5, 1e-5));
+        std::vector<at::Tensor> wrt{x, A};
+        if (b.defined()) wrt.push_back(b);
+        const at::Tensor dy = at::randn(want.sizes());
+        const auto got = torch::autograd::grad({y}, wrt, {dy});
+        const auto expected = torch::autograd::grad({want}, wrt, {dy});
+        for (size_t q = 0; q < got.size(); ++q) CHECK(at::allclose(got[q], expected[q], 1e-5, 1e-5));
+      }
+    }
   }
 }
 
