@@ -58,7 +58,7 @@ void forward(const FusedProgram& p, std::span<const FusedInput> inputs, std::spa
              int64_t n);
 void backward(const FusedProgram& p, std::span<const FusedInput> inputs, std::span<const at::Tensor> grads_out,
               std::span<at::Tensor> grads_in, std::span<float* const* const> grad_rows, int64_t n);
-// Which instruction set the kernels use here ("avx2+fma" or "baseline").
+// Which instruction set the kernels use here ("avx512", "avx2+fma" or "baseline").
 const char* isa();
 }  // namespace fused_cpu
 
