@@ -197,9 +197,12 @@ std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& pro
   bool requires_grad = false;
   for (const FusedInput& x : inputs)
     requires_grad = requires_grad || (x.rows ? x.rows->needs_grad() : x.tensor.requires_grad());
-  bool differentiable = false;
-  for (const FusedInstr& in : p.code) differentiable = differentiable || in.slice || op_info(in.op).pointwise->differentiable;
-  if (requires_grad && differentiable && c10::GradMode::is_enabled()) {
+  auto differentiable = [&p] {
+    for (const FusedInstr& in : p.code)
+      if (in.slice || op_info(in.op).pointwise->differentiable) return true;
+    return false;
+  };
+  if (requires_grad && c10::GradMode::is_enabled() && differentiable()) {
     auto node = detail::make_node<FusedBackward>();
     node->program = program;
     node->kernels = kernels;
