@@ -1,5 +1,6 @@
 #include "check.h"
 
+#include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/arange.h>
@@ -13,6 +14,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <sheaf/engine/engine.h>
@@ -146,6 +148,8 @@ std::string where(const NodeStore& s, NodeId n) {
 }
 
 CheckReport check(int num_examples, const Recorder& program, const CheckOptions& o) {
+  std::optional<NoTf32> full_float;
+  if (o.full_float) full_float.emplace();
   CheckReport report;
   GradGuard grads(o.params);
   grads.clear();
@@ -257,6 +261,9 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
 }
 
 }  // namespace
+
+NoTf32::NoTf32() : was_(at::globalContext().allowTF32CuDNN()) { at::globalContext().setAllowTF32CuDNN(false); }
+NoTf32::~NoTf32() { at::globalContext().setAllowTF32CuDNN(was_); }
 
 CheckReport check_batched(int num_examples, const Program& program, const CheckOptions& o) {
   return check(num_examples, [&](Graph& g, int i) {

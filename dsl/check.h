@@ -41,6 +41,23 @@ struct CheckOptions {
   double atol = 1e-5;                      // |batched - alone| <= atol + rtol * |alone|
   double rtol = 1e-4;
   bool compare_nodes = true;               // every node of every example, else outputs only
+  // Runs with LibTorch's TF32 for cuDNN off (NoTf32 below): cuDNN's LSTM
+  // otherwise rounds its float products to TF32, by an amount (~1e-4) that
+  // depends on the batch size, beyond the tolerances above.
+  bool full_float = true;
+};
+
+// For its scope, cuDNN computes float in float (LibTorch's allowTF32CuDNN
+// off; it is on by default, and cuBLAS's TF32 is off by default).
+class NoTf32 {
+ public:
+  NoTf32();
+  ~NoTf32();
+  NoTf32(const NoTf32&) = delete;
+  NoTf32& operator=(const NoTf32&) = delete;
+
+ private:
+  bool was_;
 };
 
 struct CheckReport {

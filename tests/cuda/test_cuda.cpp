@@ -41,6 +41,9 @@ TEST_CASE("CUDA: every op gives the CPU's values", "[cuda][dsl][ops]") {
   SHEAF_SKIP_WITHOUT_CUDA();
   const int n = 7;
   Params on_cpu, on_gpu(kCuda);
+  // cuDNN's LSTM rounds its products to TF32 by default (~1e-4 off): this
+  // compares the math, in full float.
+  const NoTf32 full_float;
   for (const test::ops::OpCase& c : test::ops::cases()) {
     DYNAMIC_SECTION(c.op) {
       auto run = [&](const Params& p) {

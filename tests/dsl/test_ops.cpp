@@ -1,6 +1,8 @@
 // Every op, batched vs alone (values of every node and parameter gradients),
 // for every strategy and batch sizes 1, 2, 7 and 64, with examples of different
 // lengths mixed in one batch.
+#include <ATen/Context.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <array>
@@ -51,6 +53,26 @@ TEST_CASE("the checker leaves the user's gradients alone", "[dsl][checker]") {
   REQUIRE(p.W.grad().defined());
   CHECK(at::allclose(p.W.grad(), at::full_like(p.W, 3.0)));
   CHECK_FALSE(p.b.grad().defined());
+}
+
+TEST_CASE("the checker runs cuDNN in full float and restores the user's TF32 setting", "[dsl][checker]") {
+  Params p;
+  auto tf32_during = [&](bool full_float) {
+    bool seen = true;
+    check_batched(2, [&](Graph& g, int i) {
+      seen = seen && at::globalContext().allowTF32CuDNN();
+      return dsl::affine(p.W, g.input(data({kD}, i)), p.b);
+    }, {.params = p.all(), .full_float = full_float});
+    return seen;
+  };
+  const bool user = at::globalContext().allowTF32CuDNN();
+  for (const bool setting : {true, false}) {
+    at::globalContext().setAllowTF32CuDNN(setting);
+    CHECK_FALSE(tf32_during(true));
+    CHECK(tf32_during(false) == setting);
+    CHECK(at::globalContext().allowTF32CuDNN() == setting);
+  }
+  at::globalContext().setAllowTF32CuDNN(user);
 }
 
 TEST_CASE("dropout masks agree alone and batched, and differ across examples", "[dsl][ops]") {
