@@ -8,7 +8,10 @@
 #   SHEAF_TORCH_VERSION  torch version on PyPI (default below: the newest that passes)
 #   SHEAF_CACHE_DIR      keeps the wheels and the unpacked LibTorch between runs
 #                        (default ${XDG_CACHE_HOME:-~/.cache}/sheaf); ccache's cache too
-#   BUILD_DIR            build directory (default build-torch<version>)
+#   BUILD_DIR            build directory (default build-torch<version>, -asan with SHEAF_SANITIZE)
+#   SHEAF_SANITIZE=1     builds with AddressSanitizer + UndefinedBehaviorSanitizer
+#                        (scripts/sanitizer-env.sh) instead of Release: CI's one
+#                        build for both checks
 #   JOBS                 parallel compile and test jobs (default nproc)
 #
 # What it installs, with pip from PyPI only: the torch wheel without its
@@ -27,7 +30,13 @@ start=$SECONDS
 
 version=${SHEAF_TORCH_VERSION:-2.15.0}
 cache=${SHEAF_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/sheaf}
-build=${BUILD_DIR:-build-torch$version}
+sanitize=${SHEAF_SANITIZE:-0}
+build_type=(-DCMAKE_BUILD_TYPE=Release) flavour=""
+if [ "$sanitize" = 1 ]; then
+  source scripts/sanitizer-env.sh
+  build_type=("${sanitize_cmake_args[@]}") flavour=-asan
+fi
+build=${BUILD_DIR:-build-torch$version$flavour}
 jobs=${JOBS:-$(nproc)}
 prefix=$cache/torch-$version
 pip=(python3 -m pip --disable-pip-version-check)
@@ -123,10 +132,10 @@ if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
 mkdir -p "$build"
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
+cmake -S . -B "$build" "${build_type[@]}" "${launcher[@]}" \
   -DCMAKE_PREFIX_PATH="$prefix/torch" -DTorch_DIR="$prefix/sheaf-cmake" \
   -DSHEAF_BUILD_TESTS=ON -DSHEAF_BUILD_EXAMPLES=OFF -DSHEAF_BUILD_BENCH=OFF >"$build/configure.log" 2>&1 ||
   { cat "$build/configure.log"; exit 1; }
 cmake --build "$build" -j"$jobs"
 ctest --test-dir "$build" --output-on-failure -j"$jobs" "$@"
-echo "torch2-test: LibTorch $torch_version passed in $((SECONDS - start)) s"
+echo "torch2-test: LibTorch $torch_version${flavour:+ (ASan+UBSan)} passed in $((SECONDS - start)) s"

@@ -1,4 +1,5 @@
-// Helpers shared by the tests.
+// Helpers shared by the tests. Its includes are sheaf-tests' precompiled
+// header (tests/CMakeLists.txt): change them together.
 #pragma once
 
 #include <ATen/ATen.h>
