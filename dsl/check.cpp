@@ -11,6 +11,7 @@
 #include <ATen/ops/sin.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros_like.h>
+#include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <memory>
@@ -262,8 +263,18 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
 
 }  // namespace
 
-NoTf32::NoTf32() : was_(at::globalContext().allowTF32CuDNN()) { at::globalContext().setAllowTF32CuDNN(false); }
-NoTf32::~NoTf32() { at::globalContext().setAllowTF32CuDNN(was_); }
+NoTf32::NoTf32() : cublas_(std::make_unique<at::NoTF32Guard>()) {
+  try {
+    cudnn_was_ = at::globalContext().allowTF32CuDNN();
+  } catch (const c10::Error&) {
+    return;  // convolutions and RNNs set apart (see check.h): left as the user set them
+  }
+  at::globalContext().setAllowTF32CuDNN(false);
+}
+
+NoTf32::~NoTf32() {
+  if (cudnn_was_) at::globalContext().setAllowTF32CuDNN(*cudnn_was_);
+}
 
 CheckReport check_batched(int num_examples, const Program& program, const CheckOptions& o) {
   return check(num_examples, [&](Graph& g, int i) {

@@ -18,6 +18,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,10 @@
 #include <sheaf/scheduler/strategy.h>
 
 #include "task.h"
+
+namespace at {
+struct NoTF32Guard;
+}
 
 namespace sheaf {
 
@@ -41,14 +47,19 @@ struct CheckOptions {
   double atol = 1e-5;                      // |batched - alone| <= atol + rtol * |alone|
   double rtol = 1e-4;
   bool compare_nodes = true;               // every node of every example, else outputs only
-  // Runs with LibTorch's TF32 for cuDNN off (NoTf32 below): cuDNN's LSTM
-  // otherwise rounds its float products to TF32, by an amount (~1e-4) that
-  // depends on the batch size, beyond the tolerances above.
+  // Runs with TF32 off (NoTf32 below): cuDNN's LSTM otherwise rounds its
+  // float products to TF32, by an amount (~1e-4) that depends on the batch
+  // size, beyond the tolerances above.
   bool full_float = true;
 };
 
-// For its scope, cuDNN computes float in float (LibTorch's allowTF32CuDNN
-// off; it is on by default, and cuBLAS's TF32 is off by default).
+// For its scope, CUDA float products are computed in float: LibTorch's
+// allowTF32CuDNN off (it is on by default) and, on this thread, cuBLAS's TF32
+// off (at::NoTF32Guard; off by default). The cuDNN flag is process-wide: other
+// threads' cuDNN calls run in float too meanwhile, and two scopes on two
+// threads at once may restore it in the wrong order. Where LibTorch (2.9 and
+// later) holds different settings for cuDNN's convolutions and RNNs (its
+// fp32_precision API), it has no one flag to read: cuDNN's is left as set.
 class NoTf32 {
  public:
   NoTf32();
@@ -57,7 +68,8 @@ class NoTf32 {
   NoTf32& operator=(const NoTf32&) = delete;
 
  private:
-  bool was_;
+  std::unique_ptr<at::NoTF32Guard> cublas_;
+  std::optional<bool> cudnn_was_;
 };
 
 struct CheckReport {

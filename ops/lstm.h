@@ -73,7 +73,7 @@ struct Lstm {
     // one GEMM each), else at::lstm. Off the CPU: at::lstm (cuDNN). at::lstm
     // runs each sequence forward: reversed, its rows are taken last first.
     // Its train flag must be set for a backward (cuDNN refuses one otherwise;
-    // with no dropout it changes nothing else).
+    // with no dropout it changes nothing else but what cuDNN keeps for one).
     const bool cpu_float = rows.is_cpu() && rows.scalar_type() == at::kFloat;
     const bool libtorch = !rows.is_cpu() || (!cpu_float && !c10::GradMode::is_enabled());
     const bool flip = reverse && libtorch;
@@ -121,9 +121,12 @@ struct Lstm {
     if (libtorch) {
       const at::Tensor &ih = c.in(1), &hh = c.in(2), &b = c.in(3);
       const at::Tensor zero = at::zeros({1, sizes.empty() ? 0 : sizes[0], hh.size(1)}, data.options());
+      const bool grad = c10::GradMode::is_enabled() && (data.requires_grad() || ih.requires_grad() ||
+                                                        hh.requires_grad() || b.requires_grad() ||
+                                                        (h0.defined() && h0.requires_grad()));
       packed = std::get<0>(at::lstm(data, at::tensor(sizes, at::kLong), {h0.defined() ? h0.unsqueeze(0) : zero, zero},
                                     {ih, hh, b, at::zeros_like(b)}, /*has_biases=*/true, /*num_layers=*/1,
-                                    /*dropout=*/0.0, /*train=*/c10::GradMode::is_enabled(), /*bidirectional=*/false));
+                                    /*dropout=*/0.0, /*train=*/grad, /*bidirectional=*/false));
     } else {
       // packed_lstm itself runs the ATen cell where the fused one cannot run.
       packed = packed_lstm(data, c.in(1), c.in(2), c.in(3), sizes, reverse, h0, LstmCell::kFused);

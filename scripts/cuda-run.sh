@@ -85,9 +85,9 @@ for step in "${steps[@]}"; do
                   "treelstm --hidden 512 --batch 64" "treelstm --hidden 512 --batch 256"; do
         systems=(); [[ $args == treelstm* ]] && systems=(--systems per-example,sheaf:auto,sheaf:lazy,sheaf:auto+prefetch,hand)
         [[ $args =~ ^(gated_rvnn|attention|transformer) ]] && systems=(--systems per-example,sheaf:auto,hand)
-        # shellcheck disable=SC2086
         # The Transformer tags sentences: --data would name a word|TAG file, not SST.
         wl_data=("${data_args[@]}"); [[ $args == transformer* ]] && wl_data=()
+        # shellcheck disable=SC2086
         bounded "$bench" --workload $args --trees "${SHEAF_TREES:-512}" "${common[@]}" "${wl_data[@]}" "${systems[@]}" >>"$res" || failed=1
       done
       python3 - "$res" <<'EOF'

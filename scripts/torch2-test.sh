@@ -128,7 +128,9 @@ echo "torch2-test: LibTorch $torch_version (PyPI torch==$version, CPU only) from
 # ---- Build the tests (examples and bench are not needed for them) and run them.
 launcher=()
 if command -v ccache >/dev/null; then
-  export CCACHE_DIR=${CCACHE_DIR:-$cache/ccache} CCACHE_BASEDIR=$src CCACHE_NOHASHDIR=1
+  # pch_defines,time_macros: else ccache caches no file built with sheaf-tests' precompiled header.
+  export CCACHE_DIR=${CCACHE_DIR:-$cache/ccache} CCACHE_BASEDIR=$src CCACHE_NOHASHDIR=1 \
+    CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros}
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
 mkdir -p "$build"

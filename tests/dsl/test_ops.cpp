@@ -55,12 +55,16 @@ TEST_CASE("the checker leaves the user's gradients alone", "[dsl][checker]") {
   CHECK_FALSE(p.b.grad().defined());
 }
 
-TEST_CASE("the checker runs cuDNN in full float and restores the user's TF32 setting", "[dsl][checker]") {
+TEST_CASE("the checker runs CUDA products in full float and restores the user's TF32 setting", "[dsl][checker]") {
   Params p;
-  auto tf32_during = [&](bool full_float) {
-    bool seen = true;
+  struct Seen {
+    bool cudnn_tf32 = true, cublas_tf32 = true;
+  };
+  auto during = [&](bool full_float) {
+    Seen seen;
     check_batched(2, [&](Graph& g, int i) {
-      seen = seen && at::globalContext().allowTF32CuDNN();
+      seen.cudnn_tf32 = seen.cudnn_tf32 && at::globalContext().allowTF32CuDNN();
+      seen.cublas_tf32 = seen.cublas_tf32 && !at::NoTF32Guard::should_disable_tf32();
       return dsl::affine(p.W, g.input(data({kD}, i)), p.b);
     }, {.params = p.all(), .full_float = full_float});
     return seen;
@@ -68,9 +72,13 @@ TEST_CASE("the checker runs cuDNN in full float and restores the user's TF32 set
   const bool user = at::globalContext().allowTF32CuDNN();
   for (const bool setting : {true, false}) {
     at::globalContext().setAllowTF32CuDNN(setting);
-    CHECK_FALSE(tf32_during(true));
-    CHECK(tf32_during(false) == setting);
+    const Seen off = during(true), as_set = during(false);
+    CHECK_FALSE(off.cudnn_tf32);
+    CHECK_FALSE(off.cublas_tf32);
+    CHECK(as_set.cudnn_tf32 == setting);
+    CHECK(as_set.cublas_tf32);
     CHECK(at::globalContext().allowTF32CuDNN() == setting);
+    CHECK_FALSE(at::NoTF32Guard::should_disable_tf32());
   }
   at::globalContext().setAllowTF32CuDNN(user);
 }
