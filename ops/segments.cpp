@@ -2,12 +2,12 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
-#include <ATen/ops/bincount.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/index_add.h>
 #include <ATen/ops/index_select.h>
-#include <ATen/ops/segment_reduce.h>
+#include <ATen/ops/scatter_reduce.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -166,7 +167,18 @@ struct SegmentWeightedSumNode : torch::autograd::Node {
 }  // namespace
 
 at::Tensor segment_extreme(const at::Tensor& x, const at::Tensor& ids, int64_t n, bool max) {
-  return at::segment_reduce(x.detach(), max ? "max" : "min", at::bincount(ids, {}, n));
+  // A scatter from an identity (+-inf; an empty segment keeps it), not
+  // segment_reduce over bincount(ids): on CUDA those read the GPU back
+  // (bincount's max().item(), segment_reduce's length checks), three waits
+  // for the whole queue in every softmax over values of different lengths.
+  const at::Tensor v = x.detach();
+  std::vector<int64_t> rows(static_cast<size_t>(v.dim()), 1);
+  rows[0] = v.size(0);
+  std::vector<int64_t> sizes = v.sizes().vec();
+  sizes[0] = n;
+  const double identity = max ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
+  return at::full(sizes, identity, v.options())
+      .scatter_reduce_(0, ids.view(rows).expand_as(v), v, max ? "amax" : "amin", /*include_self=*/true);
 }
 
 at::Tensor segment_softmax(const at::Tensor& x, std::span<const int64_t> counts, const at::Tensor& ids, bool log) {

@@ -137,6 +137,33 @@ TEST_CASE("CUDA: a forward without control flow never synchronises the host with
   CHECK(g.stats().fetches == 0);
   CHECK(std::isfinite(total.item()));
 }
+
+TEST_CASE("CUDA: softmax, max and logsumexp over values of different lengths never synchronise the host",
+          "[cuda][backend][ragged]") {
+  SHEAF_SKIP_WITHOUT_CUDA();
+  const at::Tensor W = test::param({6, 4}, 1).detach().to(kCuda);
+  std::vector<at::Tensor> xs;
+  for (int i = 0; i < 8; ++i) xs.push_back(test::data({1 + (i * 5) % 7, 4}, i).to(kCuda));
+  Graph g({.device = kCuda});
+  std::vector<Expr> outs;
+  for (int i = 0; i < 8; ++i) {
+    auto scope = g.example(i);
+    const Expr H = dsl::tanh(dsl::matmul(g.input(xs[static_cast<size_t>(i)]), dsl::transpose(g.param(W))));
+    const Expr a = dsl::softmax(dsl::matmul(H, dsl::sum_dim(H, 0)));  // packed vectors: segment softmax
+    outs.push_back(dsl::sum(dsl::matmul(a, H)) + dsl::sum(dsl::max_dim(H, 0)) + dsl::sum(dsl::logsumexp_dim(H, 0)));
+  }
+  // Any synchronising call (bincount's max().item(), segment_reduce's checks) now throws.
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  try {
+    g.forward(outs);
+  } catch (...) {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    throw;
+  }
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  CHECK(g.stats().fetches == 0);
+  for (const Expr& o : outs) CHECK(std::isfinite(o.item()));
+}
 #endif
 
 TEST_CASE("CUDA: packed batches of different lengths, batched equals alone, host reads of packed values",
