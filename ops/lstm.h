@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common.h"
+#include "grad_wanted.h"
 #include "map_rows.h"
 #include "packed_lstm.h"
 
@@ -121,9 +122,7 @@ struct Lstm {
     if (libtorch) {
       const at::Tensor &ih = c.in(1), &hh = c.in(2), &b = c.in(3);
       const at::Tensor zero = at::zeros({1, sizes.empty() ? 0 : sizes[0], hh.size(1)}, data.options());
-      const bool grad = c10::GradMode::is_enabled() && (data.requires_grad() || ih.requires_grad() ||
-                                                        hh.requires_grad() || b.requires_grad() ||
-                                                        (h0.defined() && h0.requires_grad()));
+      const bool grad = grad_wanted(data, ih, hh, b, h0);
       packed = std::get<0>(at::lstm(data, at::tensor(sizes, at::kLong), {h0.defined() ? h0.unsqueeze(0) : zero, zero},
                                     {ih, hh, b, at::zeros_like(b)}, /*has_biases=*/true, /*num_layers=*/1,
                                     /*dropout=*/0.0, /*train=*/grad, /*bidirectional=*/false));

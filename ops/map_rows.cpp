@@ -5,7 +5,6 @@
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
-#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -13,6 +12,8 @@
 #include <string>
 
 #include <sheaf/core/error.h>
+
+#include "grad_wanted.h"
 
 namespace sheaf::op {
 
@@ -108,7 +109,7 @@ RowMap RowMap::inverse() const {
 
 at::Tensor map_rows(const at::Tensor& x, const RowMap& m) {
   SHEAF_ASSERT(x.dim() >= 1, "map_rows needs rows");
-  if (!x.requires_grad() || !c10::GradMode::is_enabled()) return apply_map(x, m);
+  if (!grad_wanted(x)) return apply_map(x, m);
   return MapRows::apply(x, m);
 }
 

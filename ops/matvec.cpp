@@ -15,6 +15,7 @@
 #include <sheaf/core/cpu_features.h>
 
 #include "autograd_node.h"
+#include "grad_wanted.h"
 
 namespace sheaf {
 
@@ -127,7 +128,7 @@ at::Tensor batched_matvec(const at::Tensor& A, const at::Tensor& x) {
     return at::bmm(A, x.unsqueeze(2)).squeeze(2);
   RECORD_FUNCTION("sheaf::matvec", std::vector<c10::IValue>());
   const at::Tensor a = A.contiguous(), xv = x.contiguous();
-  const bool track = c10::GradMode::is_enabled() && (A.requires_grad() || x.requires_grad());
+  const bool track = grad_wanted(A, x);
   at::Tensor y;
   {
     c10::AutoGradMode no_grad(false);

@@ -9,7 +9,6 @@
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <ATen/TensorOperators.h>
-#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include <sheaf/core/error.h>
 
 #include "lstm_cell.h"
+#include "grad_wanted.h"
 
 namespace sheaf::op {
 
@@ -185,8 +185,7 @@ at::Tensor packed_lstm(const at::Tensor& x, const at::Tensor& ih, const at::Tens
                      ih.scalar_type() == at::kFloat && hh.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat;
   // Whether autograd will make a node (Function::apply's own test over the
   // tensor arguments): without one, the forward keeps nothing for a backward.
-  const bool grad = c10::GradMode::is_enabled() && (x.requires_grad() || ih.requires_grad() || hh.requires_grad() ||
-                                                    b.requires_grad() || start.requires_grad());
+  const bool grad = grad_wanted(x, ih, hh, b, start);
   return PackedLstm::apply(x, ih, hh, b, start, std::vector<int64_t>(sizes.begin(), sizes.end()), reverse, fused,
                            grad);
 }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "autograd_node.h"
+#include "grad_wanted.h"
 
 namespace sheaf {
 
@@ -198,7 +199,7 @@ at::Tensor segment_softmax(const at::Tensor& x, std::span<const int64_t> counts,
   at::parallel_for(0, n, grain(xv.size(0), n, 1), [&](int64_t s0, int64_t s1) {
     softmax_forward(xv.data_ptr<float>(), y.data_ptr<float>(), off.data(), s0, s1, log);
   });
-  if (!c10::GradMode::is_enabled() || !x.requires_grad()) return y;
+  if (!grad_wanted(x)) return y;
   auto node = detail::make_node<SegmentSoftmaxNode>();
   node->off = std::move(off);
   node->log = log;
@@ -224,7 +225,7 @@ at::Tensor segment_weighted_sum(const at::Tensor& w, const at::Tensor& B, std::s
       wsum_forward(wv.data_ptr<float>(), bv.data_ptr<float>(), y.data_ptr<float>(), off.data(), p, s0, s1);
     });
   }
-  if (!c10::GradMode::is_enabled() || !(w.requires_grad() || B.requires_grad())) return y;
+  if (!grad_wanted(w, B)) return y;
   auto node = detail::make_node<SegmentWeightedSumNode>();
   node->w = SavedVariable(wv, /*is_output=*/false);
   node->B = SavedVariable(bv, /*is_output=*/false);
