@@ -118,6 +118,17 @@ TEST_CASE("CUDA: shift-reduce batched equals alone, gold and predicted", "[cuda]
 #ifdef SHEAF_TEST_CUDA_SYNC  // set by tests/CMakeLists.txt when LibTorch has CUDA
 #include <c10/cuda/CUDAFunctions.h>
 
+namespace {
+// While alive, any call that synchronises the host with the GPU (a .item(), a
+// blocking copy) throws.
+struct SyncErrors {
+  SyncErrors() { c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR); }
+  ~SyncErrors() { c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED); }
+  SyncErrors(const SyncErrors&) = delete;
+  SyncErrors& operator=(const SyncErrors&) = delete;
+};
+}  // namespace
+
 TEST_CASE("CUDA: a forward without control flow never synchronises the host with the GPU", "[cuda][backend]") {
   SHEAF_SKIP_WITHOUT_CUDA();
   const auto trees = data::synthetic_trees({.count = 16, .max_words = 20, .vocab_size = 50, .seed = 3});
@@ -125,15 +136,10 @@ TEST_CASE("CUDA: a forward without control flow never synchronises the host with
   m.to(kCuda);
   Graph g({.device = kCuda});
   Expr total = m.sheaf_batch_loss(g, trees);
-  // Any synchronising call (a .item(), a blocking copy) now throws.
-  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
-  try {
+  {
+    const SyncErrors no_sync;
     g.forward(total);
-  } catch (...) {
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-    throw;
   }
-  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
   CHECK(g.stats().fetches == 0);
   CHECK(std::isfinite(total.item()));
 }
@@ -152,15 +158,10 @@ TEST_CASE("CUDA: softmax, max and logsumexp over values of different lengths nev
     const Expr a = dsl::softmax(dsl::matmul(H, dsl::sum_dim(H, 0)));  // packed vectors: segment softmax
     outs.push_back(dsl::sum(dsl::matmul(a, H)) + dsl::sum(dsl::max_dim(H, 0)) + dsl::sum(dsl::logsumexp_dim(H, 0)));
   }
-  // Any synchronising call (bincount's max().item(), segment_reduce's checks) now throws.
-  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
-  try {
+  {
+    const SyncErrors no_sync;  // as bincount's max().item() and segment_reduce's checks did
     g.forward(outs);
-  } catch (...) {
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-    throw;
   }
-  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
   CHECK(g.stats().fetches == 0);
   for (const Expr& o : outs) CHECK(std::isfinite(o.item()));
 }
