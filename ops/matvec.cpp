@@ -123,6 +123,26 @@ struct MatvecNode : torch::autograd::Node {
 
 }  // namespace
 
+at::Tensor rows_dot(const at::Tensor& X, const at::Tensor& v, const at::Tensor& bias) {
+  const at::Tensor x = X.contiguous(), w = v.contiguous();
+  const at::Tensor b = bias.defined() ? bias.contiguous() : bias;
+  const int64_t m = x.size(0), k = x.size(1);
+  at::Tensor y = at::empty({m, 1}, x.options());
+  float* yv = y.data_ptr<float>();
+  // One "example" whose matrix is X: forward_*'s loop with B = 1.
+#ifdef SHEAF_HAVE_AVX2_CLONES
+  if (use_avx2()) forward_avx2(x.data_ptr<float>(), w.data_ptr<float>(), yv, 0, 1, m, k);
+  else
+#endif
+    forward_base(x.data_ptr<float>(), w.data_ptr<float>(), yv, 0, 1, m, k);
+  if (b.defined()) {
+    const float* bv = b.data_ptr<float>();
+    const bool per_row = b.numel() == m && m > 1;
+    for (int64_t i = 0; i < m; ++i) yv[i] += bv[per_row ? i : 0];
+  }
+  return y;
+}
+
 at::Tensor batched_matvec(const at::Tensor& A, const at::Tensor& x) {
   if (!A.device().is_cpu() || A.scalar_type() != at::kFloat || x.scalar_type() != at::kFloat)
     return at::bmm(A, x.unsqueeze(2)).squeeze(2);

@@ -15,6 +15,8 @@
 #include <torch/csrc/autograd/saved_variable.h>
 
 #include "autograd_node.h"
+#include "grad_wanted.h"
+#include "matvec.h"
 
 namespace sheaf {
 
@@ -191,6 +193,11 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   // column through its kernel's full width ([100, 256] x [256, 1] on a Zen 1
   // core, 1 thread: addmm 17.5 us, addmv 7.4; at 400 rows 58 and 16).
   if (m > 1 && w.size(0) == 1 && x.is_cpu()) {
+    // Without autograd, one loop (ops/matvec.h); with it (a frozen W whose x
+    // or bias wants a gradient), addmv.
+    if (x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && (!b.defined() || b.scalar_type() == at::kFloat) &&
+        !grad_wanted(x, w, b))
+      return rows_dot(x, w[0], b.defined() ? b.reshape({-1}) : b);
     const at::Tensor v = w[0];
     const at::Tensor y =
         b.defined() ? at::addmv(bias_rows ? b.reshape({m}) : b.reshape({1}).expand({m}), x, v) : at::mv(x, v);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 
+#include <sheaf/ops/matvec.h>
 #include <sheaf/ops/weight_grad.h>
 
 #include "../support.h"
@@ -231,6 +232,22 @@ TEST_CASE("linear_rows: one output column (a GEMV) with every kind of bias, and 
         const auto expected = torch::autograd::grad({want}, wrt, {dy});
         for (size_t q = 0; q < got.size(); ++q) CHECK(at::allclose(got[q], expected[q], 1e-5, 1e-5));
       }
+    }
+  }
+}
+
+TEST_CASE("rows_dot: one output per row, with no bias, one bias or a bias per row, equals addmv", "[backend]") {
+  for (int64_t m : {2, 7, 64}) {
+    for (int64_t k : {1, 9, 256}) {
+      INFO("m " << m << ", k " << k);
+      const at::Tensor x = data({m, k}, 1), v = data({k}, 2), b = data({1}, 3), rows = data({m}, 4);
+      const at::Tensor want = at::mv(x, v);
+      CHECK(at::allclose(rows_dot(x, v, {}), want.unsqueeze(1), 1e-5, 1e-5));
+      CHECK(at::allclose(rows_dot(x, v, b), (want + b).unsqueeze(1), 1e-5, 1e-5));
+      CHECK(at::allclose(rows_dot(x, v, rows), (want + rows).unsqueeze(1), 1e-5, 1e-5));
+      // Rows that are not contiguous (a slice of wider rows) read as the same values.
+      const at::Tensor wide = data({m, k + 3}, 5).narrow(1, 1, k);
+      CHECK(at::allclose(rows_dot(wide, v, b), (at::mv(wide, v) + b).unsqueeze(1), 1e-5, 1e-5));
     }
   }
 }
