@@ -1,9 +1,10 @@
 #include "gather.h"
 
-#include <ATen/core/grad_mode.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include <sheaf/ops/grad_wanted.h>
 
 namespace sheaf {
 
@@ -56,7 +57,7 @@ struct GatherRows : torch::autograd::Function<GatherRows> {
 }  // namespace
 
 std::vector<at::Tensor> gather_rows(const at::Tensor& src, std::span<const RowRead> reads) {
-  if (at::GradMode::is_enabled() && src.requires_grad()) return GatherRows::apply(src, reads);
+  if (grad_wanted(src)) return GatherRows::apply(src, reads);
   // No gradient to accumulate (inference, constants): plain views and index_selects.
   std::vector<at::Tensor> out;
   out.reserve(reads.size());

@@ -16,8 +16,8 @@
 
 #include <sheaf/core/error.h>
 
-#include "lstm_cell.h"
 #include "grad_wanted.h"
+#include "lstm_cell.h"
 
 namespace sheaf::op {
 

@@ -2,12 +2,14 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/bincount.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/index_add.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/scatter_reduce.h>
+#include <ATen/ops/segment_reduce.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
@@ -168,11 +170,13 @@ struct SegmentWeightedSumNode : torch::autograd::Node {
 }  // namespace
 
 at::Tensor segment_extreme(const at::Tensor& x, const at::Tensor& ids, int64_t n, bool max) {
-  // A scatter from an identity (+-inf; an empty segment keeps it), not
-  // segment_reduce over bincount(ids): on CUDA those read the GPU back
-  // (bincount's max().item(), segment_reduce's length checks), three waits
-  // for the whole queue in every softmax over values of different lengths.
   const at::Tensor v = x.detach();
+  if (v.is_cpu()) return at::segment_reduce(v, max ? "max" : "min", at::bincount(ids, {}, n));
+  // Elsewhere a scatter from an identity (+-inf; an empty segment keeps it):
+  // on CUDA bincount reads the GPU back (its min and max) and segment_reduce
+  // does (its length checks), four waits for the whole queue in every softmax
+  // over values of different lengths. (Not on the CPU: LibTorch 1.13 calls
+  // scatter_reduce beta and says so on stderr.)
   std::vector<int64_t> rows(static_cast<size_t>(v.dim()), 1);
   rows[0] = v.size(0);
   std::vector<int64_t> sizes = v.sizes().vec();
