@@ -78,22 +78,44 @@ void loop_step(const std::shared_ptr<LoopState>& st, std::vector<Expr> state, in
   });
 }
 
-}  // namespace
-
-Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_fn, std::source_location loc) {
+// declared: kUnknownShape, or the shape both branches must return.
+Expr cond_with(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_fn, const Shape* declared,
+               std::source_location loc) {
   Site site{"cond", kSharedExample, loc};
   Engine& g = engine_for(pred, site);
   site.example = pred.example(loc) >= 0 ? pred.example(loc) : g.trace().current_example();
   expect_scalar(g, pred, site, "the predicate");
   if (!then_fn || !else_fn) throw_user(site, "both branches must be callable");
-  Expr result = g.expr(g.trace().placeholder(kUnknownShape, site.example, loc));
+  if (declared != nullptr)
+    for (int64_t d : declared->dims())
+      if (d < 0) throw_user(site, "the declared shape ", declared->str(), " has a negative size");
+  const ShapeId shape = declared != nullptr ? g.trace().store().shapes.intern(*declared) : kUnknownShape;
+  Expr result = g.expr(g.trace().placeholder(shape, site.example, loc));
   g.when_computed(pred.id(), [&g, site, result, then_fn = std::move(then_fn), else_fn = std::move(else_fn)](
                                  const HostValue& v) {
     const bool taken = truth(v, site);
     Expr r = in_example(g, site.example, [&] { return taken ? then_fn() : else_fn(); });
-    g.trace().resolve(result.id(), g.node_of(r, "cond", site.loc));
+    const NodeId n = g.node_of(r, "cond", site.loc);
+    const NodeStore& s = g.store();
+    const ShapeId want = s.shape[result.id()];
+    // (A branch whose own shape waits on another cond is checked when it is known: Trace::resolve.)
+    if (want != kUnknownShape && s.shape[n] != kUnknownShape && s.shape[n] != want)
+      throw_user(site, "the ", taken ? "then" : "else", " branch returned shape ", s.shape_of(n).str(),
+                 " but the cond declares ", s.shapes[want].str());
+    g.trace().resolve(result.id(), n);
   });
   return result;
+}
+
+}  // namespace
+
+Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_fn, std::source_location loc) {
+  return cond_with(pred, std::move(then_fn), std::move(else_fn), nullptr, loc);
+}
+
+Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_fn, const Shape& shape,
+          std::source_location loc) {
+  return cond_with(pred, std::move(then_fn), std::move(else_fn), &shape, loc);
 }
 
 std::vector<Expr> loop(std::vector<Expr> init, std::function<Expr(const std::vector<Expr>&)> cond_fn,

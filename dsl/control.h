@@ -35,6 +35,16 @@ namespace sheaf::dsl {
 // check their shapes (and report mistakes at their own lines) when it is known.
 Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_fn,
           std::source_location loc = std::source_location::current());
+// The same with the result's shape declared: both branches must return
+// `shape` (else a UserError names the branch, the example and the cond's
+// line). The result's shape is then known at once, so what is recorded on it
+// records now instead of waiting for the branch: a sheaf::Function call on it
+// is recorded directly, not as a pending call resolved later, and
+// Expr::shape() works. Worth it where a cond's result feeds more work, e.g. a
+// recursive net choosing each node's cell: that host work is done per node,
+// in the rounds where the device waits for it.
+Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_fn, const Shape& shape,
+          std::source_location loc = std::source_location::current());
 
 // while (cond_fn(state) != 0) state = body_fn(state); returns the final state.
 // The body must keep the state's shapes (checked per iteration). More than

@@ -168,12 +168,18 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate, bool defer)
   // Only nodes control flow recorded can be deferred: until there are some,
   // no walk (a training step that awaits once before its first round).
   awaited_.clear();
-  if (defer && trace_.size() > defer_from_)
-    for (const Waiter& w : waiters_)
-      if (w.callback) awaited_.push_back(w.node);
+  const bool awaiting = defer && trace_.size() > defer_from_ && live_waiters_ > 0;
+  if (awaiting) {
+    for (const WaiterId& id : unmarked_) {
+      const Waiter& w = waiters_[id.index];
+      if (w.generation == id.generation && w.callback) awaited_.push_back(w.node);
+    }
+    stats_.waiter_visits += unmarked_.size();
+    unmarked_.clear();
+  }
   const Awaited awaited{awaited_, defer_from_};
   const bool launch = scheduler_.schedule(trace_, strategy, validate, options_.fuse, *options_.cost,
-                                          awaited_.empty() ? nullptr : &awaited);
+                                          awaiting ? &awaited : nullptr);
   if (!launch) finish_aliases();
   stats_.schedule_ms += ms_since(t0);
   const Scheduler::Times& parts = scheduler_.times();
@@ -232,6 +238,8 @@ void Engine::execute_round() {
   }
   stats_.execute_ms += ms_since(t0);
   ++stats_.rounds;
+  if (!watches_.empty())
+    for (NodeId n : scheduler_.plan().nodes) note_computed(n);
   finish_aliases();
 }
 
@@ -244,6 +252,7 @@ void Engine::finish_aliases() {
     s.value_batch[p] = s.value_batch[r];
     s.value_row[p] = s.value_row[r];
     s.flags[p] |= static_cast<uint8_t>(NodeStore::kComputed | (s.flags[r] & NodeStore::kPacked));
+    note_computed(p);
   }
 }
 
@@ -277,6 +286,10 @@ void Engine::clear() {
   waiters_.clear();
   free_waiters_.clear();
   live_waiters_ = 0;
+  watch_head_.clear();
+  watches_.clear();
+  due_.clear();
+  unmarked_.clear();
   failures_.clear();
   std::vector<Stats::Candidate> compared = std::move(stats_.compared);  // its buffer: no allocation per batch
   compared.clear();
@@ -477,6 +490,12 @@ WaiterId Engine::when_computed(NodeId node, ValueCallback callback) {
   w.order = next_order_++;
   w.callback = std::move(callback);
   ++live_waiters_;
+  const NodeStore& s = trace_.store();
+  if (watch_head_.size() <= node) watch_head_.resize(std::max<size_t>(node + 1, s.size()), kNone32);
+  watches_.push_back(Watch{i, w.generation, watch_head_[node]});
+  watch_head_[node] = static_cast<uint32_t>(watches_.size() - 1);
+  if (s.has(s.resolve(node), NodeStore::kComputed)) due_.push_back(node);  // served at the next delivery
+  unmarked_.push_back(WaiterId{i, w.generation});
   return WaiterId{i, w.generation};
 }
 
@@ -494,11 +513,21 @@ void Engine::cancel(WaiterId id) {
 // (user code in a branch, a loop body, a coroutine) stops its own example only.
 // Returns whether anyone was served.
 bool Engine::deliver_waiters() {
-  if (live_waiters_ == 0) return false;
-  const NodeStore& s = trace_.store();
+  if (live_waiters_ == 0) {
+    due_.clear();
+    return false;
+  }
+  // The waiters of the nodes computed since the last delivery (each list is
+  // taken once: a node is computed once).
   std::vector<uint32_t> ready;
-  for (uint32_t i = 0; i < waiters_.size(); ++i)
-    if (waiters_[i].callback && s.has(s.resolve(waiters_[i].node), NodeStore::kComputed)) ready.push_back(i);
+  for (NodeId n : due_) {
+    for (uint32_t e = std::exchange(watch_head_[n], kNone32); e != kNone32; e = watches_[e].next) {
+      ++stats_.waiter_visits;
+      const Watch& x = watches_[e];
+      if (waiters_[x.waiter].generation == x.generation && waiters_[x.waiter].callback) ready.push_back(x.waiter);
+    }
+  }
+  due_.clear();
   if (ready.empty()) return false;
   std::sort(ready.begin(), ready.end(), [&](uint32_t a, uint32_t b) { return waiters_[a].order < waiters_[b].order; });
 

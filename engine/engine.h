@@ -154,7 +154,24 @@ class Engine {
   std::vector<Waiter> waiters_;           // slots; callback empty = free
   std::vector<uint32_t> free_waiters_;
   size_t live_waiters_ = 0;
-  std::vector<NodeId> awaited_;  // scratch: the live waiters' nodes
+  // Waiters by node, so that a delivery looks at the nodes just computed, not
+  // at every live waiter (with many conds recorded up front, a scan of them
+  // all per round grew with conds x rounds). Entries are linked per node from
+  // watch_head_; one names a waiter slot and its generation (a cancelled or
+  // reused slot is skipped).
+  struct Watch {
+    uint32_t waiter, generation, next;
+  };
+  std::vector<uint32_t> watch_head_;  // per node: its first entry, or kNone32
+  std::vector<Watch> watches_;        // until clear()
+  std::vector<NodeId> due_;           // watched nodes computed since the last delivery
+  void note_computed(NodeId n) {
+    if (n < watch_head_.size() && watch_head_[n] != kNone32) due_.push_back(n);
+  }
+  // Waiters registered since a round last marked what they need: "needed"
+  // marks last (tracer/ready.h), so a round walks from these only.
+  std::vector<WaiterId> unmarked_;
+  std::vector<NodeId> awaited_;  // scratch: the nodes of unmarked_'s live waiters
   NodeId defer_from_ = 0;        // the first node control flow recorded in this forward()
   uint64_t next_order_ = 0;
   std::vector<Failure> failures_;

@@ -23,6 +23,10 @@ struct Stats : ExecCounters {
   // the nodes recorded, not with nodes x rounds.
   uint64_t round_visits = 0;
   uint64_t deferred_inferences = 0;
+  // Waiters (conds, loop steps, coroutines) looked at: when a value they wait
+  // for is computed, and once to mark what they need. Grows with the waiters
+  // registered, not with waiters x rounds.
+  uint64_t waiter_visits = 0;
   // Times a node that could run waited for a later round because nothing
   // awaited needed it yet (GraphOptions::defer_unawaited).
   uint64_t deferred = 0;

@@ -26,6 +26,14 @@ struct ShapeAttrs {
   std::span<const int64_t> span() const { return {a.data(), n}; }
 };
 
+// A placeholder whose shape was given up front (a dsl::loop's state, a
+// dsl::cond's declared shape) bound to a value of another shape.
+std::string declared_mismatch(const Shape& got, const Shape& want) {
+  return "the value it became has shape " + got.str() + " but a shape of " + want.str() +
+         " was declared (a dsl::loop body must keep its state's shapes; a dsl::cond with a declared shape must "
+         "return it from both branches)";
+}
+
 uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
   x ^= x >> 30;
   x *= 0xBF58476D1CE4E5B9ull;
@@ -408,8 +416,7 @@ void Trace::resolve(NodeId p, NodeId value) {
   const NodeId r = s_.resolve(value);
   const ShapeId want = s_.shape[p], got = s_.shape[r];
   if (want != kUnknownShape && got != kUnknownShape && want != got)
-    throw_user(site_of(p), "the body returned shape ", s_.shapes[got].str(), " but the loop state has shape ",
-               s_.shapes[want].str());
+    throw_user(site_of(p), declared_mismatch(s_.shapes[got], s_.shapes[want]));
   s_.alias[p] = value;
   ready_.add(p);  // the scheduler dropped it while unresolved
   if (got == kUnknownShape) {
@@ -536,8 +543,7 @@ bool Trace::infer_deferred(NodeId d) {
       return true;
     }
     if (s_.shape[d] != s_.shape[r])
-      throw_user(site_of(d), "the body returned shape ", s_.shape_of(r).str(), " but the loop state has shape ",
-                 s_.shape_of(d).str());
+      throw_user(site_of(d), declared_mismatch(s_.shape_of(r), s_.shape_of(d)));
     return false;  // known all along: nobody waited on it
   }
   arg_shapes_.clear();

@@ -50,7 +50,10 @@ Expr GatedRvNN::sheaf_root(Graph& g, const data::Tree& t) const {
     }
     const Expr hl = h[static_cast<size_t>(t.left[k])];
     const auto [x, open] = gate_(hl, h[static_cast<size_t>(t.right[k])]);
-    h[k] = dsl::cond(open, [=, this] { return plain_(x); }, [=, this] { return mixed_(x, hl); });
+    // Both cells return [hidden]: declared, the parent's gate call records now
+    // instead of waiting for this node's branch (dsl/control.h).
+    h[k] = dsl::cond(open, [=, this] { return plain_(x); }, [=, this] { return mixed_(x, hl); },
+                     Shape{options_.hidden});
   }
   return h.back();
 }

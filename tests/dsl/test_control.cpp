@@ -69,6 +69,63 @@ TEST_CASE("cond: recursion through cond (countdown by recursion)", "[dsl][contro
   CHECK(g.stats().rounds == 5);  // four predicates (3, 2, 1, 0), then the else branch
 }
 
+TEST_CASE("cond with a declared shape: batched equals alone, and what reads it records at once",
+          "[dsl][control][checker]") {
+  const int n = GENERATE(1, 7, 64);
+  P p;
+  auto cell = sheaf::function("declared_cell", [&](Expr a, Expr b) { return dsl::tanh(dsl::affine(p.W, a + b, p.b)); });
+  // A chain of declared conds, each deciding on the one before, read by a function call.
+  auto program = [&](Graph& g, int i) {
+    Expr x = dsl::tanh(dsl::affine(p.W, g.input(data({6}, i)), p.b));
+    for (int k = 0; k < 4; ++k) {
+      Expr y = dsl::cond(dsl::sum(x) > 0.0, [&, x] { return dsl::tanh(dsl::matmul(p.V, x)); },
+                         [x] { return dsl::sigmoid(x) * 2.0 - 1.0; }, Shape{6});
+      x = cell(y, x);
+    }
+    return x;
+  };
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(n, program, {.params = p.all()}));
+
+  Graph g;
+  Expr x = g.input(data({6}, 3));
+  Expr y = dsl::cond(dsl::sum(x) > 0.0, [x] { return x * 2.0; }, [x] { return x - 1.0; }, Shape{6});
+  CHECK(y.shape() == Shape{6});  // known before forward: no waiting on the branch
+  Expr z = cell(y, x);
+  CHECK(z.shape() == Shape{6});  // the call was recorded now, not left pending with unknown results
+  Expr undeclared = dsl::cond(dsl::sum(x) > 0.0, [x] { return x * 2.0; }, [x] { return x - 1.0; });
+  REQUIRE_THROWS_WITH(cell(undeclared, x).shape(), Contains("not known yet"));
+  g.forward(z);
+  const at::Tensor xv = data({6}, 3);
+  const at::Tensor yv = xv.sum().item<double>() > 0 ? xv * 2.0 : xv - 1.0;
+  CHECK(at::allclose(z.value(), at::tanh(at::addmv(p.b, p.W, yv + xv)), 1e-5, 1e-6));
+}
+
+TEST_CASE("cond with a declared shape: a branch of another shape is a UserError naming the cond",
+          "[dsl][control][errors]") {
+  {
+    Graph g;
+    auto s = g.example(5);
+    Expr x = g.input(at::ones({3}));
+    Expr y = dsl::cond(dsl::sum(x) > 0.0, [x] { return dsl::concat({x, x}); }, [x] { return x; }, Shape{3});
+    REQUIRE_THROWS_WITH(g.forward(y), Contains("op 'cond'") && Contains("example 5") && Contains("then branch") &&
+                                          Contains("[6]") && Contains("declares [3]") && Contains("test_control"));
+  }
+  {
+    // The branch's own shape waits on another (undeclared) cond: checked when that one is known.
+    Graph g;
+    Expr x = g.input(at::ones({3}));
+    Expr first = dsl::cond(dsl::sum(x) > 0.0, [x] { return x; }, [x] { return -x; });  // known after round 1
+    Expr inner = dsl::cond(dsl::sum(first) > 0.0, [x] { return dsl::concat({x, x}); }, [x] { return x; });  // round 2
+    Expr y = dsl::cond(dsl::sum(x) > 0.0, [inner] { return inner * 2.0; }, [x] { return x; }, Shape{3});
+    REQUIRE_THROWS_WITH(g.forward(y), Contains("[6]") && Contains("[3]") && Contains("was declared") &&
+                                          Contains("test_control"));
+  }
+  Graph g;
+  Expr x = g.input(at::ones({3}));
+  REQUIRE_THROWS_WITH(dsl::cond(dsl::sum(x) > 0.0, [x] { return x; }, [x] { return x; }, Shape{-1}),
+                      Contains("op 'cond'") && Contains("negative"));
+}
+
 TEST_CASE("loop: 64 countdowns take as many steps as the longest, not the sum", "[dsl][control][launches]") {
   Graph g;
   std::vector<Expr> out;

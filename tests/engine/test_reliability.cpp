@@ -249,10 +249,36 @@ TEST_CASE("control flow costs host work in proportion to the nodes recorded, not
     }
     g.forward(outs);
     CHECK(g.stats().rounds >= 20);
-    return static_cast<double>(g.stats().round_visits + g.stats().deferred_inferences);
+    return static_cast<double>(g.stats().round_visits + g.stats().deferred_inferences + g.stats().waiter_visits);
   };
   const double small = work_for(32), large = work_for(256);
   INFO("counted work: 32 examples " << small << ", 256 examples " << large);
   CHECK(large <= 12 * small);  // 8x the examples: linear is 8x; a rescan per round was ~64x
   CHECK(large >= 6 * small);   // and the counters do count
+}
+
+TEST_CASE("conds with declared shapes, all recorded up front, cost host work in proportion to the conds",
+          "[engine][control][linear]") {
+  // Each example: a chain of `length` declared conds. Every cond is registered
+  // before forward, so a delivery that scanned every live waiter per round
+  // would cost conds x rounds (~length^2 per example).
+  auto work_for = [](int length) {
+    Graph g;
+    std::vector<Expr> outs;
+    for (int i = 0; i < 16; ++i) {
+      auto scope = g.example(i);
+      Expr x = g.input(data({4}, i));
+      for (int k = 0; k < length; ++k)
+        x = dsl::cond(dsl::sum(x) > 0.0, [=] { return x * 0.9 - 0.05; }, [=] { return x * 1.1 + 0.05; }, Shape{4});
+      outs.push_back(dsl::sum(x));
+    }
+    g.forward(outs);
+    CHECK(g.stats().rounds >= static_cast<uint64_t>(length));
+    CHECK(g.stats().waiter_visits >= static_cast<uint64_t>(16 * length));  // each cond's waiter, once at least
+    return static_cast<double>(g.stats().round_visits + g.stats().deferred_inferences + g.stats().waiter_visits);
+  };
+  const double short_chain = work_for(10), long_chain = work_for(80);
+  INFO("counted work: 10 conds " << short_chain << ", 80 conds " << long_chain);
+  CHECK(long_chain <= 12 * short_chain);  // 8x the conds: linear is 8x; a scan per round ~64x
+  CHECK(long_chain >= 6 * short_chain);
 }
