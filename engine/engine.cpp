@@ -476,6 +476,14 @@ void Engine::throw_failures(Loc loc) {
 // Waiters.
 
 WaiterId Engine::when_computed(NodeId node, ValueCallback callback) {
+  if (live_waiters_ == 0 && !watches_.empty()) {
+    // Every entry is spent: start the lists again, so that a graph used for
+    // many forwards without clear() does not keep one entry per waiter ever made.
+    watches_.clear();
+    std::fill(watch_head_.begin(), watch_head_.end(), kNone32);
+    due_.clear();
+    unmarked_.clear();
+  }
   uint32_t i;
   if (!free_waiters_.empty()) {
     i = free_waiters_.back();
