@@ -37,7 +37,9 @@ Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_f
           std::source_location loc = std::source_location::current());
 // The same with the result's shape declared: both branches must return
 // `shape` (else a UserError names the branch, the example and the cond's
-// line). The result's shape is then known at once, so what is recorded on it
+// line; where the branch's own shape waits on another cond, the check comes
+// when that shape is known and names the cond's line and the example). The
+// result's shape is then known at once, so what is recorded on it
 // records now instead of waiting for the branch: a sheaf::Function call on it
 // is recorded directly, not as a pending call resolved later, and
 // Expr::shape() works. Worth it where a cond's result feeds more work, e.g. a

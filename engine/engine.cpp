@@ -224,7 +224,11 @@ void Engine::execute_round() {
     NodeStore& s = trace_.store();
     bool first_uncomputed = true;
     for (const PlannedBatch& b : scheduler_.plan().batches) {
-      if (s.has(scheduler_.plan().nodes[b.nodes_begin], NodeStore::kComputed)) continue;
+      if (s.has(scheduler_.plan().nodes[b.nodes_begin], NodeStore::kComputed)) {
+        // Ran before the failure: what waits on it (a cond's predicate) is served.
+        for (uint32_t i = 0; i < b.n * b.outputs; ++i) note_computed(scheduler_.plan().nodes[b.nodes_begin + i]);
+        continue;
+      }
       for (uint32_t i = 0; i < b.n * b.outputs; ++i) {
         const NodeId n = scheduler_.plan().nodes[b.nodes_begin + i];
         if (first_uncomputed) s.flags[n] |= NodeStore::kFailed;
@@ -479,8 +483,8 @@ WaiterId Engine::when_computed(NodeId node, ValueCallback callback) {
   if (live_waiters_ == 0 && !watches_.empty()) {
     // Every entry is spent: start the lists again, so that a graph used for
     // many forwards without clear() does not keep one entry per waiter ever made.
+    for (const Watch& x : watches_) watch_head_[x.node] = kNone32;  // (not the whole list: rounds x nodes)
     watches_.clear();
-    std::fill(watch_head_.begin(), watch_head_.end(), kNone32);
     due_.clear();
     unmarked_.clear();
   }
@@ -500,7 +504,7 @@ WaiterId Engine::when_computed(NodeId node, ValueCallback callback) {
   ++live_waiters_;
   const NodeStore& s = trace_.store();
   if (watch_head_.size() <= node) watch_head_.resize(std::max<size_t>(node + 1, s.size()), kNone32);
-  watches_.push_back(Watch{i, w.generation, watch_head_[node]});
+  watches_.push_back(Watch{i, w.generation, watch_head_[node], node});
   watch_head_[node] = static_cast<uint32_t>(watches_.size() - 1);
   if (s.has(s.resolve(node), NodeStore::kComputed)) due_.push_back(node);  // served at the next delivery
   unmarked_.push_back(WaiterId{i, w.generation});
@@ -525,25 +529,33 @@ bool Engine::deliver_waiters() {
     due_.clear();
     return false;
   }
-  // The waiters of the nodes computed since the last delivery (each list is
-  // taken once: a node is computed once).
+  // The waiters of the nodes computed since the last delivery. The lists are
+  // taken (emptied) only once the values are fetched: a fetch that throws
+  // leaves them for the next delivery.
   std::vector<uint32_t> ready;
   for (NodeId n : due_) {
-    for (uint32_t e = std::exchange(watch_head_[n], kNone32); e != kNone32; e = watches_[e].next) {
+    for (uint32_t e = watch_head_[n]; e != kNone32; e = watches_[e].next) {
       ++stats_.waiter_visits;
       const Watch& x = watches_[e];
       if (waiters_[x.waiter].generation == x.generation && waiters_[x.waiter].callback) ready.push_back(x.waiter);
     }
   }
-  due_.clear();
-  if (ready.empty()) return false;
+  // (A node is due twice when two waiters registered on it after it was computed.)
   std::sort(ready.begin(), ready.end(), [&](uint32_t a, uint32_t b) { return waiters_[a].order < waiters_[b].order; });
+  ready.erase(std::unique(ready.begin(), ready.end()), ready.end());
+  if (ready.empty()) {
+    for (NodeId n : due_) watch_head_[n] = kNone32;
+    due_.clear();
+    return false;
+  }
 
   const auto t0 = Clock::now();
   std::vector<NodeId> nodes;
   for (uint32_t i : ready) nodes.push_back(waiters_[i].node);
   const std::vector<HostValue> host = fetch_to_host(nodes);
   stats_.fetch_ms += ms_since(t0);
+  for (NodeId n : due_) watch_head_[n] = kNone32;
+  due_.clear();
 
   // Take the callbacks out first: they register new waiters (slots get reused).
   std::vector<std::pair<ValueCallback, NodeId>> calls;

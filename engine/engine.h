@@ -161,9 +161,10 @@ class Engine {
   // reused slot is skipped).
   struct Watch {
     uint32_t waiter, generation, next;
+    NodeId node;
   };
   std::vector<uint32_t> watch_head_;  // per node: its first entry, or kNone32
-  std::vector<Watch> watches_;        // until clear()
+  std::vector<Watch> watches_;        // until clear(), or until no waiter is live
   std::vector<NodeId> due_;           // watched nodes computed since the last delivery
   void note_computed(NodeId n) {
     if (n < watch_head_.size() && watch_head_[n] != kNone32) due_.push_back(n);

@@ -542,8 +542,10 @@ bool Trace::infer_deferred(NodeId d) {
       s_.shape[d] = s_.shape[r];
       return true;
     }
-    if (s_.shape[d] != s_.shape[r])
+    if (s_.shape[d] != s_.shape[r]) {
+      s_.alias[d] = kNoNode;  // unbound again: nothing downstream runs on a value of the wrong shape
       throw_user(site_of(d), declared_mismatch(s_.shape_of(r), s_.shape_of(d)));
+    }
     return false;  // known all along: nobody waited on it
   }
   arg_shapes_.clear();

@@ -188,6 +188,29 @@ TEST_CASE("a failed launch names op and examples, and the graph stays usable", "
   CHECK(y2.value().sizes() == at::IntArrayRef({4}));
 }
 
+TEST_CASE("a cond whose predicate ran before a failed launch of its round is served by the next forward",
+          "[dsl][errors][backend][control]") {
+  Graph g;
+  at::Tensor w = at::randn({4, 3});
+  const at::Tensor M = at::randn({3, 3});
+  Expr y, c;
+  {
+    auto scope = g.example(2);
+    Expr deep = g.input(at::randn({3}));
+    for (int k = 0; k < 3; ++k) deep = dsl::matmul(M, deep);  // deeper than the predicate: its launch comes later
+    y = dsl::affine(w, deep, B());
+  }
+  {
+    auto scope = g.example(0);
+    Expr x = g.input(at::ones({3}));
+    c = dsl::cond(dsl::sum(x) > 0.0, [x] { return x * 2.0; }, [x] { return x; });
+  }
+  w.resize_({4, 5});  // the affine's launch fails, after the predicate's ran
+  REQUIRE_THROWS_WITH(g.forward(std::vector<Expr>{c, y}), Contains("op 'affine'") && Contains("batched launch"));
+  g.forward(c);  // the predicate is computed: its cond resolves and the branch runs
+  CHECK(at::allclose(c.value(), at::full({3}, 2.0)));
+}
+
 TEST_CASE("pick at a computed index out of range or not whole: a UserError when the batch runs", "[dsl][errors]") {
   for (const double bad : {4.0, -1.0, 1.5}) {
     Graph g;
