@@ -8,7 +8,8 @@ namespace sheaf::dsl {
 
 namespace {
 
-using detail::Engine;
+using sheaf::detail::Engine;
+using sheaf::detail::ValueCallback;
 
 // Predicates are per-example scalars; a host value of any other size is a mistake.
 bool truth(const HostValue& v, const Site& site) {
@@ -78,45 +79,43 @@ void loop_step(const std::shared_ptr<LoopState>& st, std::vector<Expr> state, in
   });
 }
 
-// declared: kUnknownShape, or the shape both branches must return.
-Expr cond_with(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_fn, const Shape* declared,
-               std::source_location loc) {
+}  // namespace
+
+namespace cond_impl {
+
+CondSlot cond_begin(const Expr& pred, bool callable, const Shape* declared, std::source_location loc) {
   Site site{"cond", kSharedExample, loc};
   Engine& g = engine_for(pred, site);
   site.example = pred.example(loc) >= 0 ? pred.example(loc) : g.trace().current_example();
   expect_scalar(g, pred, site, "the predicate");
-  if (!then_fn || !else_fn) throw_user(site, "both branches must be callable");
+  if (!callable) throw_user(site, "both branches must be callable");
   if (declared != nullptr)
     for (int64_t d : declared->dims())
       if (d < 0) throw_user(site, "the declared shape ", declared->str(), " has a negative size");
   const ShapeId shape = declared != nullptr ? g.trace().store().shapes.intern(*declared) : kUnknownShape;
-  Expr result = g.expr(g.trace().placeholder(shape, site.example, loc));
-  g.when_computed(pred.id(), [&g, site, result, then_fn = std::move(then_fn), else_fn = std::move(else_fn)](
-                                 const HostValue& v) {
-    const bool taken = truth(v, site);
-    Expr r = in_example(g, site.example, [&] { return taken ? then_fn() : else_fn(); });
-    const NodeId n = g.node_of(r, "cond", site.loc);
-    const NodeStore& s = g.store();
-    const ShapeId want = s.shape[result.id()];
-    // (A branch whose own shape waits on another cond is checked when it is known: Trace::resolve.)
-    if (want != kUnknownShape && s.shape[n] != kUnknownShape && s.shape[n] != want)
-      throw_user(site, "the ", taken ? "then" : "else", " branch returned shape ", s.shape_of(n).str(),
-                 " but the cond declares ", s.shapes[want].str());
-    g.trace().resolve(result.id(), n);
-  });
-  return result;
+  return CondSlot{&g, site, g.expr(g.trace().placeholder(shape, site.example, loc))};
 }
 
-}  // namespace
-
-Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_fn, std::source_location loc) {
-  return cond_with(pred, std::move(then_fn), std::move(else_fn), nullptr, loc);
+void cond_wait(const CondSlot& c, const Expr& pred, ValueCallback callback) {
+  c.engine->when_computed(pred.id(), std::move(callback));
 }
 
-Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_fn, const Shape& shape,
-          std::source_location loc) {
-  return cond_with(pred, std::move(then_fn), std::move(else_fn), &shape, loc);
+void cond_resolve(const CondSlot& c, const HostValue& pred, Expr (*branch)(void*, bool), void* object) {
+  Engine& g = *c.engine;
+  const Site& site = c.site;
+  const bool taken = truth(pred, site);
+  Expr r = in_example(g, site.example, [&] { return branch(object, taken); });
+  const NodeId n = g.node_of(r, "cond", site.loc);
+  const NodeStore& s = g.store();
+  const ShapeId want = s.shape[c.result.id()];
+  // (A branch whose own shape waits on another cond is checked when it is known: Trace::resolve.)
+  if (want != kUnknownShape && s.shape[n] != kUnknownShape && s.shape[n] != want)
+    throw_user(site, "the ", taken ? "then" : "else", " branch returned shape ", s.shape_of(n).str(),
+               " but the cond declares ", s.shapes[want].str());
+  g.trace().resolve(c.result.id(), n);
 }
+
+}  // namespace cond_impl
 
 std::vector<Expr> loop(std::vector<Expr> init, std::function<Expr(const std::vector<Expr>&)> cond_fn,
                        std::function<std::vector<Expr>(const std::vector<Expr>&)> body_fn, int max_iterations,

@@ -20,21 +20,71 @@
 // dsl/task.h: co_await the value inside a per-example coroutine.
 #pragma once
 
+#include <concepts>
 #include <functional>
 #include <source_location>
+#include <type_traits>
+#include <utility>
 #include <vector>
+
+#include <sheaf/engine/host_value.h>
 
 #include "dsl.h"
 
 namespace sheaf::dsl {
+
+namespace cond_impl {
+
+// A cond between its call and its branch (what the templates below need from
+// the engine, which this header does not include).
+struct CondSlot {
+  sheaf::detail::Engine* engine = nullptr;
+  Site site;
+  Expr result;  // the placeholder handed to the user
+};
+// Checks the predicate (and a declared shape) and records the placeholder.
+CondSlot cond_begin(const Expr& pred, bool callable, const Shape* declared, std::source_location loc);
+// Runs `callback` once the predicate is computed.
+void cond_wait(const CondSlot& c, const Expr& pred, sheaf::detail::ValueCallback callback);
+// The branch a computed predicate picks, recorded in the cond's example:
+// `branch(object, taken)`; then checked and bound to the placeholder.
+void cond_resolve(const CondSlot& c, const HostValue& pred, Expr (*branch)(void* object, bool taken), void* object);
+
+template <class F>
+bool callable(const F& f) {
+  if constexpr (std::is_constructible_v<bool, const F&>) return static_cast<bool>(f);  // an empty std::function
+  else return true;
+}
+
+template <class Then, class Else>
+Expr cond(Expr pred, Then&& then_fn, Else&& else_fn, const Shape* declared, std::source_location loc) {
+  const CondSlot c = cond_begin(pred, callable(then_fn) && callable(else_fn), declared, loc);
+  // One callable holds both branches: kept in the waiter itself (no allocation
+  // while the three fit in ValueCallback's buffer).
+  cond_wait(c, pred, [c, t = std::forward<Then>(then_fn), e = std::forward<Else>(else_fn)](const HostValue& v) mutable {
+    auto pick = [&](bool taken) -> Expr { return taken ? Expr(t()) : Expr(e()); };
+    cond_resolve(c, v, [](void* o, bool taken) { return (*static_cast<decltype(pick)*>(o))(taken); }, &pick);
+  });
+  return c.result;
+}
+
+}  // namespace cond_impl
+
+// A branch: a callable taking nothing and returning an Expr (a lambda, a
+// std::function).
+template <class F>
+concept Branch = std::invocable<std::decay_t<F>&> && std::convertible_to<std::invoke_result_t<std::decay_t<F>&>, Expr>;
 
 // pred: a per-example scalar; nonzero selects then_fn. The result is the value
 // of the branch the example took, with that branch's shape: examples (and the
 // two branches) may differ in shape. Until forward() decides, the result's
 // shape is unknown: Expr::shape() is a UserError then, and ops recorded on it
 // check their shapes (and report mistakes at their own lines) when it is known.
-Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_fn,
-          std::source_location loc = std::source_location::current());
+// The branches are kept (moved or copied) until the predicate is computed.
+template <Branch Then, Branch Else>
+Expr cond(Expr pred, Then&& then_fn, Else&& else_fn, std::source_location loc = std::source_location::current()) {
+  return cond_impl::cond(pred, std::forward<Then>(then_fn), std::forward<Else>(else_fn), nullptr, loc);
+}
 // The same with the result's shape declared: both branches must return
 // `shape` (else a UserError names the branch, the example and the cond's
 // line; where the branch's own shape waits on another cond, the check comes
@@ -45,8 +95,11 @@ Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_f
 // Expr::shape() works. Worth it where a cond's result feeds more work, e.g. a
 // recursive net choosing each node's cell: that host work is done per node,
 // in the rounds where the device waits for it.
-Expr cond(Expr pred, std::function<Expr()> then_fn, std::function<Expr()> else_fn, const Shape& shape,
-          std::source_location loc = std::source_location::current());
+template <Branch Then, Branch Else>
+Expr cond(Expr pred, Then&& then_fn, Else&& else_fn, const Shape& shape,
+          std::source_location loc = std::source_location::current()) {
+  return cond_impl::cond(pred, std::forward<Then>(then_fn), std::forward<Else>(else_fn), &shape, loc);
+}
 
 // while (cond_fn(state) != 0) state = body_fn(state); returns the final state.
 // The body must keep the state's shapes (checked per iteration). More than

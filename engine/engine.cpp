@@ -600,7 +600,9 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
         if (batch == b) slot = k;
       if (slot == fetched_.size()) {
         const at::Tensor& t = lazy_.get(s, b);
-        fetched_.push_back(t.is_contiguous() ? t.detach() : t.detach().contiguous());
+        // Only its data is read (under no_grad: a copy records no history); a
+        // detach() per batch cost a dispatch and a TensorImpl for nothing.
+        fetched_.push_back(t.is_contiguous() ? t : t.contiguous());
         seen.emplace_back(b, slot);
       }
       const Shape shape = s.shape_of(r);

@@ -35,11 +35,6 @@
 
 namespace sheaf::detail {
 
-// Something waiting for the computed value of a node (a dsl::cond, a dsl::loop
-// step, a suspended coroutine). Called with the value on the CPU, after the
-// round that computed it; it may record more nodes.
-using ValueCallback = std::function<void(const HostValue& value)>;
-
 // A registered waiter, to cancel it (a coroutine destroyed while it waits).
 struct WaiterId {
   uint32_t index = kNone32;

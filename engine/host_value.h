@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include <sheaf/core/error.h>
+#include <sheaf/core/inline_function.h>
 #include <sheaf/core/shape.h>
 
 namespace sheaf {
@@ -23,5 +24,16 @@ struct HostValue {
   // A CPU tensor of the value that the caller owns (one copy).
   at::Tensor tensor() const;
 };
+
+namespace detail {
+
+// Something waiting for the computed value of a node (a dsl::cond, a dsl::loop
+// step, a suspended coroutine). Called with the value on the CPU, after the
+// round that computed it; it may record more nodes. In place up to 128 bytes:
+// a cond's callback with its two branch lambdas fits, so a cond costs no
+// allocation for them (core/inline_function.h).
+using ValueCallback = InlineFunction<void(const HostValue& value), 128>;
+
+}  // namespace detail
 
 }  // namespace sheaf

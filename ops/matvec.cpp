@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include <sheaf/core/cpu_features.h>
+#include <sheaf/core/error.h>
 
 #include "autograd_node.h"
 #include "grad_wanted.h"
@@ -127,6 +128,8 @@ at::Tensor rows_dot(const at::Tensor& X, const at::Tensor& v, const at::Tensor& 
   const at::Tensor x = X.contiguous(), w = v.contiguous();
   const at::Tensor b = bias.defined() ? bias.contiguous() : bias;
   const int64_t m = x.size(0), k = x.size(1);
+  SHEAF_ASSERT(w.numel() == k, "rows_dot: a vector of ", w.numel(), " elements for rows of ", k);
+  SHEAF_ASSERT(!b.defined() || b.numel() == 1 || b.numel() == m, "rows_dot: a bias of ", b.numel(), " for ", m, " rows");
   at::Tensor y = at::empty({m, 1}, x.options());
   float* yv = y.data_ptr<float>();
   // One "example" whose matrix is X: forward_*'s loop with B = 1.

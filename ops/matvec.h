@@ -16,10 +16,13 @@ namespace sheaf {
 // A [B, m, k], x [B, k] -> [B, m].
 at::Tensor batched_matvec(const at::Tensor& A, const at::Tensor& x);
 
-// X [m, k], v [k], bias undefined, [1] or [m] -> [m, 1]: each row of X times
-// v, plus the bias (a linear map with one output, such as a gate's score). No
-// autograd (the caller's, or none): one allocation and one loop, where ATen's
-// addmv path costs six calls around a few thousand multiply-adds. Float32 CPU.
+// X [m, k], v of k elements ([k], or a one-row weight [1, k]), bias undefined
+// or of 1 or m elements -> [m, 1]: each row of X times v, plus the bias (a
+// linear map with one output, such as a gate's score). No autograd (the
+// caller's, or none): one allocation and one loop, where ATen's addmv path
+// costs six calls around a few thousand multiply-adds (and reading v and the
+// bias by pointer spares the select and reshape a caller would otherwise
+// dispatch). Float32 CPU.
 at::Tensor rows_dot(const at::Tensor& X, const at::Tensor& v, const at::Tensor& bias);
 
 }  // namespace sheaf

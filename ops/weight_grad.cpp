@@ -184,20 +184,21 @@ at::Tensor product_t(const at::Tensor& x, const at::Tensor& wt, const at::Tensor
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor* wt) {
   // A bias per row of x (a [1, m] bias broadcasts as before).
   const bool bias_rows = b.defined() && b.dim() == 2 && x.dim() == 2 && b.size(0) == x.size(0) && b.size(0) > 1;
-  if (x.dim() == 2 && x.size(0) == 1) {
-    at::Tensor y = b.defined() ? at::addmv(b.dim() == 2 ? b[0] : b, w, x[0]) : at::mv(w, x[0]);
-    return y.unsqueeze(0);
-  }
   const int64_t m = x.dim() == 2 ? x.size(0) : 0;
   // One output column (a gate's score) is a GEMV: OpenBLAS's GEMM runs a single
   // column through its kernel's full width ([100, 256] x [256, 1] on a Zen 1
-  // core, 1 thread: addmm 17.5 us, addmv 7.4; at 400 rows 58 and 16).
-  if (m > 1 && w.size(0) == 1 && x.is_cpu()) {
-    // Without autograd, one loop (ops/matvec.h); with it (a frozen W whose x
-    // or bias wants a gradient), addmv.
-    if (x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && (!b.defined() || b.scalar_type() == at::kFloat) &&
-        !grad_wanted(x, w, b))
-      return rows_dot(x, w[0], b.defined() ? b.reshape({-1}) : b);
+  // core, 1 thread: addmm 17.5 us, addmv 7.4; at 400 rows 58 and 16). Without
+  // autograd, one loop (ops/matvec.h), for one row too; with it (a frozen W
+  // whose x or bias wants a gradient), addmv.
+  const bool one_column = m > 0 && w.size(0) == 1 && x.is_cpu();
+  if (one_column && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
+      (!b.defined() || b.scalar_type() == at::kFloat) && !grad_wanted(x, w, b))
+    return rows_dot(x, w, b);
+  if (m == 1) {
+    at::Tensor y = b.defined() ? at::addmv(b.dim() == 2 ? b[0] : b, w, x[0]) : at::mv(w, x[0]);
+    return y.unsqueeze(0);
+  }
+  if (one_column) {
     const at::Tensor v = w[0];
     const at::Tensor y =
         b.defined() ? at::addmv(bias_rows ? b.reshape({m}) : b.reshape({1}).expand({m}), x, v) : at::mv(x, v);

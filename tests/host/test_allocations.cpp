@@ -4,12 +4,14 @@
 // because it replaces the global operator new.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <sheaf/core/inline_function.h>
 #include <sheaf/sheaf.h>
 
 #include <data/trees.h>
 #include <gated_rvnn/model.h>
 #include <tree_lstm/model.h>
 
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <new>
@@ -214,10 +216,70 @@ TEST_CASE("Control flow allocates a bounded number of times per dsl::cond", "[ho
   INFO(conds << " conds, " << g.stats().rounds << " rounds, " << launches << " launches: " << counted
               << " allocations recording and running");
   CHECK(conds > 500);
-  // Per cond: the model's two branch lambdas (std::function), cond's own
-  // callback, and a few more per round; per launch, LibTorch's tensors (about
-  // 30 here). A call waiting on a cond's shape used to allocate five more
-  // times (its argument and placeholder lists, its callback, its results):
-  // 12.5 a cond in all then, 7.2 now.
-  CHECK(static_cast<double>(counted) < 6.5 * static_cast<double>(conds) + 40.0 * launches);
+  // Per cond: the function calls' result lists, and a few more per round; per
+  // launch, LibTorch's tensors (about 30 here). The cond's callback keeps the
+  // two branch lambdas in place (dsl/control.h, core/inline_function.h): as
+  // std::functions they were three more allocations a cond (3,118 allocations
+  // here now, ~5,660 with them). A call waiting on a cond's shape used to
+  // allocate five more times (its argument and placeholder lists, its
+  // callback, its results): 12.5 a cond in all then, 7.2 with the
+  // std::functions, 3.7 now.
+  CHECK(static_cast<double>(counted) < 2.5 * static_cast<double>(conds) + 40.0 * launches);
+}
+
+TEST_CASE("InlineFunction keeps small callables in place, moves and destroys each once", "[host][allocations]") {
+  struct Probe {
+    int* live;
+    int* calls;
+    std::array<char, 64> pad{};
+    Probe(int* l, int* c) : live(l), calls(c) { ++*live; }
+    Probe(Probe&& o) noexcept : live(o.live), calls(o.calls), pad(o.pad) { ++*live; }
+    Probe(const Probe& o) : live(o.live), calls(o.calls), pad(o.pad) { ++*live; }
+    ~Probe() { --*live; }
+    int operator()(int x) const { return ++*calls, x + 1; }
+  };
+  int live = 0, calls = 0;
+  {
+    allocations = 0;
+    counting = true;
+    InlineFunction<int(int), 128> f = Probe(&live, &calls);
+    InlineFunction<int(int), 128> g = std::move(f);
+    counting = false;
+    CHECK(allocations.exchange(0) == 0);  // 72 bytes: in place, also when moved
+    CHECK(!f);
+    REQUIRE(g);
+    CHECK(g(41) == 42);
+    CHECK(live == 1);
+    g = nullptr;
+    CHECK(live == 0);
+  }
+  {
+    allocations = 0;
+    counting = true;
+    InlineFunction<int(int), 32> f = Probe(&live, &calls);  // too large for 32 bytes: one allocation
+    InlineFunction<int(int), 32> g;
+    g = std::move(f);
+    counting = false;
+    CHECK(allocations.exchange(0) == 1);
+    CHECK(g(1) == 2);
+    CHECK(live == 1);
+  }
+  CHECK(live == 0);
+  CHECK(calls == 2);
+  // A callable whose move may throw goes to the heap, so that moving the
+  // wrapper never throws (the engine's waiter list relies on it).
+  struct Throwing {
+    std::array<char, 8> pad{};
+    Throwing() = default;
+    Throwing(const Throwing&) = default;
+    Throwing(Throwing&&) noexcept(false) {}
+    int operator()(int x) const { return x; }
+  };
+  allocations = 0;
+  counting = true;
+  InlineFunction<int(int), 128> t = Throwing{};
+  counting = false;
+  CHECK(allocations.exchange(0) == 1);
+  CHECK(t(5) == 5);
+  static_assert(std::is_nothrow_move_constructible_v<InlineFunction<int(int), 128>>);
 }
