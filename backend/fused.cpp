@@ -250,7 +250,7 @@ std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& pro
         if (src.defined()) v = src.reshape({n, -1}).narrow(1, in.offset, p.numel).view(sizes);
       }
     } else {
-      v = outputs[next++];  // shares the node set by set_history above
+      v = std::move(outputs[next++]);  // with the node set_history gave it above
     }
     regs.push_back(v);
     values.push_back(std::move(v));

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <new>
 #include <type_traits>
@@ -26,7 +27,8 @@ class InlineFunction<R(Args...), N> {
   InlineFunction(std::nullptr_t) noexcept {}
 
   template <class F>
-    requires(!std::is_same_v<std::remove_cvref_t<F>, InlineFunction> && std::is_invocable_r_v<R, std::decay_t<F>&, Args...>)
+    requires(!std::is_same_v<std::remove_cvref_t<F>, InlineFunction> && std::is_constructible_v<std::decay_t<F>, F> &&
+             std::is_invocable_r_v<R, std::decay_t<F>&, Args...>)
   InlineFunction(F&& f) {  // NOLINT(google-explicit-constructor): as std::function
     using D = std::decay_t<F>;
     if constexpr (kInPlace<D>) {
@@ -42,12 +44,15 @@ class InlineFunction<R(Args...), N> {
     if (ops_ != nullptr) ops_->move(buf_, o.buf_);
     o.ops_ = nullptr;
   }
+  // Takes o's callable before destroying its own (o may live inside it), as
+  // std::function does.
   InlineFunction& operator=(InlineFunction&& o) noexcept {
     if (this != &o) {
+      InlineFunction taken(std::move(o));
       reset();
-      ops_ = o.ops_;
-      if (ops_ != nullptr) ops_->move(buf_, o.buf_);
-      o.ops_ = nullptr;
+      ops_ = taken.ops_;
+      if (ops_ != nullptr) ops_->move(buf_, taken.buf_);
+      taken.ops_ = nullptr;
     }
     return *this;
   }
@@ -74,13 +79,21 @@ class InlineFunction<R(Args...), N> {
     void (*destroy)(void*) noexcept;
   };
 
+  // std::invoke, its result dropped where R is void (is_invocable_r allows a
+  // callable that returns something to stand for one that returns nothing).
+  template <class D>
+  static R invoke(D& f, Args&&... a) {
+    if constexpr (std::is_void_v<R>) std::invoke(f, std::forward<Args>(a)...);
+    else return std::invoke(f, std::forward<Args>(a)...);
+  }
+
   template <class D>
   static constexpr bool kInPlace = sizeof(D) <= N && alignof(D) <= alignof(std::max_align_t) &&
                                    std::is_nothrow_move_constructible_v<D>;
 
   template <class D>
   static constexpr Ops kInPlaceOps{
-      [](void* p, Args&&... a) -> R { return (*std::launder(static_cast<D*>(p)))(std::forward<Args>(a)...); },
+      [](void* p, Args&&... a) -> R { return invoke(*std::launder(static_cast<D*>(p)), std::forward<Args>(a)...); },
       [](void* to, void* from) noexcept {
         D* f = std::launder(static_cast<D*>(from));
         ::new (to) D(std::move(*f));
@@ -90,13 +103,13 @@ class InlineFunction<R(Args...), N> {
 
   template <class D>
   static constexpr Ops kHeapOps{
-      [](void* p, Args&&... a) -> R { return (**static_cast<D**>(p))(std::forward<Args>(a)...); },
+      [](void* p, Args&&... a) -> R { return invoke(**static_cast<D**>(p), std::forward<Args>(a)...); },
       [](void* to, void* from) noexcept { ::new (to) D*(*static_cast<D**>(from)); },
       [](void* p) noexcept { delete *static_cast<D**>(p); }};
 
+  // Empty first: a destructor that reaches this wrapper again finds nothing to destroy.
   void reset() noexcept {
-    if (ops_ != nullptr) ops_->destroy(buf_);
-    ops_ = nullptr;
+    if (const Ops* ops = std::exchange(ops_, nullptr)) ops->destroy(buf_);
   }
 
   alignas(std::max_align_t) unsigned char buf_[N < sizeof(void*) ? sizeof(void*) : N];

@@ -58,7 +58,7 @@ bool callable(const F& f) {
 
 template <class Then, class Else>
 Expr cond(Expr pred, Then&& then_fn, Else&& else_fn, const Shape* declared, std::source_location loc) {
-  const CondSlot c = cond_begin(pred, callable(then_fn) && callable(else_fn), declared, loc);
+  const CondSlot c = cond_begin(pred, cond_impl::callable(then_fn) && cond_impl::callable(else_fn), declared, loc);
   // One callable holds both branches: kept in the waiter itself (no allocation
   // while the three fit in ValueCallback's buffer).
   cond_wait(c, pred, [c, t = std::forward<Then>(then_fn), e = std::forward<Else>(else_fn)](const HostValue& v) mutable {

@@ -512,6 +512,12 @@ WaiterId Engine::when_computed(NodeId node, ValueCallback callback) {
 }
 
 void Engine::cancel(WaiterId id) {
+  // Taken out for the delivery under way but not called yet (a task that
+  // another task's resumption destroys): skipped when its turn comes, not
+  // resumed on a freed frame.
+  if (delivering_ != nullptr)
+    for (Delivery& d : *delivering_)
+      if (d.id.index == id.index && d.id.generation == id.generation) d.cancelled = true;
   if (id.index >= waiters_.size()) return;
   Waiter& w = waiters_[id.index];
   if (w.generation != id.generation || !w.callback) return;
@@ -558,20 +564,27 @@ bool Engine::deliver_waiters() {
   due_.clear();
 
   // Take the callbacks out first: they register new waiters (slots get reused).
-  std::vector<std::pair<ValueCallback, NodeId>> calls;
+  std::vector<Delivery> calls;
+  calls.reserve(ready.size());
   for (uint32_t i : ready) {
-    calls.emplace_back(std::move(waiters_[i].callback), waiters_[i].node);
+    calls.push_back(Delivery{std::move(waiters_[i].callback), waiters_[i].node, WaiterId{i, waiters_[i].generation}});
     waiters_[i].callback = nullptr;
     free_waiters_.push_back(i);
     --live_waiters_;
   }
   const auto t1 = Clock::now();
   Engine* outer = std::exchange(t_delivering, this);
+  struct Restore {  // (also if report_failure throws: no pointer to a gone vector stays)
+    Engine& e;
+    std::vector<Delivery>* outer;
+    ~Restore() { e.delivering_ = outer; }
+  } restore{*this, std::exchange(delivering_, &calls)};
   for (size_t k = 0; k < calls.size(); ++k) {
+    if (calls[k].cancelled) continue;
     try {
-      calls[k].first(host[k]);
+      calls[k].callback(host[k]);
     } catch (...) {
-      report_failure(trace_.store().example[calls[k].second], std::current_exception());
+      report_failure(trace_.store().example[calls[k].node], std::current_exception());
     }
   }
   t_delivering = outer;

@@ -172,6 +172,15 @@ class Engine {
   uint64_t next_order_ = 0;
   std::vector<Failure> failures_;
   std::vector<at::Tensor> fetched_;  // what the current delivery's HostValues point into
+  // A delivery's callbacks, taken from their waiters, while they are called in
+  // turn (cancel() marks one that has not run yet).
+  struct Delivery {
+    ValueCallback callback;
+    NodeId node;
+    WaiterId id;
+    bool cancelled = false;
+  };
+  std::vector<Delivery>* delivering_ = nullptr;
   bool prepared_ = false;  // the scheduler holds a planned round that forward() runs first
   bool recording_ = false; // a node was recorded since the last forward()/prepare()/clear()
   bool frozen_ = false;    // a compiled function body (freeze_body)

@@ -29,9 +29,10 @@ namespace detail {
 
 // Something waiting for the computed value of a node (a dsl::cond, a dsl::loop
 // step, a suspended coroutine). Called with the value on the CPU, after the
-// round that computed it; it may record more nodes. In place up to 128 bytes:
-// a cond's callback with its two branch lambdas fits, so a cond costs no
-// allocation for them (core/inline_function.h).
+// round that computed it; it may record more nodes. In place up to 128 bytes
+// (core/inline_function.h): a cond's own state takes 56 of them, so branches
+// capturing up to ~72 bytes together (the gated net's take 56) cost no
+// allocation; larger ones cost one, for the whole callback.
 using ValueCallback = InlineFunction<void(const HostValue& value), 128>;
 
 }  // namespace detail

@@ -191,8 +191,8 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   // autograd, one loop (ops/matvec.h), for one row too; with it (a frozen W
   // whose x or bias wants a gradient), addmv.
   const bool one_column = m > 0 && w.size(0) == 1 && x.is_cpu();
-  if (one_column && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
-      (!b.defined() || b.scalar_type() == at::kFloat) && !grad_wanted(x, w, b))
+  if (one_column && w.is_cpu() && (!b.defined() || b.is_cpu()) && x.scalar_type() == at::kFloat &&
+      w.scalar_type() == at::kFloat && (!b.defined() || b.scalar_type() == at::kFloat) && !grad_wanted(x, w, b))
     return rows_dot(x, w, b);
   if (m == 1) {
     at::Tensor y = b.defined() ? at::addmv(b.dim() == 2 ? b[0] : b, w, x[0]) : at::mv(w, x[0]);

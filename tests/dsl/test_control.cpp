@@ -124,6 +124,15 @@ TEST_CASE("cond with a declared shape: a branch of another shape is a UserError 
   Expr x = g.input(at::ones({3}));
   REQUIRE_THROWS_WITH(dsl::cond(dsl::sum(x) > 0.0, [x] { return x; }, [x] { return x; }, Shape{-1}),
                       Contains("op 'cond'") && Contains("negative"));
+  // Branches of any callable kind: an empty std::function is an error at the call.
+  const std::function<Expr()> none;
+  const std::function<Expr()> same = [x] { return x; };
+  REQUIRE_THROWS_WITH(dsl::cond(dsl::sum(x) > 0.0, none, same), Contains("op 'cond'") && Contains("callable"));
+  Expr (*null_fn)() = nullptr;
+  REQUIRE_THROWS_WITH(dsl::cond(dsl::sum(x) > 0.0, same, null_fn, Shape{3}), Contains("callable"));
+  Expr y = dsl::cond(dsl::sum(x) > 0.0, same, same, Shape{3});  // lvalue std::functions, copied
+  g.forward(y);
+  CHECK(at::equal(y.value(), at::ones({3})));
 }
 
 TEST_CASE("loop: 64 countdowns take as many steps as the longest, not the sum", "[dsl][control][launches]") {

@@ -2,6 +2,7 @@
 // (docs/reliability.md): no example lost, no freed memory touched, clear errors.
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "../support.h"
 
@@ -281,4 +282,38 @@ TEST_CASE("conds with declared shapes, all recorded up front, cost host work in 
   INFO("counted work: 10 conds " << short_chain << ", 80 conds " << long_chain);
   CHECK(long_chain <= 12 * short_chain);  // 8x the conds: linear is 8x; a scan per round ~64x
   CHECK(long_chain >= 6 * short_chain);
+}
+
+TEST_CASE("A2: a task destroyed by another task's resumption in the same round is not resumed",
+          "[engine][reliability][task]") {
+  Graph g;
+  std::optional<Task<Expr>> victim;
+  int victim_resumed = 0;
+  // Both wait on values of the same round; the first to resume destroys the other.
+  auto killer = [&](Graph& gr) -> Task<Expr> {
+    Expr x = gr.input(data({3}, 0));
+    double s = co_await fetch_item(dsl::sum(x));
+    victim.reset();
+    co_return x * s;
+  };
+  auto waiting = [&](Graph& gr) -> Task<Expr> {
+    Expr x = gr.input(data({3}, 1));
+    double s = co_await fetch_item(dsl::sum(x));
+    ++victim_resumed;
+    co_return x * s;
+  };
+  std::optional<Task<Expr>> first;
+  {
+    auto scope = g.example(0);
+    first.emplace(killer(g));
+  }
+  {
+    auto scope = g.example(1);
+    victim.emplace(waiting(g));
+  }
+  g.forward();  // must not resume the destroyed task's frame (ASan checks this in CI)
+  CHECK(victim_resumed == 0);
+  CHECK(!victim.has_value());
+  REQUIRE(first->done());
+  CHECK(at::allclose(first->result().value(), data({3}, 0) * data({3}, 0).sum()));
 }
