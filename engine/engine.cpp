@@ -573,12 +573,17 @@ bool Engine::deliver_waiters() {
     --live_waiters_;
   }
   const auto t1 = Clock::now();
-  Engine* outer = std::exchange(t_delivering, this);
-  struct Restore {  // (also if report_failure throws: no pointer to a gone vector stays)
+  // Both restored on the way out, also if report_failure throws: no pointer to
+  // a gone vector, and no engine named as delivering after its delivery.
+  struct Restore {
     Engine& e;
-    std::vector<Delivery>* outer;
-    ~Restore() { e.delivering_ = outer; }
-  } restore{*this, std::exchange(delivering_, &calls)};
+    Engine* outer_engine;
+    std::vector<Delivery>* outer_calls;
+    ~Restore() {
+      t_delivering = outer_engine;
+      e.delivering_ = outer_calls;
+    }
+  } restore{*this, std::exchange(t_delivering, this), std::exchange(delivering_, &calls)};
   for (size_t k = 0; k < calls.size(); ++k) {
     if (calls[k].cancelled) continue;
     try {
@@ -587,7 +592,6 @@ bool Engine::deliver_waiters() {
       report_failure(trace_.store().example[calls[k].node], std::current_exception());
     }
   }
-  t_delivering = outer;
   fetched_.clear();
   stats_.trace_ms += ms_since(t1);
   recording_ = false;  // what the callbacks recorded is timed above, not until the next forward()
