@@ -323,33 +323,56 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
   const NodeStore& s = trace_.store();
   for (NodeId a : args)
     if (s.shape[a] == kUnknownShape) return call_later(function, args, expected, out, site);
-  // On the stack for the usual few (a body being recorded may call back into this graph: no member scratch).
-  c10::SmallVector<Shape, 8> shapes;
-  c10::SmallVector<uint8_t, 8> shared;
-  for (NodeId a : args) {
-    shapes.push_back(s.shape_of(a));
-    shared.push_back(s.has(a, NodeStore::kShared));
+  CallMemo key;
+  key.def_id = def.id;
+  key.generation = generation_;
+  key.arity = static_cast<uint32_t>(args.size());
+  const bool memo = args.size() <= key.shapes.size();
+  for (size_t i = 0; memo && i < args.size(); ++i) {
+    key.shapes[i] = s.shape[args[i]];
+    if (s.has(args[i], NodeStore::kShared)) key.shared |= 1u << i;
   }
-  const uint32_t index = functions_.variant_for(def, shapes, shared, generation_, options_, site, trace_);
-  const std::vector<Shape>& results = functions_.variant(index).results;
-  if (expected != 0 && results.size() != expected)
-    throw_user(site, "function '", def.name, "' returned ", results.size(), " results where the call takes ", expected);
+  auto same = [&](const CallMemo& m) {
+    if (m.def_id != key.def_id || m.generation != key.generation || m.arity != key.arity || m.shared != key.shared)
+      return false;
+    for (size_t i = 0; i < args.size(); ++i)
+      if (m.shapes[i] != key.shapes[i]) return false;
+    return true;
+  };
+  const CallMemo* hit = nullptr;
+  for (const CallMemo& m : call_memo_)
+    if (memo && same(m)) {
+      hit = &m;
+      break;
+    }
+  uint32_t index;
+  if (hit) {
+    index = hit->variant;
+  } else {
+    // On the stack for the usual few (a body being recorded may call back into this graph: no member scratch).
+    c10::SmallVector<Shape, 8> shapes;
+    c10::SmallVector<uint8_t, 8> shared;
+    for (NodeId a : args) {
+      shapes.push_back(s.shape_of(a));
+      shared.push_back(s.has(a, NodeStore::kShared));
+    }
+    index = functions_.variant_for(def, shapes, shared, generation_, options_, site, trace_);
+    if (memo) {
+      key.variant = index;
+      call_memo_[next_memo_++ % call_memo_.size()] = key;
+    }
+  }
+  const FunctionCache::Variant& variant = functions_.variant(index);
+  const size_t results = variant.results.size();
+  if (expected != 0 && results != expected)
+    throw_user(site, "function '", def.name, "' returned ", results, " results where the call takes ", expected);
   // The call's value is its first result; each further result is a CallResult
   // node recorded right after it, computed by the same batch (ops/call.h).
-  // Attributes: `head`, then a result's shape (rank, dims).
-  auto attrs = [&](std::initializer_list<int64_t> head, const Shape& r) -> std::span<const int64_t> {
-    call_attrs_.assign(head);
-    call_attrs_.push_back(r.rank());
-    call_attrs_.insert(call_attrs_.end(), r.dims().begin(), r.dims().end());
-    return call_attrs_;
-  };
-  const NodeId node = trace_.record(code_of<op::Call>, args,
-                                    attrs({index, static_cast<int64_t>(results.size())}, results[0]), 0, loc);
+  const NodeId node = trace_.record(code_of<op::Call>, args, variant.result_attrs(0), 0, loc);
   out.clear();
   out.push_back(expr(node));
-  for (size_t k = 1; k < results.size(); ++k)
-    out.push_back(expr(trace_.record(code_of<op::CallResult>, std::span(&node, 1),
-                                     attrs({static_cast<int64_t>(k)}, results[k]), 0, loc)));
+  for (size_t k = 1; k < results; ++k)
+    out.push_back(expr(trace_.record(code_of<op::CallResult>, std::span(&node, 1), variant.result_attrs(k), 0, loc)));
 }
 
 // Arguments downstream of a dsl::cond: the body's signature is not known yet.

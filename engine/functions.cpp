@@ -92,6 +92,15 @@ uint32_t FunctionCache::variant_for(const FunctionDef& def, std::span<const Shap
       ~Done() { flag = false; }
     } done{v.recording};
     record(v, def, shapes, shared, options, site, caller);
+    v.attrs.clear();
+    v.attrs_begin.assign(1, 0);
+    for (size_t k = 0; k < v.results.size(); ++k) {
+      if (k == 0) v.attrs.insert(v.attrs.end(), {static_cast<int64_t>(index), static_cast<int64_t>(v.results.size())});
+      else v.attrs.push_back(static_cast<int64_t>(k));
+      v.attrs.push_back(v.results[k].rank());
+      v.attrs.insert(v.attrs.end(), v.results[k].dims().begin(), v.results[k].dims().end());
+      v.attrs_begin.push_back(static_cast<uint32_t>(v.attrs.size()));
+    }
     v.epoch = epoch;
   }
   return index;

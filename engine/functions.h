@@ -51,6 +51,14 @@ class FunctionCache final : public FunctionTable {
     Fuser fuser;                   // its regions' programs, kept across recordings
     FunctionBody body;
     std::vector<Shape> results;
+    // The attributes of a call's nodes (ops/call.h), made when the body is
+    // recorded: result 0's (the Call: index, result count, rank, dims), then
+    // each further result's (the CallResult: k, rank, dims). result_attrs(k).
+    std::vector<int64_t> attrs;
+    std::vector<uint32_t> attrs_begin;
+    std::span<const int64_t> result_attrs(size_t k) const {
+      return {attrs.data() + attrs_begin[k], attrs.data() + attrs_begin[k + 1]};
+    }
     uint32_t epoch = kNone32;      // the graph generation it was recorded for
     bool recording = false;        // its body is being recorded (a call now would be recursion)
   };

@@ -120,18 +120,23 @@ class Planner {
     batch_of_.assign(dag.size(), kNone32);
     for (uint32_t k = 0; k < batches.size(); ++k)
       for (uint32_t l : batches[k]) batch_of_[l] = static_cast<uint32_t>(k);
-    // Each entry's first reader (order_rows' key 1), in one pass over the round's edges.
+    // Each entry's first reader (order_rows' key 1) and its height (key 2), in
+    // one pass over the round's edges, users last to first: an entry's users
+    // all come after it, so its height is final when its own turn comes.
     reader_.assign(dag.size(), kNone32);
-    for (uint32_t u = 0; u < dag.size(); ++u) {
+    height_.assign(dag.size(), 0);
+    for (uint32_t u = static_cast<uint32_t>(dag.size()); u-- > 0;) {
+      bool reads = true;  // list ops gather from several places anyway: not a reader for the order
       if (dag.node[u] != kNoNode) {
         const OpTraits& t = op_info(s_.op[dag.node[u]]).traits;
-        if (t.stackable || t.segmented) continue;
+        reads = !(t.stackable || t.segmented);
       }
-      for (uint32_t a : dag.args_of(u)) reader_[a] = std::min(reader_[a], batch_of_[u]);
+      const uint32_t h = height_[u] + 1, b = batch_of_[u];
+      for (uint32_t a : dag.args_of(u)) {
+        height_[a] = std::max(height_[a], h);
+        if (reads) reader_[a] = std::min(reader_[a], b);
+      }
     }
-    height_.assign(dag.size(), 0);
-    for (size_t i = dag.size(); i-- > 0;)
-      for (uint32_t u : dag.uses_of(static_cast<uint32_t>(i))) height_[i] = std::max(height_[i], height_[u] + 1);
   }
 
   void add_batch(const RoundDag& dag, std::span<const uint32_t> locals) {

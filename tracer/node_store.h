@@ -105,9 +105,11 @@ struct NodeStore {
     if (size_ == capacity_) grow();
     op[n] = o;
     shape[n] = sh;
-    args.insert(args.end(), a.begin(), a.end());
+    // Element by element: a node has a few of each, and a range insert is an
+    // out-of-line call and a memmove per node.
+    for (NodeId x : a) args.push_back(x);
     arg_begin[n + 1] = static_cast<uint32_t>(args.size());
-    attrs.insert(attrs.end(), at.begin(), at.end());
+    for (int64_t x : at) attrs.push_back(x);
     attr_begin[n + 1] = static_cast<uint32_t>(attrs.size());
     payload[n] = pay;
     example[n] = ex;

@@ -152,6 +152,42 @@ TEST_CASE("function: bodies are recorded again after clear(), with the tensors t
   CHECK(at::allclose(y.value(), at::full({3}, 2.0)));
 }
 
+TEST_CASE("function: calls that alternate between argument signatures each run their own body", "[dsl][function]") {
+  // More signatures (shapes, and shared or per-example) than a graph remembers
+  // for its last calls, in turn: each call must still find its own body.
+  at::Tensor W = at::eye(3);
+  auto f = function("f", [&](Expr x, Expr y) { return std::pair{x * 2.0, dsl::matmul(W, y)}; });
+  Graph g;
+  struct Call {
+    at::Tensor x;
+    bool shared;
+    Expr a, b;
+  };
+  std::vector<Call> calls;
+  for (int round = 0; round < 3; ++round)
+    for (int64_t n = 1; n <= 6; ++n)
+      for (bool shared : {false, true}) {
+        at::Tensor x = at::arange(n * 2, at::kFloat).reshape({n, 2}) + round;
+        Expr xe = shared ? g.param(x) : g.input(x);
+        auto [a, b] = f(xe, g.input(at::ones({3})));
+        calls.push_back({x, shared, a, b});
+      }
+  for (const Call& c : calls) {
+    g.forward(c.a);
+    CHECK(c.a.shape() == Shape({c.x.size(0), 2}));
+    CHECK(at::equal(c.a.value(), c.x * 2.0));
+    CHECK(at::allclose(c.b.value(), at::ones({3})));
+  }
+  // After clear(), a body reads the tensors the model holds then, whose shapes
+  // may differ: the same argument shapes as a recent call get results of a new shape.
+  g.clear();
+  W = at::ones({2, 3});
+  auto [a, b] = f(g.input(at::ones({6, 2})), g.input(at::ones({3})));
+  CHECK(b.shape() == Shape({2}));
+  g.forward(b);
+  CHECK(at::allclose(b.value(), at::full({2}, 3.0)));
+}
+
 TEST_CASE("function: mistakes are UserErrors naming the function and the call", "[dsl][function][errors]") {
   const at::Tensor W = param({4, 4}, 31);
   Graph g;
