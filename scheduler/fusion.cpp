@@ -96,7 +96,10 @@ void Fuser::collect_regions(const NodeStore& s, const RoundDag& dag) {
     local_[i] = Local{d, shape, f, cut};
     any = any || f;
   }
-  if (!any) return collect_members(s, dag);
+  if (!any) {  // nothing fuses (a round of products and lookups): no regions, and no pass to find none
+    regions_.clear();
+    return;
+  }
   for (uint32_t i = m; i-- > 0;) {
     if (!fusible_[i] || dag.uses_of(i).empty()) continue;
     uint32_t late = kNone32;

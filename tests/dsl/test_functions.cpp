@@ -172,6 +172,16 @@ TEST_CASE("function: calls that alternate between argument signatures each run t
         auto [a, b] = f(xe, g.input(at::ones({3})));
         calls.push_back({x, shared, a, b});
       }
+  // And a few signatures in turn, each found again among the remembered ones:
+  // per-example and shared operands of one shape, and another shape.
+  for (int round = 0; round < 4; ++round)
+    for (int64_t n : {2, 3})
+      for (bool shared : {false, true}) {
+        at::Tensor x = at::full({n, 2}, static_cast<double>(round + n + (shared ? 10 : 0)));
+        Expr xe = shared ? g.param(x) : g.input(x);
+        auto [a, b] = f(xe, g.input(at::ones({3})));
+        calls.push_back({x, shared, a, b});
+      }
   for (const Call& c : calls) {
     g.forward(c.a);
     CHECK(c.a.shape() == Shape({c.x.size(0), 2}));
