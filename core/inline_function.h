@@ -40,19 +40,14 @@ class InlineFunction<R(Args...), N> {
     }
   }
 
-  InlineFunction(InlineFunction&& o) noexcept : ops_(o.ops_) {
-    if (ops_ != nullptr) ops_->move(buf_, o.buf_);
-    o.ops_ = nullptr;
-  }
+  InlineFunction(InlineFunction&& o) noexcept { take(o); }
   // Takes o's callable before destroying its own (o may live inside it), as
   // std::function does.
   InlineFunction& operator=(InlineFunction&& o) noexcept {
     if (this != &o) {
       InlineFunction taken(std::move(o));
       reset();
-      ops_ = taken.ops_;
-      if (ops_ != nullptr) ops_->move(buf_, taken.buf_);
-      taken.ops_ = nullptr;
+      take(taken);
     }
     return *this;
   }
@@ -106,6 +101,12 @@ class InlineFunction<R(Args...), N> {
       [](void* p, Args&&... a) -> R { return invoke(**static_cast<D**>(p), std::forward<Args>(a)...); },
       [](void* to, void* from) noexcept { ::new (to) D*(*static_cast<D**>(from)); },
       [](void* p) noexcept { delete *static_cast<D**>(p); }};
+
+  // Moves o's callable into this empty wrapper; o is left empty.
+  void take(InlineFunction& o) noexcept {
+    ops_ = std::exchange(o.ops_, nullptr);
+    if (ops_ != nullptr) ops_->move(buf_, o.buf_);
+  }
 
   // Empty first: a destructor that reaches this wrapper again finds nothing to destroy.
   void reset() noexcept {

@@ -340,11 +340,8 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
     return true;
   };
   const CallMemo* hit = nullptr;
-  for (const CallMemo& m : call_memo_)
-    if (memo && same(m)) {
-      hit = &m;
-      break;
-    }
+  for (size_t k = 0; memo && hit == nullptr && k < call_memo_.size(); ++k)
+    if (same(call_memo_[k])) hit = &call_memo_[k];
   uint32_t index;
   if (hit) {
     index = hit->variant;
