@@ -323,42 +323,10 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
   const NodeStore& s = trace_.store();
   for (NodeId a : args)
     if (s.shape[a] == kUnknownShape) return call_later(function, args, expected, out, site);
-  CallMemo key;
-  key.def_id = def.id;
-  key.generation = generation_;
-  key.arity = static_cast<uint32_t>(args.size());
-  const bool memo = args.size() <= key.shapes.size();
-  for (size_t i = 0; memo && i < args.size(); ++i) {
-    key.shapes[i] = s.shape[args[i]];
-    if (s.has(args[i], NodeStore::kShared)) key.shared |= 1u << i;
-  }
-  auto same = [&](const CallMemo& m) {
-    if (m.def_id != key.def_id || m.generation != key.generation || m.arity != key.arity || m.shared != key.shared)
-      return false;
-    for (size_t i = 0; i < args.size(); ++i)
-      if (m.shapes[i] != key.shapes[i]) return false;
-    return true;
-  };
-  const CallMemo* hit = nullptr;
-  for (size_t k = 0; memo && hit == nullptr && k < call_memo_.size(); ++k)
-    if (same(call_memo_[k])) hit = &call_memo_[k];
-  uint32_t index;
-  if (hit) {
-    index = hit->variant;
-  } else {
-    // On the stack for the usual few (a body being recorded may call back into this graph: no member scratch).
-    c10::SmallVector<Shape, 8> shapes;
-    c10::SmallVector<uint8_t, 8> shared;
-    for (NodeId a : args) {
-      shapes.push_back(s.shape_of(a));
-      shared.push_back(s.has(a, NodeStore::kShared));
-    }
-    index = functions_.variant_for(def, shapes, shared, generation_, options_, site, trace_);
-    if (memo) {
-      key.variant = index;
-      call_memo_[next_memo_++ % call_memo_.size()] = key;
-    }
-  }
+  // On the stack for the usual few (a body being recorded may call back into this graph: no member scratch).
+  c10::SmallVector<uint32_t, 8> signature;
+  for (NodeId a : args) signature.push_back(FunctionCache::signature_word(s.shape[a], s.has(a, NodeStore::kShared)));
+  const uint32_t index = functions_.variant_for(def, signature, generation_, options_, site, trace_);
   const FunctionCache::Variant& variant = functions_.variant(index);
   const size_t results = variant.results.size();
   if (expected != 0 && results != expected)

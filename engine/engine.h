@@ -187,20 +187,6 @@ class Engine {
   bool frozen_ = false;    // a compiled function body (freeze_body)
   [[noreturn]] void throw_frozen() const;
   std::chrono::steady_clock::time_point trace_start_;
-  // call()'s memo: the last few calls' function, argument shapes (ids in this
-  // trace's shape table, which outlives clear()) and sharing, with the variant
-  // they found, valid for one generation. A call site calls one variant over
-  // and over; a hit skips copying the shapes and matching them against bodies.
-  struct CallMemo {
-    uint64_t def_id = 0;
-    uint32_t generation = kNone32;
-    uint32_t variant = 0;
-    uint32_t arity = 0;
-    uint32_t shared = 0;  // bit i: argument i is shared
-    std::array<ShapeId, 8> shapes{};
-  };
-  std::array<CallMemo, 4> call_memo_{};
-  uint32_t next_memo_ = 0;
   // Calls whose arguments' shapes wait on a dsl::cond (call_later), kept here
   // rather than in their callbacks: a watcher is then two words, and a
   // control-flow-heavy batch does not allocate per call.

@@ -2,6 +2,7 @@
 
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include <sheaf/ops/op.h>
@@ -20,10 +21,14 @@ constexpr uint32_t kKeepClears = 8;
 constexpr int kMaxNesting = 32;
 thread_local int t_nesting = 0;
 
-std::string describe(std::span<const Shape> shapes, std::span<const uint8_t> shared) {
+const Shape& shape_of(uint32_t word, const Trace& caller) { return caller.store().shapes[word >> 1]; }
+bool shared_of(uint32_t word) { return (word & 1) != 0; }
+
+std::string describe(std::span<const uint32_t> signature, const Trace& caller) {
   std::ostringstream os;
   os << "(";
-  for (size_t i = 0; i < shapes.size(); ++i) os << (i ? ", " : "") << (shared[i] ? "shared " : "") << shapes[i].str();
+  for (size_t i = 0; i < signature.size(); ++i)
+    os << (i ? ", " : "") << (shared_of(signature[i]) ? "shared " : "") << shape_of(signature[i], caller).str();
   return os.str() + ")";
 }
 
@@ -45,21 +50,12 @@ void FunctionCache::trim(uint32_t epoch) {
   last_ = kNone32;
 }
 
-uint32_t FunctionCache::variant_for(const FunctionDef& def, std::span<const Shape> shapes,
-                                    std::span<const uint8_t> shared, uint32_t epoch, const GraphOptions& options,
-                                    const Site& site, const Trace& caller) {
-  // A call site calls one variant over and over: look there first, compare in place.
+uint32_t FunctionCache::variant_for(const FunctionDef& def, std::span<const uint32_t> signature, uint32_t epoch,
+                                    const GraphOptions& options, const Site& site, const Trace& caller) {
   auto same = [&](const Variant& v) {
-    if (v.def_id != def.id) return false;
-    size_t k = 0;
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      if (k + 2 + static_cast<size_t>(shapes[i].rank()) > v.key.size()) return false;
-      if (v.key[k++] != shared[i] || v.key[k++] != shapes[i].rank()) return false;
-      for (int64_t d : shapes[i].dims())
-        if (v.key[k++] != d) return false;
-    }
-    return k == v.key.size();
+    return v.def_id == def.id && std::ranges::equal(v.key, signature);
   };
+  // A call site calls one variant over and over: look there first.
   uint32_t index = kNone32;
   if (last_ < variants_.size() && same(*variants_[last_])) index = last_;
   for (uint32_t k = 0; index == kNone32 && k < variants_.size(); ++k)
@@ -71,11 +67,7 @@ uint32_t FunctionCache::variant_for(const FunctionDef& def, std::span<const Shap
                  "a Function made per call records its body per call");
     auto v = std::make_unique<Variant>();
     v->def_id = def.id;
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      v->key.push_back(shared[i]);
-      v->key.push_back(shapes[i].rank());
-      for (int64_t d : shapes[i].dims()) v->key.push_back(d);
-    }
+    v->key.assign(signature.begin(), signature.end());
     index = static_cast<uint32_t>(variants_.size());
     variants_.push_back(std::move(v));
   }
@@ -91,7 +83,7 @@ uint32_t FunctionCache::variant_for(const FunctionDef& def, std::span<const Shap
       bool& flag;
       ~Done() { flag = false; }
     } done{v.recording};
-    record(v, def, shapes, shared, options, site, caller);
+    record(v, def, signature, options, site, caller);
     v.attrs.clear();
     v.attrs_begin.assign(1, 0);
     for (size_t k = 0; k < v.results.size(); ++k) {
@@ -106,9 +98,8 @@ uint32_t FunctionCache::variant_for(const FunctionDef& def, std::span<const Shap
   return index;
 }
 
-void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const Shape> shapes,
-                           std::span<const uint8_t> shared, const GraphOptions& options, const Site& site,
-                           const Trace& caller) {
+void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const uint32_t> signature,
+                           const GraphOptions& options, const Site& site, const Trace& caller) {
   if (t_nesting >= kMaxNesting)
     throw_user(site, "functions nested more than ", kMaxNesting, " deep (does function '", def.name,
                "' call itself? a body is recorded once per argument shapes, so it cannot recurse on data)");
@@ -130,10 +121,11 @@ void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const S
   {
     auto scope = g.example(0);
     const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat).device(options.device);
-    for (size_t i = 0; i < shapes.size(); ++i) {
+    for (const uint32_t word : signature) {
       // Stand-ins: the body sees the arguments' shapes; their values come per batch.
-      const at::Tensor stand_in = at::empty(std::vector<int64_t>(shapes[i].dims().begin(), shapes[i].dims().end()), f32);
-      args.push_back(shared[i] ? g.param(stand_in, def.defined_at) : g.input(stand_in, def.defined_at));
+      const Shape& shape = shape_of(word, caller);
+      const at::Tensor stand_in = at::empty(std::vector<int64_t>(shape.dims().begin(), shape.dims().end()), f32);
+      args.push_back(shared_of(word) ? g.param(stand_in, def.defined_at) : g.input(stand_in, def.defined_at));
       arg_nodes.push_back(args.back().id());
     }
     const size_t caller_nodes = caller.size();
@@ -141,7 +133,7 @@ void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const S
       results = def.body(args);
     } catch (const UserError& err) {
       throw_user(site, "recording the body of function '", def.name, "' (defined at ", format_loc(def.defined_at),
-                 ") for arguments ", describe(shapes, shared), " failed: ", err.what());
+                 ") for arguments ", describe(signature, caller), " failed: ", err.what());
     }
     // The body wrote on the calling graph: it used an Expr from outside (not returned, or the
     // results check below would name it); those ops would run once per recording, not per call.

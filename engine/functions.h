@@ -46,7 +46,7 @@ class FunctionCache final : public FunctionTable {
   // A function's body for one argument signature.
   struct Variant {
     uint64_t def_id = 0;
-    std::vector<int64_t> key;  // per argument: shared, rank, dims
+    std::vector<uint32_t> key;  // per argument: signature_word()
     std::unique_ptr<Graph> graph;  // where the body is recorded
     Fuser fuser;                   // its regions' programs, kept across recordings
     FunctionBody body;
@@ -63,11 +63,17 @@ class FunctionCache final : public FunctionTable {
     bool recording = false;        // its body is being recorded (a call now would be recursion)
   };
 
-  // The index of def's variant for these arguments, recorded for this
-  // generation of the calling graph (`epoch`). Throws UserError (naming `site`,
-  // the call) when the body fails to record or does what a function cannot.
-  uint32_t variant_for(const FunctionDef& def, std::span<const Shape> shapes, std::span<const uint8_t> shared,
-                       uint32_t epoch, const GraphOptions& options, const Site& site, const Trace& caller);
+  // An argument's part of a signature: its shape's id in the calling graph's
+  // shape table (which outlives clear(): ids name the same shape batch after
+  // batch), and whether it is shared.
+  static uint32_t signature_word(ShapeId shape, bool shared) { return shape << 1 | uint32_t{shared}; }
+
+  // The index of def's variant for the arguments whose signature_word()s are
+  // `signature`, recorded for this generation of the calling graph (`epoch`).
+  // Throws UserError (naming `site`, the call) when the body fails to record
+  // or does what a function cannot.
+  uint32_t variant_for(const FunctionDef& def, std::span<const uint32_t> signature, uint32_t epoch,
+                       const GraphOptions& options, const Site& site, const Trace& caller);
   const Variant& variant(uint32_t index) const { return *variants_[index]; }
   // After a clear() of the calling graph (now at `epoch`): forgets the variants
   // no batch recorded in the last few (a model whose argument shapes change
@@ -78,8 +84,8 @@ class FunctionCache final : public FunctionTable {
   size_t size() const { return variants_.size(); }
 
  private:
-  void record(Variant& v, const FunctionDef& def, std::span<const Shape> shapes, std::span<const uint8_t> shared,
-              const GraphOptions& options, const Site& site, const Trace& caller);
+  void record(Variant& v, const FunctionDef& def, std::span<const uint32_t> signature, const GraphOptions& options,
+              const Site& site, const Trace& caller);
   std::vector<std::unique_ptr<Variant>> variants_;
   uint32_t last_ = kNone32;  // the variant found last
 };
