@@ -324,8 +324,9 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
   for (NodeId a : args)
     if (s.shape[a] == kUnknownShape) return call_later(function, args, expected, out, site);
   // On the stack for the usual few (a body being recorded may call back into this graph: no member scratch).
-  c10::SmallVector<uint32_t, 8> signature;
-  for (NodeId a : args) signature.push_back(FunctionCache::signature_word(s.shape[a], s.has(a, NodeStore::kShared)));
+  c10::SmallVector<uint32_t, 8> signature(args.size());
+  for (size_t i = 0; i < args.size(); ++i)
+    signature[i] = FunctionCache::signature_word(s.shape[args[i]], s.has(args[i], NodeStore::kShared));
   const uint32_t index = functions_.variant_for(def, signature, generation_, options_, site, trace_);
   const FunctionCache::Variant& variant = functions_.variant(index);
   const size_t results = variant.results.size();

@@ -50,14 +50,12 @@ void FunctionCache::trim(uint32_t epoch) {
   last_ = kNone32;
 }
 
-uint32_t FunctionCache::variant_for(const FunctionDef& def, std::span<const uint32_t> signature, uint32_t epoch,
-                                    const GraphOptions& options, const Site& site, const Trace& caller) {
+uint32_t FunctionCache::find_or_record(const FunctionDef& def, std::span<const uint32_t> signature, uint32_t epoch,
+                                       const GraphOptions& options, const Site& site, const Trace& caller) {
   auto same = [&](const Variant& v) {
     return v.def_id == def.id && std::ranges::equal(v.key, signature);
   };
-  // A call site calls one variant over and over: look there first.
   uint32_t index = kNone32;
-  if (last_ < variants_.size() && same(*variants_[last_])) index = last_;
   for (uint32_t k = 0; index == kNone32 && k < variants_.size(); ++k)
     if (same(*variants_[k])) index = k;
   if (index == kNone32) {

@@ -73,7 +73,18 @@ class FunctionCache final : public FunctionTable {
   // Throws UserError (naming `site`, the call) when the body fails to record
   // or does what a function cannot.
   uint32_t variant_for(const FunctionDef& def, std::span<const uint32_t> signature, uint32_t epoch,
-                       const GraphOptions& options, const Site& site, const Trace& caller);
+                       const GraphOptions& options, const Site& site, const Trace& caller) {
+    // A call site calls one variant over and over: the body found last, in line.
+    if (last_ < variants_.size()) {
+      const Variant& v = *variants_[last_];
+      if (v.epoch == epoch && v.def_id == def.id && v.key.size() == signature.size()) {
+        bool same = true;
+        for (size_t i = 0; i < signature.size() && same; ++i) same = v.key[i] == signature[i];
+        if (same) return last_;
+      }
+    }
+    return find_or_record(def, signature, epoch, options, site, caller);
+  }
   const Variant& variant(uint32_t index) const { return *variants_[index]; }
   // After a clear() of the calling graph (now at `epoch`): forgets the variants
   // no batch recorded in the last few (a model whose argument shapes change
@@ -84,6 +95,8 @@ class FunctionCache final : public FunctionTable {
   size_t size() const { return variants_.size(); }
 
  private:
+  uint32_t find_or_record(const FunctionDef& def, std::span<const uint32_t> signature, uint32_t epoch,
+                          const GraphOptions& options, const Site& site, const Trace& caller);
   void record(Variant& v, const FunctionDef& def, std::span<const uint32_t> signature, const GraphOptions& options,
               const Site& site, const Trace& caller);
   std::vector<std::unique_ptr<Variant>> variants_;
