@@ -33,23 +33,100 @@ struct RowKey {
 };
 uint64_t first_key(uint32_t reader, uint32_t height) { return (uint64_t{reader} << 32) | ~height; }
 
+struct SortScratch {
+  std::vector<RowKey> rows;
+  std::vector<uint64_t> words, words_tmp;
+};
+
+// LSD radix sort of 64-bit words by their bits [lo, lo + bits); stable, so
+// lower bits keep the order they came in. Digits of 8 bits, or up to 11 where
+// that saves a pass and the rows outnumber the buckets.
+void radix_words(std::vector<uint64_t>& v, std::vector<uint64_t>& tmp, int lo, int bits) {
+  int passes = (bits + 7) / 8;
+  if (passes > 1 && v.size() >= 2048) passes = std::min(passes, (bits + 10) / 11);
+  const int digit = passes == 0 ? 0 : (bits + passes - 1) / passes;
+  const uint64_t mask = (uint64_t{1} << digit) - 1;
+  tmp.resize(v.size());
+  std::array<uint32_t, 2049> count;
+  for (int shift = lo; shift < lo + bits; shift += digit) {
+    std::fill(count.begin(), count.begin() + static_cast<std::ptrdiff_t>(mask) + 2, 0);
+    for (uint64_t k : v) ++count[((k >> shift) & mask) + 1];
+    for (uint64_t b = 0; b <= mask; ++b) count[b + 1] += count[b];
+    for (uint64_t k : v) tmp[count[(k >> shift) & mask]++] = k;
+    v.swap(tmp);
+  }
+}
+
+// Rows sorted by (first, then): each run that ties (tied(i): row i ties with
+// row i - 1) sorted by id. Rows rarely tie (two rows fed by one value).
+template <class Tied>
+void sort_ties(std::vector<RowKey>& v, Tied tied) {
+  for (size_t i = 1, j; i < v.size(); i = j + 1) {
+    if (!tied(i)) {
+      j = i;
+      continue;
+    }
+    for (j = i + 1; j < v.size() && tied(j);) ++j;
+    std::sort(v.begin() + static_cast<std::ptrdiff_t>(i - 1), v.begin() + static_cast<std::ptrdiff_t>(j),
+              [](const RowKey& a, const RowKey& b) { return a.id < b.id; });
+  }
+}
+
 // Sorts rows by (first, then, id). Big batches (a loss over every tree node:
-// thousands of rows) take a byte-wise LSD radix sort over the bytes of the key
-// that differ between rows (then's, then first's): linear, where a comparison
-// sort was a fifth of all host work. Rows rarely tie on (first, then) (two
-// rows fed by one value): those runs are sorted by id afterwards, which spares
-// the passes over the ids' bytes.
-void sort_rows(std::vector<RowKey>& v, std::vector<RowKey>& tmp) {
+// thousands of rows) take a radix sort, linear where a comparison sort was a
+// fifth of all host work. The four 32-bit halves of (first, then) span few
+// values in a batch (readers and heights of one round, rows of a few
+// batches): less their least, they usually fit together in 32 bits, above
+// each row's position, so that one 8-byte word per row is sorted by the
+// bytes those bits take. Otherwise, bytes of the 24-byte keys that differ
+// between rows, then ties by id.
+void sort_rows(std::vector<RowKey>& v, SortScratch& x) {
   const size_t n = v.size();
   bool sorted = true;
   for (size_t i = 1; i < n && sorted; ++i) sorted = !(v[i] < v[i - 1]);
   if (sorted) return;
   if (n < 128) return std::sort(v.begin(), v.end());
+  auto half = [](const RowKey& k, int f) -> uint32_t {
+    const uint64_t w = f < 2 ? k.first : k.then;
+    return static_cast<uint32_t>(f % 2 == 0 ? w >> 32 : w);
+  };
+  uint32_t least[4], most[4];
+  for (int f = 0; f < 4; ++f) least[f] = most[f] = half(v[0], f);
+  bool ascending = true;  // ids in position order: ties need no pass of their own
+  for (size_t i = 0; i < n; ++i) {
+    for (int f = 0; f < 4; ++f) {
+      least[f] = std::min(least[f], half(v[i], f));
+      most[f] = std::max(most[f], half(v[i], f));
+    }
+    ascending = ascending && (i == 0 || v[i].id > v[i - 1].id);
+  }
+  int width[4], total = 0;
+  for (int f = 0; f < 4; ++f) {
+    const uint32_t span = most[f] - least[f];
+    width[f] = span == 0 ? 0 : 32 - __builtin_clz(span);
+    total += width[f];
+  }
+  if (total <= 32) {
+    std::vector<uint64_t>& w = x.words;
+    w.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      uint64_t key = 0;
+      for (int f = 0; f < 4; ++f) key = (key << width[f]) | (half(v[i], f) - least[f]);
+      w[i] = key << 32 | i;
+    }
+    radix_words(w, x.words_tmp, 32, total);
+    x.rows.resize(n);
+    for (size_t i = 0; i < n; ++i) x.rows[i] = v[static_cast<uint32_t>(w[i])];
+    v.swap(x.rows);
+    if (!ascending) sort_ties(v, [&](size_t i) { return (w[i] >> 32) == (w[i - 1] >> 32); });
+    return;
+  }
   uint64_t differ[2] = {0, 0};  // then, first: the bits that are not the same in every row
   for (const RowKey& k : v) {
     differ[0] |= k.then ^ v[0].then;
     differ[1] |= k.first ^ v[0].first;
   }
+  std::vector<RowKey>& tmp = x.rows;
   tmp.resize(n);
   std::array<uint32_t, 257> count;
   for (int w = 0; w < 2; ++w)
@@ -62,13 +139,7 @@ void sort_rows(std::vector<RowKey>& v, std::vector<RowKey>& tmp) {
       for (const RowKey& k : v) tmp[count[digit(k)]++] = k;
       v.swap(tmp);
     }
-  auto tied = [](const RowKey& a, const RowKey& b) { return a.first == b.first && a.then == b.then; };
-  for (size_t i = 0, j; i < n; i = j) {
-    for (j = i + 1; j < n && tied(v[j], v[i]);) ++j;
-    if (j - i > 1)
-      std::sort(v.begin() + static_cast<std::ptrdiff_t>(i), v.begin() + static_cast<std::ptrdiff_t>(j),
-                [](const RowKey& a, const RowKey& b) { return a.id < b.id; });
-  }
+  sort_ties(v, [&](size_t i) { return v[i].first == v[i - 1].first && v[i].then == v[i - 1].then; });
 }
 
 // A slice batch reading a whole batch in place: (source, axis) is its key;
@@ -88,7 +159,8 @@ struct SliceRead {
 struct PlanScratch {
   std::vector<uint32_t> rows;
   // (first reader, ~height, where the first input lives, node or region): see order_rows
-  std::vector<RowKey> order, order_tmp;
+  std::vector<RowKey> order;
+  SortScratch sort;
   std::vector<uint32_t> batch_of;  // local entry -> the batch of the round that runs it
   std::vector<uint32_t> height;    // local entry -> longest path to what nothing in the round reads
   std::vector<uint32_t> reader;     // local entry -> its first reader (order_rows)
@@ -213,7 +285,7 @@ class Planner {
     }
     if (packed || !parallel_readers(dag, locals))
       for (RowKey& o : order_) o.first &= 0xffffffffu;  // reader 0, height (packed: length) kept
-    sort_rows(order_, x_.order_tmp);
+    sort_rows(order_, x_.sort);
     b.nodes_begin = static_cast<uint32_t>(p_.nodes.size());
     p_.nodes.resize(p_.nodes.size() + size_t{b.outputs} * b.n);
     NodeId* const at = p_.nodes.data() + b.nodes_begin;
@@ -486,7 +558,7 @@ class Planner {
     }
     if (distinct[2] == kNone32 || packed)
       for (RowKey& o : order_) o.first &= 0xffffffffu;  // reader 0, height (packed: length) kept
-    sort_rows(order_, x_.order_tmp);
+    sort_rows(order_, x_.sort);
   }
 
   // Row i of the batch is order_[i]: the node's value lives there.
