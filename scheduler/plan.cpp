@@ -715,14 +715,33 @@ class Planner {
     sources_.clear();
     SHEAF_ASSERT(!packed || src_rows_.size() == src_nodes_.size(), "a packed batch's inputs without their lengths");
     unpack_ = kNone32;
-    bool expand = packed;
-    for (NodeId a : src_nodes_) expand = expand || s_.has(s_.resolve(a), NodeStore::kPacked);
-    expanded_ = expand;
     range_ = false;
-    if (!expand) {
-      for (NodeId a : src_nodes_) sources_.push_back(row_of(a));
-      return;
+    scanned_ = false;
+    if (!packed) {
+      // The usual case, no value packed: each row's place and whether the rows
+      // are one range (add_input's question), in one pass.
+      bool contiguous = true, whole = false;
+      size_t i = 0;
+      for (; i < src_nodes_.size(); ++i) {
+        const NodeId r = s_.resolve(src_nodes_[i]);
+        if (s_.has(r, NodeStore::kPacked)) break;
+        const RowRef at{s_.value_batch[r], s_.value_row[r]};
+        whole = whole || at.row == kWholeRow;
+        if (i > 0)
+          contiguous = contiguous && at.batch == sources_[0].batch && at.row == sources_[0].row + i &&
+                       sources_[0].row != kWholeRow;
+        sources_.push_back(at);
+      }
+      if (i == src_nodes_.size()) {
+        expanded_ = false;
+        scanned_ = true;
+        contiguous_ = contiguous;
+        whole_ = whole;
+        return;
+      }
+      sources_.clear();
     }
+    expanded_ = true;
     if (!packed && !src_nodes_.empty()) unpack_ = s_.shape[s_.resolve(src_nodes_[0])];
     if (one_range()) return;
     for (size_t i = 0; i < src_nodes_.size(); ++i) {
@@ -793,13 +812,14 @@ class Planner {
       range_ = false;
       return;
     }
-    bool contiguous = true, whole = false;
-    for (size_t j = 0; j < sources_.size(); ++j) {
+    bool contiguous = !scanned_ || contiguous_, whole = scanned_ && whole_;
+    for (size_t j = 0; !scanned_ && j < sources_.size(); ++j) {
       whole = whole || sources_[j].row == kWholeRow;
       if (j > 0)
         contiguous = contiguous && sources_[j].batch == sources_[0].batch && sources_[j].flatten == sources_[0].flatten &&
                      sources_[j].row == sources_[0].row + j && sources_[0].row != kWholeRow;
     }
+    scanned_ = false;
     if (contiguous) {
       arg.kind = BatchArg::kView;
       Read r{sources_[0].batch, sources_[0].row, static_cast<uint32_t>(sources_.size())};
@@ -902,6 +922,9 @@ class Planner {
   uint32_t unpack_ = kNone32;  // fill_sources' verdict for add_input
   bool expanded_ = false;
   bool range_ = false;  // one_range() found the input: range_read_
+  // fill_sources found whether the rows are one range (contiguous_) and
+  // whether any is a whole shared value (whole_); else add_input looks.
+  bool scanned_ = false, contiguous_ = true, whole_ = false;
   Read range_read_{0, 0, 0};
   std::vector<uint32_t>& srcs_ = x_.srcs;
   std::vector<uint32_t>& rows_of_src_ = x_.rows_of_src;
