@@ -45,9 +45,9 @@ void check_results(const FunctionDef& def, std::span<const Expr> results, const 
 
 void FunctionCache::trim(uint32_t epoch) {
   std::erase_if(variants_, [&](const std::unique_ptr<Variant>& v) {
-    return v->epoch == kNone32 || epoch - v->epoch > kKeepClears;  // (generations wrap: unsigned difference)
+    return !v->recorded || epoch - v->epoch > kKeepClears;  // (generations wrap: unsigned difference)
   });
-  last_ = kNone32;
+  last_.fill(kNone32);
 }
 
 uint32_t FunctionCache::find_or_record(const FunctionDef& def, std::span<const uint32_t> signature, uint32_t epoch,
@@ -69,13 +69,13 @@ uint32_t FunctionCache::find_or_record(const FunctionDef& def, std::span<const u
     index = static_cast<uint32_t>(variants_.size());
     variants_.push_back(std::move(v));
   }
-  last_ = index;
+  last_[def.id % last_.size()] = index;
   Variant& v = *variants_[index];
-  if (v.epoch != epoch) {
+  if (!v.recorded || v.epoch != epoch) {
     if (v.recording)
       throw_user(site, "function '", def.name, "' calls itself while its body is recorded: a body is recorded once "
                  "per argument signature, so it cannot recurse (recurse in the caller, as over a tree's nodes)");
-    v.epoch = kNone32;  // until recorded whole
+    v.recorded = false;  // until recorded whole
     v.recording = true;
     struct Done {
       bool& flag;
@@ -92,6 +92,7 @@ uint32_t FunctionCache::find_or_record(const FunctionDef& def, std::span<const u
       v.attrs_begin.push_back(static_cast<uint32_t>(v.attrs.size()));
     }
     v.epoch = epoch;
+    v.recorded = true;
   }
   return index;
 }

@@ -8,6 +8,7 @@
 // optimizer's in-place updates and a model moved with .to(device) are both seen).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -59,7 +60,10 @@ class FunctionCache final : public FunctionTable {
     std::span<const int64_t> result_attrs(size_t k) const {
       return {attrs.data() + attrs_begin[k], attrs.data() + attrs_begin[k + 1]};
     }
-    uint32_t epoch = kNone32;      // the graph generation it was recorded for
+    // The graph generation it was recorded for, once `recorded` (a flag, not
+    // a sentinel epoch: generations wrap and may take any value).
+    uint32_t epoch = 0;
+    bool recorded = false;
     bool recording = false;        // its body is being recorded (a call now would be recursion)
   };
 
@@ -74,13 +78,16 @@ class FunctionCache final : public FunctionTable {
   // or does what a function cannot.
   uint32_t variant_for(const FunctionDef& def, std::span<const uint32_t> signature, uint32_t epoch,
                        const GraphOptions& options, const Site& site, const Trace& caller) {
-    // A call site calls one variant over and over: the body found last, in line.
-    if (last_ < variants_.size()) {
-      const Variant& v = *variants_[last_];
-      if (v.epoch == epoch && v.def_id == def.id && v.key.size() == signature.size()) {
+    // A call site calls one variant over and over: the body this function
+    // found last, in line (a hint per function: models alternate functions,
+    // a gated net's gate and its two cells).
+    const uint32_t last = last_[def.id % last_.size()];
+    if (last < variants_.size()) {
+      const Variant& v = *variants_[last];
+      if (v.recorded && v.epoch == epoch && v.def_id == def.id && v.key.size() == signature.size()) {
         bool same = true;
         for (size_t i = 0; i < signature.size() && same; ++i) same = v.key[i] == signature[i];
-        if (same) return last_;
+        if (same) return last;
       }
     }
     return find_or_record(def, signature, epoch, options, site, caller);
@@ -100,7 +107,8 @@ class FunctionCache final : public FunctionTable {
   void record(Variant& v, const FunctionDef& def, std::span<const uint32_t> signature, const GraphOptions& options,
               const Site& site, const Trace& caller);
   std::vector<std::unique_ptr<Variant>> variants_;
-  uint32_t last_ = kNone32;  // the variant found last
+  // Per function (by its id, modulo), the variant it found last.
+  std::array<uint32_t, 8> last_{kNone32, kNone32, kNone32, kNone32, kNone32, kNone32, kNone32, kNone32};
 };
 
 }  // namespace sheaf::detail

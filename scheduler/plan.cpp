@@ -39,8 +39,9 @@ struct SortScratch {
 };
 
 // LSD radix sort of 64-bit words by their bits [lo, lo + bits); stable, so
-// lower bits keep the order they came in. Digits of 8 bits, or up to 11 where
-// that saves a pass and the rows outnumber the buckets.
+// lower bits keep the order they came in. As few passes as digits of 8 bits
+// allow (the bits shared evenly between them), or of up to 11 where that
+// saves a pass and the rows outnumber the buckets.
 void radix_words(std::vector<uint64_t>& v, std::vector<uint64_t>& tmp, int lo, int bits) {
   int passes = (bits + 7) / 8;
   if (passes > 1 && v.size() >= 2048) passes = std::min(passes, (bits + 10) / 11);
@@ -77,8 +78,8 @@ void sort_ties(std::vector<RowKey>& v, Tied tied) {
 // fifth of all host work. The four 32-bit halves of (first, then) span few
 // values in a batch (readers and heights of one round, rows of a few
 // batches): less their least, they usually fit together in 32 bits, above
-// each row's position, so that one 8-byte word per row is sorted by the
-// bytes those bits take. Otherwise, bytes of the 24-byte keys that differ
+// each row's position, so that one 8-byte word per row is sorted by those
+// bits alone (radix_words). Otherwise, bytes of the 24-byte keys that differ
 // between rows, then ties by id.
 void sort_rows(std::vector<RowKey>& v, SortScratch& x) {
   const size_t n = v.size();
