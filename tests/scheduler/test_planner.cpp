@@ -186,3 +186,51 @@ TEST_CASE("planner: row ranges are one split even when a list op also reads the 
   const BatchArg& list = p.args[p.batches[3].args_begin];
   for (uint32_t r = list.reads_begin; r < list.reads_end; ++r) CHECK(p.reads[r].split < 0);
 }
+
+TEST_CASE("planner: batches of hundreds of rows are ordered as small ones, ties by node id", "[scheduler][planner]") {
+  // Batches of 128 rows or more take the planner's radix sort (small ones a
+  // comparison sort): the same order, whichever path a batch takes.
+  constexpr size_t n = 300;
+  SECTION("a chain listed in reverse reads views") {
+    Fixture f(n);
+    std::vector<NodeId> ys;
+    for (size_t i = n; i-- > 0;) ys.push_back(f.unary(code_of<op::Tanh>, f.xs[i]));
+    const Plan p = f.plan({f.xs, ys});
+    const PlannedBatch& tanh = p.batches[1];
+    CHECK(p.args[tanh.args_begin].kind == BatchArg::kView);
+    for (uint32_t i = 0; i < n; ++i) CHECK(p.nodes[tanh.nodes_begin + i] == ys[n - 1 - i]);
+  }
+  SECTION("rows read by three batches are grouped by reader, each a range") {
+    Fixture f(n);
+    std::vector<NodeId> p;
+    for (NodeId x : f.xs) p.push_back(f.unary(code_of<op::Tanh>, x));
+    std::vector<std::vector<NodeId>> readers(3);
+    for (size_t i = 0; i < n; ++i) readers[i % 3].push_back(f.unary(code_of<op::Sigmoid>, p[i]));
+    const Plan plan = f.plan({f.xs, p, readers[0], readers[1], readers[2]});
+    for (int k = 2; k <= 4; ++k) {
+      const BatchArg& arg = plan.args[plan.batches[k].args_begin];
+      CHECK(arg.kind == BatchArg::kView);
+      CHECK(plan.reads[arg.reads_begin].len == n / 3);
+      CHECK(plan.reads[arg.reads_begin].start == static_cast<uint32_t>(k - 2) * (n / 3));
+    }
+  }
+  SECTION("rows fed by one value tie: the earlier node first, whatever the batch's order") {
+    Fixture f(n);
+    std::vector<NodeId> a, b;
+    for (NodeId x : f.xs) {
+      a.push_back(f.unary(code_of<op::Tanh>, x));
+      b.push_back(f.unary(code_of<op::Tanh>, x));
+    }
+    std::vector<NodeId> batch;
+    for (size_t i = n; i-- > 0;) {
+      batch.push_back(b[i]);
+      batch.push_back(a[i]);
+    }
+    const Plan p = f.plan({f.xs, batch});
+    const PlannedBatch& tanh = p.batches[1];
+    for (uint32_t i = 0; i < n; ++i) {
+      CHECK(p.nodes[tanh.nodes_begin + 2 * i] == a[i]);
+      CHECK(p.nodes[tanh.nodes_begin + 2 * i + 1] == b[i]);
+    }
+  }
+}
