@@ -52,12 +52,9 @@ void FunctionCache::trim(uint32_t epoch) {
 
 uint32_t FunctionCache::find_or_record(const FunctionDef& def, std::span<const uint32_t> signature, uint32_t epoch,
                                        const GraphOptions& options, const Site& site, const Trace& caller) {
-  auto same = [&](const Variant& v) {
-    return v.def_id == def.id && std::ranges::equal(v.key, signature);
-  };
   uint32_t index = kNone32;
   for (uint32_t k = 0; index == kNone32 && k < variants_.size(); ++k)
-    if (same(*variants_[k])) index = k;
+    if (matches(*variants_[k], def, signature)) index = k;
   if (index == kNone32) {
     if (variants_.size() >= kMaxVariants)
       throw_user(site, "this graph has recorded ", kMaxVariants, " function bodies (function '", def.name,

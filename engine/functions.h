@@ -84,11 +84,7 @@ class FunctionCache final : public FunctionTable {
     const uint32_t last = last_[def.id % last_.size()];
     if (last < variants_.size()) {
       const Variant& v = *variants_[last];
-      if (v.recorded && v.epoch == epoch && v.def_id == def.id && v.key.size() == signature.size()) {
-        bool same = true;
-        for (size_t i = 0; i < signature.size() && same; ++i) same = v.key[i] == signature[i];
-        if (same) return last;
-      }
+      if (v.recorded && v.epoch == epoch && matches(v, def, signature)) return last;
     }
     return find_or_record(def, signature, epoch, options, site, caller);
   }
@@ -102,6 +98,14 @@ class FunctionCache final : public FunctionTable {
   size_t size() const { return variants_.size(); }
 
  private:
+  // Whether v is def's body for these arguments. A hand loop: the hit path
+  // above stays free of calls.
+  static bool matches(const Variant& v, const FunctionDef& def, std::span<const uint32_t> signature) {
+    if (v.def_id != def.id || v.key.size() != signature.size()) return false;
+    for (size_t i = 0; i < signature.size(); ++i)
+      if (v.key[i] != signature[i]) return false;
+    return true;
+  }
   uint32_t find_or_record(const FunctionDef& def, std::span<const uint32_t> signature, uint32_t epoch,
                           const GraphOptions& options, const Site& site, const Trace& caller);
   void record(Variant& v, const FunctionDef& def, std::span<const uint32_t> signature, const GraphOptions& options,

@@ -14,6 +14,8 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <cstring>
+
 #include "autograd_node.h"
 #include "grad_wanted.h"
 #include "matvec.h"
@@ -135,11 +137,37 @@ const at::Tensor* TransposedWeights::get(const at::Tensor& w) {
   return nullptr;
 }
 
+void TransposedWeights::clear() {
+  entries_.clear();
+  // Kept: layouts with their copy, and decisions not to lay a weight out
+  // (its shape, strides or type: matched at the next use, whatever its bytes).
+  std::erase_if(packed_, [&](const PackedEntry& e) {
+    return e.used != generation_ || (e.suits && !e.bytes.defined());
+  });
+  for (PackedEntry& e : packed_) e.check = e.bytes.defined();
+  ++generation_;
+}
+
+void TransposedWeights::check_kept(PackedEntry& e, const at::Tensor& w) {
+  e.check = false;
+  const size_t size = static_cast<size_t>(e.bytes.numel()) * sizeof(float);
+  if (e.seen.matches(w) && w.is_contiguous() && w.scalar_type() == at::kFloat &&
+      std::memcmp(w.data_ptr(), e.bytes.data_ptr(), size) == 0)
+    return;
+  e.seen = Seen{};  // changed where the version counter did not see: laid out again
+  e.packed = nullptr;
+  e.bytes = at::Tensor();
+}
+
 std::shared_ptr<const PackedWeight> TransposedWeights::packed(const at::Tensor& w, bool backward, int64_t rows) {
   if (!packing_ || !packed_gemm_available() || w.dim() != 2 || w.is_inference()) return nullptr;
   PackedEntry* e = nullptr;
   for (PackedEntry& f : packed_)
     if (f.w.is_same(w)) e = &f;
+  if (e) {
+    e->used = generation_;
+    if (e->check) check_kept(*e, w);
+  }
   // Seen before and unchanged: decided without making a tensor (a weight is
   // applied at every level of every tree; the view W^T cost more than this).
   const bool same = e && e->seen.matches(w);
@@ -149,12 +177,14 @@ std::shared_ptr<const PackedWeight> TransposedWeights::packed(const at::Tensor& 
   if (!e) {
     e = &packed_.emplace_back();
     e->w = w;
+    e->used = generation_;
   }
   if (!same) {  // new, changed in place, re-seated or reshaped
     e->seen.take(w);
     e->suits = packed_gemm_suits(wt);
     e->backward_suits = packed_gemm_suits(w.detach());
     e->packed = nullptr;
+    e->bytes = at::Tensor();
   }
   if (!e->suits || (!e->packed && rows < 4)) return nullptr;
   backward = backward && e->backward_suits;
@@ -163,6 +193,12 @@ std::shared_ptr<const PackedWeight> TransposedWeights::packed(const at::Tensor& 
     auto p = std::make_shared<PackedWeight>();
     p->forward = e->packed ? e->packed->forward : pack_matrix(wt);
     if (backward) p->backward = pack_matrix(w.detach());
+    // Inference: W likely stays as it is for the next graph; keep a copy to tell (clear()).
+    // Not past 4Mi entries (16 MiB a copy), beyond what was measured.
+    if (!backward && !e->bytes.defined() && w.is_contiguous() && w.numel() <= (int64_t{1} << 22))
+      e->bytes = w.detach().clone();
+    else if (backward)
+      e->bytes = at::Tensor();
     e->packed = std::move(p);
   }
   return e->packed;

@@ -355,6 +355,71 @@ TEST_CASE("TransposedWeights::packed: made at a weight's first use, again after 
   }
 }
 
+TEST_CASE("TransposedWeights::packed: an inference layout outlives clear() while W's bytes stay the same",
+          "[backend][packed]") {
+  if (!packed_gemm_available()) return;
+  TransposedWeights cache;
+  at::Tensor W = param({64, 48}, 31);
+  const at::Tensor x = at::randn({9, 48});
+  auto right = [&](const std::shared_ptr<const PackedWeight>& p) {
+    return p && at::allclose(linear_packed(x, *p, {}), at::mm(x, W.detach().t()), 1e-4, 1e-4);
+  };
+  std::shared_ptr<const PackedWeight> p = cache.packed(W, false);
+  REQUIRE(right(p));
+  cache.clear();
+  CHECK(cache.packed(W, false) == p);  // unchanged: the same layout, not made again
+  // Written through W.data(): the version counter does not move, the bytes do.
+  cache.clear();
+  W.data().select(0, 5).fill_(2.5);
+  std::shared_ptr<const PackedWeight> q = cache.packed(W, false);
+  CHECK(q != p);
+  CHECK(right(q));
+  // A graph that did not use it drops it: the next one lays it out again.
+  cache.clear();
+  cache.clear();
+  CHECK(cache.packed(W, false) != q);
+  // A layout with its backward form (training: W moves every step) keeps no copy.
+  std::shared_ptr<const PackedWeight> both = cache.packed(W, true);
+  REQUIRE(both != nullptr);
+  cache.clear();
+  CHECK(cache.packed(W, true) != both);
+  // Updated in place between graphs: the version moved, laid out again.
+  std::shared_ptr<const PackedWeight> f = cache.packed(W, false);
+  cache.clear();
+  {
+    c10::NoGradGuard no_grad;
+    W.mul_(0.5);
+  }
+  CHECK(right(cache.packed(W, false)));
+  CHECK(cache.packed(W, false) != f);
+}
+
+TEST_CASE("Inference reads a shared weight written through W.data() between batches", "[backend][packed]") {
+  // A Graph reused batch after batch keeps its inference layouts (ops/weight_grad.h);
+  // a weight changed behind the version counter's back must not be read stale.
+  at::Tensor W = param({40, 40}, 32);
+  const at::Tensor b = at::zeros({40});
+  Graph g;
+  auto run = [&] {
+    c10::NoGradGuard no_grad;
+    std::vector<Expr> ys;
+    std::vector<at::Tensor> xs;
+    for (int i = 0; i < 6; ++i) {
+      auto s = g.example(i);
+      xs.push_back(data({40}, i));
+      ys.push_back(dsl::tanh(dsl::affine(W, g.input(xs.back()), b)));
+    }
+    g.forward(ys);
+    for (size_t i = 0; i < xs.size(); ++i)
+      CHECK(at::allclose(ys[i].value(), at::tanh(at::mv(W.detach(), xs[i]) + b), 1e-5, 1e-5));
+    g.clear();
+  };
+  run();
+  run();
+  W.data().mul_(-1.5);
+  run();
+}
+
 namespace {
 
 // Seven examples, each a chain of `steps` applications of `step` to its own
