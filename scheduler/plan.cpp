@@ -86,7 +86,7 @@ void sort_rows(std::vector<RowKey>& v, SortScratch& x) {
   bool sorted = true;
   for (size_t i = 1; i < n && sorted; ++i) sorted = !(v[i] < v[i - 1]);
   if (sorted) return;
-  if (n < 128) return std::sort(v.begin(), v.end());
+  if (n < 16) return std::sort(v.begin(), v.end());
   auto half = [](const RowKey& k, int f) -> uint32_t {
     const uint64_t w = f < 2 ? k.first : k.then;
     return static_cast<uint32_t>(f % 2 == 0 ? w >> 32 : w);
@@ -115,13 +115,18 @@ void sort_rows(std::vector<RowKey>& v, SortScratch& x) {
       for (int f = 0; f < 4; ++f) key = (key << width[f]) | (half(v[i], f) - least[f]);
       w[i] = key << 32 | i;
     }
-    radix_words(w, x.words_tmp, 32, total);
+    // Under 128 rows a comparison sort of the words beats the passes' counts
+    // (a cond-heavy net's rounds: dozens of rows a batch); the positions
+    // below the keys make it as stable as the radix sort.
+    if (n < 128) std::sort(w.begin(), w.end());
+    else radix_words(w, x.words_tmp, 32, total);
     x.rows.resize(n);
     for (size_t i = 0; i < n; ++i) x.rows[i] = v[static_cast<uint32_t>(w[i])];
     v.swap(x.rows);
     if (!ascending) sort_ties(v, [&](size_t i) { return (w[i] >> 32) == (w[i - 1] >> 32); });
     return;
   }
+  if (n < 128) return std::sort(v.begin(), v.end());
   uint64_t differ[2] = {0, 0};  // then, first: the bits that are not the same in every row
   for (const RowKey& k : v) {
     differ[0] |= k.then ^ v[0].then;
