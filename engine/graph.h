@@ -59,7 +59,9 @@ struct GraphOptions {
   // On CPUs with AVX-512 or AVX2+FMA: each shared weight applied to several rows is laid
   // out once a graph (again after each update) for a product kernel that reads
   // it as it is, instead of OpenBLAS copying it in every call
-  // (ops/packed_gemm.h). Off: OpenBLAS for every product.
+  // (ops/packed_gemm.h). A layout made for inference is kept across clear()
+  // while the weight's bytes stay the same (ops/weight_grad.h). Off: OpenBLAS
+  // for every product.
   bool pack_weights = true;
   // While control flow waits for values (dsl::cond, loops, co_await), run
   // only what those values need; the rest (a parser step's loss, a decoder
