@@ -155,6 +155,9 @@ class Graph {
   void prepare(std::span<const Expr> targets = {}, const ForwardOptions& options = {}, Loc loc = Loc::current());
 
   // Forgets every node; Exprs made before become invalid (using one is a UserError).
+  // Weights laid out for inference by the graph just cleared stay held, with a
+  // copy of each (GraphOptions::pack_weights), until a graph that does not use
+  // them is cleared.
   void clear();
 
   void set_strategy(const Strategy& s);

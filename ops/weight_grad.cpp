@@ -140,7 +140,7 @@ const at::Tensor* TransposedWeights::get(const at::Tensor& w) {
 void TransposedWeights::clear() {
   entries_.clear();
   // Kept: layouts with their copy, and decisions not to lay a weight out
-  // (its shape, strides or type: matched at the next use, whatever its bytes).
+  // (made from its sizes and strides, which the next use matches, whatever its bytes).
   std::erase_if(packed_, [&](const PackedEntry& e) {
     return e.used != generation_ || (e.suits && !e.bytes.defined());
   });
@@ -151,7 +151,7 @@ void TransposedWeights::clear() {
 void TransposedWeights::check_kept(PackedEntry& e, const at::Tensor& w) {
   e.check = false;
   const size_t size = static_cast<size_t>(e.bytes.numel()) * sizeof(float);
-  if (e.seen.matches(w) && w.is_contiguous() && w.scalar_type() == at::kFloat &&
+  if (e.seen.matches(w) && w.is_cpu() && w.is_contiguous() && w.scalar_type() == at::kFloat &&
       std::memcmp(w.data_ptr(), e.bytes.data_ptr(), size) == 0)
     return;
   e.seen = Seen{};  // changed where the version counter did not see: laid out again
@@ -193,11 +193,14 @@ std::shared_ptr<const PackedWeight> TransposedWeights::packed(const at::Tensor& 
     auto p = std::make_shared<PackedWeight>();
     p->forward = e->packed ? e->packed->forward : pack_matrix(wt);
     if (backward) p->backward = pack_matrix(w.detach());
-    // Inference: W likely stays as it is for the next graph; keep a copy to tell (clear()).
-    // Not past 4Mi entries (16 MiB a copy), beyond what was measured.
-    if (!backward && !e->bytes.defined() && w.is_contiguous() && w.numel() <= (int64_t{1} << 22))
+    // Inference (autograd off): W likely stays as it is for the next graph;
+    // keep a copy to tell (clear()). Not in training, where a layout without
+    // a backward form (a first layer's input wants no gradient) is made again
+    // after every step. Not past 4Mi entries (16 MiB a copy), beyond what was measured.
+    const bool inference = !backward && !c10::GradMode::is_enabled();
+    if (inference && !e->bytes.defined() && w.is_contiguous() && w.numel() <= (int64_t{1} << 22))
       e->bytes = w.detach().clone();
-    else if (backward)
+    else if (!inference)
       e->bytes = at::Tensor();
     e->packed = std::move(p);
   }

@@ -54,14 +54,14 @@ struct PackedWeight {
 // place; those weights reach get() only for products packed() leaves. GraphOptions::pack_weights off (set_packing(false))
 // leaves OpenBLAS every product.
 //
-// A layout made for inference (no backward form) outlives clear() when the
+// A layout made for inference (autograd off) outlives clear() when the
 // graph used it: at the weight's first use in the next graph its bytes are
 // compared with a copy taken when it was laid out, so an update the version
 // counter misses (W.data(), raw writes) between graphs still lays it out
 // again. A gated tree net's inference (two [128, 256] weights) spent 2.7% of
 // its batches laying them out again, 0.9% with this (perf samples, Zen 4).
-// Training updates its weights in place every step: those layouts keep no
-// copy and go with clear(), as do layouts a graph did not use.
+// Layouts made with autograd on (training updates its weights in place every
+// step) keep no copy and go with clear(), as do layouts a graph did not use.
 class TransposedWeights {
  public:
   // W^T for w, or null where the plain layout is used (first use, not 2-D, not

@@ -364,6 +364,14 @@ TEST_CASE("TransposedWeights::packed: an inference layout outlives clear() while
   auto right = [&](const std::shared_ptr<const PackedWeight>& p) {
     return p && at::allclose(linear_packed(x, *p, {}), at::mm(x, W.detach().t()), 1e-4, 1e-4);
   };
+  // Laid out with autograd on (training, its input wanting no gradient): no copy, not kept.
+  std::shared_ptr<const PackedWeight> t = cache.packed(W, false);
+  REQUIRE(right(t));
+  cache.clear();
+  CHECK(cache.packed(W, false) != t);
+  cache.clear();
+  cache.clear();
+  c10::NoGradGuard inference;
   std::shared_ptr<const PackedWeight> p = cache.packed(W, false);
   REQUIRE(right(p));
   cache.clear();
@@ -383,15 +391,17 @@ TEST_CASE("TransposedWeights::packed: an inference layout outlives clear() while
   REQUIRE(both != nullptr);
   cache.clear();
   CHECK(cache.packed(W, true) != both);
-  // Updated in place between graphs: the version moved, laid out again.
+  // Updated in place between graphs, its bytes as they were: the version
+  // counter alone tells, before any comparison.
+  cache.clear();
+  cache.clear();
   std::shared_ptr<const PackedWeight> f = cache.packed(W, false);
   cache.clear();
-  {
-    c10::NoGradGuard no_grad;
-    W.mul_(0.5);
-  }
-  CHECK(right(cache.packed(W, false)));
+  CHECK(cache.packed(W, false) == f);
+  cache.clear();
+  W.add_(0.0);
   CHECK(cache.packed(W, false) != f);
+  CHECK(right(cache.packed(W, false)));
 }
 
 TEST_CASE("Inference reads a shared weight written through W.data() between batches", "[backend][packed]") {
