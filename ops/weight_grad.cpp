@@ -154,9 +154,9 @@ void TransposedWeights::check_kept(PackedEntry& e, const at::Tensor& w) {
   if (e.seen.matches(w) && w.is_cpu() && w.is_contiguous() && w.scalar_type() == at::kFloat &&
       std::memcmp(w.data_ptr(), e.bytes.data_ptr(), size) == 0)
     return;
-  e.seen = Seen{};  // changed where the version counter did not see: laid out again
-  e.packed = nullptr;
-  e.bytes = at::Tensor();
+  // Changed where the version counter did not see: packed() takes it as new
+  // (decided and laid out again, its copy dropped).
+  e.seen = Seen{};
 }
 
 std::shared_ptr<const PackedWeight> TransposedWeights::packed(const at::Tensor& w, bool backward, int64_t rows) {
