@@ -336,7 +336,7 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
   check_output(plan.nodes[b.nodes_begin], b, out);
   if (b.shared) out = out.select(0, 0);
   SHEAF_ASSERT(s_.batch_out.size() == b.out, "batch output slot mismatch");
-  s_.batch_out.push_back(std::move(out));
+  s_.push_batch(std::move(out), 0);
 }
 
 // A batch of function calls runs the body's steps once for all of them. On
@@ -379,7 +379,7 @@ void Executor::launch_call(const Plan& plan, const PlannedBatch& b) {
                " outputs got ", results.size(), " results");
   for (uint32_t k = 0; k < b.outputs; ++k) {
     check_output(plan.nodes[b.nodes_begin + k * b.n], b, results[k]);
-    s_.batch_out.push_back(b.shared ? results[k].select(0, 0) : std::move(results[k]));
+    s_.push_batch(b.shared ? results[k].select(0, 0) : std::move(results[k]), 0);
   }
   ++counters_.call_batches;
 }
@@ -422,7 +422,7 @@ void Executor::launch_fused(const Plan& plan, const PlannedBatch& b) {
     }
   lap_op("fused");
   SHEAF_ASSERT(values.size() == b.outputs && s_.batch_out.size() == b.out, "fused batch output mismatch");
-  for (at::Tensor& v : values) s_.batch_out.push_back(std::move(v));
+  for (at::Tensor& v : values) s_.push_batch(std::move(v), rows);  // (a member kept inside: undefined)
   ++counters_.fused_batches;
   counters_.fused_ops += b.outputs;
 }

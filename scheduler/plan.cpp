@@ -794,7 +794,7 @@ class Planner {
     return {s_.value_batch[r], s_.value_row[r]};
   }
   uint32_t rows(uint32_t batch) const {
-    return batch >= base_ ? rows_[batch - base_] : static_cast<uint32_t>(s_.batch_out[batch].size(0));
+    return batch >= base_ ? rows_[batch - base_] : s_.batch_rows[batch];
   }
   uint32_t read(Read r) {
     p_.reads.push_back(r);

@@ -56,6 +56,7 @@ void NodeStore::clear() {
   args.clear();
   attrs.clear();
   batch_out.clear();
+  batch_rows.clear();
   user_tensors.clear();
   sigs.clear();
   // Shapes stay interned: the same model uses the same few shapes batch after batch.

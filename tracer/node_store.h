@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <source_location>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include <sheaf/core/flat_index.h>
@@ -90,8 +91,16 @@ struct NodeStore {
   std::vector<uint32_t> value_batch;    // where the value lives once computed
   std::vector<uint32_t> value_row;
 
-  // Values: one tensor per executed batch; node values are rows of these.
+  // Values: one tensor per executed batch; node values are rows of these. A
+  // tensor may be left undefined until read (backend/lazy.h): batch_rows says
+  // how many rows it has all the same.
   std::vector<at::Tensor> batch_out;
+  std::vector<uint32_t> batch_rows;
+  void push_batch(at::Tensor t, int64_t unmade_rows) {
+    const int64_t rows = !t.defined() ? unmade_rows : t.dim() > 0 ? t.size(0) : 0;
+    batch_rows.push_back(static_cast<uint32_t>(rows));
+    batch_out.push_back(std::move(t));
+  }
   std::vector<at::Tensor> user_tensors;  // inputs and parameters the user handed in
   ShapeTable shapes;
   SigTable sigs;

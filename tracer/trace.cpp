@@ -206,7 +206,7 @@ NodeId Trace::param(const at::Tensor& w, std::source_location loc) {
   s_.example[n] = kSharedExample;
   s_.value_batch[n] = static_cast<uint32_t>(s_.batch_out.size());
   s_.value_row[n] = kWholeRow;
-  s_.batch_out.push_back(w);
+  s_.push_batch(w, 0);
   param_index_.find_or_insert(hash, static_cast<uint32_t>(params_.size()), same);
   params_.emplace_back(impl, n);
   param_uses_.resize(n + 1, 0);

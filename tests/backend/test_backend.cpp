@@ -641,3 +641,29 @@ TEST_CASE("Prefetcher: each batch's values and gradients as one graph per batch 
     W.mutable_grad() = at::Tensor();
   }
 }
+
+// A fused batch keeps inside its kernel a value nothing read when it ran; a
+// branch recorded later reads two of its rows, by two different ops, in one
+// round. The plan splits the batch into pieces for those reads: it needs the
+// batch's row count while the value is still unmade (backend/lazy.h).
+TEST_CASE("A later round reads parts of a value a fused kernel kept inside", "[backend][fusion][control]") {
+  Graph g;
+  std::vector<Expr> ts, ys;
+  for (int i = 0; i < 4; ++i) {
+    auto s = g.example(i);
+    ts.push_back(dsl::tanh(g.input(data({3}, i))));
+    ys.push_back(ts.back() * 2.0);
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto s = g.example(i);
+    const Expr t = ts[static_cast<size_t>(i)];
+    ys[static_cast<size_t>(i)] = dsl::cond(dsl::sum(ys[static_cast<size_t>(i)]) > -100.0,
+                                           i == 0 ? std::function<Expr()>([=] { return t * 3.0; })
+                                                  : std::function<Expr()>([=] { return dsl::sigmoid(t); }),
+                                           [=] { return t; });
+  }
+  g.forward(ys);
+  CHECK(at::allclose(ys[0].value(), at::tanh(data({3}, 0)) * 3.0));
+  CHECK(at::allclose(ys[1].value(), at::sigmoid(at::tanh(data({3}, 1)))));
+  for (int i = 2; i < 4; ++i) CHECK(at::allclose(ys[static_cast<size_t>(i)].value(), at::tanh(data({3}, i)) * 2.0));
+}
