@@ -336,7 +336,7 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
   check_output(plan.nodes[b.nodes_begin], b, out);
   if (b.shared) out = out.select(0, 0);
   SHEAF_ASSERT(s_.batch_out.size() == b.out, "batch output slot mismatch");
-  s_.push_batch(std::move(out), 0);
+  s_.push_batch(std::move(out), b.rows > 0 ? b.rows : b.n);
 }
 
 // A batch of function calls runs the body's steps once for all of them. On
@@ -379,7 +379,7 @@ void Executor::launch_call(const Plan& plan, const PlannedBatch& b) {
                " outputs got ", results.size(), " results");
   for (uint32_t k = 0; k < b.outputs; ++k) {
     check_output(plan.nodes[b.nodes_begin + k * b.n], b, results[k]);
-    s_.push_batch(b.shared ? results[k].select(0, 0) : std::move(results[k]), 0);
+    s_.push_batch(b.shared ? results[k].select(0, 0) : std::move(results[k]), b.n);
   }
   ++counters_.call_batches;
 }

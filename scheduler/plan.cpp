@@ -190,6 +190,7 @@ class Planner {
  public:
   Planner(NodeStore& s, Plan& p, const Fuser* fuser)
       : s_(s), p_(p), fuser_(fuser), base_(static_cast<uint32_t>(s.batch_out.size())) {
+    SHEAF_ASSERT(s.batch_rows.size() == s.batch_out.size(), "batch values appended without NodeStore::push_batch");
     rows_.clear();
   }
 

@@ -93,7 +93,8 @@ struct NodeStore {
 
   // Values: one tensor per executed batch; node values are rows of these. A
   // tensor may be left undefined until read (backend/lazy.h): batch_rows says
-  // how many rows it has all the same.
+  // how many rows it has all the same (the size of its first axis when defined;
+  // `unmade_rows` otherwise).
   std::vector<at::Tensor> batch_out;
   std::vector<uint32_t> batch_rows;
   void push_batch(at::Tensor t, int64_t unmade_rows) {

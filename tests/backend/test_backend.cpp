@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 
+#include <sheaf/engine/engine.h>
 #include <sheaf/ops/matvec.h>
 #include <sheaf/ops/weight_grad.h>
 
@@ -646,7 +647,7 @@ TEST_CASE("Prefetcher: each batch's values and gradients as one graph per batch 
 // branch recorded later reads two of its rows, by two different ops, in one
 // round. The plan splits the batch into pieces for those reads: it needs the
 // batch's row count while the value is still unmade (backend/lazy.h).
-TEST_CASE("A later round reads parts of a value a fused kernel kept inside", "[backend][fusion][control]") {
+TEST_CASE("a later round reads parts of a value a fused kernel kept inside", "[backend][fusion][control]") {
   Graph g;
   std::vector<Expr> ts, ys;
   for (int i = 0; i < 4; ++i) {
@@ -663,6 +664,9 @@ TEST_CASE("A later round reads parts of a value a fused kernel kept inside", "[b
                                            [=] { return t; });
   }
   g.forward(ys);
+  // The branches' round read two parts of the kept-inside value: one split.
+  REQUIRE(sheaf::detail::engine_of(g).last_plan() != nullptr);
+  CHECK(sheaf::detail::engine_of(g).last_plan()->splits.size() == 1);
   CHECK(at::allclose(ys[0].value(), at::tanh(data({3}, 0)) * 3.0));
   CHECK(at::allclose(ys[1].value(), at::sigmoid(at::tanh(data({3}, 1)))));
   for (int i = 2; i < 4; ++i) CHECK(at::allclose(ys[static_cast<size_t>(i)].value(), at::tanh(data({3}, i)) * 2.0));
