@@ -151,7 +151,6 @@ void sort_rows(std::vector<RowKey>& v, SortScratch& x) {
 // A slice batch reading a whole batch in place: (source, axis) is its key;
 // source | kGatheredSource: the gathered input of batch `source` instead.
 constexpr uint32_t kGatheredSource = 0x80000000u;
-// A slice batch reading a whole batch in place: (source, axis) is its key.
 struct SliceRead {
   uint32_t source;
   int64_t axis, begin, end;  // axis: the source tensor's
