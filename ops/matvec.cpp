@@ -150,6 +150,9 @@ at::Tensor batched_matvec(const at::Tensor& A, const at::Tensor& x) {
   if (!A.device().is_cpu() || A.scalar_type() != at::kFloat || x.scalar_type() != at::kFloat)
     return at::bmm(A, x.unsqueeze(2)).squeeze(2);
   RECORD_FUNCTION("sheaf::matvec", std::vector<c10::IValue>());
+  // The loops index both by example: a mismatch would read past x.
+  SHEAF_ASSERT(A.dim() == 3 && x.dim() == 2 && A.size(0) == x.size(0) && A.size(2) == x.size(1),
+               "batched_matvec of ", A.sizes(), " and ", x.sizes());
   const at::Tensor a = A.contiguous(), xv = x.contiguous();
   const bool track = grad_wanted(A, x);
   at::Tensor y;

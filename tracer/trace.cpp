@@ -100,10 +100,14 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
       key[len++] = op;
       key[len++] = index_payload ? 0 : payload;
       key[len++] = static_cast<int64_t>(args.size()) << 1 | is_shared;
-      // (Whether a per-example argument is packed decides whether this node packs: Trace::by_rows.)
-      for (size_t i = 0; i < args.size(); ++i)
+      // (Whether a per-example argument is packed, or a placeholder that may
+      // become packed, decides whether this node packs: Trace::by_rows.)
+      for (size_t i = 0; i < args.size(); ++i) {
+        const uint8_t f = s_.flags[s_.resolve(args[i])];
         key[len++] = shared[i] ? (int64_t{1} << 40) | s_.resolve(args[i])
-                               : s_.shape[args[i]] | (s_.has(s_.resolve(args[i]), NodeStore::kRowwise) ? int64_t{1} << 41 : 0);
+                               : s_.shape[args[i]] | ((f & NodeStore::kRowwise) ? int64_t{1} << 41 : 0) |
+                                     ((f & NodeStore::kPlaceholder) ? int64_t{1} << 42 : 0);
+      }
       for (int64_t a : attrs) key[len++] = a;
       for (const LastRecord& w : ways) {
         bool same = w.len == len && (!index_payload || (payload >= 0 && payload < w.bound));
@@ -357,7 +361,9 @@ int Trace::by_rows(NodeId n, const OpTraits& traits) const {
       aligned = true;
       packed_vector = packed_vector || (rank == 1 && s_.has(r, NodeStore::kRowwise));
     } else if (a.rank() == rank - 1) {
-      if (s_.has(r, NodeStore::kRowwise)) return 0;  // packed itself: its rows are not one row to repeat
+      // Packed itself: its rows are not one row to repeat. A cond's or loop's
+      // result not resolved yet may become such a value: not packed either.
+      if (s_.has(r, NodeStore::kRowwise) || s_.has(r, NodeStore::kPlaceholder)) return 0;
       for (int d = 0; d < a.rank(); ++d)
         if (a[d] != (*rows_of)[d + 1]) return 0;
     } else {

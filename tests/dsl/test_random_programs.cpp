@@ -4,6 +4,7 @@
 // and every parameter gradient, under every strategy, fused and unfused.
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 
@@ -200,6 +201,7 @@ Expr dataflow_program(Graph& g, const Params& p, uint64_t seed, int example) {
 
 // How many programs a test runs: `full`, or SHEAF_RANDOM_PROGRAMS percent of it
 // (the sanitizer run uses fewer: everything is ~10x slower there).
+// SHEAF_RANDOM_ONLY=k runs program k alone (to replay a failure).
 int programs(int full) {
   const char* pct = std::getenv("SHEAF_RANDOM_PROGRAMS");
   return pct ? std::max(1, full * std::atoi(pct) / 100) : full;
@@ -213,6 +215,7 @@ size_t check_programs(int n, int first, int spread, uint64_t offset, Check check
   const uint64_t base = Catch::rngSeed();
   size_t compared = 0;
   for (int prog = 0; prog < n; ++prog) {
+    if (const char* only = std::getenv("SHEAF_RANDOM_ONLY"); only && prog != std::atoi(only)) continue;
     const int examples = first + prog % spread;
     const uint64_t seed = base * 7919 + offset + static_cast<uint64_t>(prog);
     // Before the check: a program that throws or crashes is named too.
@@ -241,7 +244,10 @@ TEST_CASE("random programs: batched equals alone, every strategy, fused and unfu
 TEST_CASE("random programs with control flow: cond, loop and coroutines", "[dsl][property][checker][control]") {
   const Params p;
   const int n = programs(400);
-  const size_t compared = check_programs(n, 1, 7, 100000, [&](int, uint64_t seed, int examples) {
+  // SHEAF_RANDOM_EXAMPLES=first,spread: programs on first .. first + spread - 1 examples (default 1,7).
+  int first = 1, spread = 7;
+  if (const char* e = std::getenv("SHEAF_RANDOM_EXAMPLES")) std::sscanf(e, "%d,%d", &first, &spread);
+  const size_t compared = check_programs(n, first, spread, 100000, [&](int, uint64_t seed, int examples) {
     return check_batched(
         examples, TaskProgram([&](Graph& g, int i) { return random_program(g, p, seed, i, true); }), {.params = p.all()});
   });
@@ -302,4 +308,16 @@ TEST_CASE("random programs over matrices of different lengths: packed batches eq
     packed += g.plan_str().find("packed") != std::string::npos;
   }
   CHECK(packed >= 10);
+}
+
+// Found by running the control set on 6-15 examples (SHEAF_RANDOM_EXAMPLES=6,10,
+// --rng-seed 1, program 346): a matmul of a per-example matrix and a cond's
+// result, recorded while the cond was unresolved, packed by the matrix's rows
+// with the vector to be repeated on each row; the cond then resolved to a
+// packed vector (its elements rows of their batch), which the plan read as
+// those rows: the matvec read past its input. Such a node is not packed now.
+TEST_CASE("random programs: a cond's result that becomes a packed vector, read by a packed matmul", "[dsl][control][ragged]") {
+  const Params p;
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(
+      12, TaskProgram([&](Graph& g, int i) { return random_program(g, p, 108265, i, true); }), {.params = p.all()}));
 }
