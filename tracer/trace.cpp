@@ -103,8 +103,9 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
       // (Whether a per-example argument is packed, or a placeholder that may
       // become packed, decides whether this node packs: Trace::by_rows.)
       for (size_t i = 0; i < args.size(); ++i) {
-        const uint8_t f = s_.flags[s_.resolve(args[i])];
-        key[len++] = shared[i] ? (int64_t{1} << 40) | s_.resolve(args[i])
+        const NodeId r = s_.resolve(args[i]);
+        const uint8_t f = s_.flags[r];
+        key[len++] = shared[i] ? (int64_t{1} << 40) | r
                                : s_.shape[args[i]] | ((f & NodeStore::kRowwise) ? int64_t{1} << 41 : 0) |
                                      ((f & NodeStore::kPlaceholder) ? int64_t{1} << 42 : 0);
       }

@@ -241,17 +241,27 @@ TEST_CASE("random programs: batched equals alone, every strategy, fused and unfu
   CHECK(compared > static_cast<size_t>(30 * n));
 }
 
-TEST_CASE("random programs with control flow: cond, loop and coroutines", "[dsl][property][checker][control]") {
+// Control-flow programs on first .. first + spread - 1 examples;
+// SHEAF_RANDOM_EXAMPLES=first,spread overrides the range (to replay or widen).
+static size_t check_control_programs(int n, int first, int spread, uint64_t offset) {
   const Params p;
-  const int n = programs(400);
-  // SHEAF_RANDOM_EXAMPLES=first,spread: programs on first .. first + spread - 1 examples (default 1,7).
-  int first = 1, spread = 7;
   if (const char* e = std::getenv("SHEAF_RANDOM_EXAMPLES")) std::sscanf(e, "%d,%d", &first, &spread);
-  const size_t compared = check_programs(n, first, spread, 100000, [&](int, uint64_t seed, int examples) {
+  return check_programs(n, first, spread, offset, [&](int, uint64_t seed, int examples) {
     return check_batched(
         examples, TaskProgram([&](Graph& g, int i) { return random_program(g, p, seed, i, true); }), {.params = p.all()});
   });
-  CHECK(compared > static_cast<size_t>(20 * n));
+}
+
+TEST_CASE("random programs with control flow: cond, loop and coroutines", "[dsl][property][checker][control]") {
+  const int n = programs(400);
+  CHECK(check_control_programs(n, 1, 7, 100000) > static_cast<size_t>(20 * n));
+}
+
+// Wider batches reach paths few examples do not: a cond's result that becomes a
+// packed vector (the heap corruption below went unseen on 1-7 examples).
+TEST_CASE("random programs with control flow on 6-15 examples", "[dsl][property][checker][control]") {
+  const int n = programs(120);
+  CHECK(check_control_programs(n, 6, 10, 500000) > static_cast<size_t>(20 * n));
 }
 
 TEST_CASE("random programs: lazy never takes more launches than depth, auto runs the cheaper candidate",
