@@ -1,5 +1,7 @@
 #include "plan.h"
 
+#include "row_sort.h"
+
 #include <algorithm>
 #include <array>
 #include <span>
@@ -19,134 +21,6 @@ struct RowRef {
   uint32_t batch, row;
   bool flatten = false;  // a row of a row: Read::flatten
 };
-
-// A row's place in its batch: rows sort by (first, then, id); see order_rows.
-struct RowKey {
-  uint64_t first;  // first reader << 32 | ~height
-  uint64_t then;   // where the first per-example input lives
-  uint32_t id;     // node or region
-  bool operator<(const RowKey& o) const {
-    const auto a = (static_cast<unsigned __int128>(first) << 64) | then;
-    const auto b = (static_cast<unsigned __int128>(o.first) << 64) | o.then;
-    return a < b || (a == b && id < o.id);
-  }
-};
-uint64_t first_key(uint32_t reader, uint32_t height) { return (uint64_t{reader} << 32) | ~height; }
-
-struct SortScratch {
-  std::vector<RowKey> rows;
-  std::vector<uint64_t> words, words_tmp;
-};
-
-// LSD radix sort of 64-bit words by their bits [lo, lo + bits); stable, so
-// lower bits keep the order they came in. As few passes as digits of 8 bits
-// allow (the bits shared evenly between them), or of up to 11 where that
-// saves a pass and the rows outnumber the buckets.
-void radix_words(std::vector<uint64_t>& v, std::vector<uint64_t>& tmp, int lo, int bits) {
-  int passes = (bits + 7) / 8;
-  if (passes > 1 && v.size() >= 2048) passes = std::min(passes, (bits + 10) / 11);
-  const int digit = passes == 0 ? 0 : (bits + passes - 1) / passes;
-  const uint64_t mask = (uint64_t{1} << digit) - 1;
-  tmp.resize(v.size());
-  std::array<uint32_t, 2049> count;
-  for (int shift = lo; shift < lo + bits; shift += digit) {
-    std::fill(count.begin(), count.begin() + static_cast<std::ptrdiff_t>(mask) + 2, 0);
-    for (uint64_t k : v) ++count[((k >> shift) & mask) + 1];
-    for (uint64_t b = 0; b <= mask; ++b) count[b + 1] += count[b];
-    for (uint64_t k : v) tmp[count[(k >> shift) & mask]++] = k;
-    v.swap(tmp);
-  }
-}
-
-// Rows sorted by (first, then): each run that ties (tied(i): row i ties with
-// row i - 1) sorted by id. Rows rarely tie (two rows fed by one value).
-template <class Tied>
-void sort_ties(std::vector<RowKey>& v, Tied tied) {
-  for (size_t i = 1, j; i < v.size(); i = j + 1) {
-    if (!tied(i)) {
-      j = i;
-      continue;
-    }
-    for (j = i + 1; j < v.size() && tied(j);) ++j;
-    std::sort(v.begin() + static_cast<std::ptrdiff_t>(i - 1), v.begin() + static_cast<std::ptrdiff_t>(j),
-              [](const RowKey& a, const RowKey& b) { return a.id < b.id; });
-  }
-}
-
-// Sorts rows by (first, then, id). Big batches (a loss over every tree node:
-// thousands of rows) take a radix sort, linear where a comparison sort was a
-// fifth of all host work. The four 32-bit halves of (first, then) span few
-// values in a batch (readers and heights of one round, rows of a few
-// batches): less their least, they usually fit together in 32 bits, above
-// each row's position, so that one 8-byte word per row is sorted by those
-// bits alone (radix_words). Otherwise, bytes of the 24-byte keys that differ
-// between rows, then ties by id.
-void sort_rows(std::vector<RowKey>& v, SortScratch& x) {
-  const size_t n = v.size();
-  bool sorted = true;
-  for (size_t i = 1; i < n && sorted; ++i) sorted = !(v[i] < v[i - 1]);
-  if (sorted) return;
-  if (n < 16) return std::sort(v.begin(), v.end());
-  auto half = [](const RowKey& k, int f) -> uint32_t {
-    const uint64_t w = f < 2 ? k.first : k.then;
-    return static_cast<uint32_t>(f % 2 == 0 ? w >> 32 : w);
-  };
-  uint32_t least[4], most[4];
-  for (int f = 0; f < 4; ++f) least[f] = most[f] = half(v[0], f);
-  bool ascending = true;  // ids in position order: ties need no pass of their own
-  for (size_t i = 0; i < n; ++i) {
-    for (int f = 0; f < 4; ++f) {
-      least[f] = std::min(least[f], half(v[i], f));
-      most[f] = std::max(most[f], half(v[i], f));
-    }
-    ascending = ascending && (i == 0 || v[i].id > v[i - 1].id);
-  }
-  int width[4], total = 0;
-  for (int f = 0; f < 4; ++f) {
-    const uint32_t span = most[f] - least[f];
-    width[f] = span == 0 ? 0 : 32 - __builtin_clz(span);
-    total += width[f];
-  }
-  if (total <= 32) {
-    std::vector<uint64_t>& w = x.words;
-    w.resize(n);
-    for (size_t i = 0; i < n; ++i) {
-      uint64_t key = 0;
-      for (int f = 0; f < 4; ++f) key = (key << width[f]) | (half(v[i], f) - least[f]);
-      w[i] = key << 32 | i;
-    }
-    // Under 128 rows a comparison sort of the words beats the passes' counts
-    // (a cond-heavy net's rounds: dozens of rows a batch); the positions
-    // below the keys make it as stable as the radix sort.
-    if (n < 128) std::sort(w.begin(), w.end());
-    else radix_words(w, x.words_tmp, 32, total);
-    x.rows.resize(n);
-    for (size_t i = 0; i < n; ++i) x.rows[i] = v[static_cast<uint32_t>(w[i])];
-    v.swap(x.rows);
-    if (!ascending) sort_ties(v, [&](size_t i) { return (w[i] >> 32) == (w[i - 1] >> 32); });
-    return;
-  }
-  if (n < 128) return std::sort(v.begin(), v.end());
-  uint64_t differ[2] = {0, 0};  // then, first: the bits that are not the same in every row
-  for (const RowKey& k : v) {
-    differ[0] |= k.then ^ v[0].then;
-    differ[1] |= k.first ^ v[0].first;
-  }
-  std::vector<RowKey>& tmp = x.rows;
-  tmp.resize(n);
-  std::array<uint32_t, 257> count;
-  for (int w = 0; w < 2; ++w)
-    for (int shift = 0; shift < 64; shift += 8) {
-      if (((differ[w] >> shift) & 0xFF) == 0) continue;
-      auto digit = [&](const RowKey& k) { return ((w == 0 ? k.then : k.first) >> shift) & 0xFF; };
-      count.fill(0);
-      for (const RowKey& k : v) ++count[digit(k) + 1];
-      for (size_t b = 0; b < 256; ++b) count[b + 1] += count[b];
-      for (const RowKey& k : v) tmp[count[digit(k)]++] = k;
-      v.swap(tmp);
-    }
-  sort_ties(v, [&](size_t i) { return v[i].first == v[i - 1].first && v[i].then == v[i - 1].then; });
-}
 
 // A slice batch reading a whole batch in place: (source, axis) is its key;
 // source | kGatheredSource: the gathered input of batch `source` instead.

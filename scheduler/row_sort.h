@@ -1,0 +1,33 @@
+#pragma once
+// The planner's row order (scheduler/plan.cpp, order_rows): rows sorted by a
+// 24-byte key. Its own file so that the sort is tested alone against
+// std::sort, on every path (few rows, keys that fit 32 bits, keys that do not).
+
+#include <cstdint>
+#include <vector>
+
+namespace sheaf {
+
+// A row's place in its batch: rows sort by (first, then, id); see order_rows.
+struct RowKey {
+  uint64_t first;  // first reader << 32 | ~height
+  uint64_t then;   // where the first per-example input lives
+  uint32_t id;     // node or region
+  bool operator<(const RowKey& o) const {
+    const auto a = (static_cast<unsigned __int128>(first) << 64) | then;
+    const auto b = (static_cast<unsigned __int128>(o.first) << 64) | o.then;
+    return a < b || (a == b && id < o.id);
+  }
+};
+inline uint64_t first_key(uint32_t reader, uint32_t height) { return (uint64_t{reader} << 32) | ~height; }
+
+// Buffers kept between sorts (a plan sorts every batch of every round).
+struct SortScratch {
+  std::vector<RowKey> rows;
+  std::vector<uint64_t> words, words_tmp;
+};
+
+// Sorts rows by (first, then, id), as std::sort with RowKey's < would.
+void sort_rows(std::vector<RowKey>& v, SortScratch& x);
+
+}  // namespace sheaf

@@ -1,0 +1,102 @@
+// The planner's row sort against std::sort, on each of its paths: few rows
+// (a comparison sort), keys whose spread fits 32 bits (one word per row,
+// radix passes of 8 or 11 bits), keys that do not (byte passes over the
+// 24-byte keys), with and without ties broken by id.
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <sheaf/scheduler/row_sort.h>
+
+using namespace sheaf;
+
+namespace {
+
+// Bits the four 32-bit halves of (first, then) need between their least and
+// most values: the sort packs them into one word when this is <= 32.
+int spread_bits(const std::vector<RowKey>& v) {
+  int total = 0;
+  for (int f = 0; f < 4; ++f) {
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (const RowKey& k : v) {
+      const uint64_t w = f < 2 ? k.first : k.then;
+      const auto h = static_cast<uint32_t>(f % 2 == 0 ? w >> 32 : w);
+      lo = std::min(lo, h);
+      hi = std::max(hi, h);
+    }
+    total += hi == lo ? 0 : 32 - __builtin_clz(hi - lo);
+  }
+  return total;
+}
+
+enum class Keys { kNarrow, kNarrowTies, kWide, kWideTies };
+
+std::vector<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64& rng) {
+  std::vector<RowKey> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    RowKey& k = v[i];
+    k.id = static_cast<uint32_t>(i * 3 + 7);
+    switch (kind) {
+      case Keys::kNarrow:  // a round's readers and heights, rows of a few batches
+        k.first = first_key(static_cast<uint32_t>(rng() % 3), static_cast<uint32_t>(rng() % 40));
+        k.then = (uint64_t{100 + rng() % 4} << 32) | (i * 7919 % (n + 1));
+        break;
+      case Keys::kNarrowTies:  // two rows fed by one value: equal keys, ordered by id
+        k.first = first_key(0, static_cast<uint32_t>(rng() % 5));
+        k.then = (uint64_t{7} << 32) | (rng() % 8);
+        break;
+      case Keys::kWide:
+        k.first = rng();
+        k.then = rng();
+        break;
+      case Keys::kWideTies:  // wide keys in a few groups of equal keys
+        k.first = (rng() % 4) * 0x9E3779B97F4A7C15ull;
+        k.then = (rng() % 3) * 0xC2B2AE3D27D4EB4Full;
+        break;
+    }
+  }
+  if (shuffled_ids) {
+    std::vector<uint32_t> ids;
+    for (const RowKey& k : v) ids.push_back(k.id);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (size_t i = 0; i < n; ++i) v[i].id = ids[i];
+  }
+  return v;
+}
+
+bool same(const std::vector<RowKey>& a, const std::vector<RowKey>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].first != b[i].first || a[i].then != b[i].then || a[i].id != b[i].id) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("row sort: the same order as std::sort on every path", "[scheduler][planner][sort]") {
+  std::mt19937_64 rng(11);
+  SortScratch scratch;  // reused, as the planner does
+  for (const size_t n : {size_t{0}, size_t{1}, size_t{5}, size_t{15}, size_t{16}, size_t{100}, size_t{127},
+                         size_t{128}, size_t{700}, size_t{2047}, size_t{2048}, size_t{6000}})
+    for (const Keys kind : {Keys::kNarrow, Keys::kNarrowTies, Keys::kWide, Keys::kWideTies})
+      for (const bool shuffled_ids : {false, true}) {
+        std::vector<RowKey> v = make_keys(n, kind, shuffled_ids, rng);
+        if (n >= 16) {
+          const bool narrow = kind == Keys::kNarrow || kind == Keys::kNarrowTies;
+          INFO("spread " << spread_bits(v) << " bits");
+          CHECK((spread_bits(v) <= 32) == narrow);  // the path this case means to take
+        }
+        std::vector<RowKey> want = v;
+        std::sort(want.begin(), want.end());
+        INFO(n << " rows, keys " << static_cast<int>(kind) << (shuffled_ids ? ", ids shuffled" : ""));
+        sort_rows(v, scratch);
+        CHECK(same(v, want));
+        sort_rows(v, scratch);  // sorted already: stays
+        CHECK(same(v, want));
+        std::reverse(v.begin(), v.end());
+        sort_rows(v, scratch);
+        CHECK(same(v, want));
+      }
+}
