@@ -232,7 +232,7 @@ std::vector<at::Tensor> FunctionBody::run(const LaunchArgs& a, std::span<const F
       // A call whose arguments are all shared runs once, its arguments as [1, ...].
       regs[v] = x.defined() && s.has(v, NodeStore::kShared) && !a.shared[static_cast<size_t>(i)] ? x.select(0, 0) : x;
     } else if (s.has(v, NodeStore::kComputed)) {
-      regs[v] = s.batch_out[s.value_batch[v]];  // a parameter: the tensor itself
+      regs[v] = s.batch_out[s.value_at[v].batch];  // a parameter: the tensor itself
     }
   }
   for (const Step& step : steps_) {

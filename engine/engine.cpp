@@ -253,8 +253,7 @@ void Engine::finish_aliases() {
   for (NodeId p : scheduler_.aliases()) {
     const NodeId r = s.resolve(p);
     SHEAF_ASSERT(s.has(r, NodeStore::kComputed), "alias target %", r, " of %", p, " not computed");
-    s.value_batch[p] = s.value_batch[r];
-    s.value_row[p] = s.value_row[r];
+    s.value_at[p] = s.value_at[r];
     s.flags[p] |= static_cast<uint8_t>(NodeStore::kComputed | (s.flags[r] & NodeStore::kPacked));
     note_computed(p);
   }
@@ -273,8 +272,8 @@ at::Tensor Engine::value(NodeId n, Loc loc) {
     throw_user_at(loc, "value() of a node that has not been computed (op '", op_info(s.op[n]).name, "' recorded at ",
                   format_loc(s.loc[n]), ")", hint);
   }
-  const at::Tensor& t = lazy_.get(s, s.value_batch[r]);
-  const uint32_t row = s.value_row[r];
+  const at::Tensor& t = lazy_.get(s, s.value_at[r].batch);
+  const uint32_t row = s.value_at[r].row;
   if (s.has(r, NodeStore::kPacked)) return t.narrow(0, row, s.shape_of(r)[0]);  // its rows of a packed batch
   return row == kWholeRow ? t : t.select(0, row);
 }
@@ -600,7 +599,7 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
     std::vector<std::pair<uint32_t, size_t>> seen;  // batch -> its contiguous tensor in fetched_
     for (size_t i = 0; i < nodes.size(); ++i) {
       const NodeId r = s.resolve(nodes[i]);
-      const uint32_t b = s.value_batch[r];
+      const uint32_t b = s.value_at[r].batch;
       size_t slot = fetched_.size();
       for (const auto& [batch, k] : seen)
         if (batch == b) slot = k;
@@ -612,7 +611,7 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
         seen.emplace_back(b, slot);
       }
       const Shape shape = s.shape_of(r);
-      const uint32_t row = s.value_row[r];
+      const uint32_t row = s.value_at[r].row;
       // A packed value starts at row `row` of rows of its shape less the first axis.
       const int64_t per_row = s.has(r, NodeStore::kPacked) ? shape.numel() / std::max<int64_t>(shape[0], 1) : shape.numel();
       host[i] = HostValue{fetched_[slot].data_ptr<float>() + (row == kWholeRow ? 0 : row * per_row), shape,
@@ -621,7 +620,7 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
     return host;
   }
   std::vector<std::pair<uint32_t, size_t>> by_batch;  // (batch, position in nodes)
-  for (size_t i = 0; i < nodes.size(); ++i) by_batch.emplace_back(s.value_batch[s.resolve(nodes[i])], i);
+  for (size_t i = 0; i < nodes.size(); ++i) by_batch.emplace_back(s.value_at[s.resolve(nodes[i])].batch, i);
   std::stable_sort(by_batch.begin(), by_batch.end());
   std::vector<at::Tensor> flat;
   std::vector<size_t> order;
@@ -632,9 +631,9 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
     for (; j < by_batch.size() && by_batch[j].first == b; ++j) {
       const NodeId r = s.resolve(nodes[by_batch[j].second]);
       if (s.has(r, NodeStore::kPacked)) {  // its rows of a packed batch
-        for (int64_t q = 0; q < s.shape_of(r)[0]; ++q) rows.push_back(s.value_row[r] + q);
+        for (int64_t q = 0; q < s.shape_of(r)[0]; ++q) rows.push_back(s.value_at[r].row + q);
       } else {
-        rows.push_back(s.value_row[r] == kWholeRow ? -1 : s.value_row[r]);
+        rows.push_back(s.value_at[r].row == kWholeRow ? -1 : s.value_at[r].row);
       }
       order.push_back(by_batch[j].second);
     }

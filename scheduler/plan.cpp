@@ -156,7 +156,7 @@ class Planner {
       bool fed = false;
       for (NodeId in : fuser_->inputs(r))
         if (!s_.has(in, NodeStore::kShared)) {
-          key = (uint64_t{s_.value_batch[in]} << 32) | s_.value_row[in];
+          key = (uint64_t{s_.value_at[in].batch} << 32) | s_.value_at[in].row;
           fed = true;
           break;
         }
@@ -178,8 +178,7 @@ class Planner {
       for (uint32_t k = 0; k < b.outputs; ++k) {
         const NodeId node = members[k];
         at[size_t{k} * b.n + i] = node;
-        s_.value_batch[node] = b.out + k;
-        s_.value_row[node] = packed ? row : i;
+        s_.value_at[node] = {b.out + k, packed ? row : i};
         if (packed) s_.flags[node] |= NodeStore::kPacked;
       }
       row += packed ? length_of(members[0]) : 1;
@@ -201,7 +200,7 @@ class Planner {
     for (uint32_t e = 0; e < b.arity; ++e) {
       const NodeId in0 = fuser_->inputs(first)[e];
       if (s_.has(in0, NodeStore::kShared)) {  // the pattern makes it the same node for all rows
-        const uint32_t r = read(Read{s_.value_batch[in0], kWholeRow, 1});
+        const uint32_t r = read(Read{s_.value_at[in0].batch, kWholeRow, 1});
         p_.args.push_back(BatchArg{BatchArg::kShared, r, r + 1});
         continue;
       }
@@ -421,7 +420,7 @@ class Planner {
       for (NodeId arg : s_.args_of(node)) {
         const NodeId a = s_.resolve(arg);
         if (s_.has(a, NodeStore::kShared)) continue;
-        key = (uint64_t{s_.value_batch[a]} << 32) | s_.value_row[a];
+        key = (uint64_t{s_.value_at[a].batch} << 32) | s_.value_at[a].row;
         fed = true;
         break;
       }
@@ -450,8 +449,7 @@ class Planner {
     for (uint32_t i = 0; i < b.n; ++i) {
       const NodeId node = order_[i].id;
       p_.nodes.push_back(node);
-      s_.value_batch[node] = b.out;
-      s_.value_row[node] = b.shared ? kWholeRow : packed ? at : i;
+      s_.value_at[node] = {b.out, b.shared ? kWholeRow : packed ? at : i};
       if (packed) {
         s_.flags[node] |= NodeStore::kPacked;
         at += length_of(node);
@@ -472,8 +470,7 @@ class Planner {
         SHEAF_ASSERT(node < s_.size() && s_.op[node] == code_of<op::CallResult> && s_.args_of(node)[0] == call,
                      "result ", k, " of call %", call, " is not recorded right after it");
         p_.nodes.push_back(node);
-        s_.value_batch[node] = b.out + k;
-        s_.value_row[node] = b.shared ? kWholeRow : i;
+        s_.value_at[node] = {b.out + k, b.shared ? kWholeRow : i};
       }
       rows_.push_back(b.shared ? 0 : b.n);
     }
@@ -536,7 +533,7 @@ class Planner {
     for (uint32_t k = 0; k < b.arity; ++k) {
       const NodeId a0 = s_.resolve(s_.args_of(first)[k]);
       if (s_.has(a0, NodeStore::kShared)) {  // the signature makes it the same node for all rows
-        const uint32_t r = read(Read{s_.value_batch[a0], kWholeRow, 1});
+        const uint32_t r = read(Read{s_.value_at[a0].batch, kWholeRow, 1});
         p_.args.push_back(BatchArg{BatchArg::kShared, r, r + 1});
         continue;
       }
@@ -605,7 +602,7 @@ class Planner {
       for (; i < src_nodes_.size(); ++i) {
         const NodeId r = s_.resolve(src_nodes_[i]);
         if (s_.has(r, NodeStore::kPacked)) break;
-        const RowRef at{s_.value_batch[r], s_.value_row[r]};
+        const RowRef at{s_.value_at[r].batch, s_.value_at[r].row};
         whole = whole || at.row == kWholeRow;
         if (i > 0)
           contiguous = contiguous && at.batch == sources_[0].batch && at.row == sources_[0].row + i &&
@@ -650,9 +647,9 @@ class Planner {
       const NodeId r = s_.resolve(a);
       if (!s_.has(r, NodeStore::kPacked)) return false;
       if (batch == kNone32) {
-        batch = s_.value_batch[r];
-        first = next = s_.value_row[r];
-      } else if (s_.value_batch[r] != batch || s_.value_row[r] != next) {
+        batch = s_.value_at[r].batch;
+        first = next = s_.value_at[r].row;
+      } else if (s_.value_at[r].batch != batch || s_.value_at[r].row != next) {
         return false;
       }
       next += length_of(r);
@@ -665,7 +662,7 @@ class Planner {
   uint32_t length_of(NodeId n) const { return static_cast<uint32_t>(s_.shape_of(n)[0]); }
   RowRef row_of(NodeId a) const {
     NodeId r = s_.resolve(a);
-    return {s_.value_batch[r], s_.value_row[r]};
+    return {s_.value_at[r].batch, s_.value_at[r].row};
   }
   uint32_t rows(uint32_t batch) const {
     return batch >= base_ ? rows_[batch - base_] : s_.batch_rows[batch];

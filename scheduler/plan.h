@@ -119,7 +119,7 @@ struct Plan {
 };
 
 // Orders the rows of every batch, assigns every node of the round its (batch,
-// row) (value_batch/value_row in the store) and plans every input. `plan` is
+// row) (value_at in the store) and plans every input. `plan` is
 // overwritten; its buffers are reused.
 // With fusion, `fuser` knows the round's regions (dag.region).
 void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, std::string_view strategy, Plan& plan,

@@ -47,8 +47,7 @@ void NodeStore::grow() {
   sig.resize(capacity_);
   flags.resize(capacity_);
   alias.resize(capacity_);
-  value_batch.resize(capacity_);
-  value_row.resize(capacity_);
+  value_at.resize(capacity_);
 }
 
 void NodeStore::clear() {

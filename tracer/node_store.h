@@ -70,7 +70,7 @@ struct NodeStore {
     kPlaceholder = 4,  // result of dsl::cond/loop; alias[] says what it became, once known
     kFailed = 8,       // its launch failed: never retried (what depends on it never runs)
     kRowwise = 16,     // its signature batches it by rows (OpTraits::rowwise): lengths may differ
-    kPacked = 32,      // its value is shape[0] rows of its batch from value_row (a packed batch)
+    kPacked = 32,      // its value is shape[0] rows of its batch from value_at's row (a packed batch)
     kRowReduce = 64,   // its signature batches it by its argument's rows (OpTraits::row_reduce)
   };
 
@@ -88,8 +88,13 @@ struct NodeStore {
   std::vector<SigId> sig;
   std::vector<uint8_t> flags;
   std::vector<NodeId> alias;            // placeholders: the node they resolved to, else kNoNode
-  std::vector<uint32_t> value_batch;    // where the value lives once computed
-  std::vector<uint32_t> value_row;
+  // Where the value lives once computed: row `row` of batch value `batch`
+  // (kWholeRow: the whole tensor). One column for both: whoever reads one
+  // reads the other, and the planner reads them for nodes scattered by id.
+  struct Place {
+    uint32_t batch, row;
+  };
+  std::vector<Place> value_at;
 
   // Values: one tensor per executed batch; node values are rows of these. A
   // tensor may be left undefined until read (backend/lazy.h): batch_rows says
@@ -127,8 +132,7 @@ struct NodeStore {
     sig[n] = kNoSig;
     flags[n] = fl;
     alias[n] = kNoNode;
-    value_batch[n] = 0;
-    value_row[n] = 0;
+    value_at[n] = Place{0, 0};
     ++size_;
     return n;
   }

@@ -209,8 +209,7 @@ NodeId Trace::param(const at::Tensor& w, std::source_location loc) {
   ready_.candidates().pop_back();
   s_.flags[n] |= NodeStore::kShared | NodeStore::kComputed;
   s_.example[n] = kSharedExample;
-  s_.value_batch[n] = static_cast<uint32_t>(s_.batch_out.size());
-  s_.value_row[n] = kWholeRow;
+  s_.value_at[n] = {static_cast<uint32_t>(s_.batch_out.size()), kWholeRow};
   s_.push_batch(w, 0);
   param_index_.find_or_insert(hash, static_cast<uint32_t>(params_.size()), same);
   params_.emplace_back(impl, n);

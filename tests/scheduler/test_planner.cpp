@@ -73,7 +73,7 @@ TEST_CASE("planner: rows follow their first argument, so a chain reads views", "
   REQUIRE(p.batches.size() == 2);
   const PlannedBatch& tanh = p.batches[1];
   CHECK(p.args[tanh.args_begin].kind == BatchArg::kView);
-  for (uint32_t i = 0; i < 4; ++i) CHECK(f.t.store().value_row[p.nodes[tanh.nodes_begin + i]] == i);
+  for (uint32_t i = 0; i < 4; ++i) CHECK(f.t.store().value_at[p.nodes[tanh.nodes_begin + i]].row == i);
   CHECK(p.nodes[tanh.nodes_begin] == ys[3]);  // example 0's tanh is row 0
 }
 
