@@ -3,7 +3,6 @@
 #include "row_sort.h"
 
 #include <algorithm>
-#include <array>
 #include <span>
 #include <tuple>
 #include <sstream>

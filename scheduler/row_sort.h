@@ -14,9 +14,9 @@ struct RowKey {
   uint64_t then;   // where the first per-example input lives
   uint32_t id;     // node or region
   bool operator<(const RowKey& o) const {
-    const auto a = (static_cast<unsigned __int128>(first) << 64) | then;
-    const auto b = (static_cast<unsigned __int128>(o.first) << 64) | o.then;
-    return a < b || (a == b && id < o.id);
+    if (first != o.first) return first < o.first;
+    if (then != o.then) return then < o.then;
+    return id < o.id;
   }
 };
 inline uint64_t first_key(uint32_t reader, uint32_t height) { return (uint64_t{reader} << 32) | ~height; }

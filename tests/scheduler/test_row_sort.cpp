@@ -6,9 +6,9 @@
 #include <random>
 #include <vector>
 
-#include <catch2/catch.hpp>
-
 #include <sheaf/scheduler/row_sort.h>
+
+#include "../support.h"
 
 using namespace sheaf;
 
@@ -31,7 +31,7 @@ int spread_bits(const std::vector<RowKey>& v) {
   return total;
 }
 
-enum class Keys { kNarrow, kNarrowTies, kWide, kWideTies };
+enum class Keys { kNarrow, kNarrowTies, kWide, kWideTies, kSpread32, kSpread33 };
 
 std::vector<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64& rng) {
   std::vector<RowKey> v(n);
@@ -54,6 +54,12 @@ std::vector<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt199
       case Keys::kWideTies:  // wide keys in a few groups of equal keys
         k.first = (rng() % 4) * 0x9E3779B97F4A7C15ull;
         k.then = (rng() % 3) * 0xC2B2AE3D27D4EB4Full;
+        break;
+      case Keys::kSpread32:  // the halves' spreads sum to 32 bits exactly (one word per row)
+      case Keys::kSpread33:  // one bit more (the byte-wise passes)
+        k.first = first_key(static_cast<uint32_t>(i % 2 == 0 ? 0 : 0xFF), 0);  // 8 bits
+        k.then = (uint64_t{i % 3 == 0 ? 0u : 0xFFFFu} << 32) |                    // 16 bits
+                 ((i % 5 == 0 ? 1 : kind == Keys::kSpread32 ? 0xFF : 0x1FF) - rng() % 2);  // 8 or 9
         break;
     }
   }
@@ -80,13 +86,16 @@ TEST_CASE("row sort: the same order as std::sort on every path", "[scheduler][pl
   SortScratch scratch;  // reused, as the planner does
   for (const size_t n : {size_t{0}, size_t{1}, size_t{5}, size_t{15}, size_t{16}, size_t{100}, size_t{127},
                          size_t{128}, size_t{700}, size_t{2047}, size_t{2048}, size_t{6000}})
-    for (const Keys kind : {Keys::kNarrow, Keys::kNarrowTies, Keys::kWide, Keys::kWideTies})
+    for (const Keys kind : {Keys::kNarrow, Keys::kNarrowTies, Keys::kWide, Keys::kWideTies, Keys::kSpread32,
+                            Keys::kSpread33})
       for (const bool shuffled_ids : {false, true}) {
         std::vector<RowKey> v = make_keys(n, kind, shuffled_ids, rng);
         if (n >= 16) {
-          const bool narrow = kind == Keys::kNarrow || kind == Keys::kNarrowTies;
+          const bool narrow = kind == Keys::kNarrow || kind == Keys::kNarrowTies || kind == Keys::kSpread32;
           INFO("spread " << spread_bits(v) << " bits");
           CHECK((spread_bits(v) <= 32) == narrow);  // the path this case means to take
+          if (kind == Keys::kSpread32) CHECK(spread_bits(v) == 32);
+          if (kind == Keys::kSpread33) CHECK(spread_bits(v) == 33);
         }
         std::vector<RowKey> want = v;
         std::sort(want.begin(), want.end());
