@@ -264,6 +264,8 @@ void Executor::run(const Plan& plan) {
   splits_.assign(plan.splits.size(), {});
   float_opts_ = at::TensorOptions().dtype(at::kFloat).device(config_.device);
   lap(nullptr);
+  for (NodeId n : plan.placed) s_.flags[n] |= NodeStore::kComputed;  // rows of their tables: nothing to launch
+  counters_.nodes += plan.placed.size();
   for (const PlannedBatch& b : plan.batches) {
     try {
       launch(plan, b);

@@ -222,6 +222,7 @@ void Engine::execute_round() {
     // The failed batch is marked failed (never retried); nodes that did not run
     // are looked at again next round, so the rest of the graph stays usable.
     NodeStore& s = trace_.store();
+    for (NodeId n : scheduler_.plan().placed) note_computed(n);
     bool first_uncomputed = true;
     for (const PlannedBatch& b : scheduler_.plan().batches) {
       if (s.has(scheduler_.plan().nodes[b.nodes_begin], NodeStore::kComputed)) {
@@ -242,8 +243,10 @@ void Engine::execute_round() {
   }
   stats_.execute_ms += ms_since(t0);
   ++stats_.rounds;
-  if (!watches_.empty())
+  if (!watches_.empty()) {
+    for (NodeId n : scheduler_.plan().placed) note_computed(n);
     for (NodeId n : scheduler_.plan().nodes) note_computed(n);
+  }
   finish_aliases();
 }
 
@@ -275,7 +278,12 @@ at::Tensor Engine::value(NodeId n, Loc loc) {
   const at::Tensor& t = lazy_.get(s, s.value_at[r].batch);
   const uint32_t row = s.value_at[r].row;
   if (s.has(r, NodeStore::kPacked)) return t.narrow(0, row, s.shape_of(r)[0]);  // its rows of a packed batch
-  return row == kWholeRow ? t : t.select(0, row);
+  if (row == kWholeRow) return t;
+  // A lookup read from its table (scheduler/plan.h's `placed`): a copy, not a
+  // view of the user's parameter, which an optimizer step would change.
+  if (s.op[r] == code_of<op::Lookup> && s.value_at[s.resolve(s.args_of(r)[0])].batch == s.value_at[r].batch)
+    return t.select(0, row).clone();
+  return t.select(0, row);
 }
 
 const Plan* Engine::last_plan() const {

@@ -7,6 +7,8 @@
 #include <tuple>
 #include <sstream>
 
+#include <c10/core/GradMode.h>
+
 #include <sheaf/ops/op.h>
 #include <sheaf/ops/op_list.h>
 #include <sheaf/tracer/trace.h>
@@ -97,6 +99,8 @@ class Planner {
   void add_batch(const RoundDag& dag, std::span<const uint32_t> locals) {
     if (dag.region[locals[0]] != kNone32) return add_fused_batch(dag, locals);
     const NodeId first = dag.node[locals[0]];
+    if (s_.op[first] == code_of<op::Lookup>)
+      if (const uint32_t table = table_batch(first); table != kNone32) return place_in_table(dag, locals, table);
     PlannedBatch b{};
     b.op = s_.op[first];
     b.shared = s_.has(first, NodeStore::kShared);
@@ -109,6 +113,29 @@ class Planner {
     b.payload = static_cast<int64_t>(p_.indices.size());
     for (NodeId node : nodes_of(b)) p_.indices.push_back(s_.payload[node]);
     p_.batches.push_back(b);
+  }
+
+  // A lookup's value is a row of its table as it is. Where no gradient goes
+  // back to the table (inference, or a frozen table), readers take that row
+  // from the table itself, gathered or in place as any row of a batch: no
+  // launch, and no copy of the rows that a gather then copies again. With a
+  // gradient, the lookup runs (a sparse gradient for the rows read, where
+  // reading the table itself would hand it a dense one). The batch of the
+  // table's value, or kNone32 where the lookup must run.
+  uint32_t table_batch(NodeId lookup) const {
+    if (s_.has(lookup, NodeStore::kShared)) return kNone32;  // a shared value is its batch's whole value
+    const NodeId t = s_.resolve(s_.args_of(lookup)[0]);
+    if (!s_.has(t, NodeStore::kComputed) || s_.value_at[t].row != kWholeRow) return kNone32;
+    const at::Tensor& table = s_.batch_out[s_.value_at[t].batch];
+    if (!table.defined() || (table.requires_grad() && c10::GradMode::is_enabled())) return kNone32;
+    return s_.value_at[t].batch;
+  }
+  void place_in_table(const RoundDag& dag, std::span<const uint32_t> locals, uint32_t table) {
+    for (uint32_t l : locals) {
+      const NodeId n = dag.node[l];
+      s_.value_at[n] = {table, static_cast<uint32_t>(s_.payload[n])};
+      p_.placed.push_back(n);
+    }
   }
 
   // Whether a fused batch's rows feed two or more batches of one non-fused op
@@ -834,6 +861,7 @@ void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, st
   plan.split_sizes.clear();
   plan.indices.clear();
   plan.keep.clear();
+  plan.placed.clear();
   plan.gathered_bytes = 0;
   plan.gathers = 0;
   plan.nodes.reserve(dag.size());
@@ -851,6 +879,8 @@ std::string Plan::str() const {
   std::ostringstream os;
   os << "plan (" << strategy << "): " << batches.size() << " batches, " << nodes.size() << " nodes, " << groups.size()
      << " gather groups, " << splits.size() << " splits\n";
+  if (!placed.empty())
+    os << "  " << placed.size() << " lookup(s) read from their tables, not launched\n";
   for (const PlannedBatch& b : batches) {
     os << "  b" << b.out;
     if (b.outputs > 1) os << "..b" << b.out + b.outputs - 1;

@@ -108,6 +108,9 @@ struct Plan {
   std::vector<int64_t> split_sizes;
   std::vector<int64_t> indices;  // gathers, payloads and segment ids for the whole round
   std::vector<uint8_t> keep;     // fused batches: per member, whether anything outside its region reads it
+  // Lookups whose value_at is a row of their table (no gradient goes to it):
+  // computed without a launch (Planner::table_batch).
+  std::vector<NodeId> placed;
   // Bytes of the rows that are not read as views (float rows): what the
   // round's gathers copy at most (a CPU fused kernel reads gathered rows in
   // place; splits serve some reads without copies). For scheduler/cost.h.

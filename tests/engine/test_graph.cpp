@@ -1,4 +1,7 @@
 // The graph store: handles, incremental forward, clear, dump.
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+
 #include <chrono>
 #include <thread>
 #include <type_traits>
@@ -83,6 +86,76 @@ TEST_CASE("an op on shared values only is shared and computed once", "[tracer]")
   }
   g.forward(ys);
   for (const Expr& y : ys) CHECK(at::allclose(y.value(), at::tanh(w)));
+}
+
+// Without a gradient for the table, a lookup is a row of it: readers take the
+// row from the table, and no lookup is launched.
+TEST_CASE("lookups read their table's rows where no gradient goes to it", "[tracer][backend]") {
+  const at::Tensor E = at::randn({10, 4}).requires_grad_();
+  const at::Tensor W = at::randn({3, 4}).requires_grad_();
+  const std::vector<int64_t> ids{3, 7, 3, 0, 9, 5};
+  auto record = [&](Graph& g, std::vector<Expr>& words, std::vector<Expr>& ys) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      auto s = g.example(static_cast<int64_t>(i));
+      Expr w = g.lookup(E, ids[i]);
+      Expr v = g.lookup(E, (ids[i] + 1) % 10);
+      words.push_back(w);
+      ys.push_back(dsl::tanh(dsl::matmul(W, w) + dsl::sum(v)));
+    }
+  };
+  auto expected = [&](size_t i) {
+    return at::tanh(at::matmul(W, E[ids[i]]) + E[(ids[i] + 1) % 10].sum()).detach();
+  };
+  SECTION("inference: no lookup launched, the same values, value() a copy") {
+    c10::NoGradGuard no_grad;
+    Graph g;
+    std::vector<Expr> words, ys;
+    record(g, words, ys);
+    g.forward(ys);
+    for (size_t i = 0; i < ids.size(); ++i) CHECK(at::allclose(ys[i].value(), expected(i), 1e-5, 1e-6));
+    CHECK_THAT(g.plan_str(), !Contains("= lookup"));
+    const at::Tensor w = words[1].value();
+    CHECK(at::equal(w, E[7]));
+    CHECK(!w.is_alias_of(E));
+  }
+  SECTION("a frozen table with autograd on: the same, and the other weights' gradients") {
+    const at::Tensor frozen = E.detach();
+    Graph g;
+    std::vector<Expr> ys;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      auto s = g.example(static_cast<int64_t>(i));
+      ys.push_back(dsl::tanh(dsl::matmul(W, g.lookup(frozen, ids[i]))));
+    }
+    g.forward(ys);
+    CHECK_THAT(g.plan_str(), !Contains("= lookup"));
+    const auto d = torch::autograd::grad({at::stack({ys[0].value(), ys[4].value()}).sum()}, {W});
+    const at::Tensor ref = at::stack({at::tanh(at::matmul(W, E[3].detach())), at::tanh(at::matmul(W, E[9].detach()))});
+    CHECK(at::allclose(d[0], torch::autograd::grad({ref.sum()}, {W})[0], 1e-5, 1e-6));
+  }
+  SECTION("training: the lookups run, and the table gets its gradient") {
+    Graph g;
+    std::vector<Expr> words, ys;
+    record(g, words, ys);
+    g.forward(ys);
+    CHECK_THAT(g.plan_str(), Contains("= lookup"));
+    std::vector<at::Tensor> outs, refs;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      outs.push_back(ys[i].value());
+      refs.push_back(at::tanh(at::matmul(W, E[ids[i]]) + E[(ids[i] + 1) % 10].sum()));
+    }
+    const at::Tensor ours = torch::autograd::grad({at::stack(outs).sum()}, {E})[0];
+    const at::Tensor theirs = torch::autograd::grad({at::stack(refs).sum()}, {E})[0];
+    CHECK(at::allclose(ours, theirs, 1e-5, 1e-6));
+  }
+  SECTION("the checker agrees, every strategy, inference") {
+    c10::NoGradGuard no_grad;
+    const CheckReport r = check_batched(6, [&](Graph& g, int i) {
+      Expr w = g.lookup(E, ids[static_cast<size_t>(i)]);
+      return dsl::cond(dsl::sum(w) > 0.0, [&, w] { return dsl::tanh(dsl::matmul(W, w)); },
+                       [&, w] { return dsl::matmul(W, g.lookup(E, 2) * w); });
+    });
+    REQUIRE_BATCHED_EQUALS_ALONE(r);
+  }
 }
 
 TEST_CASE("dump lists every node with its op, shape and example", "[tracer]") {
