@@ -4,6 +4,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/split_with_sizes.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -320,9 +321,17 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
   shared_.clear();
   if (b.op == code_of<op::Call> && !b.program) return launch_call(plan, b);
   at::Tensor out = concat_rows(plan, b);  // a concat that is one gather needs no inputs
+  op_rows_.reset();
   if (b.program) fused_inputs(plan, b);
   else if (!out.defined() && b.split < 0)  // (a split's pieces need no inputs)
-    for (uint32_t k = 0; k < b.arity; ++k) inputs_.push_back(input(plan, b, plan.args[b.args_begin + k]));
+    for (uint32_t k = 0; k < b.arity; ++k) {
+      if (rows_for_op(plan, b, k)) {
+        inputs_.emplace_back();
+        shared_.push_back(0);
+        continue;
+      }
+      inputs_.push_back(input(plan, b, plan.args[b.args_begin + k]));
+    }
   lap_gathers(b.program ? "fused" : op_info(b.op).name);
   if (b.program) return launch_fused(plan, b);
   if (out.defined()) {
@@ -330,9 +339,11 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
   } else if (b.split >= 0) {
     out = split_pieces(plan, b.split)[b.piece];
   } else {
-    const LaunchArgs args = launch_args(plan, b);
+    LaunchArgs args = launch_args(plan, b);
+    if (op_rows_) args.rows_in = &op_rows_view_;
     RunCtx ctx(args);
     out = op_info(b.op).run(ctx);
+    op_rows_.reset();
   }
   lap_op(op_info(b.op).name);
   check_output(plan.nodes[b.nodes_begin], b, out);
@@ -363,9 +374,12 @@ void Executor::launch_call(const Plan& plan, const PlannedBatch& b) {
     const BatchArg& arg = plan.args[b.args_begin + k];
     const FunctionBody::ArgUse& use = uses[k];
     std::shared_ptr<const InPlaceRows> rows;
-    if (!b.shared && use.fused && !use.tensor && grouped_[k] != 1) rows = in_place(plan, arg);
+    // Op steps take rows in place only where no gradient is wanted (ArgUse::rows).
+    const bool tensor = use.tensor || (use.rows && at::GradMode::is_enabled());
+    const bool by_rows = use.fused || use.rows;
+    if (!b.shared && by_rows && !tensor && grouped_[k] != 1) rows = in_place(plan, arg);
     at::Tensor t;
-    if (use.tensor || grouped_[k] == 1 || (use.fused && !rows)) {
+    if (tensor || grouped_[k] == 1 || (by_rows && !rows)) {
       t = input(plan, b, arg);
     } else {
       shared_.push_back(arg.kind == BatchArg::kShared && !b.shared);
@@ -384,6 +398,26 @@ void Executor::launch_call(const Plan& plan, const PlannedBatch& b) {
     s_.push_batch(b.shared ? results[k].select(0, 0) : std::move(results[k]), b.n);
   }
   ++counters_.call_batches;
+}
+
+// A gathered argument that the op reads where its rows lie (OpTraits::
+// rows_in_place: the packed product, for instance, reads x's rows from the
+// batches that hold them): no gathered copy. Only where no gradient is wanted
+// (the op's rows path records none), on the CPU, the other arguments shared and
+// each value one row. Sets op_rows_.
+bool Executor::rows_for_op(const Plan& plan, const PlannedBatch& b, uint32_t k) {
+  const OpTraits& traits = op_info(b.op).traits;
+  if (traits.rows_in_place != static_cast<int>(k) || b.shared || b.stacked || b.rows > 0 || b.segments >= 0 ||
+      at::GradMode::is_enabled())
+    return false;
+  for (uint32_t j = 0; j < b.arity; ++j)
+    if ((j == k) == (plan.args[b.args_begin + j].kind == BatchArg::kShared)) return false;
+  const NodeId first = plan.nodes[b.nodes_begin];
+  if (s_.shape_of(s_.resolve(s_.args_of(first)[k])).rank() != 1) return false;
+  op_rows_ = in_place(plan, plan.args[b.args_begin + k]);
+  if (!op_rows_) return false;
+  op_rows_view_ = RowsInPlace{op_rows_->data(), op_rows_->width()};
+  return true;
 }
 
 // On the CPU a fused kernel reads gathered rows where they lie (and adds

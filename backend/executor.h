@@ -61,6 +61,7 @@ class Executor {
   void launch_fused(const Plan& plan, const PlannedBatch& b);
   void fused_inputs(const Plan& plan, const PlannedBatch& b);
   std::shared_ptr<const InPlaceRows> in_place(const Plan& plan, const BatchArg& arg);
+  bool rows_for_op(const Plan& plan, const PlannedBatch& b, uint32_t k);
   LaunchArgs launch_args(const Plan& plan, const PlannedBatch& b);
   at::Tensor input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg);
   at::Tensor rows_input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg);
@@ -106,6 +107,9 @@ class Executor {
   std::vector<uint32_t> all_args_;      // concat_rows' argument list
   std::vector<at::Tensor> call_groups_;  // launch_call's scratch
   std::vector<uint8_t> grouped_;
+  // launch's argument given as rows in place (OpTraits::rows_in_place), this launch's only.
+  std::shared_ptr<const InPlaceRows> op_rows_;
+  RowsInPlace op_rows_view_;
   std::chrono::steady_clock::time_point lap_start_;
 };
 

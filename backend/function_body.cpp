@@ -114,8 +114,18 @@ void FunctionBody::plan_arguments(const NodeStore& s, size_t arity) {
       groups_.push_back(std::move(g));
       continue;
     }
-    for (NodeId a : args)
-      if (const int32_t i = arg_index(a); i >= 0) arg_use_[static_cast<size_t>(i)].tensor = true;
+    // An op that takes one argument as rows, the others shared, one row a value.
+    const int8_t rows_at = op_info(s.op[v]).traits.rows_in_place;
+    bool rows_ok = rows_at >= 0 && static_cast<size_t>(rows_at) < args.size() && !s.has(v, NodeStore::kShared);
+    for (size_t k = 0; k < args.size() && rows_ok; ++k) {
+      const NodeId a = s.resolve(args[k]);
+      rows_ok = static_cast<int>(k) == rows_at ? s.shape_of(a).rank() == 1 : s.has(a, NodeStore::kShared);
+    }
+    for (size_t k = 0; k < args.size(); ++k)
+      if (const int32_t i = arg_index(args[k]); i >= 0) {
+        ArgUse& use = arg_use_[static_cast<size_t>(i)];
+        (rows_ok && static_cast<int>(k) == rows_at ? use.rows : use.tensor) = true;
+      }
   }
   for (NodeId r : results_)
     if (const int32_t i = arg_of_[r]; i >= 0) arg_use_[static_cast<size_t>(i)].tensor = true;
@@ -142,7 +152,8 @@ void FunctionBody::run_fused_step(const Step& step, int64_t n, std::span<const F
 // One op over the n rows (one row when every argument is shared), as the
 // executor would launch a batch of it: the op's batched run, or a nested
 // function's body.
-void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::vector<at::Tensor>& regs) const {
+void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::span<const FusedInput> args,
+                               std::vector<at::Tensor>& regs) const {
   const NodeStore& s = *store_;
   const NodeId v = step.node;
   const OpInfo& info = op_info(s.op[v]);
@@ -151,6 +162,16 @@ void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::vecto
   const auto node_args = s.args_of(v);
   std::vector<at::Tensor> ins;
   std::vector<uint8_t> shared;
+  // An argument the executor gave as rows in place (no tensor: ArgUse::rows).
+  RowsInPlace rows_in;
+  size_t rows_at = node_args.size();
+  if (const int8_t k = info.traits.rows_in_place; k >= 0 && !once && static_cast<size_t>(k) < node_args.size())
+    if (const int32_t i = arg_of_[s.resolve(node_args[static_cast<size_t>(k)])];
+        i >= 0 && args[static_cast<size_t>(i)].rows && !args[static_cast<size_t>(i)].tensor.defined()) {
+      const InPlaceRows& r = *args[static_cast<size_t>(i)].rows;
+      rows_in = RowsInPlace{r.data(), r.width()};
+      rows_at = static_cast<size_t>(k);
+    }
   if (info.traits.segmented) {  // one list: every element in in(0), node-major
     std::vector<at::Tensor> xs;
     for (NodeId arg : node_args) xs.push_back(once ? regs[s.resolve(arg)].unsqueeze(0) : regs[s.resolve(arg)]);
@@ -160,6 +181,11 @@ void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::vecto
   } else {
     for (NodeId arg : node_args) {
       const NodeId r = s.resolve(arg);
+      if (ins.size() == rows_at) {
+        ins.emplace_back();
+        shared.push_back(0);
+        continue;
+      }
       SHEAF_ASSERT(regs[r].defined(), "argument %", r, " of a body step is missing");
       ins.push_back(once ? regs[r].unsqueeze(0) : regs[r]);
       shared.push_back(!once && s.has(r, NodeStore::kShared));
@@ -178,6 +204,7 @@ void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::vecto
   la.train = a.train;
   la.weight_grads = a.weight_grads;
   la.transposed = a.transposed;
+  if (rows_at < node_args.size()) la.rows_in = &rows_in;
   at::Tensor index;
   std::vector<int64_t> payload, counts;
   if (step.payload) {
@@ -242,7 +269,7 @@ std::vector<at::Tensor> FunctionBody::run(const LaunchArgs& a, std::span<const F
                groups[static_cast<size_t>(step.group)].defined()) {
       regs[step.node] = groups[static_cast<size_t>(step.group)];  // gathered side by side by the executor
     } else {
-      run_op_step(step, a, regs);
+      run_op_step(step, a, args, regs);
     }
   }
 

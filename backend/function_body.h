@@ -49,6 +49,9 @@ class FunctionBody {
   struct ArgUse {
     bool fused = false;   // read by a fused step (as rows in place, when it is read by nothing else)
     bool tensor = false;  // shared, read by an op step outside a group, or returned
+    // Read by op steps that take it as rows in place (OpTraits::rows_in_place):
+    // without a gradient wanted, the executor may give rows instead of a tensor.
+    bool rows = false;
   };
   std::span<const ArgUse> arg_uses() const { return arg_use_; }
   // Per group: the arguments, in the concat's order, and its per-example shape.
@@ -84,7 +87,8 @@ class FunctionBody {
   void plan_arguments(const NodeStore& s, size_t arity);
   void run_fused_step(const Step& step, int64_t n, std::span<const FusedInput> args,
                       std::vector<at::Tensor>& regs) const;
-  void run_op_step(const Step& step, const LaunchArgs& a, std::vector<at::Tensor>& regs) const;
+  void run_op_step(const Step& step, const LaunchArgs& a, std::span<const FusedInput> args,
+                   std::vector<at::Tensor>& regs) const;
 
   const NodeStore* store_ = nullptr;
   const FunctionTable* nested_ = nullptr;

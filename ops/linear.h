@@ -44,10 +44,23 @@ inline at::Tensor shared_linear(RunCtx& c, const at::Tensor& x, const at::Tensor
   return packed ? linear_packed(x, *packed, b) : linear_rows(x, w, b, wt);
 }
 
+// The same product over x's rows where they lie (no gradient is wanted):
+// the packed product reads them in place; where it does not serve (no
+// AVX2, a weight it does not take, a first product of 1-3 rows), the rows
+// are copied into one tensor as a gather would have.
+inline at::Tensor shared_linear_rows(RunCtx& c, const RowsInPlace& x, const at::Tensor& w, const at::Tensor& b) {
+  const auto m = static_cast<int64_t>(x.rows.size());
+  const bool packable = c.transposed() && w.dim() == 2 && w.size(1) == x.width &&
+                        (!b.defined() || (b.scalar_type() == at::kFloat && b.is_cpu()));
+  std::shared_ptr<const PackedWeight> packed = packable ? c.transposed()->packed(w, false, m) : nullptr;
+  if (packed) return packed_mm_rows(x.rows, packed->forward, b, c.options());
+  return shared_linear(c, x.copy(c.options()), w, b);
+}
+
 // W x + b. W: [m, k] (shared or per example); x: [k] or [t, k]; b: [m].
 struct Affine {
   static constexpr std::string_view name = "affine";
-  static constexpr OpTraits traits{.arity = 3, .rowwise = true, .weights = 1};
+  static constexpr OpTraits traits{.arity = 3, .rowwise = true, .weights = 1, .rows_in_place = 1};
   static Shape infer(const InferCtx& c) {
     const Shape& w = c.shape(0);
     const Shape& x = c.shape(1);
@@ -64,6 +77,7 @@ struct Affine {
   static at::Tensor run(RunCtx& c) {
     int rank = c.out_shape().rank();
     at::Tensor y;
+    if (c.rows()) return shared_linear_rows(c, *c.rows(), c.in(0), c.in(2));
     if (c.shared(0)) {
       if (c.shared(2)) return shared_linear(c, c.batched(1), c.in(0), c.in(2));
       const at::Tensor x = c.batched(1);

@@ -8,6 +8,7 @@
 #include <sheaf/core/error.h>
 
 #include <algorithm>
+#include <span>
 #include <type_traits>
 
 #ifdef SHEAF_HAVE_AVX2_CLONES
@@ -39,6 +40,20 @@ void by_row_blocks(int64_t m, Run&& run) {
 }
 static_assert(kRows == 6, "by_row_blocks names the remainders 1-5");
 
+// The rows of x a product reads: evenly spaced (a tensor's rows), or anywhere
+// (rows read where they lie: packed_mm_rows). at(i): the rows from row i on.
+struct StridedRows {
+  const float* x;
+  int64_t ld;
+  const float* row(int r) const { return x + r * ld; }
+  StridedRows at(int64_t i) const { return {x + i * ld, ld}; }
+};
+struct RowPointers {
+  const float* const* p;
+  const float* row(int r) const { return p[r]; }
+  RowPointers at(int64_t i) const { return {p + i}; }
+};
+
 #ifdef SHEAF_HAVE_AVX2_CLONES
 // A panel's two 16-column halves, as masks of its first `cols` (1-32) real columns.
 struct PanelMasks {
@@ -51,9 +66,12 @@ struct PanelMasks {
 // R rows of x times one panel: accumulators start from the bias (row stride
 // ldb; 0 for one bias for every row) and run over k; stores keep to the
 // panel's real columns (masks).
-template <int R>
-SHEAF_AVX512_TARGET inline void block(const float* x, int64_t ldx, const float* panel, int64_t k, const float* bias,
-                                      int64_t ldb, float* c, int64_t ldc, __mmask16 m0, __mmask16 m1) {
+template <int R, class Rows>
+SHEAF_AVX512_TARGET inline void block(Rows x, const float* panel, int64_t k, const float* bias, int64_t ldb, float* c,
+                                      int64_t ldc, __mmask16 m0, __mmask16 m1) {
+  const float* xr[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) xr[r] = x.row(r);
   __m512 a0[R], a1[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
@@ -64,7 +82,7 @@ SHEAF_AVX512_TARGET inline void block(const float* x, int64_t ldx, const float* 
     const __m512 w0 = _mm512_loadu_ps(panel + i * kPanel), w1 = _mm512_loadu_ps(panel + i * kPanel + 16);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512 xv = _mm512_set1_ps(x[r * ldx + i]);
+      const __m512 xv = _mm512_set1_ps(xr[r][i]);
       a0[r] = _mm512_fmadd_ps(xv, w0, a0[r]);
       a1[r] = _mm512_fmadd_ps(xv, w1, a1[r]);
     }
@@ -78,8 +96,9 @@ SHEAF_AVX512_TARGET inline void block(const float* x, int64_t ldx, const float* 
 
 // Panels [p0, p1) for every row: each panel (k x 32 floats) stays in cache
 // while the row blocks pass over it.
-SHEAF_AVX512_TARGET void panels_avx512(const float* x, int64_t m, int64_t ldx, const float* packed, int64_t k,
-                                       int64_t n, const float* bias, int64_t ldb, float* c, int64_t p0, int64_t p1) {
+template <class Rows>
+SHEAF_AVX512_TARGET void panels_avx512(Rows x, int64_t m, const float* packed, int64_t k, int64_t n,
+                                       const float* bias, int64_t ldb, float* c, int64_t p0, int64_t p1) {
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t cols = std::min<int64_t>(kPanel, n - p * kPanel);
     const PanelMasks mask(cols);
@@ -88,7 +107,7 @@ SHEAF_AVX512_TARGET void panels_avx512(const float* x, int64_t m, int64_t ldx, c
     const float* b = bias ? bias + p * kPanel : nullptr;
     float* out = c + p * kPanel;
     by_row_blocks(m, [&](int64_t i, auto rows) {
-      block<rows.value>(x + i * ldx, ldx, panel, k, b ? b + i * ldb : nullptr, ldb, out + i * n, n, m0, m1);
+      block<rows.value>(x.at(i), panel, k, b ? b + i * ldb : nullptr, ldb, out + i * n, n, m0, m1);
     });
   }
 }
@@ -107,10 +126,12 @@ struct HalfMasks {
   }
 };
 
-template <int R>
-SHEAF_AVX2_TARGET inline void half_block(const float* x, int64_t ldx, const float* half, int64_t k,
-                                         const float* bias, int64_t ldb, float* c, int64_t ldc, int64_t cols,
-                                         const HalfMasks& mask) {
+template <int R, class Rows>
+SHEAF_AVX2_TARGET inline void half_block(Rows x, const float* half, int64_t k, const float* bias, int64_t ldb,
+                                         float* c, int64_t ldc, int64_t cols, const HalfMasks& mask) {
+  const float* xr[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) xr[r] = x.row(r);
   __m256 a0[R], a1[R];
   // Columns 8-15 of a half with 8 or fewer are not touched at all: masked-off
   // lanes do not fault on Intel's word, and AMD's manuals are less plain.
@@ -131,7 +152,7 @@ SHEAF_AVX2_TARGET inline void half_block(const float* x, int64_t ldx, const floa
     const __m256 w0 = _mm256_loadu_ps(half + i * kPanel), w1 = _mm256_loadu_ps(half + i * kPanel + 8);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m256 xv = _mm256_broadcast_ss(x + r * ldx + i);
+      const __m256 xv = _mm256_broadcast_ss(xr[r] + i);
       a0[r] = _mm256_fmadd_ps(xv, w0, a0[r]);
       a1[r] = _mm256_fmadd_ps(xv, w1, a1[r]);
     }
@@ -148,8 +169,9 @@ SHEAF_AVX2_TARGET inline void half_block(const float* x, int64_t ldx, const floa
   }
 }
 
-SHEAF_AVX2_TARGET void panels_avx2(const float* x, int64_t m, int64_t ldx, const float* packed, int64_t k, int64_t n,
-                                   const float* bias, int64_t ldb, float* c, int64_t p0, int64_t p1) {
+template <class Rows>
+SHEAF_AVX2_TARGET void panels_avx2(Rows x, int64_t m, const float* packed, int64_t k, int64_t n, const float* bias,
+                                   int64_t ldb, float* c, int64_t p0, int64_t p1) {
   for (int64_t p = p0; p < p1; ++p)
     for (int64_t h = 0; h < kPanel; h += 16) {
       const int64_t cols = std::min<int64_t>(16, n - p * kPanel - h);
@@ -159,7 +181,7 @@ SHEAF_AVX2_TARGET void panels_avx2(const float* x, int64_t m, int64_t ldx, const
       const float* b = bias ? bias + p * kPanel + h : nullptr;
       float* out = c + p * kPanel + h;
       by_row_blocks(m, [&](int64_t i, auto rows) {
-        half_block<rows.value>(x + i * ldx, ldx, half, k, b ? b + i * ldb : nullptr, ldb, out + i * n, n, cols, mask);
+        half_block<rows.value>(x.at(i), half, k, b ? b + i * ldb : nullptr, ldb, out + i * n, n, cols, mask);
       });
     }
 }
@@ -246,13 +268,13 @@ PackedMatrix pack_matrix(const at::Tensor& b_in) {
   return {out, k, n};
 }
 
-at::Tensor packed_mm(const at::Tensor& x_in, const PackedMatrix& b, const at::Tensor& bias_in) {
-  RECORD_FUNCTION("sheaf::packed_mm", std::vector<c10::IValue>());
-  if (!packed_gemm_available() || !b.defined() || !packed_product_takes(x_in, bias_in) || x_in.size(1) != b.k)
-    throw InternalError("packed_mm: an input the packed product does not take");
-  const at::Tensor x = x_in.stride(1) == 1 && x_in.stride(0) >= b.k ? x_in : x_in.contiguous();
-  const int64_t m = x.size(0);
-  if (m == 0) return at::empty({0, b.n}, x.options());
+namespace {
+
+// c [m, N] = the rows times the packed B, plus the bias (see packed_mm).
+template <class Rows>
+at::Tensor product(Rows x, int64_t m, const PackedMatrix& b, const at::Tensor& bias_in,
+                   const at::TensorOptions& options) {
+  if (m == 0) return at::empty({0, b.n}, options);
   at::Tensor bias;
   int64_t ldb = 0;
   if (bias_in.defined()) {
@@ -261,23 +283,42 @@ at::Tensor packed_mm(const at::Tensor& x_in, const PackedMatrix& b, const at::Te
     if (bias.numel() != (rows ? m * b.n : b.n)) throw InternalError("packed_mm: a bias of the wrong size");
     ldb = rows ? b.n : 0;
   }
-  at::Tensor c = at::empty({m, b.n}, x.options());
+  at::Tensor c = at::empty({m, b.n}, options);
 #ifdef SHEAF_HAVE_AVX2_CLONES
-  const float* xp = x.data_ptr<float>();
   const float* pp = b.panels.data_ptr<float>();
   const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
   float* cp = c.data_ptr<float>();
-  const int64_t ldx = x.stride(0), panels = b.panels.size(0);
+  const int64_t panels = b.panels.size(0);
   // With more than one thread, panels split across them; a small product stays on one.
   const int64_t grain = m * b.k * b.n < (int64_t{1} << 18) ? panels : 1;
   at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
     if (use_avx512())
-      panels_avx512(xp, m, ldx, pp, b.k, b.n, bp, ldb, cp, p0, p1);
+      panels_avx512(x, m, pp, b.k, b.n, bp, ldb, cp, p0, p1);
     else
-      panels_avx2(xp, m, ldx, pp, b.k, b.n, bp, ldb, cp, p0, p1);
+      panels_avx2(x, m, pp, b.k, b.n, bp, ldb, cp, p0, p1);
   });
+#else
+  (void)x;
 #endif
   return c;
+}
+
+}  // namespace
+
+at::Tensor packed_mm(const at::Tensor& x_in, const PackedMatrix& b, const at::Tensor& bias_in) {
+  RECORD_FUNCTION("sheaf::packed_mm", std::vector<c10::IValue>());
+  if (!packed_gemm_available() || !b.defined() || !packed_product_takes(x_in, bias_in) || x_in.size(1) != b.k)
+    throw InternalError("packed_mm: an input the packed product does not take");
+  const at::Tensor x = x_in.stride(1) == 1 && x_in.stride(0) >= b.k ? x_in : x_in.contiguous();
+  return product(StridedRows{x.data_ptr<float>(), x.stride(0)}, x.size(0), b, bias_in, x.options());
+}
+
+at::Tensor packed_mm_rows(std::span<const float* const> rows, const PackedMatrix& b, const at::Tensor& bias,
+                          const at::TensorOptions& options) {
+  RECORD_FUNCTION("sheaf::packed_mm", std::vector<c10::IValue>());
+  if (!packed_gemm_available() || !b.defined() || (bias.defined() && !(bias.scalar_type() == at::kFloat && bias.is_cpu())))
+    throw InternalError("packed_mm_rows: an input the packed product does not take");
+  return product(RowPointers{rows.data()}, static_cast<int64_t>(rows.size()), b, bias, options);
 }
 
 }  // namespace sheaf

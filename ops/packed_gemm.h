@@ -18,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <span>
 
 namespace sheaf {
 
@@ -42,5 +43,11 @@ PackedMatrix pack_matrix(const at::Tensor& b);
 // x [m, K] (rows with a unit inner stride; others are copied) times the packed
 // B, plus bias: undefined, [N] (every row), or [m, N] (a bias per row).
 at::Tensor packed_mm(const at::Tensor& x, const PackedMatrix& b, const at::Tensor& bias = {});
+
+// The same product over rows read where they lie (row i: K floats from
+// rows[i]; no gathered copy): [rows.size(), N] with `options` (float, CPU). No
+// autograd: for products that want no gradient.
+at::Tensor packed_mm_rows(std::span<const float* const> rows, const PackedMatrix& b, const at::Tensor& bias,
+                          const at::TensorOptions& options);
 
 }  // namespace sheaf

@@ -2,7 +2,10 @@
 // for completeness here, so an op without a batched rule does not compile.
 #include <boost/hana/unpack.hpp>
 
+#include <ATen/ops/empty.h>
+
 #include <array>
+#include <cstring>
 #include <atomic>
 #include <mutex>
 #include <bit>
@@ -94,6 +97,13 @@ void InferCtx::expect_batched(size_t i, std::string_view what) const {
 }
 void InferCtx::expect_shared(size_t i, std::string_view what) const {
   if (!shared(i)) fail(what, " must be a shared tensor (a parameter), not a per-example value");
+}
+
+at::Tensor RowsInPlace::copy(const at::TensorOptions& options) const {
+  at::Tensor out = at::empty({static_cast<int64_t>(rows.size()), width}, options);
+  float* o = out.data_ptr<float>();
+  for (size_t i = 0; i < rows.size(); ++i) std::memcpy(o + static_cast<int64_t>(i) * width, rows[i], sizeof(float) * width);
+  return out;
 }
 
 at::Tensor RunCtx::batched(size_t i) const {

@@ -277,6 +277,17 @@ TEST_CASE("packed_mm: the product of any rows, with no bias, one bias or a bias 
       CHECK(at::allclose(packed_mm(wide, p), at::mm(wide, W.t()), 1e-4, 1e-4));
       const at::Tensor cols = at::randn({k, m}).t();
       CHECK(at::allclose(packed_mm(cols, p), at::mm(cols, W.t()), 1e-4, 1e-4));
+      // Rows anywhere (packed_mm_rows): every other row of a wider tensor, last first.
+      const at::Tensor pool = at::randn({2 * m + 1, k + 5});
+      std::vector<const float*> at_rows;
+      std::vector<int64_t> picked;
+      for (int64_t i = 0; i < m; ++i) {
+        picked.push_back(2 * (m - 1 - i) + 1);
+        at_rows.push_back(pool.data_ptr<float>() + picked.back() * (k + 5) + 2);
+      }
+      const at::Tensor gathered = pool.index_select(0, at::tensor(picked)).narrow(1, 2, k);
+      CHECK(at::allclose(packed_mm_rows(at_rows, p, b, x.options()), at::mm(gathered, W.t()) + b, 1e-4, 1e-4));
+      CHECK(at::allclose(packed_mm_rows(at_rows, p, {}, x.options()), at::mm(gathered, W.t()), 1e-4, 1e-4));
       // W's own rows laid out (the backward's dX = dY W): panels cut from rows, k columns.
       const at::Tensor dy = at::randn({m, n});
       CHECK(at::allclose(packed_mm(dy, pack_matrix(W)), at::mm(dy, W), 1e-4, 1e-4));
@@ -288,6 +299,43 @@ TEST_CASE("packed_mm: the product of any rows, with no bias, one bias or a bias 
   CHECK_THROWS_AS(pack_matrix(at::randn({8, 8}, at::kDouble)), InternalError);
   CHECK_THROWS_AS(packed_mm(at::randn({3, 8}, at::kDouble), pack_matrix(at::randn({8, 8}))), InternalError);
   CHECK_FALSE(packed_product_takes(at::randn({3, 8}), at::randn({8}, at::kDouble)));
+}
+
+// Without autograd an affine whose x is gathered (rows of two batches, in
+// another order) reads those rows where they lie: in a batch of its own and in
+// a function's body. Batched equals alone (values; with autograd on, gradients,
+// where x comes as a tensor), and the rows are not copied first.
+TEST_CASE("an affine reads a gathered x in place without autograd, in a batch and in a function's body",
+          "[backend][packed]") {
+  const at::Tensor W = at::randn({12, 8}).requires_grad_(), b = at::randn({12}).requires_grad_();
+  const at::Tensor V = at::randn({12, 8}).requires_grad_();
+  Fn<Expr(Expr, Expr)> cell("rows_cell", [&](Expr x, Expr h) { return dsl::tanh(dsl::affine(V, x, b)) + h; });
+  auto program = [&](Graph& g, int i) {
+    const Expr u = g.input(data({8}, i));
+    const Expr x = i % 3 == 0 ? dsl::tanh(u) : dsl::sigmoid(u) * 2.0;  // two batches
+    const Expr y = dsl::affine(W, x, b);
+    return cell(x, y) * 1.5;
+  };
+  for (const int n : {1, 7, 20}) {
+    INFO(n << " examples");
+    {
+      c10::NoGradGuard no_grad;
+      REQUIRE_BATCHED_EQUALS_ALONE(check_batched(n, program));
+    }
+    REQUIRE_BATCHED_EQUALS_ALONE(check_batched(n, program, {.params = {W, b, V}}));
+  }
+  c10::NoGradGuard no_grad;
+  Graph g;
+  std::vector<Expr> ys;
+  for (int i = 0; i < 20; ++i) {
+    auto scope = g.example(i);
+    ys.push_back(program(g, i));
+  }
+  g.forward(ys);
+  // The affine's x and the call's x: read in place, never gathered into a tensor
+  // (when this CPU has the packed product; else the op copies them itself).
+  if (packed_gemm_available()) CHECK(g.stats().gathered_inputs == 0);
+  CHECK(g.stats().in_place_inputs >= 2);
 }
 
 TEST_CASE("TransposedWeights::packed: made at a weight's first use, again after an update, off when asked",
