@@ -14,7 +14,10 @@ struct ExecCounters {
   uint64_t gathered_inputs = 0;   // batched inputs that needed a gather
   uint64_t gather_launches = 0;   // index_select / cat launches those gathers took
   uint64_t gathered_bytes = 0;    // bytes those gathers wrote
-  uint64_t in_place_inputs = 0;   // fused kernels' inputs read row by row where they lie (CPU): no gather
+  // Inputs read row by row where they lie (CPU): no gather. Fused kernels'
+  // inputs, and products' x without autograd (OpTraits::rows_in_place; a
+  // product the packed kernel does not take copies its rows itself, uncounted).
+  uint64_t in_place_inputs = 0;
   uint64_t fused_batches = 0;     // batches that ran a fused elementwise program (one launch each)
   uint64_t fused_ops = 0;         // the ops those programs computed (without fusion: one launch each)
   uint64_t call_batches = 0;      // batches of sheaf::Function calls (each runs its body's steps once: several launches)

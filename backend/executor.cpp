@@ -15,6 +15,7 @@
 
 #include <sheaf/ops/op.h>
 #include <sheaf/ops/op_list.h>
+#include <sheaf/ops/packed_gemm.h>
 
 #include "fused.h"
 #include "gather.h"
@@ -375,7 +376,7 @@ void Executor::launch_call(const Plan& plan, const PlannedBatch& b) {
     const FunctionBody::ArgUse& use = uses[k];
     std::shared_ptr<const InPlaceRows> rows;
     // Op steps take rows in place only where no gradient is wanted (ArgUse::rows).
-    const bool tensor = use.tensor || (use.rows && at::GradMode::is_enabled());
+    const bool tensor = use.tensor || (use.rows && (at::GradMode::is_enabled() || !packed_gemm_available()));
     const bool by_rows = use.fused || use.rows;
     if (!b.shared && by_rows && !tensor && grouped_[k] != 1) rows = in_place(plan, arg);
     at::Tensor t;
@@ -401,14 +402,15 @@ void Executor::launch_call(const Plan& plan, const PlannedBatch& b) {
 }
 
 // A gathered argument that the op reads where its rows lie (OpTraits::
-// rows_in_place: the packed product, for instance, reads x's rows from the
-// batches that hold them): no gathered copy. Only where no gradient is wanted
-// (the op's rows path records none), on the CPU, the other arguments shared and
-// each value one row. Sets op_rows_.
+// rows_in_place: the packed product reads x's rows from the batches that hold
+// them): no gathered copy. Only where no gradient is wanted (the op's rows
+// path records none), on a CPU with the packed product (without it the op
+// would copy the rows itself), the other arguments shared and each value one
+// row. Sets op_rows_.
 bool Executor::rows_for_op(const Plan& plan, const PlannedBatch& b, uint32_t k) {
   const OpTraits& traits = op_info(b.op).traits;
   if (traits.rows_in_place != static_cast<int>(k) || b.shared || b.stacked || b.rows > 0 || b.segments >= 0 ||
-      at::GradMode::is_enabled())
+      at::GradMode::is_enabled() || !packed_gemm_available())
     return false;
   for (uint32_t j = 0; j < b.arity; ++j)
     if ((j == k) == (plan.args[b.args_begin + j].kind == BatchArg::kShared)) return false;

@@ -134,6 +134,7 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
     if (round >= options.max_rounds) throw_runaway(options.max_rounds, loc);
     if (prepared_) {
       prepared_ = false;
+      if (scheduler_.plan().grad != c10::GradMode::is_enabled()) scheduler_.replan(trace_);
       execute_round();
     } else if (schedule_round(strategy, validate, defer)) {
       execute_round();
@@ -222,7 +223,10 @@ void Engine::execute_round() {
     // The failed batch is marked failed (never retried); nodes that did not run
     // are looked at again next round, so the rest of the graph stays usable.
     NodeStore& s = trace_.store();
-    for (NodeId n : scheduler_.plan().placed) note_computed(n);
+    for (NodeId n : scheduler_.plan().placed) {
+      if (s.has(n, NodeStore::kComputed)) note_computed(n);
+      else trace_.ready().add(n);  // the run failed before it got to them: placed again next round
+    }
     bool first_uncomputed = true;
     for (const PlannedBatch& b : scheduler_.plan().batches) {
       if (s.has(scheduler_.plan().nodes[b.nodes_begin], NodeStore::kComputed)) {
@@ -280,14 +284,16 @@ at::Tensor Engine::value(NodeId n, Loc loc) {
   if (s.has(r, NodeStore::kPacked)) return t.narrow(0, row, s.shape_of(r)[0]);  // its rows of a packed batch
   if (row == kWholeRow) return t;
   // A lookup read from its table (scheduler/plan.h's `placed`): a copy, not a
-  // view of the user's parameter, which an optimizer step would change.
+  // view of the user's parameter that a later update in place would change
+  // (the copy is of the table as it is now: docs/reliability.md).
   if (s.op[r] == code_of<op::Lookup> && s.value_at[s.resolve(s.args_of(r)[0])].batch == s.value_at[r].batch)
     return t.select(0, row).clone();
   return t.select(0, row);
 }
 
 const Plan* Engine::last_plan() const {
-  return scheduler_.plan().batches.empty() ? nullptr : &scheduler_.plan();
+  const Plan& p = scheduler_.plan();
+  return p.batches.empty() && p.placed.empty() ? nullptr : &p;
 }
 
 void Engine::clear() {
@@ -627,16 +633,23 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
     }
     return host;
   }
-  std::vector<std::pair<uint32_t, size_t>> by_batch;  // (batch, position in nodes)
-  for (size_t i = 0; i < nodes.size(); ++i) by_batch.emplace_back(s.value_at[s.resolve(nodes[i])].batch, i);
+  // (batch, whole), position in nodes: a parameter's batch holds both the
+  // tensor itself (a whole value) and rows of it (lookups read from their
+  // table), fetched apart.
+  std::vector<std::pair<uint64_t, size_t>> by_batch;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const NodeStore::Place at = s.value_at[s.resolve(nodes[i])];
+    by_batch.emplace_back(uint64_t{at.batch} << 1 | (at.row == kWholeRow ? 1 : 0), i);
+  }
   std::stable_sort(by_batch.begin(), by_batch.end());
   std::vector<at::Tensor> flat;
   std::vector<size_t> order;
   for (size_t k = 0; k < by_batch.size();) {
-    const uint32_t b = by_batch[k].first;
+    const uint64_t key = by_batch[k].first;
+    const auto b = static_cast<uint32_t>(key >> 1);
     std::vector<int64_t> rows;
     size_t j = k;
-    for (; j < by_batch.size() && by_batch[j].first == b; ++j) {
+    for (; j < by_batch.size() && by_batch[j].first == key; ++j) {
       const NodeId r = s.resolve(nodes[by_batch[j].second]);
       if (s.has(r, NodeStore::kPacked)) {  // its rows of a packed batch
         for (int64_t q = 0; q < s.shape_of(r)[0]; ++q) rows.push_back(s.value_at[r].row + q);

@@ -1,5 +1,7 @@
 #include "prefetch.h"
 
+#include <c10/core/GradMode.h>
+
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -19,6 +21,9 @@ struct Prefetcher::Worker {
   bool in_flight = false;
   int slot = 0;
   size_t batch = 0;
+  // Autograd's mode on take()'s thread when it posted: the worker records and
+  // plans under it (a plan depends on it: scheduler/plan.h, Plan::grad).
+  bool grad = true;
   std::exception_ptr error;
   std::thread thread;
 };
@@ -37,9 +42,11 @@ Prefetcher::Prefetcher(GraphOptions graph, Record record, ForwardOptions forward
       w.posted = false;
       const int slot = w.slot;
       const size_t batch = w.batch;
+      const bool grad = w.grad;
       lock.unlock();
       std::exception_ptr error;
       try {
+        const c10::AutoGradMode mode(grad);
         record_into(slot, batch);
       } catch (...) {
         error = std::current_exception();
@@ -87,6 +94,7 @@ Prefetcher::Batch Prefetcher::take(size_t i, std::optional<size_t> next) {
       std::lock_guard lock(w.mu);
       w.slot = 1 - slot;
       w.batch = *next;
+      w.grad = c10::GradMode::is_enabled();
       w.posted = true;
       w.in_flight = true;
     }

@@ -119,9 +119,11 @@ class Planner {
   // back to the table (inference, or a frozen table), readers take that row
   // from the table itself, gathered or in place as any row of a batch: no
   // launch, and no copy of the rows that a gather then copies again. With a
-  // gradient, the lookup runs (a sparse gradient for the rows read, where
-  // reading the table itself would hand it a dense one). The batch of the
-  // table's value, or kNone32 where the lookup must run.
+  // gradient the lookup runs: its backward gives the table the gradient it
+  // asked for (sparse when asked), where reads of the table itself would go
+  // through a gather's hub, a dense buffer the size of the table. Decided by
+  // autograd's mode when planned (Plan::grad). The batch of the table's
+  // value, or kNone32 where the lookup must run.
   uint32_t table_batch(NodeId lookup) const {
     if (s_.has(lookup, NodeStore::kShared)) return kNone32;  // a shared value is its batch's whole value
     const NodeId t = s_.resolve(s_.args_of(lookup)[0]);
@@ -862,6 +864,7 @@ void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, st
   plan.indices.clear();
   plan.keep.clear();
   plan.placed.clear();
+  plan.grad = c10::GradMode::is_enabled();
   plan.gathered_bytes = 0;
   plan.gathers = 0;
   plan.nodes.reserve(dag.size());

@@ -111,6 +111,7 @@ struct Plan {
   // Lookups whose value_at is a row of their table (no gradient goes to it):
   // computed without a launch (Planner::table_batch).
   std::vector<NodeId> placed;
+  bool grad = false;  // autograd was on when planned (placed depends on it: Scheduler::replan)
   // Bytes of the rows that are not read as views (float rows): what the
   // round's gathers copy at most (a CPU fused kernel reads gathered rows in
   // place; splits serve some reads without copies). For scheduler/cost.h.

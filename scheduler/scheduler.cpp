@@ -29,6 +29,7 @@ bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, 
   lap(t, times_.round_ms);
   if (dag_.size() == 0) return false;
   if (fuse) fuser_.fuse(trace.store(), dag_);
+  fused_ = fuse;
   lap(t, times_.fuse_ms);
   if (memo_owner_ != &strategy) {
     memo_ = StrategyMemo();
@@ -48,6 +49,11 @@ bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, 
   count_split_shared(trace);
   lap(t, times_.plan_ms);
   return true;
+}
+
+void Scheduler::replan(Trace& trace) {
+  const std::string label = plan_.strategy;  // (make_plan assigns it)
+  make_plan(trace.store(), dag_, batches_, label, plan_, fused_ ? &fuser_ : nullptr);
 }
 
 // `label`: the strategy asked for (plans and errors name it). `memo`: what the

@@ -40,6 +40,10 @@ class Scheduler {
                 const Awaited* awaited = nullptr);
 
   const Plan& plan() const { return plan_; }
+  // The last round's batches planned again, under autograd's mode now: a
+  // round prepared with it off and run with it on (or the other way) places
+  // its lookups as the run needs (Plan::grad).
+  void replan(Trace& trace);
   const Times& times() const { return times_; }
   // The schedule the last round used (auto: the strategy it picked).
   std::string_view chosen() const { return memo_owner_ ? memo_owner_->chosen(memo_) : std::string_view(); }
@@ -67,6 +71,7 @@ class Scheduler {
   Batches batches_;
   std::vector<NodeId> aliases_;
   Plan plan_;
+  bool fused_ = false;  // the last round was fused (replan plans it so again)
   const Strategy* memo_owner_ = nullptr;  // the strategy whose memo this is (kept across clears)
   StrategyMemo memo_;
   Times times_;

@@ -147,6 +147,37 @@ TEST_CASE("lookups read their table's rows where no gradient goes to it", "[trac
     const at::Tensor theirs = torch::autograd::grad({at::stack(refs).sum()}, {E})[0];
     CHECK(at::allclose(ours, theirs, 1e-5, 1e-6));
   }
+  SECTION("prepared without autograd, run with it: the lookups run, a sparse gradient stays sparse") {
+    Graph g;
+    std::vector<Expr> ys;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      auto s = g.example(static_cast<int64_t>(i));
+      ys.push_back(dsl::sum(g.lookup(E, ids[i], /*sparse_grad=*/true)) * 2.0);
+    }
+    {
+      c10::NoGradGuard no_grad;
+      g.prepare(ys);
+    }
+    g.forward(ys);
+    CHECK_THAT(g.plan_str(), Contains("= lookup"));
+    std::vector<at::Tensor> outs;
+    for (const Expr& y : ys) outs.push_back(y.value());
+    const at::Tensor d = torch::autograd::grad({at::stack(outs).sum()}, {E})[0];
+    CHECK(d.is_sparse());
+    at::Tensor expected = at::zeros({10, 4});
+    for (int64_t id : ids) expected[id] += 2.0;
+    CHECK(at::allclose(d.to_dense(), expected));
+  }
+  SECTION("prepared with autograd, run without: the lookups are read from the table") {
+    Graph g;
+    std::vector<Expr> words, ys;
+    record(g, words, ys);
+    g.prepare(ys);
+    c10::NoGradGuard no_grad;
+    g.forward(ys);
+    CHECK_THAT(g.plan_str(), !Contains("= lookup"));
+    for (size_t i = 0; i < ids.size(); ++i) CHECK(at::allclose(ys[i].value(), expected(i), 1e-5, 1e-6));
+  }
   SECTION("the checker agrees, every strategy, inference") {
     c10::NoGradGuard no_grad;
     const CheckReport r = check_batched(6, [&](Graph& g, int i) {
