@@ -326,12 +326,7 @@ TEST_CASE("an affine reads a gathered x in place without autograd, in a batch an
   }
   c10::NoGradGuard no_grad;
   Graph g;
-  std::vector<Expr> ys;
-  for (int i = 0; i < 20; ++i) {
-    auto scope = g.example(i);
-    ys.push_back(program(g, i));
-  }
-  g.forward(ys);
+  test::forward_examples(g, 20, program);
   // The affine's x and the call's x: read in place, never gathered into a
   // tensor (where this CPU has the packed product; else gathered as before).
   if (packed_gemm_available()) {
