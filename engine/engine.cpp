@@ -132,9 +132,10 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
   defer_from_ = static_cast<NodeId>(trace_.size());
   for (int round = 0;; ++round) {
     if (round >= options.max_rounds) throw_runaway(options.max_rounds, loc);
+    const bool was_prepared = prepared_;
     if (prepared_) {
       prepared_ = false;
-      if (scheduler_.plan().grad != c10::GradMode::is_enabled()) scheduler_.replan(trace_);
+      if (!scheduler_.plan_holds(trace_)) scheduler_.replan(trace_);
       execute_round();
     } else if (schedule_round(strategy, validate, defer)) {
       execute_round();
@@ -143,6 +144,7 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
       defer = options_.defer_unawaited;
       continue;
     }
+    if (was_prepared) continue;  // then what was recorded since prepare() (graph.h)
     // Nothing awaited could be served: what waited runs too (then control
     // flow may go on, or the forward ends with everything computed).
     if (!defer || !trace_.ready().any_deferred()) break;

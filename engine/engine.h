@@ -105,7 +105,7 @@ class Engine {
   GraphOptions& options() { return options_; }
   const GraphOptions& options() const { return options_; }
   const Stats& stats() const { return stats_; }
-  const Plan* last_plan() const;  // nullptr before the first round that launched something
+  const Plan* last_plan() const;  // nullptr before the first round that launched or placed something
 
  private:
   struct Waiter {

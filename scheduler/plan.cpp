@@ -865,6 +865,7 @@ void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, st
   plan.keep.clear();
   plan.placed.clear();
   plan.grad = c10::GradMode::is_enabled();
+  plan.base = static_cast<uint32_t>(store.batch_out.size());
   plan.gathered_bytes = 0;
   plan.gathers = 0;
   plan.nodes.reserve(dag.size());

@@ -112,6 +112,7 @@ struct Plan {
   // computed without a launch (Planner::table_batch).
   std::vector<NodeId> placed;
   bool grad = false;  // autograd was on when planned (placed depends on it: Scheduler::replan)
+  uint32_t base = 0;  // NodeStore::batch_out's size when planned: the first batch's output slot
   // Bytes of the rows that are not read as views (float rows): what the
   // round's gathers copy at most (a CPU fused kernel reads gathered rows in
   // place; splits serve some reads without copies). For scheduler/cost.h.

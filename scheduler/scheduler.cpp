@@ -1,5 +1,7 @@
 #include "scheduler.h"
 
+#include <c10/core/GradMode.h>
+
 #include <algorithm>
 #include <chrono>
 #include <sstream>
@@ -48,6 +50,16 @@ bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, 
   t = Clock::now();
   count_split_shared(trace);
   lap(t, times_.plan_ms);
+  return true;
+}
+
+bool Scheduler::plan_holds(const Trace& trace) const {
+  const NodeStore& s = trace.store();
+  const bool grad = c10::GradMode::is_enabled();
+  if (plan_.grad != grad || plan_.base != s.batch_out.size()) return false;
+  if (grad)
+    for (NodeId n : plan_.placed)
+      if (s.batch_out[s.value_at[n].batch].requires_grad()) return false;
   return true;
 }
 

@@ -40,9 +40,12 @@ class Scheduler {
                 const Awaited* awaited = nullptr);
 
   const Plan& plan() const { return plan_; }
-  // The last round's batches planned again, under autograd's mode now: a
-  // round prepared with it off and run with it on (or the other way) places
-  // its lookups as the run needs (Plan::grad).
+  // Whether the last plan still holds for running now. A prepared round
+  // (Graph::prepare, the Prefetcher) may run later: under another autograd
+  // mode, with a placed lookup's table no longer frozen (Plan::grad,
+  // Plan::placed), or after parameters recorded since took batch slots
+  // (Plan::base). Else replan: the round's batches planned again.
+  bool plan_holds(const Trace& trace) const;
   void replan(Trace& trace);
   const Times& times() const { return times_; }
   // The schedule the last round used (auto: the strategy it picked).
@@ -62,6 +65,7 @@ class Scheduler {
   // Forgets the last plan (the graph was cleared); keeps buffers and the memo.
   void reset() {
     plan_.batches.clear();
+    plan_.placed.clear();
     times_ = {};
   }
 

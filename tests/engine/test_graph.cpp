@@ -48,6 +48,28 @@ TEST_CASE("forward again after recording more runs only the new part", "[tracer]
   CHECK(at::allclose(z[3].value(), 2.0 * at::sigmoid(at::full({2}, 3.0))));
 }
 
+// A parameter first recorded after prepare() takes a batch slot the prepared
+// round's outputs were planned for: the round is planned again when it runs.
+TEST_CASE("a parameter recorded after prepare() leaves the prepared round correct", "[tracer]") {
+  const at::Tensor W = at::randn({3, 4}), V = at::randn({2, 3});
+  Graph g;
+  std::vector<Expr> ys;
+  for (int i = 0; i < 4; ++i) {
+    auto s = g.example(i);
+    ys.push_back(dsl::tanh(dsl::matmul(W, g.input(test::data({4}, i)))));
+  }
+  g.prepare(ys);
+  std::vector<Expr> zs;
+  for (int i = 0; i < 4; ++i) {
+    auto s = g.example(i);
+    zs.push_back(dsl::matmul(V, ys[static_cast<size_t>(i)]));
+  }
+  g.forward(zs);
+  for (int i = 0; i < 4; ++i)
+    CHECK(at::allclose(zs[static_cast<size_t>(i)].value(), at::matmul(V, at::tanh(at::matmul(W, test::data({4}, i)))), 1e-5,
+                       1e-6));
+}
+
 TEST_CASE("clear forgets nodes and invalidates old handles, the graph is reusable", "[tracer]") {
   Graph g;
   for (int round = 0; round < 3; ++round) {
@@ -117,6 +139,27 @@ TEST_CASE("lookups read their table's rows where no gradient goes to it", "[trac
     const at::Tensor w = words[1].value();
     CHECK(at::equal(w, E[7]));
     CHECK(!w.is_alias_of(E));
+    g.clear();
+    CHECK(g.plan_str().empty());  // the placed lookups are forgotten with the rest
+  }
+  SECTION("prepared with a frozen table that is unfrozen before it runs: the lookups run") {
+    const at::Tensor table = E.detach().clone();
+    Graph g;
+    std::vector<Expr> ys;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      auto s = g.example(static_cast<int64_t>(i));
+      ys.push_back(dsl::sum(g.lookup(table, ids[i])) * 3.0);
+    }
+    g.prepare(ys);
+    table.requires_grad_(true);
+    g.forward(ys);
+    CHECK_THAT(g.plan_str(), Contains("= lookup"));
+    std::vector<at::Tensor> outs;
+    for (const Expr& y : ys) outs.push_back(y.value());
+    const at::Tensor d = torch::autograd::grad({at::stack(outs).sum()}, {table})[0];
+    at::Tensor expected = at::zeros({10, 4});
+    for (int64_t id : ids) expected[id] += 3.0;
+    CHECK(at::allclose(d, expected));
   }
   SECTION("a frozen table with autograd on: the same, and the other weights' gradients") {
     const at::Tensor frozen = E.detach();
