@@ -128,6 +128,26 @@ TEST_CASE("lookups read their table's rows where no gradient goes to it", "[trac
   auto expected = [&](size_t i) {
     return at::tanh(at::matmul(W, E[ids[i]]) + E[(ids[i] + 1) % 10].sum()).detach();
   };
+  // Each example: the sum of its word's row, scaled; the table's gradient is
+  // then `scale` at each id's row, once per use.
+  auto record_sums = [&](Graph& g, const at::Tensor& table, double scale, bool sparse) {
+    std::vector<Expr> ys;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      auto s = g.example(static_cast<int64_t>(i));
+      ys.push_back(dsl::sum(g.lookup(table, ids[i], sparse)) * scale);
+    }
+    return ys;
+  };
+  auto gradient_of = [](const std::vector<Expr>& ys, const at::Tensor& table) {
+    std::vector<at::Tensor> outs;
+    for (const Expr& y : ys) outs.push_back(y.value());
+    return torch::autograd::grad({at::stack(outs).sum()}, {table})[0];
+  };
+  auto counted = [&](double scale) {
+    at::Tensor counts = at::zeros({10, 4});
+    for (int64_t id : ids) counts[id] += scale;
+    return counts;
+  };
   SECTION("inference: no lookup launched, the same values, value() a copy") {
     c10::NoGradGuard no_grad;
     Graph g;
@@ -145,21 +165,12 @@ TEST_CASE("lookups read their table's rows where no gradient goes to it", "[trac
   SECTION("prepared with a frozen table that is unfrozen before it runs: the lookups run") {
     const at::Tensor table = E.detach().clone();
     Graph g;
-    std::vector<Expr> ys;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      auto s = g.example(static_cast<int64_t>(i));
-      ys.push_back(dsl::sum(g.lookup(table, ids[i])) * 3.0);
-    }
+    const std::vector<Expr> ys = record_sums(g, table, 3.0, false);
     g.prepare(ys);
     table.requires_grad_(true);
     g.forward(ys);
     CHECK_THAT(g.plan_str(), Contains("= lookup"));
-    std::vector<at::Tensor> outs;
-    for (const Expr& y : ys) outs.push_back(y.value());
-    const at::Tensor d = torch::autograd::grad({at::stack(outs).sum()}, {table})[0];
-    at::Tensor expected = at::zeros({10, 4});
-    for (int64_t id : ids) expected[id] += 3.0;
-    CHECK(at::allclose(d, expected));
+    CHECK(at::allclose(gradient_of(ys, table), counted(3.0)));
   }
   SECTION("a frozen table with autograd on: the same, and the other weights' gradients") {
     const at::Tensor frozen = E.detach();
@@ -192,24 +203,16 @@ TEST_CASE("lookups read their table's rows where no gradient goes to it", "[trac
   }
   SECTION("prepared without autograd, run with it: the lookups run, a sparse gradient stays sparse") {
     Graph g;
-    std::vector<Expr> ys;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      auto s = g.example(static_cast<int64_t>(i));
-      ys.push_back(dsl::sum(g.lookup(E, ids[i], /*sparse_grad=*/true)) * 2.0);
-    }
+    const std::vector<Expr> ys = record_sums(g, E, 2.0, /*sparse=*/true);
     {
       c10::NoGradGuard no_grad;
       g.prepare(ys);
     }
     g.forward(ys);
     CHECK_THAT(g.plan_str(), Contains("= lookup"));
-    std::vector<at::Tensor> outs;
-    for (const Expr& y : ys) outs.push_back(y.value());
-    const at::Tensor d = torch::autograd::grad({at::stack(outs).sum()}, {E})[0];
+    const at::Tensor d = gradient_of(ys, E);
     CHECK(d.is_sparse());
-    at::Tensor expected = at::zeros({10, 4});
-    for (int64_t id : ids) expected[id] += 2.0;
-    CHECK(at::allclose(d.to_dense(), expected));
+    CHECK(at::allclose(d.to_dense(), counted(2.0)));
   }
   SECTION("prepared with autograd, run without: the lookups are read from the table") {
     Graph g;
