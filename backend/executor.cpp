@@ -4,7 +4,6 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/split_with_sizes.h>
-#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -15,7 +14,6 @@
 
 #include <sheaf/ops/op.h>
 #include <sheaf/ops/op_list.h>
-#include <sheaf/ops/packed_gemm.h>
 
 #include "fused.h"
 #include "gather.h"
@@ -376,7 +374,7 @@ void Executor::launch_call(const Plan& plan, const PlannedBatch& b) {
     const FunctionBody::ArgUse& use = uses[k];
     std::shared_ptr<const InPlaceRows> rows;
     // Op steps take rows in place only where no gradient is wanted (ArgUse::rows).
-    const bool tensor = use.tensor || (use.rows && (at::GradMode::is_enabled() || !packed_gemm_available()));
+    const bool tensor = use.tensor || (use.rows && !rows_in_place_now());
     const bool by_rows = use.fused || use.rows;
     if (!b.shared && by_rows && !tensor && grouped_[k] != 1) rows = in_place(plan, arg);
     at::Tensor t;
@@ -403,19 +401,13 @@ void Executor::launch_call(const Plan& plan, const PlannedBatch& b) {
 
 // A gathered argument that the op reads where its rows lie (OpTraits::
 // rows_in_place: the packed product reads x's rows from the batches that hold
-// them): no gathered copy. Only where no gradient is wanted (the op's rows
-// path records none), on a CPU with the packed product (without it the op
-// would copy the rows itself), the other arguments shared and each value one
-// row. Sets op_rows_.
+// them): no gathered copy. Where rows_in_place_arg and rows_in_place_now say
+// so (a batch's nodes share a signature: its first speaks for all), and the
+// batch is neither stacked, packed nor segmented. Sets op_rows_.
 bool Executor::rows_for_op(const Plan& plan, const PlannedBatch& b, uint32_t k) {
-  const OpTraits& traits = op_info(b.op).traits;
-  if (traits.rows_in_place != static_cast<int>(k) || b.shared || b.stacked || b.rows > 0 || b.segments >= 0 ||
-      at::GradMode::is_enabled() || !packed_gemm_available())
+  if (b.stacked || b.rows > 0 || b.segments >= 0 || !rows_in_place_now() ||
+      rows_in_place_arg(s_, plan.nodes[b.nodes_begin]) != static_cast<int>(k))
     return false;
-  for (uint32_t j = 0; j < b.arity; ++j)
-    if ((j == k) == (plan.args[b.args_begin + j].kind == BatchArg::kShared)) return false;
-  const NodeId first = plan.nodes[b.nodes_begin];
-  if (s_.shape_of(s_.resolve(s_.args_of(first)[k])).rank() != 1) return false;
   op_rows_ = in_place(plan, plan.args[b.args_begin + k]);
   if (!op_rows_) return false;
   op_rows_view_ = RowsInPlace{op_rows_->data(), op_rows_->width()};

@@ -2,8 +2,10 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/stack.h>
+#include <c10/core/GradMode.h>
 
 #include <sheaf/ops/op_list.h>
+#include <sheaf/ops/packed_gemm.h>
 #include <sheaf/scheduler/round.h>
 
 #include "fused.h"
@@ -22,6 +24,19 @@ bool reads_payload(const NodeStore& s, NodeId v) {
 }
 
 }  // namespace
+
+int rows_in_place_arg(const NodeStore& s, NodeId v) {
+  const int k = op_info(s.op[v]).traits.rows_in_place;
+  const auto args = s.args_of(v);
+  if (k < 0 || static_cast<size_t>(k) >= args.size() || s.has(v, NodeStore::kShared)) return -1;
+  for (size_t j = 0; j < args.size(); ++j) {
+    const NodeId a = s.resolve(args[j]);
+    if (static_cast<int>(j) == k ? s.shape_of(a).rank() != 1 : !s.has(a, NodeStore::kShared)) return -1;
+  }
+  return k;
+}
+
+bool rows_in_place_now() { return !at::GradMode::is_enabled() && packed_gemm_available(); }
 
 void FunctionBody::compile(NodeStore& s, ReadyQueue& ready, std::span<const NodeId> args,
                            std::span<const NodeId> results, bool fuse, Fuser& fuser, const FunctionTable* nested) {
@@ -114,17 +129,11 @@ void FunctionBody::plan_arguments(const NodeStore& s, size_t arity) {
       groups_.push_back(std::move(g));
       continue;
     }
-    // An op that takes one argument as rows, the others shared, one row a value.
-    const int8_t rows_at = op_info(s.op[v]).traits.rows_in_place;
-    bool rows_ok = rows_at >= 0 && static_cast<size_t>(rows_at) < args.size() && !s.has(v, NodeStore::kShared);
-    for (size_t k = 0; k < args.size() && rows_ok; ++k) {
-      const NodeId a = s.resolve(args[k]);
-      rows_ok = static_cast<int>(k) == rows_at ? s.shape_of(a).rank() == 1 : s.has(a, NodeStore::kShared);
-    }
+    const int rows_at = rows_in_place_arg(s, v);
     for (size_t k = 0; k < args.size(); ++k)
       if (const int32_t i = arg_index(args[k]); i >= 0) {
         ArgUse& use = arg_use_[static_cast<size_t>(i)];
-        (rows_ok && static_cast<int>(k) == rows_at ? use.rows : use.tensor) = true;
+        (static_cast<int>(k) == rows_at ? use.rows : use.tensor) = true;
       }
   }
   for (NodeId r : results_)

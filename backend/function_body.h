@@ -21,6 +21,15 @@
 
 namespace sheaf {
 
+// The argument node v takes as rows in place (OpTraits::rows_in_place): its
+// op names one, v is per example, that argument is one row a value and every
+// other argument is shared; else -1. Whether rows are given also depends on
+// the moment (rows_in_place_now).
+int rows_in_place_arg(const NodeStore& s, NodeId v);
+// Rows go in place only without autograd (the ops' rows paths record no
+// backward) and where the packed product runs (else the op copies them).
+bool rows_in_place_now();
+
 class FunctionBody;
 
 // The bodies a graph's call nodes name by index (op::Call's first attribute);

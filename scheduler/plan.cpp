@@ -100,7 +100,7 @@ class Planner {
     if (dag.region[locals[0]] != kNone32) return add_fused_batch(dag, locals);
     const NodeId first = dag.node[locals[0]];
     if (s_.op[first] == code_of<op::Lookup>)
-      if (const uint32_t table = table_batch(first); table != kNone32) return place_in_table(dag, locals, table);
+      if (const uint32_t table = table_batch(s_, first); table != kNone32) return place_in_table(dag, locals, table);
     PlannedBatch b{};
     b.op = s_.op[first];
     b.shared = s_.has(first, NodeStore::kShared);
@@ -115,23 +115,6 @@ class Planner {
     p_.batches.push_back(b);
   }
 
-  // A lookup's value is a row of its table as it is. Where no gradient goes
-  // back to the table (inference, or a frozen table), readers take that row
-  // from the table itself, gathered or in place as any row of a batch: no
-  // launch, and no copy of the rows that a gather then copies again. With a
-  // gradient the lookup runs: its backward gives the table the gradient it
-  // asked for (sparse when asked), where reads of the table itself would go
-  // through a gather's hub, a dense buffer the size of the table. Decided by
-  // autograd's mode when planned (Plan::grad). The batch of the table's
-  // value, or kNone32 where the lookup must run.
-  uint32_t table_batch(NodeId lookup) const {
-    if (s_.has(lookup, NodeStore::kShared)) return kNone32;  // a shared value is its batch's whole value
-    const NodeId t = s_.resolve(s_.args_of(lookup)[0]);
-    if (!s_.has(t, NodeStore::kComputed) || s_.value_at[t].row != kWholeRow) return kNone32;
-    const at::Tensor& table = s_.batch_out[s_.value_at[t].batch];
-    if (!table.defined() || (table.requires_grad() && c10::GradMode::is_enabled())) return kNone32;
-    return s_.value_at[t].batch;
-  }
   void place_in_table(const RoundDag& dag, std::span<const uint32_t> locals, uint32_t table) {
     for (uint32_t l : locals) {
       const NodeId n = dag.node[l];
@@ -850,6 +833,20 @@ class Planner {
 };
 
 }  // namespace
+
+// Readers take a lookup's row from the table itself, gathered or in place as
+// any row of a batch: no launch, and no copy of the rows that a gather then
+// copies again. With a gradient the lookup runs: its backward gives the table
+// the gradient it asked for (sparse when asked), where reads of the table
+// itself would go through a gather's hub, a dense buffer the table's size.
+uint32_t table_batch(const NodeStore& s, NodeId lookup) {
+  if (s.has(lookup, NodeStore::kShared)) return kNone32;  // a shared value is its batch's whole value
+  const NodeId t = s.resolve(s.args_of(lookup)[0]);
+  if (!s.has(t, NodeStore::kComputed) || s.value_at[t].row != kWholeRow) return kNone32;
+  const at::Tensor& table = s.batch_out[s.value_at[t].batch];
+  if (!table.defined() || (table.requires_grad() && c10::GradMode::is_enabled())) return kNone32;
+  return s.value_at[t].batch;
+}
 
 void make_plan(NodeStore& store, const RoundDag& dag, const Batches& batches, std::string_view strategy, Plan& plan,
                const Fuser* fuser) {

@@ -109,7 +109,7 @@ struct Plan {
   std::vector<int64_t> indices;  // gathers, payloads and segment ids for the whole round
   std::vector<uint8_t> keep;     // fused batches: per member, whether anything outside its region reads it
   // Lookups whose value_at is a row of their table (no gradient goes to it):
-  // computed without a launch (Planner::table_batch).
+  // computed without a launch (table_batch).
   std::vector<NodeId> placed;
   bool grad = false;  // autograd was on when planned (placed depends on it: Scheduler::replan)
   uint32_t base = 0;  // NodeStore::batch_out's size when planned: the first batch's output slot
@@ -122,6 +122,11 @@ struct Plan {
   std::span<const int64_t> sizes_of(const SplitGroup& g) const { return {split_sizes.data() + g.sizes_begin, g.sizes_len}; }
   std::string str() const;
 };
+
+// Where a lookup (op::Lookup) is read from its table instead of launched
+// (Plan::placed): the table's batch, when no gradient goes to the table now
+// (autograd off, or a frozen table) and its value is computed; else kNone32.
+uint32_t table_batch(const NodeStore& s, NodeId lookup);
 
 // Orders the rows of every batch, assigns every node of the round its (batch,
 // row) (value_at in the store) and plans every input. `plan` is

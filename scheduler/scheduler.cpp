@@ -57,9 +57,9 @@ bool Scheduler::plan_holds(const Trace& trace) const {
   const NodeStore& s = trace.store();
   const bool grad = c10::GradMode::is_enabled();
   if (plan_.grad != grad || plan_.base != s.batch_out.size()) return false;
-  if (grad)
+  if (grad)  // (without autograd every placed lookup stays so)
     for (NodeId n : plan_.placed)
-      if (s.batch_out[s.value_at[n].batch].requires_grad()) return false;
+      if (table_batch(s, n) == kNone32) return false;
   return true;
 }
 
