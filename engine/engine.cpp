@@ -135,7 +135,10 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
     const bool was_prepared = prepared_;
     if (prepared_) {
       prepared_ = false;
-      if (!scheduler_.plan_holds(trace_)) scheduler_.replan(trace_);
+      if (!scheduler_.plan_holds(trace_)) {
+        scheduler_.replan(trace_);
+        ++stats_.replans;
+      }
       execute_round();
     } else if (schedule_round(strategy, validate, defer)) {
       execute_round();

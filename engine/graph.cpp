@@ -104,6 +104,7 @@ std::string Stats::str() const {
   if (gather_ms > 0 || op_ms > 0) os << " (profiled: gathers " << gather_ms << ", ops " << op_ms << ")";
   if (split_shared > 0) os << "; " << split_shared << " batches split by distinct shared operands";
   if (deferred > 0) os << "; " << deferred << " nodes deferred until needed";
+  if (replans > 0) os << "; " << replans << " prepared rounds planned again";
   if (!strategy_used.empty()) os << "; schedule " << strategy_used;
   if (!compared.empty()) os << " (compared: " << describe(compared) << ")";
   return os.str();

@@ -151,7 +151,9 @@ class Graph {
   // Schedules the first round of the next forward now, launching nothing: host
   // work that can run on another thread while the device is busy with another
   // graph (see sheaf::Prefetcher). The next forward() runs that round first,
-  // then whatever was recorded since and any control flow, as usual.
+  // then whatever was recorded since and any control flow, as usual. Run it
+  // in the autograd mode forward() will run in: a round prepared in the other
+  // is planned again (Stats::replans counts those).
   void prepare(std::span<const Expr> targets = {}, const ForwardOptions& options = {}, Loc loc = Loc::current());
 
   // Forgets every node; Exprs made before become invalid (using one is a UserError).

@@ -30,6 +30,11 @@ struct Stats : ExecCounters {
   // Times a node that could run waited for a later round because nothing
   // awaited needed it yet (GraphOptions::defer_unawaited).
   uint64_t deferred = 0;
+  // Prepared rounds (Graph::prepare, a Prefetcher's worker) that forward() had
+  // to plan again: autograd's mode, a looked-up table's requires_grad, or the
+  // graph's batches changed since prepare() (Scheduler::plan_holds). Each
+  // costs a second plan of the round; 0 where prepare() ran as forward() does.
+  uint64_t replans = 0;
   // The schedule of the last round: the strategy's name, or the one `auto` picked.
   std::string_view strategy_used;
   // A strategy that compares schedules (auto), in the last round that compared

@@ -651,6 +651,7 @@ TEST_CASE("prepare schedules the first round, forward then runs it, later record
   CHECK(at::allclose(late.value(), at::tanh(a[0].value())));
   CHECK(prepared.stats().batches == plain.stats().batches + 1);
   CHECK(prepared.stats().rounds == plain.stats().rounds);
+  CHECK(prepared.stats().replans == 0);  // the prepared round ran as planned
 }
 
 TEST_CASE("Prefetcher: each batch's values and gradients as one graph per batch gives, errors reach take", "[backend]") {

@@ -65,6 +65,7 @@ TEST_CASE("a parameter recorded after prepare() leaves the prepared round correc
     zs.push_back(dsl::matmul(V, ys[static_cast<size_t>(i)]));
   }
   g.forward(zs);
+  CHECK(g.stats().replans == 1);
   for (int i = 0; i < 4; ++i)
     CHECK(at::allclose(zs[static_cast<size_t>(i)].value(), at::matmul(V, at::tanh(at::matmul(W, test::data({4}, i)))), 1e-5,
                        1e-6));
@@ -169,6 +170,7 @@ TEST_CASE("lookups read their table's rows where no gradient goes to it", "[trac
     g.prepare(ys);
     table.requires_grad_(true);
     g.forward(ys);
+    CHECK(g.stats().replans == 1);
     CHECK_THAT(g.plan_str(), Contains("= lookup"));
     CHECK(at::allclose(gradient_of(ys, table), counted(3.0)));
   }
@@ -209,6 +211,7 @@ TEST_CASE("lookups read their table's rows where no gradient goes to it", "[trac
       g.prepare(ys);
     }
     g.forward(ys);
+    CHECK(g.stats().replans == 1);
     CHECK_THAT(g.plan_str(), Contains("= lookup"));
     const at::Tensor d = gradient_of(ys, E);
     CHECK(d.is_sparse());
@@ -221,8 +224,24 @@ TEST_CASE("lookups read their table's rows where no gradient goes to it", "[trac
     g.prepare(ys);
     c10::NoGradGuard no_grad;
     g.forward(ys);
+    CHECK(g.stats().replans == 1);
     CHECK_THAT(g.plan_str(), !Contains("= lookup"));
     for (size_t i = 0; i < ids.size(); ++i) CHECK(at::allclose(ys[i].value(), expected(i), 1e-5, 1e-6));
+  }
+  SECTION("a Prefetcher's worker records in the mode of the thread that takes: no round planned twice") {
+    c10::NoGradGuard no_grad;
+    Prefetcher pf({}, [&](Graph& g, size_t) {
+      std::vector<Expr> words, ys;
+      record(g, words, ys);
+      return ys;
+    });
+    for (size_t k = 0; k < 3; ++k) {  // batch 0 recorded by take(), 1 and 2 by the worker
+      Prefetcher::Batch batch = pf.take(k, k + 1 < 3 ? std::optional(k + 1) : std::nullopt);
+      batch.graph.forward(batch.targets);
+      CHECK(batch.graph.stats().replans == 0);
+      CHECK_THAT(batch.graph.plan_str(), !Contains("= lookup"));
+      for (size_t i = 0; i < ids.size(); ++i) CHECK(at::allclose(batch.targets[i].value(), expected(i), 1e-5, 1e-6));
+    }
   }
   SECTION("the checker agrees, every strategy, inference") {
     c10::NoGradGuard no_grad;
