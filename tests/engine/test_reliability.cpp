@@ -284,6 +284,26 @@ TEST_CASE("conds with declared shapes, all recorded up front, cost host work in 
   CHECK(long_chain >= 6 * short_chain);
 }
 
+// After a runaway forward the graph stays usable: a cond it resolved on the
+// way, a round prepared over what waited on it, and nodes recorded on those
+// afterwards all run. (A node found ready by prepare() runs without waking
+// what waits on it: a change that parked new nodes on such a node at their
+// recording left them never computed.)
+TEST_CASE("C: after a runaway, prepare() and nodes recorded on its round still run", "[engine][reliability][control]") {
+  Graph g;
+  Expr x = g.input(data({4}, 3));
+  Expr h = dsl::cond(dsl::sum(x) > 0.0, [=] { return x * 0.5; }, [=] { return x * 2.0; }, Shape{4});
+  Expr w = dsl::tanh(h);
+  REQUIRE_THROWS_WITH(g.forward({w}, {.max_rounds = 1}), Contains("max_rounds"));
+  g.prepare(std::vector<Expr>{w});
+  Expr z = w * 2.0;
+  g.forward({z});
+  const at::Tensor x0 = data({4}, 3);
+  const at::Tensor want = 2.0 * at::tanh(x0.sum().item<double>() > 0 ? x0 * 0.5 : x0 * 2.0);
+  CHECK(at::allclose(z.value(), want, 1e-5, 1e-6));
+  CHECK(at::allclose(w.value(), want / 2.0, 1e-5, 1e-6));
+}
+
 TEST_CASE("A2: a task destroyed by another task's resumption in the same round is not resumed",
           "[engine][reliability][task]") {
   Graph g;
