@@ -14,6 +14,7 @@
 
 #include <sheaf/core/error.h>
 #include <sheaf/ops/op.h>
+#include <sheaf/ops/output_pool.h>
 
 #include <sheaf/ops/autograd_node.h>
 
@@ -189,7 +190,7 @@ std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& pro
   std::vector<at::Tensor> outputs;  // per non-slice member: written, or undefined (scratch only)
   for (size_t k = 0; k < p.code.size(); ++k)
     if (!p.code[k].slice)
-      outputs.push_back(keep.empty() || keep[k] ? at::empty(sizes, opts.requires_grad(false)) : at::Tensor());
+      outputs.push_back(keep.empty() || keep[k] ? empty_output(sizes, opts.requires_grad(false)) : at::Tensor());
   {
     c10::AutoGradMode no_grad(false);
     kernels->forward(p, kernel_inputs(p, inputs, n), outputs, n);

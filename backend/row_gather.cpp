@@ -16,6 +16,7 @@
 #include <sheaf/core/error.h>
 
 #include <sheaf/ops/autograd_node.h>
+#include <sheaf/ops/output_pool.h>
 
 #include "row_copies.h"
 
@@ -213,7 +214,8 @@ at::Tensor RowGathers::gather(std::span<const at::Tensor* const> sources, std::s
     width[k] = row_numel(s);
     needs_grad = needs_grad || s.requires_grad();
   }
-  at::Tensor out = at::empty(at::IntArrayRef(out_sizes.data(), out_sizes.size()), sources[0]->options().requires_grad(false));
+  at::Tensor out =
+      empty_output(at::IntArrayRef(out_sizes.data(), out_sizes.size()), sources[0]->options().requires_grad(false));
   SHEAF_ASSERT(out.size(0) == static_cast<int64_t>(n), "row gather of ", n, " rows into ", out.sizes());
   float* o = out.data_ptr<float>();
   const int64_t out_width = row_numel(out);
@@ -329,7 +331,7 @@ InPlaceRows::GradRows InPlaceRows::grad_rows(std::span<const InPlaceRows* const>
 
 at::Tensor InPlaceRows::materialize(std::span<const int64_t> sizes) const {
   RECORD_FUNCTION("sheaf::gather", std::vector<c10::IValue>());  // one kernel (bench/launches.h counts it)
-  at::Tensor out = at::empty(at::IntArrayRef(sizes.data(), sizes.size()),
+  at::Tensor out = empty_output(at::IntArrayRef(sizes.data(), sizes.size()),
                              impl_->sources[0].options().requires_grad(false));
   SHEAF_ASSERT(out.numel() == static_cast<int64_t>(data_.size()) * width_, "in-place rows of ", data_.size(),
                " x ", width_, " into ", out.sizes());

@@ -14,6 +14,7 @@
 #include <sheaf/core/error.h>
 
 #include "grad_wanted.h"
+#include "output_pool.h"
 
 namespace sheaf::op {
 
@@ -35,7 +36,7 @@ at::Tensor apply_map(const at::Tensor& input, const RowMap& m) {
     zero[0] = 1;
     return at::cat({x, at::zeros(zero, x.options())}).index_select(0, m.index());
   }
-  at::Tensor out = at::empty(sizes, x.options());
+  at::Tensor out = empty_output(sizes, x.options());
   int64_t width = 1;
   for (int64_t d = 1; d < x.dim(); ++d) width *= x.size(d);
   const size_t bytes = static_cast<size_t>(width) * x.element_size();

@@ -17,6 +17,7 @@
 
 #include "autograd_node.h"
 #include "grad_wanted.h"
+#include "output_pool.h"
 
 namespace sheaf {
 
@@ -76,7 +77,7 @@ int64_t grain(int64_t m, int64_t k) { return std::max<int64_t>(1, 32768 / std::m
 
 at::Tensor run_forward(const at::Tensor& A, const at::Tensor& x) {
   const int64_t B = A.size(0), m = A.size(1), k = A.size(2);
-  at::Tensor y = at::empty({B, m}, A.options());
+  at::Tensor y = empty_output({B, m}, A.options());
   const float* a = A.data_ptr<float>();
   const float* xv = x.data_ptr<float>();
   float* yv = y.data_ptr<float>();
@@ -130,7 +131,7 @@ at::Tensor rows_dot(const at::Tensor& X, const at::Tensor& v, const at::Tensor& 
   const int64_t m = x.size(0), k = x.size(1);
   SHEAF_ASSERT(w.numel() == k, "rows_dot: a vector of ", w.numel(), " elements for rows of ", k);
   SHEAF_ASSERT(!b.defined() || b.numel() == 1 || b.numel() == m, "rows_dot: a bias of ", b.numel(), " for ", m, " rows");
-  at::Tensor y = at::empty({m, 1}, x.options());
+  at::Tensor y = empty_output({m, 1}, x.options());
   float* yv = y.data_ptr<float>();
   // One "example" whose matrix is X: forward_*'s loop with B = 1.
 #ifdef SHEAF_HAVE_AVX2_CLONES

@@ -7,6 +7,8 @@
 #include <sheaf/core/cpu_features.h>
 #include <sheaf/core/error.h>
 
+#include "output_pool.h"
+
 #include <algorithm>
 #include <span>
 #include <type_traits>
@@ -274,7 +276,7 @@ namespace {
 template <class Rows>
 at::Tensor product(Rows x, int64_t m, const PackedMatrix& b, const at::Tensor& bias_in,
                    const at::TensorOptions& options) {
-  if (m == 0) return at::empty({0, b.n}, options);
+  if (m == 0) return empty_output({0, b.n}, options);
   at::Tensor bias;
   int64_t ldb = 0;
   if (bias_in.defined()) {
@@ -283,7 +285,7 @@ at::Tensor product(Rows x, int64_t m, const PackedMatrix& b, const at::Tensor& b
     if (bias.numel() != (rows ? m * b.n : b.n)) throw InternalError("packed_mm: a bias of the wrong size");
     ldb = rows ? b.n : 0;
   }
-  at::Tensor c = at::empty({m, b.n}, options);
+  at::Tensor c = empty_output({m, b.n}, options);
 #ifdef SHEAF_HAVE_AVX2_CLONES
   const float* pp = b.panels.data_ptr<float>();
   const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;

@@ -25,6 +25,7 @@
 
 #include "autograd_node.h"
 #include "grad_wanted.h"
+#include "output_pool.h"
 
 namespace sheaf {
 
@@ -222,7 +223,7 @@ at::Tensor segment_weighted_sum(const at::Tensor& w, const at::Tensor& B, std::s
   const at::Tensor wv = w.contiguous(), bv = B.contiguous();
   std::vector<int64_t> off = offsets_of(counts);
   const int64_t p = bv.size(1);
-  at::Tensor y = at::empty({n, p}, bv.options());
+  at::Tensor y = empty_output({n, p}, bv.options());
   {
     c10::AutoGradMode no_grad(false);
     at::parallel_for(0, n, grain(bv.size(0), n, p), [&](int64_t s0, int64_t s1) {

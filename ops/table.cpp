@@ -18,6 +18,7 @@
 #include "leaf.h"
 #include "linear.h"
 #include "op_list.h"
+#include "output_pool.h"
 #include "reduce.h"
 #include "structure.h"
 
@@ -100,7 +101,7 @@ void InferCtx::expect_shared(size_t i, std::string_view what) const {
 }
 
 at::Tensor RowsInPlace::copy(const at::TensorOptions& options) const {
-  at::Tensor out = at::empty({static_cast<int64_t>(rows.size()), width}, options);
+  at::Tensor out = empty_output({static_cast<int64_t>(rows.size()), width}, options);
   float* o = out.data_ptr<float>();
   for (size_t i = 0; i < rows.size(); ++i) std::memcpy(o + static_cast<int64_t>(i) * width, rows[i], sizeof(float) * width);
   return out;
