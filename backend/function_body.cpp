@@ -3,6 +3,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/stack.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/SmallVector.h>
 
 #include <sheaf/ops/op_list.h>
 #include <sheaf/ops/packed_gemm.h>
@@ -143,17 +144,16 @@ void FunctionBody::plan_arguments(const NodeStore& s, size_t arity) {
 // A fused region: one kernel over the n rows (arguments read in place where
 // the executor gave rows).
 void FunctionBody::run_fused_step(const Step& step, int64_t n, std::span<const FusedInput> args,
-                                  std::vector<at::Tensor>& regs) const {
+                                  std::span<at::Tensor> regs) const {
   const NodeStore& s = *store_;
-  std::vector<FusedInput> ins;
-  ins.reserve(step.inputs.size());
+  c10::SmallVector<FusedInput, 4> ins;
   for (NodeId v : step.inputs) {
     const int32_t i = arg_of_[s.resolve(v)];
     if (i >= 0 && args[static_cast<size_t>(i)].rows) ins.push_back(args[static_cast<size_t>(i)]);
     else ins.push_back(FusedInput{regs[v], nullptr});
     SHEAF_ASSERT(ins.back().rows || ins.back().tensor.defined(), "fused input %", v, " of a body is missing");
   }
-  std::vector<at::Tensor> values = run_fused(step.program, std::span<const FusedInput>(ins), n, step.keep);
+  std::vector<at::Tensor> values = run_fused(step.program, std::span<const FusedInput>(ins.data(), ins.size()), n, step.keep);
   for (size_t k = 0; k < step.members.size(); ++k)
     if (step.keep[k]) regs[step.members[k]] = std::move(values[k]);
 }
@@ -162,15 +162,16 @@ void FunctionBody::run_fused_step(const Step& step, int64_t n, std::span<const F
 // executor would launch a batch of it: the op's batched run, or a nested
 // function's body.
 void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::span<const FusedInput> args,
-                               std::vector<at::Tensor>& regs) const {
+                               std::span<at::Tensor> regs) const {
   const NodeStore& s = *store_;
   const NodeId v = step.node;
   const OpInfo& info = op_info(s.op[v]);
   const bool once = s.has(v, NodeStore::kShared);
   const int64_t rows = once ? 1 : a.n;
   const auto node_args = s.args_of(v);
-  std::vector<at::Tensor> ins;
-  std::vector<uint8_t> shared;
+  // On the stack for the usual few arguments: a launch runs a step per body op.
+  c10::SmallVector<at::Tensor, 4> ins;
+  c10::SmallVector<uint8_t, 4> shared;
   // An argument the executor gave as rows in place (no tensor: ArgUse::rows).
   RowsInPlace rows_in;
   size_t rows_at = node_args.size();
@@ -203,8 +204,8 @@ void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::span<
   LaunchArgs la;
   la.n = rows;
   la.arity = node_args.size();
-  la.inputs = ins;
-  la.shared = shared;
+  la.inputs = std::span(ins.data(), ins.size());
+  la.shared = std::span(shared.data(), shared.size());
   la.attrs = s.attrs_of(v);
   la.out_shape = &s.shape_of(v);
   la.user_tensors = &s.user_tensors;
@@ -249,9 +250,9 @@ void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::span<
 }
 
 std::vector<at::Tensor> FunctionBody::run(const LaunchArgs& a) const {
-  std::vector<FusedInput> args;
+  c10::SmallVector<FusedInput, 4> args;
   for (const at::Tensor& t : a.inputs) args.push_back(FusedInput{t, nullptr});
-  return run(a, args, {});
+  return run(a, std::span<const FusedInput>(args.data(), args.size()), {});
 }
 
 std::vector<at::Tensor> FunctionBody::run(const LaunchArgs& a, std::span<const FusedInput> args,
@@ -261,7 +262,7 @@ std::vector<at::Tensor> FunctionBody::run(const LaunchArgs& a, std::span<const F
   // A value per body node: [n, ...] for per-example nodes, the tensor itself for
   // shared ones (parameters, shared arguments, ops on them only).
   // (Over the body as compiled: its graph refuses more recording until recorded again.)
-  std::vector<at::Tensor> regs(arg_of_.size());
+  c10::SmallVector<at::Tensor, 16> regs(arg_of_.size());
   for (NodeId v = 0; v < arg_of_.size(); ++v) {
     if (const int32_t i = arg_of_[v]; i >= 0) {
       const at::Tensor& x = args[static_cast<size_t>(i)].tensor;
@@ -273,12 +274,12 @@ std::vector<at::Tensor> FunctionBody::run(const LaunchArgs& a, std::span<const F
   }
   for (const Step& step : steps_) {
     if (step.node == kNoNode) {
-      run_fused_step(step, n, args, regs);
+      run_fused_step(step, n, args, std::span(regs.data(), regs.size()));
     } else if (step.group >= 0 && static_cast<size_t>(step.group) < groups.size() &&
                groups[static_cast<size_t>(step.group)].defined()) {
       regs[step.node] = groups[static_cast<size_t>(step.group)];  // gathered side by side by the executor
     } else {
-      run_op_step(step, a, args, regs);
+      run_op_step(step, a, args, std::span(regs.data(), regs.size()));
     }
   }
 

@@ -94,10 +94,10 @@ class FunctionBody {
     bool payload = false;         // an op that reads its payload: handed one per row
   };
   void plan_arguments(const NodeStore& s, size_t arity);
-  void run_fused_step(const Step& step, int64_t n, std::span<const FusedInput> args,
-                      std::vector<at::Tensor>& regs) const;
+  // `regs`: a value per body node (run()'s, on its stack for a small body).
+  void run_fused_step(const Step& step, int64_t n, std::span<const FusedInput> args, std::span<at::Tensor> regs) const;
   void run_op_step(const Step& step, const LaunchArgs& a, std::span<const FusedInput> args,
-                   std::vector<at::Tensor>& regs) const;
+                   std::span<at::Tensor> regs) const;
 
   const NodeStore* store_ = nullptr;
   const FunctionTable* nested_ = nullptr;

@@ -545,35 +545,38 @@ bool Engine::deliver_waiters() {
   // The waiters of the nodes computed since the last delivery. The lists are
   // taken (emptied) only once the values are fetched: a fetch that throws
   // leaves them for the next delivery.
-  std::vector<uint32_t> ready;
+  ready_.clear();
   for (NodeId n : due_) {
     for (uint32_t e = watch_head_[n]; e != kNone32; e = watches_[e].next) {
       ++stats_.waiter_visits;
       const Watch& x = watches_[e];
-      if (waiters_[x.waiter].generation == x.generation && waiters_[x.waiter].callback) ready.push_back(x.waiter);
+      const Waiter& w = waiters_[x.waiter];
+      if (w.generation == x.generation && w.callback) ready_.emplace_back(w.order, x.waiter);
     }
   }
-  // (A node is due twice when two waiters registered on it after it was computed.)
-  std::sort(ready.begin(), ready.end(), [&](uint32_t a, uint32_t b) { return waiters_[a].order < waiters_[b].order; });
-  ready.erase(std::unique(ready.begin(), ready.end()), ready.end());
-  if (ready.empty()) {
+  // In registration order (sorted by value: the keys side by side, not
+  // looked up in waiters_ per comparison). A node is due twice when two
+  // waiters registered on it after it was computed.
+  std::sort(ready_.begin(), ready_.end());
+  ready_.erase(std::unique(ready_.begin(), ready_.end()), ready_.end());
+  if (ready_.empty()) {
     for (NodeId n : due_) watch_head_[n] = kNone32;
     due_.clear();
     return false;
   }
 
   const auto t0 = Clock::now();
-  std::vector<NodeId> nodes;
-  for (uint32_t i : ready) nodes.push_back(waiters_[i].node);
-  const std::vector<HostValue> host = fetch_to_host(nodes);
+  ready_nodes_.clear();
+  for (const auto& [order, i] : ready_) ready_nodes_.push_back(waiters_[i].node);
+  const std::vector<HostValue> host = fetch_to_host(ready_nodes_);
   stats_.fetch_ms += ms_since(t0);
   for (NodeId n : due_) watch_head_[n] = kNone32;
   due_.clear();
 
   // Take the callbacks out first: they register new waiters (slots get reused).
   std::vector<Delivery> calls;
-  calls.reserve(ready.size());
-  for (uint32_t i : ready) {
+  calls.reserve(ready_.size());
+  for (const auto& [order, i] : ready_) {
     calls.push_back(Delivery{std::move(waiters_[i].callback), waiters_[i].node, WaiterId{i, waiters_[i].generation}});
     waiters_[i].callback = nullptr;
     free_waiters_.push_back(i);

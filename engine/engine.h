@@ -22,6 +22,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <sheaf/backend/executor.h>
@@ -173,6 +174,10 @@ class Engine {
   uint64_t next_order_ = 0;
   std::vector<Failure> failures_;
   std::vector<at::Tensor> fetched_;  // what the current delivery's HostValues point into
+  // Scratch of deliver_waiters, used before it calls back (a callback's own
+  // delivery may reuse them): the due waiters as (order, slot), their nodes.
+  std::vector<std::pair<uint64_t, uint32_t>> ready_;
+  std::vector<NodeId> ready_nodes_;
   // A delivery's callbacks, taken from their waiters, while they are called in
   // turn (cancel() marks one that has not run yet).
   struct Delivery {
