@@ -4,6 +4,7 @@
 #include <ATen/record_function.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
@@ -33,9 +34,10 @@ using torch::autograd::variable_list;
 
 // Inputs as the kernels read them: tensors contiguous, the per-example ones
 // [n, numel]; rows read in place as they are.
-std::vector<FusedInput> kernel_inputs(const FusedProgram& p, std::span<const FusedInput> inputs, int64_t n) {
-  std::vector<FusedInput> out;
-  out.reserve(inputs.size());
+using KernelInputs = c10::SmallVector<FusedInput, 4>;
+
+KernelInputs kernel_inputs(const FusedProgram& p, std::span<const FusedInput> inputs, int64_t n) {
+  KernelInputs out;
   for (uint32_t e = 0; e < p.inputs; ++e) {
     if (inputs[e].rows) {
       SHEAF_ASSERT(!p.input_shared[e] && inputs[e].rows->width() == p.input_numel[e] &&
@@ -149,10 +151,10 @@ struct FusedBackward : torch::autograd::Node {
     std::vector<float* const*> g_rows(p.inputs, nullptr);
     for (uint32_t e = 0, k = 0; e < p.inputs; ++e)
       if (rows[e] && rows[e]->needs_grad()) g_rows[e] = hub_rows.rows[k++].data();
-    const std::vector<FusedInput> flat = kernel_inputs(p, in, n);
+    const KernelInputs flat = kernel_inputs(p, in, n);
     {
       c10::AutoGradMode no_grad(false);
-      kernels->backward(p, flat, g_out, g_in, g_rows, n);
+      kernels->backward(p, std::span(flat.data(), flat.size()), g_out, g_in, g_rows, n);
     }
     variable_list out(num_outputs());
     for (uint32_t e = 0; e < p.inputs; ++e)
@@ -188,12 +190,14 @@ std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& pro
   // inference).
   const std::vector<int64_t> sizes = batched_sizes(n, p.shape);
   std::vector<at::Tensor> outputs;  // per non-slice member: written, or undefined (scratch only)
+  outputs.reserve(p.code.size());
   for (size_t k = 0; k < p.code.size(); ++k)
     if (!p.code[k].slice)
       outputs.push_back(keep.empty() || keep[k] ? empty_output(sizes, opts.requires_grad(false)) : at::Tensor());
   {
     c10::AutoGradMode no_grad(false);
-    kernels->forward(p, kernel_inputs(p, inputs, n), outputs, n);
+    const KernelInputs flat = kernel_inputs(p, inputs, n);
+    kernels->forward(p, std::span(flat.data(), flat.size()), outputs, n);
   }
 
   // A region of comparisons alone (a gate's lone `x > 0`) gives no gradient:
@@ -234,9 +238,10 @@ std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& pro
 
   // Member values in program order; a slice is a view of its operand's rows
   // (of an input read in place: of a copy of them, made when wanted).
-  std::vector<at::Tensor> regs;
+  c10::SmallVector<at::Tensor, 16> regs;
   for (const FusedInput& x : inputs) regs.push_back(x.tensor);
   std::vector<at::Tensor> values;
+  values.reserve(p.code.size());
   size_t next = 0;
   for (size_t k = 0; k < p.code.size(); ++k) {
     const FusedInstr& in = p.code[k];

@@ -12,6 +12,7 @@
 // exception flags, and without it the compiler will not turn the math's
 // selects into vector blends.
 #include <ATen/Parallel.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <array>
@@ -169,8 +170,12 @@ float* scratch(size_t floats) {
   return buf.data();
 }
 
-std::vector<Reg> registers(const FusedProgram& p, std::span<const FusedInput> inputs) {
-  std::vector<Reg> regs;
+// (On the stack for the usual small programs: a launch made several vectors,
+// and a block two more, before any float was computed.)
+using Regs = c10::SmallVector<Reg, 16>;
+
+Regs registers(const FusedProgram& p, std::span<const FusedInput> inputs) {
+  Regs regs;
   for (uint32_t e = 0; e < p.inputs; ++e) {
     Reg r;
     if (inputs[e].rows) r.rows = inputs[e].rows->data().data();
@@ -198,8 +203,8 @@ std::vector<Reg> registers(const FusedProgram& p, std::span<const FusedInput> in
 // Where each member's block is: in its output tensor (kept members, forward) or
 // in a scratch block of `count` floats.
 struct MemberBlocks {
-  std::vector<float*> ptr;
-  std::vector<int64_t> stride;
+  c10::SmallVector<float*, 8> ptr;
+  c10::SmallVector<int64_t, 8> stride;
 };
 
 // A register's rows over a block: a pointer and a row stride. A value per row
@@ -229,7 +234,7 @@ Rows rows_of(const Reg& r, const Block& b, const MemberBlocks& m, float* buf) {
 float attr_of_instr(const FusedInstr& in) { return static_cast<float>(attr_to_double(in.attr)); }
 
 // Runs the program's instructions over one block, members into `m`.
-void run_block(const FusedProgram& p, const std::vector<Reg>& regs, const Block& b, const MemberBlocks& m,
+void run_block(const FusedProgram& p, const Regs& regs, const Block& b, const MemberBlocks& m,
                float* buf) {
   const auto& kernels = table();
   for (size_t k = 0; k < p.code.size(); ++k) {
@@ -256,13 +261,14 @@ const char* isa() { return use_avx512() ? "avx512" : use_avx2() ? "avx2+fma" : "
 
 void forward(const FusedProgram& p, std::span<const FusedInput> inputs, std::span<const at::Tensor> outputs,
              int64_t n) {
-  const std::vector<Reg> regs = registers(p, inputs);
+  const Regs regs = registers(p, inputs);
   const int members = members_of(p);
   const bool parallel = at::get_num_threads() > 1 && n * p.numel >= 4 * kBlock;
   for_blocks(n, p.numel, parallel, [&](const Block& b) {
     const int64_t count = b.count();
     float* values = scratch((static_cast<size_t>(members) + 2) * count);
-    MemberBlocks m{std::vector<float*>(members), std::vector<int64_t>(members)};
+    MemberBlocks m{c10::SmallVector<float*, 8>(static_cast<size_t>(members)),
+                   c10::SmallVector<int64_t, 8>(static_cast<size_t>(members))};
     for (int k = 0; k < members; ++k) {
       if (outputs[k].defined()) {
         m.ptr[k] = outputs[k].data_ptr<float>() + b.row0 * p.numel + b.col0;
@@ -278,7 +284,7 @@ void forward(const FusedProgram& p, std::span<const FusedInput> inputs, std::spa
 
 void backward(const FusedProgram& p, std::span<const FusedInput> inputs, std::span<const at::Tensor> grads_out,
               std::span<at::Tensor> grads_in, std::span<float* const* const> grad_rows, int64_t n) {
-  const std::vector<Reg> regs = registers(p, inputs);
+  const Regs regs = registers(p, inputs);
   const auto& kernels = table();
   const int members = members_of(p);
   std::vector<float*> g_in(p.inputs, nullptr);
@@ -320,7 +326,8 @@ void backward(const FusedProgram& p, std::span<const FusedInput> inputs, std::sp
     float* buf = adj + members * count;
     float* fa = buf + 2 * count;
     float* fb = buf + 3 * count;
-    MemberBlocks m{std::vector<float*>(members), std::vector<int64_t>(members, b.cols)};
+    MemberBlocks m{c10::SmallVector<float*, 8>(static_cast<size_t>(members)),
+                   c10::SmallVector<int64_t, 8>(static_cast<size_t>(members), b.cols)};
     for (int k = 0; k < members; ++k) m.ptr[k] = values + k * count;
     run_block(p, regs, b, m, buf);
     for (int k = 0; k < members; ++k) {

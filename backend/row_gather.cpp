@@ -5,6 +5,7 @@
 #include <ATen/ops/zeros.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
@@ -203,8 +204,8 @@ at::Tensor RowGathers::gather(std::span<const at::Tensor* const> sources, std::s
                "row gather without sources");
   RECORD_FUNCTION("sheaf::gather", std::vector<c10::IValue>());  // one kernel (bench/launches.h counts it)
   const size_t n = rows.size() / segments;
-  std::vector<const float*> base(sources.size());
-  std::vector<int64_t> stride(sources.size()), width(sources.size());
+  c10::SmallVector<const float*, 8> base(sources.size());
+  c10::SmallVector<int64_t, 8> stride(sources.size()), width(sources.size());
   bool needs_grad = false;
   for (size_t k = 0; k < sources.size(); ++k) {
     const at::Tensor& s = *sources[k];
@@ -243,7 +244,7 @@ at::Tensor RowGathers::gather(std::span<const at::Tensor* const> sources, std::s
     hubs[k] = hub->node;
     dummies[k] = hub->dummy;
   }
-  attach_reader(out, std::move(hubs), rows, std::move(width), segments, dummies);
+  attach_reader(out, std::move(hubs), rows, std::vector<int64_t>(width.begin(), width.end()), segments, dummies);
   return out;
 }
 
@@ -263,8 +264,12 @@ std::shared_ptr<const InPlaceRows> RowGathers::in_place(std::span<const at::Tens
   auto impl = std::make_shared<InPlaceRows::Impl>();
   auto out = std::make_shared<InPlaceRows>();
   const bool grad = at::GradMode::is_enabled();
-  std::vector<const float*> base(sources.size());
-  std::vector<int64_t> stride(sources.size());
+  c10::SmallVector<const float*, 8> base(sources.size());
+  c10::SmallVector<int64_t, 8> stride(sources.size());
+  impl->width.reserve(sources.size());
+  impl->sources.reserve(sources.size());
+  impl->hubs.reserve(sources.size());
+  impl->dummies.reserve(sources.size());
   for (size_t k = 0; k < sources.size(); ++k) {
     const at::Tensor& s = *sources[k];
     SHEAF_ASSERT(readable(s) && s.device().is_cpu(), "in-place source ", k, " is not readable by rows: ", s.sizes(), " ", s.strides());
