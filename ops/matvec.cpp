@@ -11,6 +11,8 @@
 #include <torch/csrc/autograd/saved_variable.h>
 
 #include <algorithm>
+#include <array>
+#include <vector>
 
 #include <sheaf/core/cpu_features.h>
 #include <sheaf/core/error.h>
@@ -70,6 +72,30 @@ using torch::autograd::variable_list;
 SHEAF_MATVEC_LOOPS(base, )
 #ifdef SHEAF_HAVE_AVX2_CLONES
 SHEAF_MATVEC_LOOPS(avx2, SHEAF_AVX2_TARGET)
+#endif
+
+// Rows [0, m) of y [m, c] = x [m, k] W^T + bias, with W^T padded to
+// kNarrowRows columns (wt: k rows of 8; bias: 8 values, zero past c). The
+// inner loop over the 8 columns is one vector multiply-add.
+#define SHEAF_NARROW_LOOP(SUFFIX, ATTR)                                                                     \
+  ATTR void narrow_##SUFFIX(const float* x, const float* wt, const float* bias, float* y, int64_t m,          \
+                            int64_t k, int64_t c) {                                                         \
+    for (int64_t i = 0; i < m; ++i) {                                                                       \
+      const float* __restrict xi = x + i * k;                                                               \
+      float acc[kNarrowRows];                                                                               \
+      for (int q = 0; q < kNarrowRows; ++q) acc[q] = bias[q];                                               \
+      for (int64_t j = 0; j < k; ++j) {                                                                     \
+        const float s = xi[j];                                                                              \
+        const float* __restrict w = wt + j * kNarrowRows;                                                   \
+        for (int q = 0; q < kNarrowRows; ++q) acc[q] += s * w[q];                                           \
+      }                                                                                                     \
+      for (int64_t q = 0; q < c; ++q) y[i * c + q] = acc[q];                                                \
+    }                                                                                                       \
+  }
+
+SHEAF_NARROW_LOOP(base, )
+#ifdef SHEAF_HAVE_AVX2_CLONES
+SHEAF_NARROW_LOOP(avx2, SHEAF_AVX2_TARGET)
 #endif
 
 // Examples per task when split across threads: enough work to pay for a task.
@@ -144,6 +170,39 @@ at::Tensor rows_dot(const at::Tensor& X, const at::Tensor& v, const at::Tensor& 
     const bool per_row = b.numel() == m && m > 1;
     for (int64_t i = 0; i < m; ++i) yv[i] += bv[per_row ? i : 0];
   }
+  return y;
+}
+
+at::Tensor narrow_product(const at::Tensor& X, const at::Tensor& W, const at::Tensor& bias) {
+  const at::Tensor x = X.contiguous(), w = W.contiguous();
+  const int64_t m = x.size(0), k = x.size(1), c = w.size(0);
+  SHEAF_ASSERT(w.dim() == 2 && c >= 1 && c <= kNarrowRows && w.size(1) == k, "narrow_product of ", x.sizes(), " and ",
+               w.sizes());
+  SHEAF_ASSERT(!bias.defined() || bias.numel() == c, "narrow_product: a bias of ", bias.numel(), " for ", c, " outputs");
+  // W^T padded to 8 columns, on the stack for the usual widths (a k of up to
+  // 1024: 32 KiB), on the heap past that.
+  constexpr int64_t kStack = 1024;
+  std::array<float, kStack * kNarrowRows> stack_wt;
+  std::vector<float> heap_wt;
+  float* wt = stack_wt.data();
+  if (k > kStack) {
+    heap_wt.resize(static_cast<size_t>(k * kNarrowRows));
+    wt = heap_wt.data();
+  }
+  const float* wv = w.data_ptr<float>();
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t q = 0; q < kNarrowRows; ++q) wt[j * kNarrowRows + q] = q < c ? wv[q * k + j] : 0.0f;
+  std::array<float, kNarrowRows> b{};
+  if (bias.defined()) {
+    const at::Tensor bc = bias.contiguous();
+    std::copy_n(bc.data_ptr<float>(), c, b.begin());
+  }
+  at::Tensor y = empty_output({m, c}, x.options());
+#ifdef SHEAF_HAVE_AVX2_CLONES
+  if (use_avx2()) narrow_avx2(x.data_ptr<float>(), wt, b.data(), y.data_ptr<float>(), m, k, c);
+  else
+#endif
+    narrow_base(x.data_ptr<float>(), wt, b.data(), y.data_ptr<float>(), m, k, c);
   return y;
 }
 

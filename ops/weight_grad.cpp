@@ -233,6 +233,12 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   if (one_column && w.is_cpu() && (!b.defined() || b.is_cpu()) && x.scalar_type() == at::kFloat &&
       w.scalar_type() == at::kFloat && (!b.defined() || b.scalar_type() == at::kFloat) && !grad_wanted(x, w, b))
     return rows_dot(x, w, b);
+  // A few output columns (a classifier's classes): one loop, as above.
+  if (m > 0 && x.is_cpu() && w.is_cpu() && w.dim() == 2 && w.size(0) <= kNarrowRows && x.dim() == 2 &&
+      x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
+      (!b.defined() || (b.is_cpu() && b.scalar_type() == at::kFloat && b.dim() == 1 && b.numel() == w.size(0))) &&
+      !grad_wanted(x, w, b))
+    return narrow_product(x, w, b);
   if (m == 1) {
     at::Tensor y = b.defined() ? at::addmv(b.dim() == 2 ? b[0] : b, w, x[0]) : at::mv(w, x[0]);
     return y.unsqueeze(0);

@@ -253,6 +253,26 @@ TEST_CASE("rows_dot: one output per row, with no bias, one bias or a bias per ro
   }
 }
 
+TEST_CASE("narrow_product: a weight of 1-8 rows times any rows, with or without a bias, equals at::linear", "[backend]") {
+  // k past 1024 takes W^T from the heap instead of the stack.
+  for (int64_t c : {1, 2, 5, 8}) {
+    for (int64_t k : {1, 9, 128, 1500}) {
+      for (int64_t m : {1, 3, 64}) {
+        INFO("c " << c << ", k " << k << ", m " << m);
+        const at::Tensor x = data({m, k}, 1), w = data({c, k}, 2), b = data({c}, 3);
+        const at::Tensor y = narrow_product(x, w, b);
+        CHECK(y.sizes() == at::IntArrayRef({m, c}));
+        CHECK(at::allclose(y, at::linear(x, w, b), 1e-4, 1e-4));
+        CHECK(at::allclose(narrow_product(x, w, {}), at::linear(x, w), 1e-4, 1e-4));
+        // Rows that are not contiguous read as the same values.
+        const at::Tensor wide = data({m, k + 3}, 5).narrow(1, 1, k);
+        CHECK(at::allclose(narrow_product(wide, w, b), at::linear(wide, w, b), 1e-4, 1e-4));
+      }
+    }
+  }
+  CHECK_THROWS(narrow_product(data({2, 4}, 1), data({9, 4}, 2), {}));  // wider than 8: not its job
+}
+
 TEST_CASE("packed_mm: the product of any rows, with no bias, one bias or a bias per row, equals OpenBLAS's",
           "[backend][packed]") {
   if (!packed_gemm_available()) {
