@@ -49,6 +49,7 @@ class FunctionCache final : public FunctionTable {
     uint64_t def_id = 0;
     std::vector<uint32_t> key;  // per argument: signature_word()
     std::unique_ptr<Graph> graph;  // where the body is recorded
+    std::vector<at::Tensor> stand_ins;  // the arguments the body is recorded on (shapes only)
     Fuser fuser;                   // its regions' programs, kept across recordings
     FunctionBody body;
     std::vector<Shape> results;

@@ -408,6 +408,9 @@ NodeId Trace::placeholder(ShapeId shape, int64_t example, std::source_location l
   const int64_t saved = current_example_;
   current_example_ = example < 0 ? current_example_ : example;
   const NodeId n = record(code_of<op::Placeholder>, {}, {}, 0, loc);
+  // A round would only drop it (unresolved): resolve() adds it. (A gated
+  // net's placeholders were a ninth of its rounds' visits.)
+  ready_.take_back(n);
   current_example_ = saved;
   s_.flags[n] |= NodeStore::kPlaceholder;
   s_.example[n] = example;
