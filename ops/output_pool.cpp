@@ -44,6 +44,10 @@ constexpr std::size_t capacity_of(uint32_t c) {
   return std::size_t{sub + 5} << (b - 2);
 }
 constexpr uint32_t kClasses = class_of(kPoolMaxBlock) + 1;
+// The header's mark for a block the pool does not keep: one larger than
+// kPoolMaxBlock, which only a resize of a pooled tensor asks for (LibTorch
+// grows a storage through the allocator that made it).
+constexpr uint32_t kUnpooled = ~uint32_t{0};
 static_assert(capacity_of(class_of(65)) >= 65 && capacity_of(class_of(128)) == 128 &&
               capacity_of(class_of(129)) >= 129 && capacity_of(class_of(kPoolMaxBlock)) == kPoolMaxBlock);
 // (A class never holds more blocks than this: a pattern of many small
@@ -84,11 +88,14 @@ void release(void* data) {
   uint32_t c = 0;
   std::memcpy(&c, block, sizeof c);
   Cache* cache = t_cache;  // a thread that never allocated keeps nothing
-  const std::size_t cap = capacity_of(c);
-  if (cache != nullptr && cache->free[c].size() < kMaxPerClass && cache->bytes + cap <= kPoolBytesPerThread) {
-    cache->free[c].push_back(block);
-    cache->bytes += cap;
-    return;
+  if (c != kUnpooled && cache != nullptr && cache->free[c].size() < kMaxPerClass &&
+      cache->bytes + capacity_of(c) <= kPoolBytesPerThread) {
+    try {  // (a deleter must not throw: a list that cannot grow keeps nothing)
+      cache->free[c].push_back(block);
+      cache->bytes += capacity_of(c);
+      return;
+    } catch (...) {
+    }
   }
   std::free(block);
 }
@@ -108,15 +115,14 @@ class OutputPool final : public c10::Allocator {
   static c10::DataPtr take(std::size_t n) {
     const c10::Device cpu(c10::DeviceType::CPU);
     if (n == 0) return {nullptr, nullptr, &release, cpu};
-    TORCH_CHECK(n <= kPoolMaxBlock, "sheaf output pool: a block of ", n, " bytes");
-    const uint32_t c = class_of(n);
+    const uint32_t c = n <= kPoolMaxBlock ? class_of(n) : kUnpooled;
     void* block = nullptr;
-    Cache* cache = sheaf::cache();
+    Cache* cache = c == kUnpooled ? nullptr : sheaf::cache();
     if (cache != nullptr && !cache->free[c].empty()) {
       block = cache->free[c].back();
       cache->free[c].pop_back();
       cache->bytes -= capacity_of(c);
-    } else if (posix_memalign(&block, kHeader, kHeader + capacity_of(c)) != 0) {
+    } else if (posix_memalign(&block, kHeader, kHeader + (c == kUnpooled ? n : capacity_of(c))) != 0) {
       throw std::bad_alloc();
     } else {
       std::memcpy(block, &c, sizeof c);

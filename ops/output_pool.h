@@ -9,8 +9,11 @@
 // A released block goes back to the cache of the thread that releases it (a
 // tensor may die on any thread); each thread keeps at most
 // kPoolBytesPerThread of free blocks, sizes up to kPoolMaxBlock, and hands
-// the rest back to the C library. Built with AddressSanitizer, every tensor
-// takes LibTorch's own allocator: a pool would hide use-after-free.
+// the rest back to the C library (as it does a block a resize grew past
+// kPoolMaxBlock). Built with AddressSanitizer, every tensor takes LibTorch's
+// own allocator: a pool would hide use-after-free. Unlike at::empty, a
+// pooled tensor is not filled under LibTorch 2.x's deterministic mode: every
+// kernel that takes one writes all of it.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -233,8 +233,10 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   if (one_column && w.is_cpu() && (!b.defined() || b.is_cpu()) && x.scalar_type() == at::kFloat &&
       w.scalar_type() == at::kFloat && (!b.defined() || b.scalar_type() == at::kFloat) && !grad_wanted(x, w, b))
     return rows_dot(x, w, b);
-  // A few output columns (a classifier's classes): one loop, as above.
-  if (m > 0 && x.is_cpu() && w.is_cpu() && w.dim() == 2 && w.size(0) <= kNarrowRows && x.dim() == 2 &&
+  // A few output columns (a classifier's classes): one loop, as above, on
+  // one thread (past ~1M inputs OpenBLAS's threads may pay).
+  if (m > 0 && x.is_cpu() && w.is_cpu() && w.dim() == 2 && w.size(0) >= 1 && w.size(0) <= kNarrowRows &&
+      x.dim() == 2 && m * x.size(1) <= (int64_t{1} << 20) &&
       x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
       (!b.defined() || (b.is_cpu() && b.scalar_type() == at::kFloat && b.dim() == 1 && b.numel() == w.size(0))) &&
       !grad_wanted(x, w, b))

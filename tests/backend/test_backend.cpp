@@ -210,6 +210,34 @@ TEST_CASE("linear_rows: a bias per row, and a [1, m] bias broadcast, with and wi
   }
 }
 
+TEST_CASE("linear_rows: a few output columns (narrow_product's case) with every kind of bias, and its gradients",
+          "[backend]") {
+  for (int64_t c : {0, 2, 5, 8}) {
+    for (int64_t m : {1, 3, 64}) {
+      INFO(c << " outputs, " << m << " rows");
+      const at::Tensor W = at::randn({c, 40}), x = at::randn({m, 40});
+      const at::Tensor b = at::randn({c}), rows = at::randn({m, c}), one = at::randn({1, c});
+      const at::Tensor expected = at::matmul(x, W.t());
+      // Without a gradient: a 1-D bias takes narrow_product; a bias per row,
+      // or [1, c], takes the general path. Each equals the plain product.
+      c10::NoGradGuard no_grad;
+      CHECK(at::allclose(linear_rows(x, W, b), expected + b, 1e-4, 1e-4));
+      CHECK(at::allclose(linear_rows(x, W, {}), expected, 1e-4, 1e-4));
+      CHECK(at::allclose(linear_rows(x, W, rows), expected + rows, 1e-4, 1e-4));
+      CHECK(at::allclose(linear_rows(x, W, one), expected + one, 1e-4, 1e-4));
+    }
+  }
+  // With a gradient wanted: not narrow_product (it records none); autograd's.
+  const at::Tensor W = at::randn({5, 40}).requires_grad_(), x = at::randn({7, 40}).requires_grad_();
+  const at::Tensor b = at::randn({5}).requires_grad_();
+  const at::Tensor y = linear_rows(x, W, b);
+  REQUIRE(y.requires_grad());
+  y.sum().backward();
+  CHECK(at::allclose(W.grad(), x.detach().sum(0).unsqueeze(0).expand({5, 40}), 1e-4, 1e-4));
+  CHECK(at::allclose(x.grad(), W.detach().sum(0).unsqueeze(0).expand({7, 40}), 1e-4, 1e-4));
+  CHECK(at::allclose(b.grad(), at::full({5}, 7.0f), 1e-4, 1e-4));
+}
+
 TEST_CASE("linear_rows: one output column (a GEMV) with every kind of bias, and its gradients", "[backend]") {
   const at::Tensor A = at::randn({1, 40}).requires_grad_();
   const at::Tensor a_t = A.detach().t().contiguous();
