@@ -203,6 +203,8 @@ Regs registers(const FusedProgram& p, std::span<const FusedInput> inputs) {
 // Where each member's block is: in its output tensor (kept members, forward) or
 // in a scratch block of `count` floats.
 struct MemberBlocks {
+  MemberBlocks(int members, int64_t row_stride)
+      : ptr(static_cast<size_t>(members)), stride(static_cast<size_t>(members), row_stride) {}
   c10::SmallVector<float*, 8> ptr;
   c10::SmallVector<int64_t, 8> stride;
 };
@@ -267,8 +269,7 @@ void forward(const FusedProgram& p, std::span<const FusedInput> inputs, std::spa
   for_blocks(n, p.numel, parallel, [&](const Block& b) {
     const int64_t count = b.count();
     float* values = scratch((static_cast<size_t>(members) + 2) * count);
-    MemberBlocks m{c10::SmallVector<float*, 8>(static_cast<size_t>(members)),
-                   c10::SmallVector<int64_t, 8>(static_cast<size_t>(members))};
+    MemberBlocks m(members, 0);
     for (int k = 0; k < members; ++k) {
       if (outputs[k].defined()) {
         m.ptr[k] = outputs[k].data_ptr<float>() + b.row0 * p.numel + b.col0;
@@ -326,8 +327,7 @@ void backward(const FusedProgram& p, std::span<const FusedInput> inputs, std::sp
     float* buf = adj + members * count;
     float* fa = buf + 2 * count;
     float* fb = buf + 3 * count;
-    MemberBlocks m{c10::SmallVector<float*, 8>(static_cast<size_t>(members)),
-                   c10::SmallVector<int64_t, 8>(static_cast<size_t>(members), b.cols)};
+    MemberBlocks m(members, b.cols);
     for (int k = 0; k < members; ++k) m.ptr[k] = values + k * count;
     run_block(p, regs, b, m, buf);
     for (int k = 0; k < members; ++k) {

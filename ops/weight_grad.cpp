@@ -230,16 +230,14 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   // autograd, one loop (ops/matvec.h), for one row too; with it (a frozen W
   // whose x or bias wants a gradient), addmv.
   const bool one_column = m > 0 && w.size(0) == 1 && x.is_cpu();
-  if (one_column && w.is_cpu() && (!b.defined() || b.is_cpu()) && x.scalar_type() == at::kFloat &&
-      w.scalar_type() == at::kFloat && (!b.defined() || b.scalar_type() == at::kFloat) && !grad_wanted(x, w, b))
-    return rows_dot(x, w, b);
+  // What the loops of ops/matvec.h take: float rows on the CPU, no gradient.
+  auto cpu_float = [](const at::Tensor& t) { return !t.defined() || (t.is_cpu() && t.scalar_type() == at::kFloat); };
+  auto loop_takes = [&] { return m > 0 && cpu_float(x) && cpu_float(w) && cpu_float(b) && !grad_wanted(x, w, b); };
+  if (one_column && loop_takes()) return rows_dot(x, w, b);
   // A few output columns (a classifier's classes): one loop, as above, on
   // one thread (past ~1M inputs OpenBLAS's threads may pay).
-  if (m > 0 && x.is_cpu() && w.is_cpu() && w.dim() == 2 && w.size(0) >= 1 && w.size(0) <= kNarrowRows &&
-      x.dim() == 2 && m * x.size(1) <= (int64_t{1} << 20) &&
-      x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
-      (!b.defined() || (b.is_cpu() && b.scalar_type() == at::kFloat && b.dim() == 1 && b.numel() == w.size(0))) &&
-      !grad_wanted(x, w, b))
+  if (m > 0 && w.dim() == 2 && w.size(0) >= 1 && w.size(0) <= kNarrowRows && m * x.size(1) <= (int64_t{1} << 20) &&
+      (!b.defined() || (b.dim() == 1 && b.numel() == w.size(0))) && loop_takes())
     return narrow_product(x, w, b);
   if (m == 1) {
     at::Tensor y = b.defined() ? at::addmv(b.dim() == 2 ? b[0] : b, w, x[0]) : at::mv(w, x[0]);
