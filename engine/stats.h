@@ -38,7 +38,8 @@ struct Stats : ExecCounters {
   // The schedule of the last round: the strategy's name, or the one `auto` picked.
   std::string_view strategy_used;
   // A strategy that compares schedules (auto), in the last round that compared
-  // them (every 16th): each candidate's plan, costed by GraphOptions::cost.
+  // them (16 rounds apart, up to 128 while the same one wins): each
+  // candidate's plan, costed by GraphOptions::cost.
   using Candidate = PlanCost;
   std::vector<Candidate> compared;
   // Wall-clock milliseconds:

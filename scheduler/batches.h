@@ -26,6 +26,7 @@ struct Batches {
 struct StrategyMemo {
   int choice = -1;
   int rounds_left = 0;
+  int interval = 0;  // rounds from one comparison to the next (Scheduler::compare)
 };
 
 }  // namespace sheaf

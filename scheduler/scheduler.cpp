@@ -83,14 +83,19 @@ void Scheduler::plan_with(Trace& trace, const Strategy& strategy, StrategyMemo* 
 }
 
 // Plans the round with each candidate and keeps the cheapest (ties: the
-// first), used alone for the next kRecheck - 1 rounds: a comparison costs a
-// schedule and a plan per candidate. Only plans, no timing, decide: the same
-// graph gets the same schedule on every run. The candidates are planned last
-// to first: the store holds the rows of the last plan made, so when the first
-// (the usual winner) wins, its plan stands without being made again.
+// first), used alone until the next comparison: a comparison costs a schedule
+// and a plan per candidate. The next comes after kRecheck rounds, or, when the
+// same candidate won again, after twice as many as last time, up to
+// kRecheckMax: a graph whose work keeps its shape (the usual training loop)
+// stops paying for comparisons that change nothing, and one whose work
+// changes is rechecked within kRecheckMax rounds. Only plans, no timing,
+// decide: the same graph gets the same schedule on every run. The candidates
+// are planned last to first: the store holds the rows of the last plan made,
+// so when the first (the usual winner) wins, its plan stands without being
+// made again.
 void Scheduler::compare(Trace& trace, const Strategy& strategy, bool validate, const Fuser* fuser,
                         const CostModel& cost) {
-  static constexpr int kRecheck = 16;
+  static constexpr int kRecheck = 16, kRecheckMax = 128;
   const std::span<const Strategy* const> candidates = strategy.candidates();
   compared_.resize(candidates.size());
   size_t best = candidates.size() - 1;
@@ -101,8 +106,9 @@ void Scheduler::compare(Trace& trace, const Strategy& strategy, bool validate, c
     if (compared_[k].cost_us <= compared_[best].cost_us) best = k;
   }
   if (best != 0) plan_with(trace, *candidates[best], nullptr, strategy.name(), validate, fuser);
+  memo_.interval = memo_.choice == static_cast<int>(best) ? std::min(2 * memo_.interval, kRecheckMax) : kRecheck;
   memo_.choice = static_cast<int>(best);
-  memo_.rounds_left = kRecheck - 1;
+  memo_.rounds_left = memo_.interval - 1;
 }
 
 std::string describe(std::span<const PlanCost> costs) {

@@ -113,3 +113,47 @@ TEST_CASE("a CostModel with a negative or non-finite figure is a user error", "[
                     Catch::Matchers::Contains("GraphOptions::cost"));
   CHECK_NOTHROW(Graph({.cost = CostModel{.launch_us = 0, .gather_us_per_mb = 0}}));
 }
+
+TEST_CASE("auto compares less often while one plan keeps winning, and every 16th round again once it changes",
+          "[scheduler][cost]") {
+  at::NoGradGuard no_grad;
+  Steps p;
+  // Gathered bytes alone decide: on Steps the candidates differ (the test
+  // above), on a plain chain they tie and the first (lazy) wins.
+  Graph g({.fuse = false, .cost = CostModel{.launch_us = 0, .gather_us_per_mb = 1}});
+  auto chain = [&] {
+    std::vector<Expr> outs;
+    for (int i = 0; i < 4; ++i) {
+      auto s = g.example(i);
+      outs.push_back(dsl::sum(dsl::tanh(dsl::matmul(p.W, g.input(p.inputs[static_cast<size_t>(i)])))));
+    }
+    return dsl::sum(outs);
+  };
+  // Runs `rounds` one-round graphs; returns the rounds that compared and what each picked.
+  auto run_rounds = [&](int rounds, bool steps) {
+    std::vector<std::pair<int, std::string>> compared;
+    for (int r = 0; r < rounds; ++r) {
+      g.clear();
+      Expr loss = steps ? p.record(g) : chain();
+      g.forward(loss);
+      if (!g.stats().compared.empty()) compared.emplace_back(r, std::string(g.stats().strategy_used));
+    }
+    return compared;
+  };
+  const auto first = run_rounds(300, true);
+  REQUIRE(first.size() == 5);
+  const std::string steps_pick = first[0].second;
+  REQUIRE(steps_pick == "agenda");  // fewer bytes on Steps, so the chain's tie changes the pick
+  const int expected[] = {0, 16, 48, 112, 240};  // 16, 32, 64, then at most 128 apart
+  for (size_t k = 0; k < first.size(); ++k) {
+    CHECK(first[k].first == expected[k]);
+    CHECK(first[k].second == steps_pick);
+  }
+  // The next comparison is due 128 rounds after 240: the 69th round from here.
+  // The pick changes there, so the one after comes 16 rounds later, then 32.
+  const auto second = run_rounds(120, false);
+  REQUIRE(second.size() == 3);
+  CHECK(second[0] == std::pair<int, std::string>(68, "lazy"));
+  CHECK(second[1] == std::pair<int, std::string>(84, "lazy"));
+  CHECK(second[2] == std::pair<int, std::string>(116, "lazy"));
+}
