@@ -26,6 +26,7 @@ int run_host(const Options& o) {
         Graph g(options);
         std::vector<double> record, round, fuse, strat, plan, total;
         double nodes = 0;
+        double recorded = 0;  // every batch's nodes, warm-up included (scripts/host-instructions.sh divides by it)
         for (int r = 0; r < o.repeat + 1; ++r)
           for (const auto& batch : w.batches) {
             g.clear();
@@ -34,6 +35,7 @@ int run_host(const Options& o) {
             const auto t1 = std::chrono::steady_clock::now();
             g.prepare(std::span(&loss, 1));
             const auto t2 = std::chrono::steady_clock::now();
+            recorded += static_cast<double>(g.size());
             if (r == 0) continue;  // warm-up
             const Stats& s = g.stats();
             nodes = static_cast<double>(g.size());
@@ -53,7 +55,7 @@ int run_host(const Options& o) {
               .add("round_ns_per_node", median(round)).add("fuse_ns_per_node", median(fuse))
               .add("strategy_ns_per_node", median(strat)).add("plan_ns_per_node", median(plan))
               .add("trace_schedule_ns_per_node", median(total))
-              .add("trace_schedule_ms_per_batch", median(total) * nodes * 1e-6);
+              .add("trace_schedule_ms_per_batch", median(total) * nodes * 1e-6).add("nodes_recorded", recorded);
           std::printf("%s\n", j.str().c_str());
         } else {
           std::printf("host, sheaf:%s, batch %lld, %.0f nodes: ns per node: record %.1f, round %.1f, fuse %.1f, "
