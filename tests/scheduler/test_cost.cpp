@@ -1,5 +1,7 @@
 // auto's choice by cost (scheduler/cost.h): the plans it compares, what each
 // costs, and that the CostModel, not the launch count alone, decides.
+#include <c10/core/GradMode.h>
+
 #include <cmath>
 #include <random>
 
@@ -116,7 +118,7 @@ TEST_CASE("a CostModel with a negative or non-finite figure is a user error", "[
 
 TEST_CASE("auto compares less often while one plan keeps winning, and every 16th round again once it changes",
           "[scheduler][cost]") {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   Steps p;
   // Gathered bytes alone decide: on Steps the candidates differ (the test
   // above), on a plain chain they tie and the first (lazy) wins.
