@@ -34,6 +34,7 @@ esac
 command -v valgrind > /dev/null || { echo "host-instructions: needs valgrind (apt-get install -y valgrind)" >&2; exit 1; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+[ -n "${HOST_IR_KEEP:-}" ] && trap 'mkdir -p "$HOST_IR_KEEP" && cp "$out"/* "$HOST_IR_KEEP"; rm -rf "$out"' EXIT
 valgrind --tool=callgrind --callgrind-out-file="$out/cg" "$bench" "${args[@]}" > "$out/json" 2> "$out/log" ||
   { cat "$out/log" >&2; exit 1; }
 callgrind_annotate --inclusive=yes --threshold=100 "$out/cg" > "$out/annotated"

@@ -31,7 +31,9 @@ class ReadyQueue {
   }
   // n waits until `on` is ready.
   void park(NodeId n, NodeId on) {
-    if (head_.size() <= on) head_.resize(on + 1, kNone32);
+    // Twice the size, not on + 1: parks come in recording order, so a resize
+    // to on + 1 (an out-of-line fill) ran on nearly every park.
+    if (head_.size() <= on) head_.resize(std::max<size_t>(on + 1, 2 * head_.size()), kNone32);
     node_.push_back(n);
     next_.push_back(head_[on]);
     head_[on] = static_cast<uint32_t>(node_.size() - 1);
