@@ -216,7 +216,7 @@ std::vector<size_t> add_sheaf_systems(const Options& o, const SheafSystem& spec,
                                       std::vector<System>& systems, SheafOwners& owners);
 
 // Runs every system over batches [0, n_batches) `repeat` times, interleaved
-// and rotated (A B C, then B C A, C A B...) after one warm-up pass; returns the
+// (system A, B, C, then A, B, C again...) after one warm-up pass; returns the
 // per-repeat throughputs in items/s for each system. A pass ends when the device
 // has finished its work.
 std::vector<std::vector<double>> measure(const Options& o, std::vector<System>& systems, size_t n_batches,

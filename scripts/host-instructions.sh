@@ -22,9 +22,11 @@
 # valgrind's CPU (it reports no AVX-512, so kernels take their AVX2 paths)
 # all move them. Needs valgrind (apt-get install -y valgrind); 1-3 minutes.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 workload=${1:-host}
-bench=${2:-build/bench/sheaf-bench}
+# BENCH and HOST_IR_KEEP (a folder for the raw files) are taken from the caller's directory.
+bench=$(realpath -m "${2:-$(dirname "$0")/../build/bench/sheaf-bench}")
+keep=${HOST_IR_KEEP:+$(realpath -m "$HOST_IR_KEEP")}
+cd "$(dirname "$0")/.."
 case "$workload" in
   host) trees=${3:-256}; args=(--workload host --trees "$trees" --batch 64 --repeat 1 --systems sheaf:auto --json) ;;
   gated) trees=${3:-128}; args=(--workload gated_rvnn --hidden 128 --trees "$trees" --batch 64 --repeat 1
@@ -34,7 +36,7 @@ esac
 command -v valgrind > /dev/null || { echo "host-instructions: needs valgrind (apt-get install -y valgrind)" >&2; exit 1; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-[ -n "${HOST_IR_KEEP:-}" ] && trap 'mkdir -p "$HOST_IR_KEEP" && cp "$out"/* "$HOST_IR_KEEP"; rm -rf "$out"' EXIT
+[ -n "$keep" ] && trap 'mkdir -p "$keep" && cp "$out"/* "$keep"; rm -rf "$out"' EXIT
 valgrind --tool=callgrind --callgrind-out-file="$out/cg" "$bench" "${args[@]}" > "$out/json" 2> "$out/log" ||
   { cat "$out/log" >&2; exit 1; }
 callgrind_annotate --inclusive=yes --threshold=100 "$out/cg" > "$out/annotated"
@@ -42,9 +44,10 @@ python3 - "$workload" "$out/json" "$out/annotated" "$out/cg" "$bench" "$trees" <
 import json, re, sys
 workload, run_json, annotated, raw, bench, trees = sys.argv[1:]
 def inclusive(name):
-    for line in open(annotated):
-        if name in line:
-            return int(re.match(r"\s*([\d,]+)", line).group(1).replace(",", ""))
+    for line in open(annotated):  # sorted by count: the function itself before lines that merely contain the name
+        m = re.match(r"\s*([\d,]+)\s", line)
+        if m and name in line:
+            return int(m.group(1).replace(",", ""))
     sys.exit(f"host-instructions: {name} not in the profile")
 def calls(name):
     # Calls to functions whose name contains `name`, from callgrind's raw

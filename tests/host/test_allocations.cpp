@@ -175,7 +175,8 @@ TEST_CASE("Recording and scheduling a TreeLSTM batch allocate a bounded number o
   // Warm-up: the graph's buffers and tables grow to the largest batch once.
   for (int i = 0; i < 4; ++i) count_batch(g, model, all.subspan(64 * i, 64));
   // 16 batches: one of them is a round where `auto` plans with both of its
-  // candidates and keeps the cheaper (every 16th), which must not allocate either.
+  // candidates and keeps the cheaper (its second comparison, 16 rounds after
+  // the first, in batch 12), which must not allocate either.
   for (int i = 0; i < 16; ++i) {
     const Counts c = count_batch(g, model, all.subspan(64 * (i % 4), 64));
     INFO("batch " << i << ": " << c.nodes << " nodes, " << c.record << " allocations recording, " << c.prepare

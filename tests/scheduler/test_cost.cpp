@@ -116,7 +116,7 @@ TEST_CASE("a CostModel with a negative or non-finite figure is a user error", "[
   CHECK_NOTHROW(Graph({.cost = CostModel{.launch_us = 0, .gather_us_per_mb = 0}}));
 }
 
-TEST_CASE("auto compares less often while one plan keeps winning, and every 16th round again once it changes",
+TEST_CASE("auto compares less often while one plan keeps winning: 16 rounds after the pick changes, then doubling",
           "[scheduler][cost]") {
   c10::NoGradGuard no_grad;
   Steps p;
