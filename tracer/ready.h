@@ -31,9 +31,7 @@ class ReadyQueue {
   }
   // n waits until `on` is ready.
   void park(NodeId n, NodeId on) {
-    // Twice the size, not on + 1: parks come in recording order, so a resize
-    // to on + 1 (an out-of-line fill) ran on nearly every park.
-    if (head_.size() <= on) head_.resize(std::max<size_t>(on + 1, 2 * head_.size()), kNone32);
+    cover(head_, on, kNone32);
     node_.push_back(n);
     next_.push_back(head_[on]);
     head_[on] = static_cast<uint32_t>(node_.size() - 1);
@@ -105,8 +103,13 @@ class ReadyQueue {
   std::vector<NodeId> deferred_;    // deferred nodes (entries released by need() go stale)
   uint64_t deferred_count_ = 0;
   size_t live_deferred_ = 0;        // entries of deferred_ still deferred
-  void grow(NodeId n) {
-    if (mark_.size() <= n) mark_.resize(std::max<size_t>(n + 1, mark_.size() * 2), 0);
+  void grow(NodeId n) { cover(mark_, n, uint8_t{0}); }
+  // Makes v[n] valid (new entries `fill`), growing v at least twofold: nodes
+  // come in recording order, so growing to n + 1 (an out-of-line fill) would
+  // run on nearly every call.
+  template <class T>
+  static void cover(std::vector<T>& v, NodeId n, T fill) {
+    if (v.size() <= n) v.resize(std::max<size_t>(n + 1, 2 * v.size()), fill);
   }
 };
 
