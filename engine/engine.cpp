@@ -355,8 +355,10 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
   const NodeId node = trace_.record(code_of<op::Call>, args, variant.result_attrs(0), 0, loc);
   out.clear();
   out.push_back(expr(node));
-  for (size_t k = 1; k < results; ++k)
-    out.push_back(expr(trace_.record(code_of<op::CallResult>, std::span(&node, 1), variant.result_attrs(k), 0, loc)));
+  if (results > 1) {
+    const std::span<const ShapeId> ids = functions_.result_ids(index, trace_.store().shapes);
+    for (size_t k = 1; k < results; ++k) out.push_back(expr(trace_.call_result(node, variant.result_attrs(k), ids[k], loc)));
+  }
 }
 
 // Arguments downstream of a dsl::cond: the body's signature is not known yet.

@@ -61,6 +61,9 @@ class FunctionCache final : public FunctionTable {
     std::span<const int64_t> result_attrs(size_t k) const {
       return {attrs.data() + attrs_begin[k], attrs.data() + attrs_begin[k + 1]};
     }
+    // Each result's shape in the calling graph's table (result_ids(): made on
+    // first use after the body is recorded).
+    std::vector<ShapeId> result_ids;
     // The graph generation it was recorded for, once `recorded` (a flag, not
     // a sentinel epoch: generations wrap and may take any value).
     uint32_t epoch = 0;
@@ -90,6 +93,17 @@ class FunctionCache final : public FunctionTable {
     return find_or_record(def, signature, epoch, options, site, caller);
   }
   const Variant& variant(uint32_t index) const { return *variants_[index]; }
+  // Variant `index`'s result shapes interned in the calling graph's table,
+  // which outlives clear() (as signature_word()'s ids do): a call's further
+  // results are recorded with them, without inference (Trace::call_result).
+  std::span<const ShapeId> result_ids(uint32_t index, ShapeTable& shapes) {
+    Variant& v = *variants_[index];
+    if (v.result_ids.size() != v.results.size()) {
+      v.result_ids.clear();
+      for (const Shape& r : v.results) v.result_ids.push_back(shapes.intern(r));
+    }
+    return v.result_ids;
+  }
   // After a clear() of the calling graph (now at `epoch`): forgets the variants
   // no batch recorded in the last few (a model whose argument shapes change
   // from batch to batch keeps only the recent ones). Call nodes name variants

@@ -114,8 +114,8 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
       continue;
     }
     if (s.op[n] == code_of<op::CallResult>) {
-      // A call's further result: computed by the call's batch, so it is the
-      // call's entry for whatever reads it (the planner places its rows).
+      // A call's further result, looked at again (a failed run's nodes are):
+      // placed with its call below when that was. Its entry is the call's.
       dag.args.resize(listed);
       dag.stamp[n] = round;
       dag.local_of[n] = dag.local_of[s.resolve(s.args_of(n)[0])];
@@ -135,6 +135,17 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
     dag.max_depth = std::max(dag.max_depth, d);
     dag.arg_begin.push_back(static_cast<uint32_t>(dag.args.size()));
     q.wake(n, work);
+    if (s.op[n] == code_of<op::Call>) {
+      // Its further results (nodes n + 1 .. n + K - 1, never candidates of
+      // their own: Trace::call_result) are computed by its batch: each is the
+      // call's entry for whatever reads it (the planner places their rows).
+      const auto results = static_cast<NodeId>(s.attrs_of(n)[1]);
+      for (NodeId k = 1; k < results; ++k) {
+        dag.stamp[n + k] = round;
+        dag.local_of[n + k] = dag.local_of[n];
+        q.wake(n + k, work);
+      }
+    }
   }
 }
 

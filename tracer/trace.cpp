@@ -404,19 +404,22 @@ ShapeId Trace::row_shape(NodeId x) { return s_.shapes.row(s_.shape[x]); }
 // ---------------------------------------------------------------------------
 // Placeholders and deferred shapes.
 
+// Nothing to infer or check (its shape is given, it has no arguments): appended
+// directly, which record() would do after a memo lookup that cost a gated net's
+// cond ~250 instructions. Not a candidate: a round would only drop it
+// (unresolved), and resolve() adds it. (A gated net's placeholders were a
+// ninth of its rounds' visits.)
 NodeId Trace::placeholder(ShapeId shape, int64_t example, std::source_location loc) {
-  const int64_t saved = current_example_;
-  current_example_ = example < 0 ? current_example_ : example;
-  const NodeId n = record(code_of<op::Placeholder>, {}, {}, 0, loc);
-  // A round would only drop it (unresolved): resolve() adds it. (A gated
-  // net's placeholders were a ninth of its rounds' visits.)
-  ready_.take_back(n);
-  current_example_ = saved;
-  s_.flags[n] |= NodeStore::kPlaceholder;
-  s_.example[n] = example;
-  s_.shape[n] = shape;
-  s_.sig[n] = kNoSig;
-  return n;
+  const bool shared = (example < 0 ? current_example_ : example) == kSharedExample;
+  return s_.append(code_of<op::Placeholder>, shape, {}, {}, 0, example, loc,
+                   static_cast<uint8_t>(NodeStore::kPlaceholder | (shared ? NodeStore::kShared : 0)));
+}
+
+NodeId Trace::call_result(NodeId call, std::span<const int64_t> attrs, ShapeId shape, std::source_location loc) {
+  SHEAF_ASSERT(s_.op[call] == code_of<op::Call> && shape != kUnknownShape, "node ", call,
+               " is not a call, or a result's shape is unknown");
+  return s_.append(code_of<op::CallResult>, shape, std::span(&call, 1), attrs, 0, s_.example[call], loc,
+                   static_cast<uint8_t>(s_.flags[call] & NodeStore::kShared));
 }
 
 void Trace::resolve(NodeId p, NodeId value) {

@@ -58,6 +58,12 @@ class Trace {
   NodeId placeholder(ShapeId shape, int64_t example, std::source_location loc);
   void resolve(NodeId placeholder, NodeId value);
 
+  // Result k >= 1 of call node `call` (ops/call.h), recorded right after the
+  // call with the shape its function's body gave (attrs: k, rank, dims): no
+  // inference, no signature, and not a candidate of its own (a round places
+  // it with its call: scheduler/round.cpp).
+  NodeId call_result(NodeId call, std::span<const int64_t> attrs, ShapeId shape, std::source_location loc);
+
   // Calls `fn` once every node of `nodes` has a known shape: now, if they all
   // have one; else right after the resolve() that makes the last one known
   // (never from inside shape propagation, so `fn` may record and resolve).
