@@ -229,7 +229,27 @@ NodeId Trace::constant(const Shape& shape, double value, std::source_location lo
 NodeId Trace::lookup(const at::Tensor& table, int64_t id, bool sparse_grad, std::source_location loc) {
   const NodeId t = param(table, loc);
   const int64_t attr = sparse_grad ? 1 : 0;
-  return record(code_of<op::Lookup>, std::span(&t, 1), std::span(&attr, 1), id, loc);
+  // A lookup per word, from one or two tables: the last one's verdict (shape,
+  // signature) holds for another id in range of the same table node and
+  // gradient kind, in the same example kind. What record() does then, without
+  // its memo's key (~300 instructions a word).
+  LastLookup& last = last_lookup_;
+  const bool shared = current_example_ == kSharedExample;
+  if (last.table == t && last.attr == attr && last.shared == shared && id >= 0 && id < last.rows) {
+    ++param_uses_[t];
+    const NodeId n = s_.append(code_of<op::Lookup>, last.shape, std::span(&t, 1), std::span(&attr, 1), id,
+                               current_example_, loc, shared ? uint8_t{NodeStore::kShared} : uint8_t{0});
+    s_.sig[n] = last.sig;
+    ready_.add(n);
+    return n;
+  }
+  const NodeId n = record(code_of<op::Lookup>, std::span(&t, 1), std::span(&attr, 1), id, loc);
+  const Shape& rows = s_.shape_of(t);
+  SHEAF_ASSERT(s_.has(t, NodeStore::kShared) && t < param_uses_.size() && s_.shape[n] != kUnknownShape &&
+                   (s_.flags[n] & (NodeStore::kRowwise | NodeStore::kRowReduce)) == 0,
+               "a lookup's table is not a parameter, or the lookup's verdict is not the plain one kept");
+  last = LastLookup{t, attr, shared, rows[0], s_.shape[n], s_.sig[n]};
+  return n;
 }
 
 NodeId Trace::lookup(const at::Tensor& table, std::span<const int64_t> ids, bool sparse_grad,
@@ -587,6 +607,7 @@ void Trace::clear() {
     for (LastRecord& w : ways) w.len = 0;
   next_way_.fill(0);  // which way each op evicts next: the same after every clear()
   recent_params_.fill(RecentParam{});
+  last_lookup_ = LastLookup{};  // its table's node id and signature id start again
   ready_.clear();
   deferred_inferences_ = 0;
   params_.clear();

@@ -155,6 +155,17 @@ class Trace {
     SigId sig = kNoSig;
   };
   std::array<LastSig, 64> last_sig_{};
+  // The last Trace::lookup of one id recorded through record(): its table
+  // node, gradient kind, whether shared, the table's rows, and its verdict.
+  struct LastLookup {
+    NodeId table = kNoNode;
+    int64_t attr = 0;
+    bool shared = false;
+    int64_t rows = 0;
+    ShapeId shape = kUnknownShape;
+    SigId sig = kNoSig;
+  };
+  LastLookup last_lookup_;
   // The parameters read last (a model reads a few of them over and over).
   struct RecentParam {
     const void* impl = nullptr;

@@ -97,6 +97,37 @@ TEST_CASE("the same tensor is one shared node", "[tracer]") {
   CHECK(g.input(at::randn({2})).example() == 5);
 }
 
+
+// Trace::lookup reuses the last lookup's verdict for the same table node: it
+// must not outlive a clear() (node ids start again: another table may get the
+// same one), nor carry over between tables, gradient kinds or example kinds.
+TEST_CASE("lookups alternating tables, gradient kinds and examples, and after clear(), have their own shapes",
+          "[tracer]") {
+  Graph g;
+  const at::Tensor A = at::randn({6, 3}), B = at::randn({4, 5}), C = at::randn({8, 2});
+  for (int pass = 0; pass < 2; ++pass) {
+    g.clear();
+    const at::Tensor& first = pass == 0 ? A : C;  // after the clear, C's node has A's old id
+    std::vector<Expr> xs;
+    for (int64_t i = 0; i < 4; ++i) {
+      auto s = g.example(i);
+      xs.push_back(g.lookup(first, i % 2, /*sparse_grad=*/i % 2 == 1));
+      xs.push_back(g.lookup(B, i));
+    }
+    Expr outside = g.lookup(first, 1);  // outside any example scope: example 0, as input() is
+    CHECK(xs[0].shape() == Shape{first.size(1)});
+    CHECK(xs[1].shape() == Shape{5});
+    CHECK(outside.example() == 0);
+    REQUIRE_THROWS_WITH(g.lookup(first, first.size(0)), Contains("op 'lookup'") && Contains("out of range"));
+    REQUIRE_THROWS_WITH(g.lookup(B, 4), Contains("op 'lookup'") && Contains("id 4") && Contains("4 rows"));
+    g.forward();
+    for (int64_t i = 0; i < 4; ++i) {
+      CHECK(at::equal(xs[static_cast<size_t>(2 * i)].value(), first[i % 2]));
+      CHECK(at::equal(xs[static_cast<size_t>(2 * i + 1)].value(), B[i]));
+    }
+    CHECK(at::equal(outside.value(), first[1]));
+  }
+}
 TEST_CASE("an op on shared values only is shared and computed once", "[tracer]") {
   Graph g;
   at::Tensor w = at::randn({3});
