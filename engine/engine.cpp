@@ -346,19 +346,17 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
   for (size_t i = 0; i < args.size(); ++i)
     signature[i] = FunctionCache::signature_word(s.shape[args[i]], s.has(args[i], NodeStore::kShared));
   const uint32_t index = functions_.variant_for(def, signature, generation_, options_, site, trace_);
-  const FunctionCache::Variant& variant = functions_.variant(index);
+  FunctionCache::Variant& variant = functions_.variant(index);
   const size_t results = variant.results.size();
   if (expected != 0 && results != expected)
     throw_user(site, "function '", def.name, "' returned ", results, " results where the call takes ", expected);
   // The call's value is its first result; each further result is a CallResult
   // node recorded right after it, computed by the same batch (ops/call.h).
-  const NodeId node = trace_.record(code_of<op::Call>, args, variant.result_attrs(0), 0, loc);
+  const std::span<const ShapeId> ids = functions_.result_ids(index, trace_.store().shapes);
+  const NodeId node = trace_.call(args, variant.result_attrs(0), ids[0], variant.verdict, loc);
   out.clear();
   out.push_back(expr(node));
-  if (results > 1) {
-    const std::span<const ShapeId> ids = functions_.result_ids(index, trace_.store().shapes);
-    for (size_t k = 1; k < results; ++k) out.push_back(expr(trace_.call_result(node, variant.result_attrs(k), ids[k], loc)));
-  }
+  for (size_t k = 1; k < results; ++k) out.push_back(expr(trace_.call_result(node, variant.result_attrs(k), ids[k], loc)));
 }
 
 // Arguments downstream of a dsl::cond: the body's signature is not known yet.

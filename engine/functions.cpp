@@ -82,6 +82,7 @@ uint32_t FunctionCache::find_or_record(const FunctionDef& def, std::span<const u
     v.attrs.clear();
     v.attrs_begin.assign(1, 0);
     v.result_ids.clear();
+    v.verdict = {};
     for (size_t k = 0; k < v.results.size(); ++k) {
       if (k == 0) v.attrs.insert(v.attrs.end(), {static_cast<int64_t>(index), static_cast<int64_t>(v.results.size())});
       else v.attrs.push_back(static_cast<int64_t>(k));

@@ -64,6 +64,7 @@ class FunctionCache final : public FunctionTable {
     // Each result's shape in the calling graph's table (result_ids(): made on
     // first use after the body is recorded).
     std::vector<ShapeId> result_ids;
+    Trace::CallVerdict verdict;  // its calls' signature (Trace::call)
     // The graph generation it was recorded for, once `recorded` (a flag, not
     // a sentinel epoch: generations wrap and may take any value).
     uint32_t epoch = 0;
@@ -93,6 +94,7 @@ class FunctionCache final : public FunctionTable {
     return find_or_record(def, signature, epoch, options, site, caller);
   }
   const Variant& variant(uint32_t index) const { return *variants_[index]; }
+  Variant& variant(uint32_t index) { return *variants_[index]; }
   // Variant `index`'s result shapes interned in the calling graph's table,
   // which outlives clear() (as signature_word()'s ids do): a call's further
   // results are recorded with them, without inference (Trace::call_result).

@@ -435,6 +435,42 @@ NodeId Trace::placeholder(ShapeId shape, int64_t example, std::source_location l
                    static_cast<uint8_t>(NodeStore::kPlaceholder | (shared ? NodeStore::kShared : 0)));
 }
 
+NodeId Trace::call(std::span<const NodeId> args, std::span<const int64_t> attrs, ShapeId shape, CallVerdict& verdict,
+                   std::source_location loc) {
+  if (verdict.clears == clears_ && verdict.shared.size() == args.size()) {
+    int64_t example = kSharedExample;
+    bool same = true;
+    for (size_t i = 0; i < args.size() && same; ++i) {
+      const NodeId a = args[i], r = s_.resolve(a);
+      same = (s_.has(r, NodeStore::kShared) ? r : kNoNode) == verdict.shared[i];
+      if (s_.has(a, NodeStore::kShared)) continue;
+      const int64_t e = s_.example[a];
+      example = example == kSharedExample || example == e ? e : kMixedExample;
+    }
+    if (same) {  // what record() does on a memo hit
+      for (NodeId a : args)
+        if (s_.has(a, NodeStore::kShared) && a < param_uses_.size()) ++param_uses_[a];
+      const bool shared = example == kSharedExample;
+      const NodeId n = s_.append(code_of<op::Call>, shape, args, attrs, 0, example, loc,
+                                 shared ? uint8_t{NodeStore::kShared} : uint8_t{0});
+      if (!shared) s_.sig[n] = verdict.sig;
+      ready_.add(n);
+      return n;
+    }
+  }
+  const NodeId n = record(code_of<op::Call>, args, attrs, 0, loc);
+  SHEAF_ASSERT(s_.shape[n] == shape && (s_.flags[n] & (NodeStore::kRowwise | NodeStore::kRowReduce)) == 0,
+               "a call's shape is not its body's, or a call batches by rows");
+  verdict.clears = clears_;
+  verdict.sig = s_.sig[n];
+  verdict.shared.resize(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const NodeId r = s_.resolve(args[i]);
+    verdict.shared[i] = s_.has(r, NodeStore::kShared) ? r : kNoNode;
+  }
+  return n;
+}
+
 NodeId Trace::call_result(NodeId call, std::span<const int64_t> attrs, ShapeId shape, std::source_location loc) {
   SHEAF_ASSERT(s_.op[call] == code_of<op::Call> && shape != kUnknownShape, "node ", call,
                " is not a call, or a result's shape is unknown");
@@ -608,6 +644,7 @@ void Trace::clear() {
   next_way_.fill(0);  // which way each op evicts next: the same after every clear()
   recent_params_.fill(RecentParam{});
   last_lookup_ = LastLookup{};  // its table's node id and signature id start again
+  ++clears_;                     // and every call's verdict
   ready_.clear();
   deferred_inferences_ = 0;
   params_.clear();

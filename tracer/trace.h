@@ -58,6 +58,20 @@ class Trace {
   NodeId placeholder(ShapeId shape, int64_t example, std::source_location loc);
   void resolve(NodeId placeholder, NodeId value);
 
+  // A call of a function's body (ops/call.h): attrs and shape are the body's
+  // (engine/functions.h), and `verdict`, kept by the caller per body, is the
+  // signature of its last call. A call whose arguments read the same shared
+  // nodes (their shapes are the body's) has the same one: appended with it,
+  // without record()'s memo (whose key for a call is ~10 words); otherwise
+  // recorded, and the verdict kept. A clear() voids every verdict.
+  struct CallVerdict {
+    uint64_t clears = ~uint64_t{0};  // clears_ when it was made
+    SigId sig = kNoSig;
+    std::vector<NodeId> shared;  // per argument: the shared node it reads (resolved), else kNoNode
+  };
+  NodeId call(std::span<const NodeId> args, std::span<const int64_t> attrs, ShapeId shape, CallVerdict& verdict,
+              std::source_location loc);
+
   // Result k >= 1 of call node `call` (ops/call.h), recorded right after the
   // call with the shape its function's body gave (attrs: k, rank, dims): no
   // inference, no signature, and not a candidate of its own (a round places
@@ -166,6 +180,7 @@ class Trace {
     SigId sig = kNoSig;
   };
   LastLookup last_lookup_;
+  uint64_t clears_ = 0;  // clear()s so far (CallVerdict)
   // The parameters read last (a model reads a few of them over and over).
   struct RecentParam {
     const void* impl = nullptr;
