@@ -618,26 +618,26 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
   std::vector<HostValue> host(nodes.size());
   fetched_.clear();
   if (options_.device.is_cpu()) {
-    std::vector<std::pair<uint32_t, size_t>> seen;  // batch -> its contiguous tensor in fetched_
+    // Batch -> its contiguous tensor's data (kept alive in fetched_).
+    std::vector<std::pair<uint32_t, const float*>> seen;
     for (size_t i = 0; i < nodes.size(); ++i) {
       const NodeId r = s.resolve(nodes[i]);
       const uint32_t b = s.value_at[r].batch;
-      size_t slot = fetched_.size();
-      for (const auto& [batch, k] : seen)
-        if (batch == b) slot = k;
-      if (slot == fetched_.size()) {
+      const float* data = nullptr;
+      for (const auto& [batch, p] : seen)
+        if (batch == b) data = p;
+      if (data == nullptr) {
         const at::Tensor& t = lazy_.get(s, b);
         // Only its data is read (under no_grad: a copy records no history); a
         // detach() per batch cost a dispatch and a TensorImpl for nothing.
-        fetched_.push_back(t.is_contiguous() ? t : t.contiguous());
-        seen.emplace_back(b, slot);
+        data = fetched_.emplace_back(t.is_contiguous() ? t : t.contiguous()).data_ptr<float>();
+        seen.emplace_back(b, data);
       }
-      const Shape shape = s.shape_of(r);
+      const Shape& shape = s.shape_of(r);
       const uint32_t row = s.value_at[r].row;
       // A packed value starts at row `row` of rows of its shape less the first axis.
       const int64_t per_row = s.has(r, NodeStore::kPacked) ? shape.numel() / std::max<int64_t>(shape[0], 1) : shape.numel();
-      host[i] = HostValue{fetched_[slot].data_ptr<float>() + (row == kWholeRow ? 0 : row * per_row), shape,
-                          trace_.site_of(nodes[i])};
+      host[i] = HostValue{data + (row == kWholeRow ? 0 : row * per_row), shape, trace_.site_of(nodes[i])};
     }
     return host;
   }
