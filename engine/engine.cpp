@@ -510,7 +510,9 @@ WaiterId Engine::when_computed(NodeId node, ValueCallback callback) {
   w.callback = std::move(callback);
   ++live_waiters_;
   const NodeStore& s = trace_.store();
-  if (watch_head_.size() <= node) watch_head_.resize(std::max<size_t>(node + 1, s.size()), kNone32);
+  // Grown twofold at least: nodes come in recording order, and a resize per
+  // new node watched was an out-of-line fill per cond.
+  if (watch_head_.size() <= node) watch_head_.resize(std::max<size_t>({node + 1, s.size(), 2 * watch_head_.size()}), kNone32);
   watches_.push_back(Watch{i, w.generation, watch_head_[node], node});
   watch_head_[node] = static_cast<uint32_t>(watches_.size() - 1);
   if (s.has(s.resolve(node), NodeStore::kComputed)) due_.push_back(node);  // served at the next delivery
