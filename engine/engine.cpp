@@ -626,9 +626,13 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
       const NodeId r = s.resolve(nodes[i]);
       const uint32_t b = s.value_at[r].batch;
       const float* data = nullptr;
+      bool found = false;  // (an empty batch's data may be null)
       for (const auto& [batch, p] : seen)
-        if (batch == b) data = p;
-      if (data == nullptr) {
+        if (batch == b) {
+          data = p;
+          found = true;
+        }
+      if (!found) {
         const at::Tensor& t = lazy_.get(s, b);
         // Only its data is read (under no_grad: a copy records no history); a
         // detach() per batch cost a dispatch and a TensorImpl for nothing.

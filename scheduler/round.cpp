@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include <sheaf/core/error.h>
 #include <sheaf/ops/op_list.h>
 
 namespace sheaf {
@@ -113,15 +114,10 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
       q.park(n, blocker);
       continue;
     }
-    if (s.op[n] == code_of<op::CallResult>) {
-      // A call's further result, looked at again (a failed run's nodes are):
-      // placed with its call below when that was. Its entry is the call's.
-      dag.args.resize(listed);
-      dag.stamp[n] = round;
-      dag.local_of[n] = dag.local_of[s.resolve(s.args_of(n)[0])];
-      q.wake(n, work);
-      continue;
-    }
+    // A call's further result gets here only as a failed run's node put back
+    // (engine.cpp): its call, placed, stamps it, before or (parked on the
+    // call) instead of this visit. It never gets a batch of its own.
+    SHEAF_ASSERT(s.op[n] != code_of<op::CallResult>, "a call's result ", n, " reached a round without its call");
     if (awaited && n >= awaited->defer_from && !q.needed(n)) {
       dag.args.resize(listed);
       if (!q.deferred(n)) q.defer(n);
@@ -136,8 +132,8 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
     dag.arg_begin.push_back(static_cast<uint32_t>(dag.args.size()));
     q.wake(n, work);
     if (s.op[n] == code_of<op::Call>) {
-      // Its further results (nodes n + 1 .. n + K - 1, never candidates of
-      // their own: Trace::call_result) are computed by its batch: each is the
+      // Its further results (nodes n + 1 .. n + K - 1, not candidates when
+      // recorded: Trace::call_result) are computed by its batch: each is the
       // call's entry for whatever reads it (the planner places their rows).
       const auto results = static_cast<NodeId>(s.attrs_of(n)[1]);
       for (NodeId k = 1; k < results; ++k) {

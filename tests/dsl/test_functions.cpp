@@ -322,25 +322,28 @@ TEST_CASE("function: a body's own Exprs and outside Exprs are errors, not crashe
 
 // A round whose run fails puts the nodes it did not get to back among the
 // candidates, a call's further results too: the next round places them with
-// their call again (scheduler/round.cpp), and they get its values.
-TEST_CASE("function: a call's results not run before a failure run in the next forward", "[dsl][function][errors]") {
+// their call again (scheduler/round.cpp), and they and what reads them get values.
+TEST_CASE("function: a call that a failed run did not reach runs in the next forward, its results read",
+          "[dsl][function][errors]") {
   auto f = function("f", [](Expr x) { return std::pair{x * 2.0, dsl::tanh(x) + 1.0}; });
   GraphOptions o;
-  o.strategy = &depth_strategy();  // the failing pick (one step deep) runs before the call (four)
+  o.strategy = &depth_strategy();  // the failing pick (depth 1) runs before the call (depth 3)
   Graph g(o);
-  Expr picked[2], a[2], b[2];
+  Expr picked[2], a[2], b[2], c[2];
   const at::Tensor x = at::arange(4).to(at::kFloat);
   for (int i = 0; i < 2; ++i) {
     auto scope = g.example(i);
     picked[i] = dsl::pick(g.input(x), g.input(at::full({}, i == 1 ? 9.0 : 2.0)));
     std::tie(a[i], b[i]) = f(dsl::tanh(dsl::tanh(g.input(x + i))));
+    c[i] = b[i] * 3.0;  // reads the second result, which the call placed again stamps
   }
   REQUIRE_THROWS_WITH(g.forward(), Contains("op 'pick'") && Contains("out of range"));
   REQUIRE_THROWS_AS(a[0].value(), UserError);  // not run: the failure came first
-  g.forward(std::vector<Expr>{a[0], a[1], b[0], b[1]});
+  g.forward(std::vector<Expr>{a[0], a[1], c[0], c[1]});
   for (int i = 0; i < 2; ++i) {
     const at::Tensor y = at::tanh(at::tanh(x + i));
     CHECK(at::allclose(a[i].value(), y * 2.0));
     CHECK(at::allclose(b[i].value(), at::tanh(y) + 1.0));
+    CHECK(at::allclose(c[i].value(), (at::tanh(y) + 1.0) * 3.0));
   }
 }

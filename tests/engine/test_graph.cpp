@@ -97,11 +97,10 @@ TEST_CASE("the same tensor is one shared node", "[tracer]") {
   CHECK(g.input(at::randn({2})).example() == 5);
 }
 
-
 // Trace::lookup reuses the last lookup's verdict for the same table node: it
 // must not outlive a clear() (node ids start again: another table may get the
-// same one), nor carry over between tables, gradient kinds or example kinds.
-TEST_CASE("lookups alternating tables, gradient kinds and examples, and after clear(), have their own shapes",
+// same one), nor carry over between tables or gradient kinds.
+TEST_CASE("lookups alternating tables and gradient kinds, and after clear(), have their own shapes and checks",
           "[tracer]") {
   Graph g;
   const at::Tensor A = at::randn({6, 3}), B = at::randn({4, 5}), C = at::randn({8, 2});
@@ -127,7 +126,16 @@ TEST_CASE("lookups alternating tables, gradient kinds and examples, and after cl
     }
     CHECK(at::equal(outside.value(), first[1]));
   }
+  // The same table again and again, the gradient kind changing: a sparse
+  // gradient needs a 2-D table, checked whatever the lookup before it.
+  g.clear();
+  const at::Tensor T = at::randn({5, 2, 3});
+  auto s = g.example(0);
+  for (int64_t id = 0; id < 3; ++id) REQUIRE_NOTHROW(g.lookup(T, id));
+  REQUIRE_THROWS_WITH(g.lookup(T, 3, /*sparse_grad=*/true), Contains("op 'lookup'") && Contains("2-D"));
+  CHECK(g.lookup(T, 4).shape() == Shape({2, 3}));
 }
+
 TEST_CASE("an op on shared values only is shared and computed once", "[tracer]") {
   Graph g;
   at::Tensor w = at::randn({3});
