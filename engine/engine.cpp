@@ -625,20 +625,14 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
     for (size_t i = 0; i < nodes.size(); ++i) {
       const NodeId r = s.resolve(nodes[i]);
       const uint32_t b = s.value_at[r].batch;
-      const float* data = nullptr;
-      bool found = false;  // (an empty batch's data may be null)
-      for (const auto& [batch, p] : seen)
-        if (batch == b) {
-          data = p;
-          found = true;
-        }
-      if (!found) {
+      auto it = std::find_if(seen.begin(), seen.end(), [b](const auto& x) { return x.first == b; });
+      if (it == seen.end()) {
         const at::Tensor& t = lazy_.get(s, b);
         // Only its data is read (under no_grad: a copy records no history); a
         // detach() per batch cost a dispatch and a TensorImpl for nothing.
-        data = fetched_.emplace_back(t.is_contiguous() ? t : t.contiguous()).data_ptr<float>();
-        seen.emplace_back(b, data);
+        it = seen.emplace(seen.end(), b, fetched_.emplace_back(t.is_contiguous() ? t : t.contiguous()).data_ptr<float>());
       }
+      const float* data = it->second;
       const Shape& shape = s.shape_of(r);
       const uint32_t row = s.value_at[r].row;
       // A packed value starts at row `row` of rows of its shape less the first axis.

@@ -24,11 +24,6 @@ class ReadyQueue {
   // The nodes to look at in the next round (taken by the scheduler).
   std::vector<NodeId>& candidates() { return candidates_; }
   void add(NodeId n) { candidates_.push_back(n); }
-  // Takes back n, the node added last: nothing to look at until something
-  // brings it back (an unresolved placeholder: resolving adds it).
-  void take_back(NodeId n) {
-    if (!candidates_.empty() && candidates_.back() == n) candidates_.pop_back();
-  }
   // n waits until `on` is ready.
   void park(NodeId n, NodeId on) {
     cover(head_, on, kNone32);

@@ -107,6 +107,8 @@ class Trace {
 
  private:
   SigId signature(NodeId n, const OpTraits& traits);
+  NodeId append_known(OpCode op, ShapeId shape, std::span<const NodeId> args, std::span<const int64_t> attrs,
+                      int64_t payload, int64_t example, SigId sig, std::source_location loc);
   int by_rows(NodeId n, const OpTraits& traits) const;
   bool reduces_rows(NodeId n, const OpTraits& traits) const;
   ShapeId row_shape(NodeId x);
