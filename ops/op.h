@@ -252,7 +252,15 @@ struct OpInfo {
   const PointwiseInfo* pointwise = nullptr;  // fusible elementwise ops only
 };
 
-const OpInfo& op_info(OpCode code);
+namespace detail {
+// The built-in ops' descriptors (ops/table.cpp), read in line by op_info: it
+// runs several times for every node recorded.
+extern const std::span<const OpInfo> g_builtin_ops;
+const OpInfo& user_op_info(OpCode code);  // past the built-in ones: users' ops
+}  // namespace detail
+inline const OpInfo& op_info(OpCode code) {
+  return code < detail::g_builtin_ops.size() ? detail::g_builtin_ops[code] : detail::user_op_info(code);
+}
 std::string_view op_name(OpCode code);
 
 // What every descriptor must have (ops/table.cpp checks the built-in ones,

@@ -58,12 +58,16 @@ UserOps& user_ops() {
 
 }  // namespace
 
-const OpInfo& op_info(OpCode code) {
-  if (code < kTable.size()) return kTable[code];
+namespace detail {
+constinit const std::span<const OpInfo> g_builtin_ops{kTable};
+
+const OpInfo& user_op_info(OpCode code) {
+  SHEAF_ASSERT(code >= kTable.size(), "op code ", code, " is a built-in op's");
   const UserOps& u = user_ops();
   SHEAF_ASSERT(code - kTable.size() < u.count.load(std::memory_order_acquire), "unknown op code ", code);
   return u.ops[code - kTable.size()];
 }
+}  // namespace detail
 
 OpCode register_op(const OpInfo& info) {
   UserOps& u = user_ops();

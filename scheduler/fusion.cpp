@@ -79,6 +79,18 @@ uint32_t Fuser::find(uint32_t i) {
 // node) at depth 0. Every edge keeps the step it had, so the above holds.
 void Fuser::collect_regions(const NodeStore& s, const RoundDag& dag) {
   const auto m = static_cast<uint32_t>(dag.size());
+  // A round without a pointwise op or a slice has nothing to fuse (a TreeLSTM's
+  // calls, lookups and products): one look at each op, not the pass below
+  // over every argument.
+  bool maybe = false;
+  for (uint32_t i = 0; i < m && !maybe; ++i) {
+    const NodeId n = dag.node[i];
+    maybe = pointwise_kind(s.op[n]) != kNotPointwise || s.op[n] == code_of<op::Slice>;
+  }
+  if (!maybe) {
+    regions_.clear();
+    return;
+  }
   fusible_.resize(m);
   local_.resize(m);
   parent_.resize(m);

@@ -1,6 +1,7 @@
 #include "round.h"
 
 #include <algorithm>
+#include <functional>
 
 #include <sheaf/core/error.h>
 #include <sheaf/ops/op_list.h>
@@ -150,6 +151,8 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
 // A bit per node and a scan of the words, where that costs less than a comparison sort.
 void sort_unique(std::vector<NodeId>& v, size_t size, std::vector<uint64_t>& bits) {
   const size_t words = (size + 63) / 64;
+  // Strictly ascending (a round of nodes recorded in order): nothing to do.
+  if (std::adjacent_find(v.begin(), v.end(), std::greater_equal<>()) == v.end()) return;
   const bool sorted = std::is_sorted(v.begin(), v.end());
   if (sorted || v.size() < 64 || v.size() * 8 < words) {  // few: a comparison sort costs less than the scan
     if (!sorted) std::sort(v.begin(), v.end());

@@ -64,6 +64,12 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
     shapes = arg_shapes_.data();
     shared = arg_shared_.data();
   }
+  // The key of what this node's shape and signature depend on; empty when
+  // too long to keep (or unknown shapes: inferred later). Its words for the
+  // arguments are written in the same pass that reads them for inference.
+  std::array<int64_t, std::tuple_size_v<decltype(LastRecord::key)>> key;
+  constexpr size_t kHead = 3;  // op, payload, arity and sharedness
+  const bool keyed = kHead + args.size() + attrs.size() <= key.size();
   bool unknown = false;
   int64_t example = kSharedExample;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -73,6 +79,15 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
     const ShapeId sh = s_.shape[a];
     unknown = unknown || sh == kUnknownShape;
     shapes[i] = sh == kUnknownShape ? nullptr : &s_.shapes[sh];
+    // (Whether a per-example argument is packed, or a placeholder that may
+    // become packed, decides whether this node packs: Trace::by_rows.)
+    const NodeId r = s_.resolve(a);
+    if (keyed) {
+      const uint8_t f = s_.flags[r];
+      key[kHead + i] = is_shared ? (int64_t{1} << 40) | r
+                                 : sh | ((f & NodeStore::kRowwise) ? int64_t{1} << 41 : 0) |
+                                       ((f & NodeStore::kPlaceholder) ? int64_t{1} << 42 : 0);
+    }
     if (is_shared) {
       if (a < param_uses_.size()) ++param_uses_[a];
       continue;
@@ -84,9 +99,6 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
   const bool is_shared = example == kSharedExample;
 
   ShapeId shape = kUnknownShape;
-  // The key of what this node's shape and signature depend on; empty when
-  // too long to keep (or unknown shapes: inferred later).
-  std::array<int64_t, std::tuple_size_v<decltype(LastRecord::key)>> key;
   size_t len = 0;
   std::array<LastRecord, kRecordWays>& ways = last_record_[op % last_record_.size()];
   const LastRecord* hit = nullptr;
@@ -96,19 +108,11 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
   // (Read before inference: interning its result may move the shapes `shapes` points at.)
   const int64_t bound = index_payload && !unknown && !args.empty() && shapes[0]->rank() > 0 ? (*shapes[0])[0] : 0;
   if (!unknown) {
-    if (3 + args.size() + attrs.size() <= key.size()) {
-      key[len++] = op;
-      key[len++] = index_payload ? 0 : payload;
-      key[len++] = static_cast<int64_t>(args.size()) << 1 | is_shared;
-      // (Whether a per-example argument is packed, or a placeholder that may
-      // become packed, decides whether this node packs: Trace::by_rows.)
-      for (size_t i = 0; i < args.size(); ++i) {
-        const NodeId r = s_.resolve(args[i]);
-        const uint8_t f = s_.flags[r];
-        key[len++] = shared[i] ? (int64_t{1} << 40) | r
-                               : s_.shape[args[i]] | ((f & NodeStore::kRowwise) ? int64_t{1} << 41 : 0) |
-                                     ((f & NodeStore::kPlaceholder) ? int64_t{1} << 42 : 0);
-      }
+    if (keyed) {
+      key[0] = op;
+      key[1] = index_payload ? 0 : payload;
+      key[2] = static_cast<int64_t>(args.size()) << 1 | is_shared;
+      len = kHead + args.size();
       for (int64_t a : attrs) key[len++] = a;
       for (const LastRecord& w : ways) {
         bool same = w.len == len && (!index_payload || (payload >= 0 && payload < w.bound));
@@ -185,8 +189,9 @@ NodeId Trace::param(const at::Tensor& w, std::source_location loc) {
   // A tensor already recorded has passed the checks below. A model reads a few
   // parameters over and over: the recent ones first.
   const void* impl = w.defined() ? w.unsafeGetTensorImpl() : nullptr;
-  for (const RecentParam& r : recent_params_)
-    if (r.impl == impl && impl != nullptr) return r.node;
+  if (impl != nullptr)
+    for (const RecentParam& r : recent_params_)
+      if (r.impl == impl) return r.node;
   const uint64_t hash = mix64(reinterpret_cast<uintptr_t>(impl));
   auto same = [&](uint32_t k) { return params_[k].first == impl; };
   if (w.defined())
