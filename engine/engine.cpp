@@ -81,15 +81,14 @@ Engine& Engine::of(const Expr& e, Loc loc) {
   return *g;
 }
 
-NodeId Engine::node_of(const Expr& e, std::string_view op, Loc loc) const {
+void Engine::bad_expr(const Expr& e, std::string_view op, Loc loc) const {
   const Site site{op, trace_.current_example(), loc};
   if (!e.defined()) throw_user(site, "an argument is an empty Expr (default-constructed, never assigned)");
   if (e.slot_ != slot_)
     throw_user(site, "an argument belongs to a different sheaf::Graph; all Exprs of one op must come from "
                      "the same graph");
-  if (e.gen_ != generation_)
-    throw_user(site, "an argument is an Expr from before this graph's clear(); Exprs do not survive clear()");
-  return e.node_;
+  SHEAF_ASSERT(e.gen_ != generation_, "bad_expr called for an Expr of this graph");
+  throw_user(site, "an argument is an Expr from before this graph's clear(); Exprs do not survive clear()");
 }
 
 // ---------------------------------------------------------------------------

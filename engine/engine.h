@@ -56,8 +56,13 @@ class Engine {
 
   // ---- Handles.
   Expr expr(NodeId n) const { return Expr(slot_, generation_, n); }
-  // The node of an Expr of this graph; throws UserError naming `op` and `loc` otherwise.
-  NodeId node_of(const Expr& e, std::string_view op, Loc loc) const;
+  // The node of an Expr of this graph; throws UserError naming `op` and `loc`
+  // otherwise. In line: every argument of every op recorded passes here.
+  NodeId node_of(const Expr& e, std::string_view op, Loc loc) const {
+    if (e.defined() && e.slot_ == slot_ && e.gen_ == generation_) [[likely]]
+      return e.node_;
+    bad_expr(e, op, loc);
+  }
   // The engine of a live Expr; nullptr if the handle is empty or stale.
   static Engine* find(const Expr& e);
   // The same, or a UserError naming the caller's line.
@@ -145,6 +150,8 @@ class Engine {
   TransposedWeights transposed_;  // W^T of the shared weights this graph applies repeatedly, until clear()
   at::Tensor index_buffer_;       // the rounds' ids on the CPU, reused while nothing else holds it (ExecConfig)
   RowGathers row_gathers_;        // one gradient hub per batch for all rounds, until clear() (ExecConfig)
+  // Why `e` is not an Expr of this graph, as a UserError naming `op` and `loc`.
+  [[noreturn]] void bad_expr(const Expr& e, std::string_view op, Loc loc) const;
   uint32_t slot_;
   uint32_t generation_;
   Stats stats_;

@@ -55,11 +55,6 @@ void need_from(const NodeStore& s, ReadyQueue& q, std::span<const NodeId> awaite
 void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& aliases, RoundDag& dag, uint64_t& visits,
                    const Awaited* awaited) {
   const uint32_t round = next_round(s, dag);
-  dag.node.clear();
-  dag.sig.clear();
-  dag.depth.clear();
-  dag.arg_begin.assign(1, 0);
-  dag.args.clear();
   dag.max_depth = 0;
   auto& work = dag.undecided;
   work.clear();
@@ -70,6 +65,19 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
   }
   work.swap(q.candidates());
   sort_unique(work, s.size(), dag.bits);
+  // The round's entries are written by count, not pushed (a capacity check per
+  // array per node was a tenth of the round's instructions): sized for the
+  // work list, grown if woken nodes outnumber it, cut to the count at the end.
+  uint32_t m = 0;
+  size_t listed = 0;  // arguments written
+  auto make_room = [&](size_t entries) {
+    dag.node.resize(entries);
+    dag.sig.resize(entries);
+    dag.depth.resize(entries);
+    dag.arg_begin.resize(entries + 1);
+  };
+  make_room(work.size());
+  dag.arg_begin[0] = 0;
   auto ready = [&](NodeId r) { return s.has(r, NodeStore::kComputed) || dag.stamp[r] == round; };
   for (size_t i = 0; i < work.size(); ++i) {
     const NodeId n = work[i];
@@ -96,10 +104,12 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
     if (s.shape[n] == kUnknownShape || s.has(n, NodeStore::kFailed))
       continue;  // its shape's inference brings it back; a failed node never runs
     // One pass over the arguments decides readiness and lists the in-round
-    // ones (taken back if one blocks).
-    const size_t listed = dag.args.size();
+    // ones (after `listed`: kept only if none blocks).
+    const std::span<const NodeId> node_args = s.args_of(n);
+    if (listed + node_args.size() > dag.args.size()) dag.args.resize(std::max(2 * dag.args.size(), listed + node_args.size()));
+    size_t w = listed;
     uint32_t d = 0;
-    for (NodeId a : s.args_of(n)) {
+    for (NodeId a : node_args) {
       const NodeId r = s.resolve(a);
       if (s.has(r, NodeStore::kComputed)) continue;
       if (dag.stamp[r] != round) {
@@ -107,11 +117,10 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
         break;
       }
       const uint32_t la = dag.local_of[r];
-      dag.args.push_back(la);
+      dag.args[w++] = la;
       d = std::max(d, dag.depth[la] + 1);
     }
     if (blocker != kNoNode) {
-      dag.args.resize(listed);
       q.park(n, blocker);
       continue;
     }
@@ -120,17 +129,18 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
     // call) instead of this visit. It never gets a batch of its own.
     SHEAF_ASSERT(s.op[n] != code_of<op::CallResult>, "a call's result ", n, " reached a round without its call");
     if (awaited && n >= awaited->defer_from && !q.needed(n)) {
-      dag.args.resize(listed);
       if (!q.deferred(n)) q.defer(n);
       continue;  // nodes that read it park on it
     }
+    if (m == dag.node.size()) make_room(2 * size_t{m} + 16);
     dag.stamp[n] = round;
-    dag.local_of[n] = static_cast<uint32_t>(dag.node.size());
-    dag.node.push_back(n);
-    dag.sig.push_back(s.sig[n]);
-    dag.depth.push_back(d);
+    dag.local_of[n] = m;
+    dag.node[m] = n;
+    dag.sig[m] = s.sig[n];
+    dag.depth[m] = d;
     dag.max_depth = std::max(dag.max_depth, d);
-    dag.arg_begin.push_back(static_cast<uint32_t>(dag.args.size()));
+    listed = w;
+    dag.arg_begin[++m] = static_cast<uint32_t>(listed);
     q.wake(n, work);
     if (s.op[n] == code_of<op::Call>) {
       // Its further results (nodes n + 1 .. n + K - 1, not candidates when
@@ -144,6 +154,11 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
       }
     }
   }
+  dag.node.resize(m);
+  dag.sig.resize(m);
+  dag.depth.resize(m);
+  dag.arg_begin.resize(m + 1);
+  dag.args.resize(listed);
 }
 
 }  // namespace

@@ -70,12 +70,17 @@ void sort_rows(std::vector<RowKey>& v, SortScratch& x) {
   uint32_t least[4], most[4];
   for (int f = 0; f < 4; ++f) least[f] = most[f] = half(v[0], f);
   bool ascending = true;  // ids in position order: ties need no pass of their own
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 1; i < n; ++i) {
+    // The four halves spelled out: the loop over them, with half()'s choices
+    // per half, was most of the sort's own instructions.
+    const RowKey& k = v[i];
+    const uint32_t h[4] = {static_cast<uint32_t>(k.first >> 32), static_cast<uint32_t>(k.first),
+                           static_cast<uint32_t>(k.then >> 32), static_cast<uint32_t>(k.then)};
     for (int f = 0; f < 4; ++f) {
-      least[f] = std::min(least[f], half(v[i], f));
-      most[f] = std::max(most[f], half(v[i], f));
+      least[f] = std::min(least[f], h[f]);
+      most[f] = std::max(most[f], h[f]);
     }
-    ascending = ascending && (i == 0 || v[i].id > v[i - 1].id);
+    ascending = ascending && k.id > v[i - 1].id;
   }
   int width[4], total = 0;
   for (int f = 0; f < 4; ++f) {
