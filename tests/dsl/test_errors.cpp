@@ -150,6 +150,14 @@ TEST_CASE("Exprs from a cleared or destroyed graph, or from another graph", "[ds
   Expr b = other.input(at::randn({4}));
   REQUIRE_THROWS_WITH(a + b, Contains("op 'add'") && Contains("different sheaf::Graph"));
   REQUIRE_THROWS_WITH(dsl::sum(std::vector<Expr>{a, b}), Contains("different sheaf::Graph"));
+
+  // A stale Expr after a live one of the same graph: the graph is found from
+  // the first, so the second is caught when its node is read.
+  Expr stale = g.input(at::randn({4}));
+  g.clear();
+  Expr live = g.input(at::randn({4}));
+  REQUIRE_THROWS_WITH(live + stale, Contains("op 'add'") && Contains("before this graph's clear()"));
+  REQUIRE_THROWS_WITH(live + Expr(), Contains("op 'add'") && Contains("empty Expr"));
 }
 
 TEST_CASE("values before forward, bad tensors, ops on tensors only", "[dsl][errors]") {
