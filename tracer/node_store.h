@@ -114,8 +114,8 @@ struct NodeStore {
   size_t size() const { return size_; }
   // A new node with the given fields; the others start as: no signature, no
   // alias, no value. Its arguments and attributes are appended to the CSR lists.
-  NodeId append(OpCode o, ShapeId sh, std::span<const NodeId> a, std::span<const int64_t> at, int64_t pay,
-                int64_t ex, std::source_location where, uint8_t fl) {
+  [[gnu::always_inline]] NodeId append(OpCode o, ShapeId sh, std::span<const NodeId> a, std::span<const int64_t> at,
+                                       int64_t pay, int64_t ex, std::source_location where, uint8_t fl) {
     const auto n = static_cast<NodeId>(size_);
     if (size_ == capacity_) grow();
     op[n] = o;
