@@ -185,13 +185,9 @@ NodeId Trace::input(const at::Tensor& x, std::source_location loc) {
   return n;
 }
 
-NodeId Trace::param(const at::Tensor& w, std::source_location loc) {
-  // A tensor already recorded has passed the checks below. A model reads a few
-  // parameters over and over: the recent ones first.
+NodeId Trace::param_lookup(const at::Tensor& w, std::source_location loc) {
+  // A tensor already recorded has passed the checks below.
   const void* impl = w.defined() ? w.unsafeGetTensorImpl() : nullptr;
-  if (impl != nullptr)
-    for (const RecentParam& r : recent_params_)
-      if (r.impl == impl) return r.node;
   const uint64_t hash = mix64(reinterpret_cast<uintptr_t>(impl));
   auto same = [&](uint32_t k) { return params_[k].first == impl; };
   if (w.defined())

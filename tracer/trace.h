@@ -47,7 +47,14 @@ class Trace {
   NodeId record(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload,
                 std::source_location loc);
   NodeId input(const at::Tensor& x, std::source_location loc);
-  NodeId param(const at::Tensor& w, std::source_location loc);  // the same tensor is one node
+  // The same tensor is one node. A model reads a few parameters over and
+  // over (every op that takes a weight): the recent ones are found in line.
+  NodeId param(const at::Tensor& w, std::source_location loc) {
+    if (const void* impl = w.defined() ? w.unsafeGetTensorImpl() : nullptr)
+      for (const RecentParam& r : recent_params_)
+        if (r.impl == impl) return r.node;
+    return param_lookup(w, loc);
+  }
   NodeId constant(const Shape& shape, double value, std::source_location loc);
   NodeId lookup(const at::Tensor& table, int64_t id, bool sparse_grad, std::source_location loc);
   NodeId lookup(const at::Tensor& table, std::span<const int64_t> ids, bool sparse_grad, std::source_location loc);
@@ -184,6 +191,7 @@ class Trace {
   LastLookup last_lookup_;
   uint64_t clears_ = 0;  // clear()s so far (CallVerdict)
   // The parameters read last (a model reads a few of them over and over).
+  NodeId param_lookup(const at::Tensor& w, std::source_location loc);  // not a recent one: the index, or a new node
   struct RecentParam {
     const void* impl = nullptr;
     NodeId node = kNoNode;
