@@ -17,6 +17,7 @@
 #include "elementwise.h"
 #include "leaf.h"
 #include "linear.h"
+#include "op.h"  // declares detail::g_builtin_ops extern: its definition below needs that linkage
 #include "op_list.h"
 #include "output_pool.h"
 #include "reduce.h"

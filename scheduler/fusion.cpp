@@ -108,7 +108,7 @@ void Fuser::collect_regions(const NodeStore& s, const RoundDag& dag) {
     local_[i] = Local{d, shape, f, cut};
     any = any || f;
   }
-  if (!any) {  // nothing fuses (a round of products and lookups): no regions, and no pass to find none
+  if (!any) {  // its pointwise ops and slices cannot fuse (shared, broadcast, a cut across rows): no regions
     regions_.clear();
     return;
   }

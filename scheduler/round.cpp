@@ -78,6 +78,20 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
   };
   make_room(work.size());
   dag.arg_begin[0] = 0;
+  // Cut to what was written when the pass ends, by an exception too: the
+  // round is then its placed prefix, as when entries were pushed.
+  struct Cut {
+    RoundDag& dag;
+    const uint32_t& m;
+    const size_t& listed;
+    ~Cut() {
+      dag.node.resize(m);
+      dag.sig.resize(m);
+      dag.depth.resize(m);
+      dag.arg_begin.resize(m + 1);
+      dag.args.resize(listed);
+    }
+  } cut{dag, m, listed};
   auto ready = [&](NodeId r) { return s.has(r, NodeStore::kComputed) || dag.stamp[r] == round; };
   for (size_t i = 0; i < work.size(); ++i) {
     const NodeId n = work[i];
@@ -106,7 +120,8 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
     // One pass over the arguments decides readiness and lists the in-round
     // ones (after `listed`: kept only if none blocks).
     const std::span<const NodeId> node_args = s.args_of(n);
-    if (listed + node_args.size() > dag.args.size()) dag.args.resize(std::max(2 * dag.args.size(), listed + node_args.size()));
+    if (listed + node_args.size() > dag.args.size())
+      dag.args.resize(std::max(2 * dag.args.size(), listed + node_args.size()));
     size_t w = listed;
     uint32_t d = 0;
     for (NodeId a : node_args) {
@@ -154,11 +169,6 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
       }
     }
   }
-  dag.node.resize(m);
-  dag.sig.resize(m);
-  dag.depth.resize(m);
-  dag.arg_begin.resize(m + 1);
-  dag.args.resize(listed);
 }
 
 }  // namespace

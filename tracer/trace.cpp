@@ -81,8 +81,8 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
     shapes[i] = sh == kUnknownShape ? nullptr : &s_.shapes[sh];
     // (Whether a per-example argument is packed, or a placeholder that may
     // become packed, decides whether this node packs: Trace::by_rows.)
-    const NodeId r = s_.resolve(a);
     if (keyed) {
+      const NodeId r = s_.resolve(a);
       const uint8_t f = s_.flags[r];
       key[kHead + i] = is_shared ? (int64_t{1} << 40) | r
                                  : sh | ((f & NodeStore::kRowwise) ? int64_t{1} << 41 : 0) |

@@ -190,8 +190,8 @@ class Trace {
   };
   LastLookup last_lookup_;
   uint64_t clears_ = 0;  // clear()s so far (CallVerdict)
-  // The parameters read last (a model reads a few of them over and over).
   NodeId param_lookup(const at::Tensor& w, std::source_location loc);  // not a recent one: the index, or a new node
+  // The parameters read last (a model reads a few of them over and over).
   struct RecentParam {
     const void* impl = nullptr;
     NodeId node = kNoNode;

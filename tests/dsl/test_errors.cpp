@@ -156,6 +156,7 @@ TEST_CASE("Exprs from a cleared or destroyed graph, or from another graph", "[ds
   Expr stale = g.input(at::randn({4}));
   g.clear();
   Expr live = g.input(at::randn({4}));
+  (void)g.input(at::randn({4}));  // stale's id now names a live node: only its generation tells them apart
   REQUIRE_THROWS_WITH(live + stale, Contains("op 'add'") && Contains("before this graph's clear()"));
   REQUIRE_THROWS_WITH(live + Expr(), Contains("op 'add'") && Contains("empty Expr"));
 }
@@ -165,6 +166,7 @@ TEST_CASE("values before forward, bad tensors, ops on tensors only", "[dsl][erro
   Expr x = g.input(at::randn({4}));
   REQUIRE_THROWS_WITH(x.value(), Contains("op 'input'") && Contains("forward"));
   REQUIRE_THROWS_WITH(g.param(at::randn({4}, at::kDouble)), Contains("op 'param'") && Contains("float32"));
+  REQUIRE_THROWS_WITH(g.param(at::Tensor()), Contains("op 'param'") && Contains("undefined"));
   REQUIRE_THROWS_WITH(g.input(at::ones({4}, at::kLong)), Contains("floating-point"));
   REQUIRE_THROWS_WITH(g.input(at::randn({1, 1, 1, 1, 1})), Contains("rank at most 4"));
   REQUIRE_THROWS_WITH(dsl::affine(W(), W(), B()), Contains("op 'affine'") && Contains("no graph"));

@@ -234,3 +234,54 @@ TEST_CASE("planner: batches of hundreds of rows are ordered as small ones, ties 
     }
   }
 }
+
+TEST_CASE("build_round: a node parked after listing some arguments leaves none behind and a round outgrows its work list",
+          "[scheduler][round]") {
+  // Round 1: each x_i runs; y_i = tanh(p_i) waits on an unresolved
+  // placeholder; z_i = x_i + y_i lists x_i, then parks on y_i.
+  constexpr size_t kN = 40;
+  Fixture f(kN);
+  Trace& t = f.t;
+  const auto here = std::source_location::current();
+  std::vector<NodeId> ps, ys, zs;
+  for (size_t i = 0; i < kN; ++i) {
+    t.set_current_example(static_cast<int64_t>(i));
+    ps.push_back(t.placeholder(t.store().shape[f.xs[i]], static_cast<int64_t>(i), here));
+    ys.push_back(f.unary(code_of<op::Tanh>, ps.back()));
+    zs.push_back(f.binary(code_of<op::Add>, f.xs[i], ys.back()));
+  }
+  RoundDag dag;
+  std::vector<NodeId> aliases;
+  uint64_t visits = 0;
+  build_round(t.store(), t.ready(), aliases, dag, visits);
+  REQUIRE(dag.size() == kN);
+  for (size_t i = 0; i < kN; ++i) CHECK(dag.node[i] == f.xs[i]);
+  CHECK(dag.args.empty());
+  REQUIRE(dag.arg_begin.size() == kN + 1);
+  CHECK(dag.arg_begin.back() == 0);
+  CHECK(dag.uses.empty());
+
+  // Round 2: the x_i ran; each p_i becomes x_i. The work list is the kN
+  // placeholders (aliases, not entries); the y_i and z_i they wake are 2 kN entries.
+  for (NodeId x : f.xs) t.store().flags[x] |= NodeStore::kComputed;
+  for (size_t i = 0; i < kN; ++i) t.resolve(ps[i], f.xs[i]);
+  aliases.clear();
+  build_round(t.store(), t.ready(), aliases, dag, visits);
+  CHECK(aliases.size() == kN);
+  REQUIRE(dag.size() == 2 * kN);
+  REQUIRE(dag.arg_begin.size() == dag.size() + 1);
+  CHECK(dag.args.size() == kN);
+  CHECK(dag.max_depth == 1);
+  for (size_t i = 0; i < kN; ++i) {
+    const uint32_t y = dag.local_of[ys[i]], z = dag.local_of[zs[i]];
+    REQUIRE(dag.node[y] == ys[i]);
+    REQUIRE(dag.node[z] == zs[i]);
+    CHECK(dag.args_of(y).empty());
+    CHECK(dag.depth[y] == 0);
+    REQUIRE(dag.args_of(z).size() == 1);
+    CHECK(dag.args_of(z)[0] == y);
+    CHECK(dag.depth[z] == 1);
+    REQUIRE(dag.uses_of(y).size() == 1);
+    CHECK(dag.uses_of(y)[0] == z);
+  }
+}
