@@ -32,9 +32,12 @@ Fuser::Fuser() {
   }
 }
 
+inline bool Fuser::fusible_op(OpCode op) const { return pointwise_kind(op) != kNotPointwise || op == code_of<op::Slice>; }
+
 bool Fuser::fusible(const NodeStore& s, NodeId n) const {
   if (s.sig[n] == kNoSig) return false;  // shared: computed once, never batched
   const OpCode op = s.op[n];
+  if (!fusible_op(op)) return false;
   if (pointwise_kind(op) != kNotPointwise) {
     // A fused kernel reads each operand as a row of the node's size or as one
     // value: an operand broadcast along some dims (a [d] bias on [t, d]) runs alone.
@@ -44,7 +47,6 @@ bool Fuser::fusible(const NodeStore& s, NodeId n) const {
     }
     return true;
   }
-  if (op != code_of<op::Slice>) return false;
   // A slice fuses when its rows are contiguous in the input's rows: every
   // dimension before the cut has size 1.
   const NodeId in = s.resolve(s.args_of(n)[0]);
@@ -83,10 +85,7 @@ void Fuser::collect_regions(const NodeStore& s, const RoundDag& dag) {
   // calls, lookups and products): one look at each op, not the pass below
   // over every argument.
   bool maybe = false;
-  for (uint32_t i = 0; i < m && !maybe; ++i) {
-    const NodeId n = dag.node[i];
-    maybe = pointwise_kind(s.op[n]) != kNotPointwise || s.op[n] == code_of<op::Slice>;
-  }
+  for (uint32_t i = 0; i < m && !maybe; ++i) maybe = fusible_op(s.op[dag.node[i]]);
   if (!maybe) {
     regions_.clear();
     return;

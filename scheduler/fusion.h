@@ -131,6 +131,8 @@ class Fuser {
   PointwiseKind pointwise_kind(OpCode op) const {
     return op < pointwise_op_.size() ? static_cast<PointwiseKind>(pointwise_op_[op]) : kNotPointwise;
   }
+  // The ops a region may hold (fusible() then checks the node's operands).
+  bool fusible_op(OpCode op) const;
   bool lone_ = false;
   std::vector<uint8_t> escapes_;
   std::vector<int64_t> key_, last_key_, program_key_;

@@ -63,24 +63,23 @@ void sort_rows(std::vector<RowKey>& v, SortScratch& x) {
   for (size_t i = 1; i < n && sorted; ++i) sorted = !(v[i] < v[i - 1]);
   if (sorted) return;
   if (n < 16) return std::sort(v.begin(), v.end());
-  auto half = [](const RowKey& k, int f) -> uint32_t {
-    const uint64_t w = f < 2 ? k.first : k.then;
-    return static_cast<uint32_t>(f % 2 == 0 ? w >> 32 : w);
+  // The four 32-bit halves of (first, then), most significant first: all at
+  // once (choosing one half per call was most of the sort's own instructions).
+  auto halves = [](const RowKey& k) {
+    return std::array<uint32_t, 4>{static_cast<uint32_t>(k.first >> 32), static_cast<uint32_t>(k.first),
+                                   static_cast<uint32_t>(k.then >> 32), static_cast<uint32_t>(k.then)};
   };
   uint32_t least[4], most[4];
-  for (int f = 0; f < 4; ++f) least[f] = most[f] = half(v[0], f);
+  const std::array<uint32_t, 4> h0 = halves(v[0]);
+  for (int f = 0; f < 4; ++f) least[f] = most[f] = h0[f];
   bool ascending = true;  // ids in position order: ties need no pass of their own
   for (size_t i = 1; i < n; ++i) {
-    // The four halves spelled out: the loop over them, with half()'s choices
-    // per half, was most of the sort's own instructions.
-    const RowKey& k = v[i];
-    const uint32_t h[4] = {static_cast<uint32_t>(k.first >> 32), static_cast<uint32_t>(k.first),
-                           static_cast<uint32_t>(k.then >> 32), static_cast<uint32_t>(k.then)};
+    const std::array<uint32_t, 4> h = halves(v[i]);
     for (int f = 0; f < 4; ++f) {
       least[f] = std::min(least[f], h[f]);
       most[f] = std::max(most[f], h[f]);
     }
-    ascending = ascending && k.id > v[i - 1].id;
+    ascending = ascending && v[i].id > v[i - 1].id;
   }
   int width[4], total = 0;
   for (int f = 0; f < 4; ++f) {
@@ -93,7 +92,8 @@ void sort_rows(std::vector<RowKey>& v, SortScratch& x) {
     w.resize(n);
     for (size_t i = 0; i < n; ++i) {
       uint64_t key = 0;
-      for (int f = 0; f < 4; ++f) key = (key << width[f]) | (half(v[i], f) - least[f]);
+      const std::array<uint32_t, 4> h = halves(v[i]);
+      for (int f = 0; f < 4; ++f) key = (key << width[f]) | (h[f] - least[f]);
       w[i] = key << 32 | i;
     }
     // Under 128 rows a comparison sort of the words beats the passes' counts
