@@ -111,7 +111,12 @@ class Planner {
     if (b.op == code_of<op::Call>) place_results(b);
     plan_inputs(b, op_info(b.op).traits);
     b.payload = static_cast<int64_t>(p_.indices.size());
-    for (NodeId node : nodes_of(b)) p_.indices.push_back(s_.payload[node]);
+    // Per-row buffers here are sized once and written by count: a push_back's
+    // capacity check per row was a tenth of planning's instructions.
+    p_.indices.resize(p_.indices.size() + b.n);
+    int64_t* const payload = p_.indices.data() + b.payload;
+    const NodeId* const rows = p_.nodes.data() + b.nodes_begin;
+    for (uint32_t i = 0; i < b.n; ++i) payload[i] = s_.payload[rows[i]];
     p_.batches.push_back(b);
   }
 
@@ -424,10 +429,11 @@ class Planner {
   // first: batches that split by length further on (attention scores of each
   // length) then read ranges.
   void order_rows(const RoundDag& dag, std::span<const uint32_t> locals) {
-    order_.clear();
     const bool packed = !locals.empty() && s_.has(dag.node[locals[0]], NodeStore::kRowwise) &&
                         !s_.has(dag.node[locals[0]], NodeStore::kShared);
     uint32_t distinct[3] = {kNone32, kNone32, kNone32};  // the first three readers seen
+    order_.resize(locals.size());
+    RowKey* out = order_.data();
     for (uint32_t l : locals) {
       const NodeId node = dag.node[l];
       uint64_t key = node;
@@ -441,7 +447,7 @@ class Planner {
       }
       const uint32_t reader = reader_[l];
       const uint32_t h = packed ? (fed ? 0 : length_of(node)) : height_[l];
-      order_.push_back({first_key(reader, h), key, node});
+      *out++ = {first_key(reader, h), key, node};
       for (uint32_t& d : distinct) {
         if (d == reader) break;
         if (d == kNone32) {
@@ -461,9 +467,11 @@ class Planner {
     b.nodes_begin = static_cast<uint32_t>(p_.nodes.size());
     const bool packed = !b.shared && s_.has(order_[0].id, NodeStore::kRowwise);
     uint32_t at = 0;
+    p_.nodes.resize(p_.nodes.size() + b.n);
+    NodeId* const rows = p_.nodes.data() + b.nodes_begin;
     for (uint32_t i = 0; i < b.n; ++i) {
       const NodeId node = order_[i].id;
-      p_.nodes.push_back(node);
+      rows[i] = node;
       s_.value_at[node] = {b.out, b.shared ? kWholeRow : packed ? at : i};
       if (packed) {
         s_.flags[node] |= NodeStore::kPacked;
@@ -497,16 +505,21 @@ class Planner {
     b.args_begin = static_cast<uint32_t>(p_.args.size());
     if (traits.segmented) {
       // The lists of all nodes, flattened in row order, are one input.
-      src_nodes_.clear();
       b.segments = static_cast<int64_t>(p_.indices.size());
+      size_t total = 0;
+      for (NodeId node : nodes) total += s_.args_of(node).size();
+      src_nodes_.resize(total);
+      p_.indices.resize(p_.indices.size() + total);
+      NodeId* elements = src_nodes_.data();
+      int64_t* segment = p_.indices.data() + b.segments;
       NodeId like = kNoNode;
       for (uint32_t i = 0; i < b.n; ++i)
         for (NodeId a : s_.args_of(nodes[i])) {
-          src_nodes_.push_back(a);
-          p_.indices.push_back(i);
+          *elements++ = a;
+          *segment++ = i;
           like = a;
         }
-      b.total = static_cast<uint32_t>(src_nodes_.size());
+      b.total = static_cast<uint32_t>(total);
       fill_sources(false);
       b.counts = static_cast<int64_t>(p_.indices.size());
       for (NodeId node : nodes) p_.indices.push_back(static_cast<int64_t>(s_.args_of(node).size()));
@@ -552,12 +565,11 @@ class Planner {
         p_.args.push_back(BatchArg{BatchArg::kShared, r, r + 1});
         continue;
       }
-      src_nodes_.clear();
+      src_nodes_.resize(nodes.size());
+      for (size_t i = 0; i < nodes.size(); ++i) src_nodes_[i] = s_.args_of(nodes[i])[k];
       src_rows_.clear();
-      for (NodeId node : nodes) {
-        src_nodes_.push_back(s_.args_of(node)[k]);
-        if (b.rows > 0) src_rows_.push_back(length_of(node));
-      }
+      if (b.rows > 0)
+        for (NodeId node : nodes) src_rows_.push_back(length_of(node));
       packed_rank_ = rows_rank(s_, first, traits);
       fill_sources(b.rows > 0);
       add_input(a0);
@@ -613,18 +625,20 @@ class Planner {
       // The usual case, no value packed: each row's place and whether the rows
       // are one range (add_input's question), in one pass.
       bool contiguous = true, whole = false;
+      const size_t n = src_nodes_.size();
+      sources_.resize(n);
+      RowRef* const out = sources_.data();
       size_t i = 0;
-      for (; i < src_nodes_.size(); ++i) {
+      for (; i < n; ++i) {
         const NodeId r = s_.resolve(src_nodes_[i]);
         if (s_.has(r, NodeStore::kPacked)) break;
         const RowRef at{s_.value_at[r].batch, s_.value_at[r].row};
         whole = whole || at.row == kWholeRow;
         if (i > 0)
-          contiguous = contiguous && at.batch == sources_[0].batch && at.row == sources_[0].row + i &&
-                       sources_[0].row != kWholeRow;
-        sources_.push_back(at);
+          contiguous = contiguous && at.batch == out[0].batch && at.row == out[0].row + i && out[0].row != kWholeRow;
+        out[i] = at;
       }
-      if (i == src_nodes_.size()) {
+      if (i == n) {
         expanded_ = false;
         scanned_ = true;
         contiguous_ = contiguous;
