@@ -1,5 +1,7 @@
 #include "node_store.h"
 
+#include <algorithm>
+
 #include <sheaf/core/hash.h>
 
 namespace sheaf {
@@ -50,10 +52,14 @@ void NodeStore::grow() {
   value_at.resize(capacity_);
 }
 
+void NodeStore::grow_lists(size_t more_args, size_t more_attrs) {
+  const size_t need_args = arg_begin[size_] + more_args, need_attrs = attr_begin[size_] + more_attrs;
+  if (need_args > args.size()) args.resize(std::max<size_t>({need_args, 2 * args.size(), 256}));
+  if (need_attrs > attrs.size()) attrs.resize(std::max<size_t>({need_attrs, 2 * attrs.size(), 256}));
+}
+
 void NodeStore::clear() {
-  size_ = 0;
-  args.clear();
-  attrs.clear();
+  size_ = 0;  // (arg_begin[0] and attr_begin[0] stay 0; the lists' buffers stay)
   batch_out.clear();
   batch_rows.clear();
   user_tensors.clear();

@@ -1,6 +1,6 @@
-// The graph store: one flat struct-of-arrays per graph. Recording a node is a
-// handful of vector pushes; no per-node heap object. The scheduler and backend
-// read these arrays directly.
+// The graph store: one flat struct-of-arrays per graph. Recording a node
+// writes a handful of columns by count; no per-node heap object. The
+// scheduler and backend read these arrays directly.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include <sheaf/core/column.h>
 #include <sheaf/core/flat_index.h>
 #include <sheaf/core/ids.h>
 #include <sheaf/core/shape.h>
@@ -76,25 +77,28 @@ struct NodeStore {
 
   // Per node, sized to the capacity (size() nodes are valid): append() writes
   // a node with one capacity check, not one per array.
-  std::vector<OpCode> op;
-  std::vector<ShapeId> shape;
-  std::vector<uint32_t> arg_begin{0};   // CSR into args (size() + 1 valid)
-  std::vector<NodeId> args;
-  std::vector<uint32_t> attr_begin{0};  // CSR into attrs (part of the signature)
-  std::vector<int64_t> attrs;
-  std::vector<int64_t> payload;         // per-example data: an id, a label, a key (not in the signature)
-  std::vector<int64_t> example;         // the user's example id, or kSharedExample / kMixedExample
+  Column<OpCode> op;
+  Column<ShapeId> shape;
+  // CSR lists: node n's are [begin[n], begin[n + 1]). The lists' buffers
+  // only grow (their size is a capacity, the lists end at begin[size()]):
+  // append() writes by count, with one capacity check a list.
+  Column<uint32_t> arg_begin{0};   // (size() + 1 valid)
+  Column<NodeId> args;
+  Column<uint32_t> attr_begin{0};  // (part of the signature)
+  Column<int64_t> attrs;
+  Column<int64_t> payload;         // per-example data: an id, a label, a key (not in the signature)
+  Column<int64_t> example;         // the user's example id, or kSharedExample / kMixedExample
   std::vector<std::source_location> loc;
-  std::vector<SigId> sig;
-  std::vector<uint8_t> flags;
-  std::vector<NodeId> alias;            // placeholders: the node they resolved to, else kNoNode
+  Column<SigId> sig;
+  Column<uint8_t> flags;
+  Column<NodeId> alias;            // placeholders: the node they resolved to, else kNoNode
   // Where the value lives once computed: row `row` of batch value `batch`
   // (kWholeRow: the whole tensor). One column for both: whoever reads one
   // reads the other, and the planner reads them for nodes scattered by id.
   struct Place {
     uint32_t batch, row;
   };
-  std::vector<Place> value_at;
+  Column<Place> value_at;
 
   // Values: one tensor per executed batch; node values are rows of these. A
   // tensor may be left undefined until read (backend/lazy.h): batch_rows says
@@ -120,12 +124,16 @@ struct NodeStore {
     if (size_ == capacity_) grow();
     op[n] = o;
     shape[n] = sh;
-    // Element by element: a node has a few of each, and a range insert is an
+    // Element by element: a node has a few of each, and a range copy is an
     // out-of-line call and a memmove per node.
-    for (NodeId x : a) args.push_back(x);
-    arg_begin[n + 1] = static_cast<uint32_t>(args.size());
-    for (int64_t x : at) attrs.push_back(x);
-    attr_begin[n + 1] = static_cast<uint32_t>(attrs.size());
+    const uint32_t a0 = arg_begin[n], t0 = attr_begin[n];
+    if (a0 + a.size() > args.size() || t0 + at.size() > attrs.size()) grow_lists(a.size(), at.size());
+    NodeId* const to_args = args.data() + a0;
+    for (size_t i = 0; i < a.size(); ++i) to_args[i] = a[i];
+    arg_begin[n + 1] = a0 + static_cast<uint32_t>(a.size());
+    int64_t* const to_attrs = attrs.data() + t0;
+    for (size_t i = 0; i < at.size(); ++i) to_attrs[i] = at[i];
+    attr_begin[n + 1] = t0 + static_cast<uint32_t>(at.size());
     payload[n] = pay;
     example[n] = ex;
     loc[n] = where;
@@ -153,6 +161,7 @@ struct NodeStore {
 
  private:
   void grow();
+  void grow_lists(size_t more_args, size_t more_attrs);  // room for one more node's lists
   size_t size_ = 0, capacity_ = 0;
 };
 
