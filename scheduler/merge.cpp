@@ -16,7 +16,8 @@ namespace sheaf {
 namespace {
 // Kept per thread, as the strategies' scratch: merging runs every round.
 struct MergeScratch {
-  std::vector<uint32_t> head, tail, next, pos_of_node, sig_begin, by_sig, cursor;
+  Column<uint32_t> head, tail, next, pos_of_node, by_sig;  // (written in full: no zero-fill as they grow)
+  std::vector<uint32_t> sig_begin, cursor;
   std::vector<uint8_t> alive;
   Batches out;
 };
@@ -27,7 +28,7 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
   MergeScratch& x = t_merge;
   const auto nb = static_cast<uint32_t>(schedule.size());
   // Each batch is a linked list of its nodes (head, tail, next): a move splices.
-  std::vector<uint32_t>&head = x.head, &tail = x.tail, &next = x.next, &pos_of_node = x.pos_of_node;
+  Column<uint32_t>&head = x.head, &tail = x.tail, &next = x.next, &pos_of_node = x.pos_of_node;
   head.resize(nb);
   tail.resize(nb);
   next.resize(dag.size());
@@ -49,7 +50,8 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
   auto sig_of = [&](uint32_t k) { return dag.sig[head[k]]; };
   // Batch positions per signature, ascending (a counting sort into CSR form).
   const uint32_t nsig = dag.num_sigs();
-  std::vector<uint32_t>&sig_begin = x.sig_begin, &by_sig = x.by_sig, &cursor = x.cursor;
+  std::vector<uint32_t>&sig_begin = x.sig_begin, &cursor = x.cursor;
+  Column<uint32_t>& by_sig = x.by_sig;
   sig_begin.assign(nsig + 1, 0);
   for (uint32_t k = 0; k < nb; ++k)
     if (sig_of(k) != kNoSig) ++sig_begin[sig_of(k) + 1];

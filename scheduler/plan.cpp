@@ -36,27 +36,30 @@ struct SliceRead {
 
 // The planner's buffers, kept per thread so that planning a round (every round,
 // batch after batch) does not allocate once they have grown.
+// Buffers written in full after a resize are Columns (grown without zero-filling).
 struct PlanScratch {
   std::vector<uint32_t> rows;
   // (first reader, ~height, where the first input lives, node or region): see order_rows
-  std::vector<RowKey> order;
+  Column<RowKey> order;
   SortScratch sort;
   std::vector<uint32_t> batch_of;  // local entry -> the batch of the round that runs it
   std::vector<uint8_t> batch_reads;  // per batch: whether it is a reader for order_rows
   std::vector<uint32_t> height;    // local entry -> longest path to what nothing in the round reads
   std::vector<uint32_t> reader;     // local entry -> its first reader (order_rows)
-  std::vector<RowRef> sources;
-  std::vector<NodeId> src_nodes;  // the values an input is made of, before fill_sources
+  Column<RowRef> sources;
+  Column<NodeId> src_nodes;  // the values an input is made of, before fill_sources
   std::vector<uint32_t> src_rows;
-  std::vector<uint32_t> srcs, rows_of_src;
+  std::vector<uint32_t> srcs;
+  Column<uint32_t> rows_of_src;
   std::vector<uint8_t> src_flat;
-  std::vector<int64_t> pos;
+  Column<int64_t> pos;
   std::vector<std::pair<uint32_t, uint32_t>> partial;
   std::vector<SliceRead> slices;
   std::vector<std::pair<uint32_t, uint32_t>> ranges;  // (first row, read)
   // read_by_source: each row's source slot, each slot's start; per batch id its
   // slot, valid where its stamp is the current one.
-  std::vector<uint32_t> slot, start, src_slot, src_stamp;
+  Column<uint32_t> slot;
+  std::vector<uint32_t> start, src_slot, src_stamp;
   uint32_t stamp = 1;
 };
 thread_local PlanScratch t_scratch;
@@ -780,7 +783,7 @@ class Planner {
     start_.assign(srcs_.size() + 1, 0);
     for (uint32_t k : slot_) ++start_[k + 1];
     for (size_t k = 0; k < srcs_.size(); ++k) start_[k + 1] += start_[k];
-    std::vector<int64_t>& pos = pos_;
+    Column<int64_t>& pos = pos_;
     pos.resize(sources_.size());
     rows_of_src_.resize(sources_.size());
     bool in_order = true;
@@ -816,13 +819,13 @@ class Planner {
   uint32_t base_;
   PlanScratch& x_ = t_scratch;
   std::vector<uint32_t>& rows_ = x_.rows;
-  std::vector<RowKey>& order_ = x_.order;
+  Column<RowKey>& order_ = x_.order;
   std::vector<uint32_t>& batch_of_ = x_.batch_of;
   std::vector<uint8_t>& batch_reads_ = x_.batch_reads;
   std::vector<uint32_t>& height_ = x_.height;
   std::vector<uint32_t>& reader_ = x_.reader;
-  std::vector<RowRef>& sources_ = x_.sources;
-  std::vector<NodeId>& src_nodes_ = x_.src_nodes;
+  Column<RowRef>& sources_ = x_.sources;
+  Column<NodeId>& src_nodes_ = x_.src_nodes;
   std::vector<uint32_t>& src_rows_ = x_.src_rows;  // packed: each source's reader's length
   int packed_rank_ = 0;                            // packed: the reader's rank
   std::vector<uint8_t>& src_flat_ = x_.src_flat;
@@ -834,12 +837,12 @@ class Planner {
   bool scanned_ = false, contiguous_ = true, whole_ = false;
   Read range_read_{0, 0, 0};
   std::vector<uint32_t>& srcs_ = x_.srcs;
-  std::vector<uint32_t>& rows_of_src_ = x_.rows_of_src;
-  std::vector<int64_t>& pos_ = x_.pos;
+  Column<uint32_t>& rows_of_src_ = x_.rows_of_src;
+  Column<int64_t>& pos_ = x_.pos;
   std::vector<std::pair<uint32_t, uint32_t>>& partial_ = x_.partial;
   std::vector<SliceRead>& slices_ = x_.slices;
   std::vector<std::pair<uint32_t, uint32_t>>& ranges_ = x_.ranges;
-  std::vector<uint32_t>& slot_ = x_.slot;
+  Column<uint32_t>& slot_ = x_.slot;
   std::vector<uint32_t>& start_ = x_.start;
   std::vector<uint32_t>& src_slot_ = x_.src_slot;
   std::vector<uint32_t>& src_stamp_ = x_.src_stamp;

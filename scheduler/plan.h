@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include <sheaf/core/column.h>
 #include <sheaf/tracer/node_store.h>
 
 #include "batches.h"
@@ -100,13 +101,13 @@ struct SplitGroup {
 struct Plan {
   std::string strategy;
   std::vector<PlannedBatch> batches;
-  std::vector<NodeId> nodes;
+  Column<NodeId> nodes;  // (Columns: grown without zero-filling, written in full)
   std::vector<BatchArg> args;
   std::vector<Read> reads;
   Batches groups;  // reads served together, all of one batch (lists of read indices, one buffer)
   std::vector<SplitGroup> splits;
   std::vector<int64_t> split_sizes;
-  std::vector<int64_t> indices;  // gathers, payloads and segment ids for the whole round
+  Column<int64_t> indices;  // gathers, payloads and segment ids for the whole round
   std::vector<uint8_t> keep;     // fused batches: per member, whether anything outside its region reads it
   // Lookups whose value_at is a row of their table (no gradient goes to it):
   // computed without a launch (table_batch).

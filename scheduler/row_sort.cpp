@@ -10,7 +10,7 @@ namespace {
 // One stable counting pass of an LSD radix sort: v by digit(k) in [0, buckets),
 // through tmp (v's size); count has buckets + 1 entries.
 template <class T, class Digit>
-void counting_pass(std::vector<T>& v, std::vector<T>& tmp, uint32_t* count, size_t buckets, Digit digit) {
+void counting_pass(Column<T>& v, Column<T>& tmp, uint32_t* count, size_t buckets, Digit digit) {
   std::fill(count, count + buckets + 1, 0);
   for (const T& k : v) ++count[digit(k) + 1];
   for (size_t b = 0; b < buckets; ++b) count[b + 1] += count[b];
@@ -22,7 +22,7 @@ void counting_pass(std::vector<T>& v, std::vector<T>& tmp, uint32_t* count, size
 // lower bits keep the order they came in. As few passes as digits of 8 bits
 // allow (the bits shared evenly between them), or of up to 11 where that
 // saves a pass and the rows outnumber the buckets.
-void radix_words(std::vector<uint64_t>& v, std::vector<uint64_t>& tmp, int lo, int bits) {
+void radix_words(Column<uint64_t>& v, Column<uint64_t>& tmp, int lo, int bits) {
   int passes = (bits + 7) / 8;
   if (passes > 1 && v.size() >= 2048) passes = std::min(passes, (bits + 10) / 11);
   const int digit = passes == 0 ? 0 : (bits + passes - 1) / passes;
@@ -36,7 +36,7 @@ void radix_words(std::vector<uint64_t>& v, std::vector<uint64_t>& tmp, int lo, i
 // Rows sorted by (first, then): each run that ties (tied(i): row i ties with
 // row i - 1) sorted by id. Rows rarely tie (two rows fed by one value).
 template <class Tied>
-void sort_ties(std::vector<RowKey>& v, Tied tied) {
+void sort_ties(Column<RowKey>& v, Tied tied) {
   for (size_t i = 1, j; i < v.size(); i = j + 1) {
     if (!tied(i)) {
       j = i;
@@ -57,7 +57,7 @@ void sort_ties(std::vector<RowKey>& v, Tied tied) {
 // usually fit together in 32 bits, above each row's position, so that one
 // 8-byte word per row is sorted by those bits alone (radix_words). Otherwise,
 // bytes of the 24-byte keys that differ between rows, then ties by id.
-void sort_rows(std::vector<RowKey>& v, SortScratch& x) {
+void sort_rows(Column<RowKey>& v, SortScratch& x) {
   const size_t n = v.size();
   bool sorted = true;
   for (size_t i = 1; i < n && sorted; ++i) sorted = !(v[i] < v[i - 1]);
@@ -88,7 +88,7 @@ void sort_rows(std::vector<RowKey>& v, SortScratch& x) {
     total += width[f];
   }
   if (total <= 32) {
-    std::vector<uint64_t>& w = x.words;
+    Column<uint64_t>& w = x.words;
     w.resize(n);
     for (size_t i = 0; i < n; ++i) {
       uint64_t key = 0;
@@ -113,7 +113,7 @@ void sort_rows(std::vector<RowKey>& v, SortScratch& x) {
     differ[0] |= k.then ^ v[0].then;
     differ[1] |= k.first ^ v[0].first;
   }
-  std::vector<RowKey>& tmp = x.rows;
+  Column<RowKey>& tmp = x.rows;
   tmp.resize(n);
   std::array<uint32_t, 257> count;
   for (int w = 0; w < 2; ++w)

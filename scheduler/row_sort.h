@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <sheaf/core/column.h>
+
 namespace sheaf {
 
 // A row's place in its batch: rows sort by (first, then, id); see order_rows.
@@ -22,12 +24,13 @@ struct RowKey {
 inline uint64_t first_key(uint32_t reader, uint32_t height) { return (uint64_t{reader} << 32) | ~height; }
 
 // Buffers kept between sorts (a plan sorts every batch of every round).
+// Columns: grown without zero-filling, as they are written in full.
 struct SortScratch {
-  std::vector<RowKey> rows;
-  std::vector<uint64_t> words, words_tmp;
+  Column<RowKey> rows;
+  Column<uint64_t> words, words_tmp;
 };
 
 // Sorts rows by (first, then, id), as std::sort with RowKey's < would.
-void sort_rows(std::vector<RowKey>& v, SortScratch& x);
+void sort_rows(Column<RowKey>& v, SortScratch& x);
 
 }  // namespace sheaf

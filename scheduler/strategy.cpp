@@ -16,7 +16,8 @@ namespace {
 // stateless singletons shared by every graph): a graph cleared and refilled
 // batch after batch schedules without allocating (tests/host/test_allocations.cpp).
 struct Scratch {
-  std::vector<uint32_t> start, by_depth, fill, group_of_sig, group, count, sigs_here, at;  // depth
+  std::vector<uint32_t> start, fill, group_of_sig, count, sigs_here, at;  // depth
+  Column<uint32_t> by_depth, group;  // (written in full: no zero-fill as they grow)
   std::vector<double> avg;                                                                // agenda
   std::vector<uint32_t> cnt, indeg, alone, batch;
   std::vector<std::vector<uint32_t>> ready;
@@ -36,14 +37,15 @@ class DepthStrategy final : public Strategy {
     start.assign(dag.max_depth + 2, 0);
     for (uint32_t d : dag.depth) ++start[d + 1];
     for (size_t d = 1; d < start.size(); ++d) start[d] += start[d - 1];
-    std::vector<uint32_t>& by_depth = x.by_depth;
+    Column<uint32_t>& by_depth = x.by_depth;
     by_depth.resize(m);
     x.fill.assign(start.begin(), start.end() - 1);
     for (uint32_t i = 0; i < m; ++i) by_depth[x.fill[dag.depth[i]]++] = i;
     // Within a depth, one batch per signature, in order of first appearance.
     std::vector<uint32_t>& group_of_sig = x.group_of_sig;
     group_of_sig.assign(dag.num_sigs(), kNone32);
-    std::vector<uint32_t>&group = x.group, &count = x.count, &sigs_here = x.sigs_here, &at = x.at;
+    Column<uint32_t>& group = x.group;
+    std::vector<uint32_t>&count = x.count, &sigs_here = x.sigs_here, &at = x.at;
     group.resize(m);
     for (uint32_t d = 0; d <= dag.max_depth; ++d) {
       count.clear();

@@ -16,7 +16,7 @@ namespace {
 
 // Bits the four 32-bit halves of (first, then) need between their least and
 // most values: the sort packs them into one word when this is <= 32.
-int spread_bits(const std::vector<RowKey>& v) {
+int spread_bits(const Column<RowKey>& v) {
   int total = 0;
   for (int f = 0; f < 4; ++f) {
     uint32_t lo = UINT32_MAX, hi = 0;
@@ -33,8 +33,8 @@ int spread_bits(const std::vector<RowKey>& v) {
 
 enum class Keys { kNarrow, kNarrowTies, kWide, kWideTies, kSpread32, kSpread33 };
 
-std::vector<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64& rng) {
-  std::vector<RowKey> v(n);
+Column<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64& rng) {
+  Column<RowKey> v(n);
   for (size_t i = 0; i < n; ++i) {
     RowKey& k = v[i];
     k.id = static_cast<uint32_t>(i * 3 + 7);
@@ -72,7 +72,7 @@ std::vector<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt199
   return v;
 }
 
-bool same(const std::vector<RowKey>& a, const std::vector<RowKey>& b) {
+bool same(const Column<RowKey>& a, const Column<RowKey>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)
     if (a[i].first != b[i].first || a[i].then != b[i].then || a[i].id != b[i].id) return false;
@@ -89,7 +89,7 @@ TEST_CASE("row sort: the same order as std::sort on every path", "[scheduler][pl
     for (const Keys kind : {Keys::kNarrow, Keys::kNarrowTies, Keys::kWide, Keys::kWideTies, Keys::kSpread32,
                             Keys::kSpread33})
       for (const bool shuffled_ids : {false, true}) {
-        std::vector<RowKey> v = make_keys(n, kind, shuffled_ids, rng);
+        Column<RowKey> v = make_keys(n, kind, shuffled_ids, rng);
         if (n >= 16) {
           const bool narrow = kind == Keys::kNarrow || kind == Keys::kNarrowTies || kind == Keys::kSpread32;
           INFO("spread " << spread_bits(v) << " bits");
@@ -97,7 +97,7 @@ TEST_CASE("row sort: the same order as std::sort on every path", "[scheduler][pl
           if (kind == Keys::kSpread32) CHECK(spread_bits(v) == 32);
           if (kind == Keys::kSpread33) CHECK(spread_bits(v) == 33);
         }
-        std::vector<RowKey> want = v;
+        Column<RowKey> want = v;
         std::sort(want.begin(), want.end());
         INFO(n << " rows, keys " << static_cast<int>(kind) << (shuffled_ids ? ", ids shuffled" : ""));
         sort_rows(v, scratch);

@@ -40,7 +40,7 @@ RoundDag two_chains() { return dag_of({0, 1, 2, 0, 1, 1, 2}, Args{{}, {0}, {1}, 
 TEST_CASE("build_dag: depths, uses and signatures of a hand-built DAG", "[scheduler]") {
   const RoundDag d = two_chains();
   CHECK(d.size() == 7);
-  CHECK(d.depth == std::vector<uint32_t>{0, 1, 2, 0, 1, 2, 3});
+  CHECK(d.depth == Column<uint32_t>{0, 1, 2, 0, 1, 2, 3});
   CHECK(d.max_depth == 3);
   CHECK(d.num_sigs() == 3);
   CHECK(std::vector<uint32_t>(d.uses_of(4).begin(), d.uses_of(4).end()) == std::vector<uint32_t>{5});
