@@ -1,8 +1,10 @@
-// A vector for columns of plain data that are sized ahead and written by
-// count (NodeStore's per-node arrays and lists): growing it leaves the new
-// elements default-initialized, that is unwritten, where std::vector would
-// zero them first. A graph made per batch grows its columns every batch, and
-// those zero-fills were a twentieth of recording (a gated net's).
+// A vector for buffers of plain data that are sized ahead and written by
+// count (NodeStore's columns and lists; the scheduler's per-node arrays and
+// scratch): growing it leaves the new elements default-initialized, that is
+// unwritten, where std::vector would zero them first. A graph made per batch
+// grows its columns every batch (those zero-fills were a twentieth of a gated
+// net's recording), and a round's arrays grow again after each cut. Whoever
+// uses one writes every element it reads.
 #pragma once
 
 #include <memory>

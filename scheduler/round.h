@@ -13,16 +13,17 @@
 namespace sheaf {
 
 // Columns where every entry is written after a resize (no zero-fill as they
-// grow, round after round).
+// grow, round after round); local_of is read only where stamp says the node
+// is in this round.
 struct RoundDag {
-  Column<NodeId> node;         // local id -> graph node, in a topological order (kNoNode: a region)
-  std::vector<uint32_t> region;     // with fusion: local id -> fused region (scheduler/fusion.h), else kNone32
-  Column<SigId> sig;           // kNoSig: runs alone (a shared value)
-  Column<uint32_t> arg_begin;  // CSR: in-round arguments (local ids)
+  Column<NodeId> node;           // local id -> graph node, in a topological order (kNoNode: a region)
+  std::vector<uint32_t> region;  // with fusion: local id -> fused region (scheduler/fusion.h), else kNone32
+  Column<SigId> sig;             // kNoSig: runs alone (a shared value)
+  Column<uint32_t> arg_begin;    // CSR: in-round arguments (local ids)
   Column<uint32_t> args;
   std::vector<uint32_t> use_begin;  // CSR: in-round consumers (local ids)
   Column<uint32_t> uses;
-  Column<uint32_t> depth;      // longest path from the round's inputs, 0-based
+  Column<uint32_t> depth;        // longest path from the round's inputs, 0-based
   uint32_t max_depth = 0;
   // Scratch reused between rounds (a graph keeps its RoundDag: no reallocation per round).
   // stamp[n] == round: n was found ready this round (and local_of[n] is valid).
@@ -30,7 +31,7 @@ struct RoundDag {
   // (control flow runs many small rounds over a large graph).
   std::vector<uint32_t> stamp;
   uint32_t round = 0;
-  Column<uint32_t> local_of;
+  Column<uint32_t> local_of;  // graph node -> local id: valid where stamp[n] == round (unwritten elsewhere)
   std::vector<uint32_t> fill;
   std::vector<NodeId> undecided;  // the round's work list
   std::vector<NodeId> stack;      // scratch: the walk from awaited nodes

@@ -1,7 +1,9 @@
 #include "node_store.h"
 
 #include <algorithm>
+#include <cstdint>
 
+#include <sheaf/core/error.h>
 #include <sheaf/core/hash.h>
 
 namespace sheaf {
@@ -54,6 +56,9 @@ void NodeStore::grow() {
 
 void NodeStore::grow_lists(size_t more_args, size_t more_attrs) {
   const size_t need_args = arg_begin[size_] + more_args, need_attrs = attr_begin[size_] + more_attrs;
+  // (The lists' offsets are 32-bit: past that they would wrap onto earlier lists.)
+  if (need_args > UINT32_MAX || need_attrs > UINT32_MAX)
+    throw_internal("a graph's argument or attribute lists outgrew 2^32 entries");
   if (need_args > args.size()) args.resize(std::max<size_t>({need_args, 2 * args.size(), 256}));
   if (need_attrs > attrs.size()) attrs.resize(std::max<size_t>({need_attrs, 2 * attrs.size(), 256}));
 }

@@ -75,8 +75,9 @@ struct NodeStore {
     kRowReduce = 64,   // its signature batches it by its argument's rows (OpTraits::row_reduce)
   };
 
-  // Per node, sized to the capacity (size() nodes are valid): append() writes
-  // a node with one capacity check, not one per array.
+  // Per-node columns, sized to the capacity (size() nodes are valid; the rest
+  // unwritten): append() writes a node with one capacity check for all of
+  // them, and one for each list below.
   Column<OpCode> op;
   Column<ShapeId> shape;
   // CSR lists: node n's are [begin[n], begin[n + 1]). The lists' buffers
@@ -86,12 +87,12 @@ struct NodeStore {
   Column<NodeId> args;
   Column<uint32_t> attr_begin{0};  // (part of the signature)
   Column<int64_t> attrs;
-  Column<int64_t> payload;         // per-example data: an id, a label, a key (not in the signature)
-  Column<int64_t> example;         // the user's example id, or kSharedExample / kMixedExample
+  Column<int64_t> payload;  // per-example data: an id, a label, a key (not in the signature)
+  Column<int64_t> example;  // the user's example id, or kSharedExample / kMixedExample
   std::vector<std::source_location> loc;
   Column<SigId> sig;
   Column<uint8_t> flags;
-  Column<NodeId> alias;            // placeholders: the node they resolved to, else kNoNode
+  Column<NodeId> alias;  // placeholders: the node they resolved to, else kNoNode
   // Where the value lives once computed: row `row` of batch value `batch`
   // (kWholeRow: the whole tensor). One column for both: whoever reads one
   // reads the other, and the planner reads them for nodes scattered by id.
