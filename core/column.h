@@ -2,7 +2,7 @@
 // count (NodeStore's columns and lists; the scheduler's per-node arrays and
 // scratch): growing it leaves the new elements default-initialized, that is
 // unwritten, where std::vector would zero them first. A graph made per batch
-// grows its columns every batch (those zero-fills were a twentieth of a gated
+// grows its columns every batch (those zero-fills were a tenth of a gated
 // net's recording), and a round's arrays grow again after each cut. Whoever
 // uses one writes every element it reads.
 #pragma once
