@@ -171,7 +171,8 @@ void Fuser::find_inputs(const NodeStore& s, const RoundDag& dag, uint32_t k) {
     for (NodeId a : s.args_of(n)) {
       const NodeId r = s.resolve(a);
       // (local_of is valid only for nodes of this round: an argument not
-      // computed must be one. round.h)
+      // computed must be one. round.h. This check also covers program_for,
+      // which reads the same arguments' local_of next.)
       SHEAF_ASSERT(s.has(r, NodeStore::kComputed) || dag.stamp[r] == dag.round, "argument %", r, " of %", n,
                    " is neither computed nor in the round");
       if (!s.has(r, NodeStore::kComputed) && region_of_[dag.local_of[r]] == k) continue;
@@ -191,7 +192,6 @@ std::shared_ptr<const FusedProgram> Fuser::program_for(NodeStore& s, const Round
   auto reg_of = [&](NodeId arg) -> uint32_t {
     const NodeId r = s.resolve(arg);
     if (!s.has(r, NodeStore::kComputed)) {
-      SHEAF_ASSERT(dag.stamp[r] == dag.round, "fused operand %", r, " is neither computed nor in the round");
       const uint32_t la = dag.local_of[r];
       if (region_of_[la] == k) return region.inputs_len + member_pos_[la];
     }

@@ -13,8 +13,7 @@
 namespace sheaf {
 
 // Columns where every entry is written after a resize (no zero-fill as they
-// grow, round after round); local_of is read only where stamp says the node
-// is in this round.
+// grow, round after round).
 struct RoundDag {
   Column<NodeId> node;           // local id -> graph node, in a topological order (kNoNode: a region)
   std::vector<uint32_t> region;  // with fusion: local id -> fused region (scheduler/fusion.h), else kNone32

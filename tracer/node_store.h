@@ -77,7 +77,7 @@ struct NodeStore {
 
   // Per-node columns, sized to the capacity (size() nodes are valid; the rest
   // unwritten): append() writes a node with one capacity check for all of
-  // them, and one for each list below.
+  // them (the lists below have their own).
   Column<OpCode> op;
   Column<ShapeId> shape;
   // CSR lists: node n's are [begin[n], begin[n + 1]). The lists' buffers
