@@ -18,6 +18,7 @@ namespace {
 struct Scratch {
   std::vector<uint32_t> start, fill, group_of_sig, count, sigs_here, at;  // depth
   Column<uint32_t> by_depth, group;  // (written in full: no zero-fill as they grow)
+  std::vector<std::pair<uint32_t, uint32_t>> seen;
   std::vector<double> avg;                                                                // agenda
   std::vector<uint32_t> cnt, indeg, alone, batch;
   std::vector<std::vector<uint32_t>> ready;
@@ -29,7 +30,64 @@ thread_local Scratch t_scratch;
 class DepthStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "depth"; }
+  // One batch per (depth, signature), by depth; within a depth in order of
+  // each signature's first node; each shared node (kNoSig) alone, in its own
+  // place in that order; a batch's nodes in local (topological) order.
   void schedule(const RoundDag& dag, Batches& out) const override {
+    const uint32_t sigs = dag.num_sigs();
+    const size_t table = size_t{dag.max_depth + 1} * sigs;
+    // A (depth, signature) table the round's size or less: one counting pass
+    // over the nodes. Rounds deep and of many signatures (a long unrolled
+    // chain) would make it mostly empty: depth first, then signatures.
+    if (table <= 4 * dag.size() + 4096) by_table(dag, out, sigs, table);
+    else by_depth(dag, out);
+  }
+
+ private:
+  static void by_table(const RoundDag& dag, Batches& out, uint32_t sigs, size_t table) {
+    Scratch& x = t_scratch;
+    const auto m = static_cast<uint32_t>(dag.size());
+    // Each node's bucket, each bucket's count, and the buckets (with their
+    // depth) in order of first node: shared nodes take buckets past the table.
+    std::vector<uint32_t>& count = x.count;
+    count.assign(table, 0);
+    Column<uint32_t>& bucket = x.group;
+    bucket.resize(m);
+    std::vector<std::pair<uint32_t, uint32_t>>& seen = x.seen;  // (depth, bucket)
+    seen.clear();
+    for (uint32_t i = 0; i < m; ++i) {
+      const SigId s = dag.sig[i];
+      const uint32_t d = dag.depth[i];
+      uint32_t b;
+      if (s == kNoSig) {
+        b = static_cast<uint32_t>(count.size());
+        count.push_back(0);
+      } else {
+        b = d * sigs + s;
+      }
+      if (count[b]++ == 0) seen.emplace_back(d, b);
+      bucket[i] = b;
+    }
+    // The buckets by depth (a counting sort: first appearance kept within a
+    // depth), then each bucket's count becomes its first slot.
+    std::vector<uint32_t>&start = x.start, &order = x.at;
+    start.assign(dag.max_depth + 2, 0);
+    for (const auto& [d, b] : seen) ++start[d + 1];
+    for (size_t d = 1; d < start.size(); ++d) start[d] += start[d - 1];
+    order.resize(seen.size());
+    for (const auto& [d, b] : seen) order[start[d]++] = b;
+    auto at = static_cast<uint32_t>(out.nodes.size());
+    for (uint32_t b : order) {
+      const uint32_t c = count[b];
+      count[b] = at;
+      at += c;
+      out.begin.push_back(at);
+    }
+    out.nodes.resize(at);
+    for (uint32_t i = 0; i < m; ++i) out.nodes[count[bucket[i]]++] = i;
+  }
+
+  static void by_depth(const RoundDag& dag, Batches& out) {
     Scratch& x = t_scratch;
     const size_t m = dag.size();
     // Counting sort by depth, keeping the local (topological) order inside a depth.

@@ -1,5 +1,6 @@
 // Strategies and merge_batches on hand-built round DAGs: the scheduler's
 // contract without a graph, a tracer or a launch.
+#include <algorithm>
 #include <random>
 
 #include <sheaf/core/error.h>
@@ -129,6 +130,49 @@ TEST_CASE("every strategy gives a valid schedule of random DAGs", "[scheduler]")
     Batches lazy;
     lazy_strategy().schedule(d, lazy);
     CHECK(lazy.size() <= depth_launches);
+  }
+}
+
+// The depth schedule by its definition: batches by depth; within a depth one
+// per signature in order of its first node, each shared node alone in its own
+// place; a batch's nodes in local order.
+std::vector<std::vector<uint32_t>> depth_by_definition(const RoundDag& d) {
+  std::vector<std::vector<uint32_t>> out;
+  for (uint32_t depth = 0; depth <= d.max_depth; ++depth) {
+    std::vector<std::pair<SigId, size_t>> group;  // (signature, batch in out)
+    for (uint32_t i = 0; i < d.size(); ++i) {
+      if (d.depth[i] != depth) continue;
+      auto g = std::find_if(group.begin(), group.end(), [&](const auto& p) { return p.first == d.sig[i]; });
+      if (d.sig[i] == kNoSig || g == group.end()) {
+        group.emplace_back(d.sig[i], out.size());
+        out.push_back({i});
+      } else {
+        out[g->second].push_back(i);
+      }
+    }
+  }
+  return out;
+}
+
+TEST_CASE("depth: the schedule of its definition, on random DAGs of both paths", "[scheduler]") {
+  // Few signatures and depths take the (depth, signature) table; a deep chain
+  // of many signatures, the path by depth and then signature.
+  std::mt19937 rng(Catch::rngSeed());
+  for (int trial = 0; trial < 300; ++trial) {
+    const bool deep = trial % 3 == 0;
+    const uint32_t n = deep ? 200 + rng() % 200 : 1 + rng() % 60;
+    const uint32_t kinds = deep ? 60 : 1 + rng() % 6;
+    std::vector<SigId> sigs(n);
+    Args args(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      sigs[i] = rng() % 9 == 0 ? kNoSig : rng() % kinds;
+      if (deep && i > 0) args[i].push_back(i - 1);  // a chain: depth i
+      for (uint32_t k = 0; i > 0 && k < rng() % 3; ++k) args[i].push_back(rng() % i);
+    }
+    const RoundDag d = dag_of(sigs, args);
+    INFO("trial " << trial << ", " << n << " nodes, depth " << d.max_depth << ", " << d.num_sigs() << " signatures");
+    if (deep) CHECK(size_t{d.max_depth + 1} * d.num_sigs() > 4 * d.size() + 4096);  // (the path by depth)
+    CHECK(batches_of(depth_strategy(), d) == depth_by_definition(d));
   }
 }
 
