@@ -7,6 +7,8 @@ namespace sheaf {
 
 namespace {
 
+constexpr uint32_t kEmptyRow = 0xFFFFFFFFu;  // no row id is this (ids are node or region numbers)
+
 // One stable counting pass of an LSD radix sort: v by digit(k) in [0, buckets),
 // through tmp (v's size); count has buckets + 1 entries.
 template <class T, class Digit>
@@ -48,6 +50,21 @@ void sort_ties(Column<RowKey>& v, Tied tied) {
   }
 }
 
+// Rows whose keys' last half, less `least`, are a permutation of [0, n):
+// placed there. False, with v unchanged, if two rows share a place.
+bool permute(Column<RowKey>& v, Column<RowKey>& tmp, uint32_t least) {
+  const size_t n = v.size();
+  tmp.resize(n);
+  for (size_t i = 0; i < n; ++i) tmp[i].id = kEmptyRow;
+  for (size_t i = 0; i < n; ++i) {
+    RowKey& to = tmp[static_cast<uint32_t>(v[i].then) - least];
+    if (to.id != kEmptyRow) return false;
+    to = v[i];
+  }
+  v.swap(tmp);
+  return true;
+}
+
 }  // namespace
 
 // Big batches (a loss over every tree node: thousands of rows) take a radix
@@ -87,6 +104,11 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
     width[f] = span == 0 ? 0 : 32 - __builtin_clz(span);
     total += width[f];
   }
+  // Rows that differ only in their source row, n of them over n consecutive
+  // rows (a loss over the logits batch before it, in that batch's order):
+  // each goes straight to its place. A source row read twice (a tie) leaves
+  // a place empty and takes the general path.
+  if (total == width[3] && most[3] - least[3] == n - 1 && permute(v, x.rows, least[3])) return;
   if (total <= 32) {
     Column<uint64_t>& w = x.words;
     w.resize(n);

@@ -1,7 +1,8 @@
 // The planner's row sort against std::sort, on each of its paths: few rows
-// (a comparison sort), keys whose spread fits 32 bits (one word per row,
-// radix passes of 8 or 11 bits), keys that do not (byte passes over the
-// 24-byte keys), with and without ties broken by id.
+// (a comparison sort), rows that differ only in a source row read once each
+// (placed directly; with a row read twice, not), keys whose spread fits 32
+// bits (one word per row, radix passes of 8 or 11 bits), keys that do not
+// (byte passes over the 24-byte keys), with and without ties broken by id.
 #include <algorithm>
 #include <random>
 #include <vector>
@@ -31,7 +32,7 @@ int spread_bits(const Column<RowKey>& v) {
   return total;
 }
 
-enum class Keys { kNarrow, kNarrowTies, kWide, kWideTies, kSpread32, kSpread33 };
+enum class Keys { kNarrow, kNarrowTies, kWide, kWideTies, kSpread32, kSpread33, kPermutation, kPermutationTie };
 
 Column<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64& rng) {
   Column<RowKey> v(n);
@@ -61,8 +62,16 @@ Column<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64
         k.then = (uint64_t{i % 3 == 0 ? 0u : 0xFFFFu} << 32) |                    // 16 bits
                  ((i % 5 == 0 ? 1 : kind == Keys::kSpread32 ? 0xFF : 0x1FF) - rng() % 2);  // 8 or 9
         break;
+      case Keys::kPermutation:  // one reader and height, each row of one source batch once (placed directly)
+      case Keys::kPermutationTie:  // the same with one source row read twice (another read by none)
+        k.first = first_key(4, 2);
+        k.then = (uint64_t{9} << 32) | (1000 + (i * 7919 + 13) % n);  // (7919 is prime: a permutation)
+        break;
     }
   }
+  if (kind == Keys::kPermutationTie && n >= 4)  // the least and most source rows kept: the range still spans n
+    for (RowKey& k : v)
+      if (static_cast<uint32_t>(k.then) == 1000 + n / 2) k.then += 1;
   if (shuffled_ids) {
     std::vector<uint32_t> ids;
     for (const RowKey& k : v) ids.push_back(k.id);
@@ -87,11 +96,11 @@ TEST_CASE("row sort: the same order as std::sort on every path", "[scheduler][pl
   for (const size_t n : {size_t{0}, size_t{1}, size_t{5}, size_t{15}, size_t{16}, size_t{100}, size_t{127},
                          size_t{128}, size_t{700}, size_t{2047}, size_t{2048}, size_t{6000}})
     for (const Keys kind : {Keys::kNarrow, Keys::kNarrowTies, Keys::kWide, Keys::kWideTies, Keys::kSpread32,
-                            Keys::kSpread33})
+                            Keys::kSpread33, Keys::kPermutation, Keys::kPermutationTie})
       for (const bool shuffled_ids : {false, true}) {
         Column<RowKey> v = make_keys(n, kind, shuffled_ids, rng);
         if (n >= 16) {
-          const bool narrow = kind == Keys::kNarrow || kind == Keys::kNarrowTies || kind == Keys::kSpread32;
+          const bool narrow = kind != Keys::kWide && kind != Keys::kWideTies && kind != Keys::kSpread33;
           INFO("spread " << spread_bits(v) << " bits");
           CHECK((spread_bits(v) <= 32) == narrow);  // the path this case means to take
           if (kind == Keys::kSpread32) CHECK(spread_bits(v) == 32);
