@@ -39,7 +39,7 @@ class DepthStrategy final : public Strategy {
     // A (depth, signature) table the round's size or less: one counting pass
     // over the nodes. Rounds deep and of many signatures (a long unrolled
     // chain) would make it mostly empty: depth first, then signatures.
-    if (table <= 4 * dag.size() + 4096) by_table(dag, out, sigs, table);
+    if (table <= 4 * dag.size() + 1024) by_table(dag, out, sigs, table);
     else by_depth(dag, out);
   }
 
