@@ -5,11 +5,13 @@
 #include <span>
 #include <vector>
 
+#include <sheaf/core/column.h>
+
 namespace sheaf {
 
 // Batches as lists of local node ids (see RoundDag).
 struct Batches {
-  std::vector<uint32_t> nodes;
+  Column<uint32_t> nodes;  // (written in full: strategies size it, then fill every entry)
   std::vector<uint32_t> begin{0};
   size_t size() const { return begin.size() - 1; }
   std::span<const uint32_t> operator[](size_t b) const { return {nodes.data() + begin[b], nodes.data() + begin[b + 1]}; }
