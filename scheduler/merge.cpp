@@ -16,7 +16,7 @@ namespace sheaf {
 namespace {
 // Kept per thread, as the strategies' scratch: merging runs every round.
 struct MergeScratch {
-  Column<uint32_t> head, tail, next, pos_of_node, by_sig;  // (written in full: no zero-fill as they grow)
+  Column<uint32_t> owner, first, last, next, batch_of, by_sig;  // (written in full: no zero-fill as they grow)
   std::vector<uint32_t> sig_begin, cursor;
   std::vector<uint8_t> alive;
   Batches out;
@@ -24,30 +24,31 @@ struct MergeScratch {
 thread_local MergeScratch t_merge;
 }  // namespace
 
+// A move splices lists of the schedule's batches, not of nodes: a batch's
+// nodes stay a range of schedule.nodes, a node's position is its batch's
+// owner, and the merged schedule is those ranges copied in order. (Lists of
+// nodes made every move and every scan a chain of dependent loads.)
 void merge_batches(const RoundDag& dag, Batches& schedule) {
   MergeScratch& x = t_merge;
   const auto nb = static_cast<uint32_t>(schedule.size());
-  // Each batch is a linked list of its nodes (head, tail, next): a move splices.
-  Column<uint32_t>&head = x.head, &tail = x.tail, &next = x.next, &pos_of_node = x.pos_of_node;
-  head.resize(nb);
-  tail.resize(nb);
-  next.resize(dag.size());
-  pos_of_node.resize(dag.size());
-  {
-    uint32_t* const nx = next.data();
-    uint32_t* const pos = pos_of_node.data();
-    const uint32_t* const nodes = schedule.nodes.data();
-    for (uint32_t k = 0; k < nb; ++k) {
-      const uint32_t b = schedule.begin[k], e = schedule.begin[k + 1];
-      head[k] = nodes[b];
-      tail[k] = nodes[e - 1];
-      for (uint32_t j = b; j + 1 < e; ++j) nx[nodes[j]] = nodes[j + 1];
-      nx[nodes[e - 1]] = kNone32;
-      for (uint32_t j = b; j < e; ++j) pos[nodes[j]] = k;
-    }
+  // owner[k]: the batch whose launch runs batch k's nodes (k while alive);
+  // alive batch t runs batches first[t], next[first[t]], ... last[t].
+  Column<uint32_t>&owner = x.owner, &first = x.first, &last = x.last, &next = x.next, &batch_of = x.batch_of;
+  owner.resize(nb);
+  first.resize(nb);
+  last.resize(nb);
+  next.resize(nb);
+  batch_of.resize(dag.size());
+  const uint32_t* const nodes = schedule.nodes.data();
+  const uint32_t* const begin = schedule.begin.data();
+  for (uint32_t k = 0; k < nb; ++k) {
+    owner[k] = first[k] = last[k] = k;
+    next[k] = kNone32;
+    for (uint32_t j = begin[k]; j < begin[k + 1]; ++j) batch_of[nodes[j]] = k;
   }
-  // A batch's signature is its head's (a move appends to the receiver).
-  auto sig_of = [&](uint32_t k) { return dag.sig[head[k]]; };
+  auto pos = [&](uint32_t node) { return owner[batch_of[node]]; };
+  // A batch's signature is its first node's (a move appends to the receiver).
+  auto sig_of = [&](uint32_t k) { return dag.sig[nodes[begin[k]]]; };
   // Batch positions per signature, ascending (a counting sort into CSR form).
   const uint32_t nsig = dag.num_sigs();
   std::vector<uint32_t>&sig_begin = x.sig_begin, &cursor = x.cursor;
@@ -66,9 +67,9 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
   std::vector<uint8_t>& alive = x.alive;
   alive.assign(nb, 1);
   auto move = [&](uint32_t from, uint32_t to) {
-    for (uint32_t i = head[from]; i != kNone32; i = next[i]) pos_of_node[i] = to;
-    next[tail[to]] = head[from];
-    tail[to] = tail[from];
+    for (uint32_t k = first[from]; k != kNone32; k = next[k]) owner[k] = to;
+    next[last[to]] = first[from];
+    last[to] = last[from];
     alive[from] = 0;
   };
   bool moved = false;
@@ -88,8 +89,9 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
       while (nearest != cand.end() && !alive[*nearest]) ++nearest;
       if (nearest == cand.end()) continue;
       uint32_t limit = nb;  // exclusive
-      for (uint32_t i = head[k]; i != kNone32 && limit > *nearest; i = next[i])
-        for (uint32_t u : dag.uses_of(i)) limit = std::min(limit, pos_of_node[u]);
+      for (uint32_t m = first[k]; m != kNone32 && limit > *nearest; m = next[m])
+        for (uint32_t j = begin[m]; j < begin[m + 1] && limit > *nearest; ++j)
+          for (uint32_t u : dag.uses_of(nodes[j])) limit = std::min(limit, pos(u));
       if (limit <= *nearest) continue;
       auto it = std::lower_bound(cand.begin(), cand.end(), limit);
       while (it != cand.begin() && *(it - 1) > k && !alive[*(it - 1)]) --it;
@@ -110,8 +112,9 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
       if (latest == cand.begin()) continue;
       const int64_t bound = *(latest - 1);
       int64_t lower = -1;  // exclusive
-      for (uint32_t i = head[k]; i != kNone32 && lower < bound; i = next[i])
-        for (uint32_t a : dag.args_of(i)) lower = std::max<int64_t>(lower, pos_of_node[a]);
+      for (uint32_t m = first[k]; m != kNone32 && lower < bound; m = next[m])
+        for (uint32_t j = begin[m]; j < begin[m + 1] && lower < bound; ++j)
+          for (uint32_t a : dag.args_of(nodes[j])) lower = std::max<int64_t>(lower, pos(a));
       if (lower >= bound) continue;
       auto it = lower < 0 ? cand.begin() : std::upper_bound(cand.begin(), cand.end(), static_cast<uint32_t>(lower));
       while (it != cand.end() && *it < k && !alive[*it]) ++it;
@@ -123,16 +126,13 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
     }
   }
   if (!moved) return;  // the schedule stands as it was
-  // Written through plain pointers: the scratch is thread_local, and a
-  // push_back per node reloaded it at every step.
   Batches& out = x.out;
   out.nodes.resize(schedule.nodes.size());
   out.begin.resize(1);
   uint32_t* w = out.nodes.data();
-  const uint32_t* nxt = next.data();
-  for (uint32_t k = 0; k < nb; ++k) {
-    if (!alive[k]) continue;
-    for (uint32_t i = head[k]; i != kNone32; i = nxt[i]) *w++ = i;
+  for (uint32_t t = 0; t < nb; ++t) {
+    if (!alive[t]) continue;
+    for (uint32_t m = first[t]; m != kNone32; m = next[m]) w = std::copy(nodes + begin[m], nodes + begin[m + 1], w);
     out.begin.push_back(static_cast<uint32_t>(w - out.nodes.data()));
   }
   std::swap(schedule, out);  // both keep their buffers
