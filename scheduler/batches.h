@@ -11,7 +11,7 @@ namespace sheaf {
 
 // Batches as lists of local node ids (see RoundDag).
 struct Batches {
-  Column<uint32_t> nodes;  // (written in full: strategies size it, then fill every entry)
+  Column<uint32_t> nodes;  // a Column: growth need not zero-fill, as every writer fills each entry it adds
   std::vector<uint32_t> begin{0};
   size_t size() const { return begin.size() - 1; }
   std::span<const uint32_t> operator[](size_t b) const { return {nodes.data() + begin[b], nodes.data() + begin[b + 1]}; }

@@ -7,8 +7,6 @@ namespace sheaf {
 
 namespace {
 
-constexpr uint32_t kEmptyRow = 0xFFFFFFFFu;  // no row id is this (ids are node or region numbers)
-
 // One stable counting pass of an LSD radix sort: v by digit(k) in [0, buckets),
 // through tmp (v's size); count has buckets + 1 entries.
 template <class T, class Digit>
@@ -50,15 +48,18 @@ void sort_ties(Column<RowKey>& v, Tied tied) {
   }
 }
 
-// Rows whose keys' last half, less `least`, are a permutation of [0, n):
-// placed there. False, with v unchanged, if two rows share a place.
+// Rows whose keys differ only in their last half, which less `least` is a
+// permutation of [0, n): placed there. False, with v unchanged, if two rows
+// share a place. (A place is empty while its `first` is not the rows' common
+// one: no id or row number has to be kept free as a mark.)
 bool permute(Column<RowKey>& v, Column<RowKey>& tmp, uint32_t least) {
   const size_t n = v.size();
+  const uint64_t common = v[0].first, empty = ~common;
   tmp.resize(n);
-  for (size_t i = 0; i < n; ++i) tmp[i].id = kEmptyRow;
+  for (size_t i = 0; i < n; ++i) tmp[i].first = empty;
   for (size_t i = 0; i < n; ++i) {
     RowKey& to = tmp[static_cast<uint32_t>(v[i].then) - least];
-    if (to.id != kEmptyRow) return false;
+    if (to.first == common) return false;
     to = v[i];
   }
   v.swap(tmp);
@@ -72,8 +73,10 @@ bool permute(Column<RowKey>& v, Column<RowKey>& tmp, uint32_t least) {
 // 32-bit halves of (first, then) span few values in a batch (readers and
 // heights of one round, rows of a few batches): less their least, they
 // usually fit together in 32 bits, above each row's position, so that one
-// 8-byte word per row is sorted by those bits alone (radix_words). Otherwise,
-// bytes of the 24-byte keys that differ between rows, then ties by id.
+// 8-byte word per row is sorted by those bits alone (radix_words). Rows that
+// differ only in the last half, each value once (a batch that follows the
+// rows of the one before), skip the passes: each is placed (permute).
+// Otherwise, bytes of the 24-byte keys that differ between rows, then ties by id.
 void sort_rows(Column<RowKey>& v, SortScratch& x) {
   const size_t n = v.size();
   bool sorted = true;

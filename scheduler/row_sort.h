@@ -1,7 +1,8 @@
 #pragma once
 // The planner's row order (scheduler/plan.cpp, order_rows): rows sorted by a
 // 24-byte key. Its own file so that the sort is tested alone against
-// std::sort, on every path (few rows, keys that fit 32 bits, keys that do not).
+// std::sort, on every path (few rows, rows placed directly, keys that fit 32
+// bits, keys that do not).
 
 #include <cstdint>
 #include <vector>

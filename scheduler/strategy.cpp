@@ -36,9 +36,11 @@ class DepthStrategy final : public Strategy {
   void schedule(const RoundDag& dag, Batches& out) const override {
     const uint32_t sigs = dag.num_sigs();
     const size_t table = size_t{dag.max_depth + 1} * sigs;
-    // A (depth, signature) table the round's size or less: one counting pass
-    // over the nodes. Rounds deep and of many signatures (a long unrolled
-    // chain) would make it mostly empty: depth first, then signatures.
+    // Where the (depth, signature) table is at most a few entries a node, one
+    // counting pass over the nodes costs less than sorting by depth and then
+    // grouping each depth's nodes (two passes each, through the depth order).
+    // A deep round of many signatures (a long unrolled chain) would make the
+    // table mostly empty, zeroed for nothing: depth first, then signatures.
     if (table <= 4 * dag.size() + 1024) by_table(dag, out, sigs, table);
     else by_depth(dag, out);
   }

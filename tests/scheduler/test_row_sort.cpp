@@ -1,8 +1,9 @@
 // The planner's row sort against std::sort, on each of its paths: few rows
 // (a comparison sort), rows that differ only in a source row read once each
-// (placed directly; with a row read twice, not), keys whose spread fits 32
-// bits (one word per row, radix passes of 8 or 11 bits), keys that do not
-// (byte passes over the 24-byte keys), with and without ties broken by id.
+// (placed directly; with a row read twice, or rows of two sources, not), keys
+// whose spread fits 32 bits (one word per row, radix passes of 8 or 11 bits),
+// keys that do not (byte passes over the 24-byte keys), with and without ties
+// broken by id.
 #include <algorithm>
 #include <random>
 #include <vector>
@@ -32,7 +33,8 @@ int spread_bits(const Column<RowKey>& v) {
   return total;
 }
 
-enum class Keys { kNarrow, kNarrowTies, kWide, kWideTies, kSpread32, kSpread33, kPermutation, kPermutationTie };
+enum class Keys { kNarrow, kNarrowTies, kWide, kWideTies, kSpread32, kSpread33, kPermutation, kPermutationTie,
+                  kPermutationTwoSources };
 
 Column<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64& rng) {
   Column<RowKey> v(n);
@@ -67,6 +69,10 @@ Column<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64
         k.first = first_key(4, 2);
         k.then = (uint64_t{9} << 32) | (1000 + (i * 7919 + 13) % n);  // (7919 is prime: a permutation)
         break;
+      case Keys::kPermutationTwoSources:  // the same rows, from two batches: not placed by row alone
+        k.first = first_key(4, 2);
+        k.then = (uint64_t{9 + i % 2} << 32) | (1000 + (i * 7919 + 13) % n);
+        break;
     }
   }
   if (kind == Keys::kPermutationTie && n >= 4)  // the least and most source rows kept: the range still spans n
@@ -96,7 +102,7 @@ TEST_CASE("row sort: the same order as std::sort on every path", "[scheduler][pl
   for (const size_t n : {size_t{0}, size_t{1}, size_t{5}, size_t{15}, size_t{16}, size_t{100}, size_t{127},
                          size_t{128}, size_t{700}, size_t{2047}, size_t{2048}, size_t{6000}})
     for (const Keys kind : {Keys::kNarrow, Keys::kNarrowTies, Keys::kWide, Keys::kWideTies, Keys::kSpread32,
-                            Keys::kSpread33, Keys::kPermutation, Keys::kPermutationTie})
+                            Keys::kSpread33, Keys::kPermutation, Keys::kPermutationTie, Keys::kPermutationTwoSources})
       for (const bool shuffled_ids : {false, true}) {
         Column<RowKey> v = make_keys(n, kind, shuffled_ids, rng);
         if (n >= 16) {

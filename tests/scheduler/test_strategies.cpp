@@ -162,11 +162,12 @@ TEST_CASE("depth: the schedule of its definition, on random DAGs of both paths",
     const bool deep = trial % 3 == 0;
     const uint32_t n = deep ? 200 + rng() % 200 : 1 + rng() % 60;
     const uint32_t kinds = deep ? 60 : 1 + rng() % 6;
+    const uint32_t chains = 2 + rng() % 3;  // deep: 2-4 chains side by side (several nodes a depth)
     std::vector<SigId> sigs(n);
     Args args(n);
     for (uint32_t i = 0; i < n; ++i) {
       sigs[i] = rng() % 9 == 0 ? kNoSig : rng() % kinds;
-      if (deep && i > 0) args[i].push_back(i - 1);  // a chain: depth i
+      if (deep && i >= chains) args[i].push_back(i - chains);
       for (uint32_t k = 0; i > 0 && k < rng() % 3; ++k) args[i].push_back(rng() % i);
     }
     const RoundDag d = dag_of(sigs, args);
@@ -175,6 +176,102 @@ TEST_CASE("depth: the schedule of its definition, on random DAGs of both paths",
     CHECK((table > limit) == deep);  // the path this trial means to take
     CHECK(batches_of(depth_strategy(), d) == depth_by_definition(d));
   }
+}
+
+// merge_batches as first written: a list of nodes per batch, a position per
+// node. The library's version splices lists of batches instead (fewer
+// dependent loads); it must make the same moves, so the same schedules.
+void merge_by_nodes(const RoundDag& dag, Batches& schedule) {
+  const auto nb = static_cast<uint32_t>(schedule.size());
+  std::vector<uint32_t> head(nb), tail(nb), next(dag.size()), pos(dag.size());
+  for (uint32_t k = 0; k < nb; ++k) {
+    const auto b = schedule[k];
+    head[k] = b.front();
+    tail[k] = b.back();
+    for (size_t j = 0; j < b.size(); ++j) {
+      next[b[j]] = j + 1 < b.size() ? b[j + 1] : kNone32;
+      pos[b[j]] = k;
+    }
+  }
+  auto sig_of = [&](uint32_t k) { return dag.sig[head[k]]; };
+  std::vector<uint8_t> alive(nb, 1);
+  auto cand = [&](SigId s) {  // positions of the batches of signature s, ascending
+    std::vector<uint32_t> c;
+    for (uint32_t k = 0; k < nb; ++k)
+      if (sig_of(k) == s) c.push_back(k);
+    return c;
+  };
+  auto move = [&](uint32_t from, uint32_t to) {
+    for (uint32_t i = head[from]; i != kNone32; i = next[i]) pos[i] = to;
+    next[tail[to]] = head[from];
+    tail[to] = tail[from];
+    alive[from] = 0;
+  };
+  for (int pass = 0, changed = 1; changed && pass < 2; ++pass) {
+    changed = 0;
+    for (uint32_t k = nb; k-- > 0;) {  // later: the latest alive batch before every use
+      if (!alive[k] || sig_of(k) == kNoSig) continue;
+      uint32_t limit = nb;
+      for (uint32_t i = head[k]; i != kNone32; i = next[i])
+        for (uint32_t u : dag.uses_of(i)) limit = std::min(limit, pos[u]);
+      uint32_t to = kNone32;
+      for (uint32_t c : cand(sig_of(k)))
+        if (c > k && c < limit && alive[c]) to = c;
+      if (to != kNone32) {
+        move(k, to);
+        changed = 1;
+      }
+    }
+    for (uint32_t k = 0; k < nb; ++k) {  // earlier: the earliest alive batch after every argument
+      if (!alive[k] || sig_of(k) == kNoSig) continue;
+      int64_t lower = -1;
+      for (uint32_t i = head[k]; i != kNone32; i = next[i])
+        for (uint32_t a : dag.args_of(i)) lower = std::max<int64_t>(lower, pos[a]);
+      uint32_t to = kNone32;
+      for (uint32_t c : cand(sig_of(k)))
+        if (c < k && static_cast<int64_t>(c) > lower && alive[c] && to == kNone32) to = c;
+      if (to != kNone32) {
+        move(k, to);
+        changed = 1;
+      }
+    }
+  }
+  Batches out;
+  for (uint32_t k = 0; k < nb; ++k) {
+    if (!alive[k]) continue;
+    for (uint32_t i = head[k]; i != kNone32; i = next[i]) out.nodes.push_back(i);
+    out.close();
+  }
+  schedule = out;
+}
+
+TEST_CASE("merge_batches: the moves of a merge by lists of nodes, on random schedules", "[scheduler]") {
+  std::mt19937 rng(Catch::rngSeed());
+  int merged = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const uint32_t n = 1 + rng() % 150, kinds = 1 + rng() % 8;
+    std::vector<SigId> sigs(n);
+    Args args(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      sigs[i] = rng() % 15 == 0 ? kNoSig : rng() % kinds;
+      for (uint32_t k = 0; i > 0 && k < rng() % 4; ++k) args[i].push_back(i - 1 - static_cast<uint32_t>(rng() % std::min<uint64_t>(i, 1 + rng() % 20)));
+    }
+    const RoundDag d = dag_of(sigs, args);
+    for (const Strategy* s : {&depth_strategy(), &agenda_strategy()}) {
+      Batches got, want;
+      s->schedule(d, got);
+      want = got;
+      const size_t before = got.size();
+      merge_batches(d, got);
+      merge_by_nodes(d, want);
+      merged += got.size() < before;
+      INFO("trial " << trial << ", " << s->name() << ", " << n << " nodes, " << before << " batches");
+      REQUIRE(std::vector<uint32_t>(got.nodes.begin(), got.nodes.end()) ==
+              std::vector<uint32_t>(want.nodes.begin(), want.nodes.end()));
+      REQUIRE(got.begin == want.begin);
+    }
+  }
+  CHECK(merged > 400);  // most schedules had something to merge
 }
 
 TEST_CASE("a round's work list: sorted, without repeats, on both paths", "[scheduler][round]") {
