@@ -107,10 +107,6 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
     width[f] = span == 0 ? 0 : 32 - __builtin_clz(span);
     total += width[f];
   }
-  // Rows that differ only in their source row, n of them over n consecutive
-  // rows (a loss over the logits batch before it, in that batch's order):
-  // each goes straight to its place. A source row read twice (a tie) leaves
-  // a place empty and takes the general path.
   if (total == width[3] && most[3] - least[3] == n - 1 && permute(v, x.rows, least[3])) return;
   if (total <= 32) {
     Column<uint64_t>& w = x.words;

@@ -18,7 +18,7 @@ namespace {
 struct Scratch {
   std::vector<uint32_t> start, fill, group_of_sig, count, sigs_here, at;  // depth
   Column<uint32_t> by_depth, group;  // (written in full: no zero-fill as they grow)
-  std::vector<std::pair<uint32_t, uint32_t>> seen;
+  std::vector<std::pair<uint32_t, uint32_t>> seen;  // depth (the table's buckets in order)
   std::vector<double> avg;                                                                // agenda
   std::vector<uint32_t> cnt, indeg, alone, batch;
   std::vector<std::vector<uint32_t>> ready;
@@ -42,7 +42,7 @@ class DepthStrategy final : public Strategy {
     // A deep round of many signatures (a long unrolled chain) would make the
     // table mostly empty, zeroed for nothing: depth first, then signatures.
     if (table <= 4 * dag.size() + 1024) by_table(dag, out, sigs, table);
-    else by_depth(dag, out);
+    else by_depth(dag, out, sigs);
   }
 
  private:
@@ -89,7 +89,7 @@ class DepthStrategy final : public Strategy {
     for (uint32_t i = 0; i < m; ++i) out.nodes[count[bucket[i]]++] = i;
   }
 
-  static void by_depth(const RoundDag& dag, Batches& out) {
+  static void by_depth(const RoundDag& dag, Batches& out, uint32_t sigs) {
     Scratch& x = t_scratch;
     const size_t m = dag.size();
     // Counting sort by depth, keeping the local (topological) order inside a depth.
@@ -103,7 +103,7 @@ class DepthStrategy final : public Strategy {
     for (uint32_t i = 0; i < m; ++i) by_depth[x.fill[dag.depth[i]]++] = i;
     // Within a depth, one batch per signature, in order of first appearance.
     std::vector<uint32_t>& group_of_sig = x.group_of_sig;
-    group_of_sig.assign(dag.num_sigs(), kNone32);
+    group_of_sig.assign(sigs, kNone32);
     Column<uint32_t>& group = x.group;
     std::vector<uint32_t>&count = x.count, &sigs_here = x.sigs_here, &at = x.at;
     group.resize(m);
