@@ -15,8 +15,11 @@ struct ExecCounters {
   uint64_t gather_launches = 0;   // index_select / cat launches those gathers took
   uint64_t gathered_bytes = 0;    // bytes those gathers wrote
   // Inputs read row by row where they lie (CPU): no gather. Fused kernels'
-  // inputs, and products' x without autograd (OpTraits::rows_in_place; a
-  // product the packed kernel does not take copies its rows itself, uncounted).
+  // inputs, products' x without autograd (OpTraits::rows_in_place), and
+  // packed products' rows with their gradients (OpTraits::reads_in_place).
+  // An op that takes such rows as a tensor after all copies them itself,
+  // uncounted: a product the packed kernel does not take, a matmul's x B
+  // weights.
   uint64_t in_place_inputs = 0;
   uint64_t fused_batches = 0;     // batches that ran a fused elementwise program (one launch each)
   uint64_t fused_ops = 0;         // the ops those programs computed (without fusion: one launch each)

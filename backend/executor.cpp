@@ -321,10 +321,11 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
   if (b.op == code_of<op::Call> && !b.program) return launch_call(plan, b);
   at::Tensor out = concat_rows(plan, b);  // a concat that is one gather needs no inputs
   op_rows_.reset();
+  op_reads_.clear();
   if (b.program) fused_inputs(plan, b);
   else if (!out.defined() && b.split < 0)  // (a split's pieces need no inputs)
     for (uint32_t k = 0; k < b.arity; ++k) {
-      if (rows_for_op(plan, b, k)) {
+      if (rows_for_op(plan, b, k) || reads_for_op(plan, b, k)) {
         inputs_.emplace_back();
         shared_.push_back(0);
         continue;
@@ -340,9 +341,15 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
   } else {
     LaunchArgs args = launch_args(plan, b);
     if (op_rows_) args.rows_in = &op_rows_view_;
+    if (!op_reads_.empty()) {
+      op_reads_view_.assign(b.arity, nullptr);
+      for (size_t k = 0; k < op_reads_.size(); ++k) op_reads_view_[k] = op_reads_[k].get();
+      args.in_place = op_reads_view_;
+    }
     RunCtx ctx(args);
     out = op_info(b.op).run(ctx);
     op_rows_.reset();
+    op_reads_.clear();
   }
   lap_op(op_info(b.op).name);
   check_output(plan.nodes[b.nodes_begin], b, out);
@@ -411,6 +418,24 @@ bool Executor::rows_for_op(const Plan& plan, const PlannedBatch& b, uint32_t k) 
   op_rows_ = in_place(plan, plan.args[b.args_begin + k]);
   if (!op_rows_) return false;
   op_rows_view_ = RowsInPlace{op_rows_->data(), op_rows_->width()};
+  return true;
+}
+
+// A gathered argument of a packed or row-reduced batch that the op reads where
+// its rows lie, gradients included (OpTraits::reads_in_place: attention's
+// products over encoder rows): no gathered copy forward, no copy of its
+// gradient backward. Sets op_reads_[k].
+bool Executor::reads_for_op(const Plan& plan, const PlannedBatch& b, uint32_t k) {
+  if (b.stacked || (b.rows == 0 && b.segments < 0) || !op_info(b.op).traits.reads_in_place_arg(k)) return false;
+  // A shared operand (a weight applied to each row) goes to the op's product
+  // kernels, which take tensors: the op would copy the rows anyway.
+  for (uint32_t j = 0; j < b.arity; ++j)
+    if (plan.args[b.args_begin + j].kind == BatchArg::kShared) return false;
+  const BatchArg& arg = plan.args[b.args_begin + k];
+  std::shared_ptr<const InPlaceRows> rows = in_place(plan, arg);
+  if (!rows) return false;
+  if (op_reads_.size() <= k) op_reads_.resize(k + 1);
+  op_reads_[k] = std::move(rows);
   return true;
 }
 

@@ -126,7 +126,7 @@ struct FusedBackward : torch::autograd::Node {
     if (released) throw std::runtime_error("Trying to backward through the graph a second time (a fused batch's "
                                            "rows read in place were freed): use retain_graph=true");
     std::vector<FusedInput> in(p.inputs);
-    std::vector<const InPlaceRows*> in_place;
+    std::vector<const RowReads*> in_place;
     std::vector<uint32_t> in_place_edge;  // each one's first edge
     for (uint32_t e = 0; e < p.inputs; ++e) {
       if (rows[e]) {
@@ -146,7 +146,7 @@ struct FusedBackward : torch::autograd::Node {
     for (uint32_t e = 0; e < p.inputs; ++e)
       if (!rows[e] && should_compute_output(first_edge[e])) g_in[e] = at::zeros(in[e].tensor.sizes(), in[e].tensor.options());
     // Hubs locked until the kernel is done; only those autograd asked for.
-    InPlaceRows::GradRows hub_rows = InPlaceRows::grad_rows(
+    RowReads::GradRows hub_rows = RowReads::grad_rows(
         in_place, [&](size_t q, size_t k) { return task_should_compute_output(in_place_edge[q] + k); });
     std::vector<float* const*> g_rows(p.inputs, nullptr);
     for (uint32_t e = 0, k = 0; e < p.inputs; ++e)

@@ -302,15 +302,18 @@ void InPlaceRows::append_edges(std::vector<torch::autograd::Edge>& edges) const 
   edges.insert(edges.end(), impl_->edges.begin(), impl_->edges.end());
 }
 
-InPlaceRows::GradRows InPlaceRows::grad_rows(std::span<const InPlaceRows* const> reads,
-                                             const std::function<bool(size_t read, size_t edge)>& wanted) {
+RowReads::GradRows InPlaceRows::lock_grad_rows(std::span<const RowReads* const> reads,
+                                               const std::function<bool(size_t read, size_t edge)>& wanted) const {
   // Every read's hubs, one lock set for all. A hub whose edge autograd does not
   // follow this time (a partial backward) is left alone: it will not run, and
   // what it held would reach its source in a later backward.
+  std::vector<const InPlaceRows*> mine(reads.size());
   std::vector<HubPtr> hubs;
   for (size_t q = 0; q < reads.size(); ++q) {
+    mine[q] = dynamic_cast<const InPlaceRows*>(reads[q]);
+    SHEAF_ASSERT(mine[q] != nullptr, "rows read in place that the row gathers did not make");
     size_t edge = 0;
-    for (const HubPtr& h : reads[q]->impl_->hubs) {
+    for (const HubPtr& h : mine[q]->impl_->hubs) {
       if (!h) {
         hubs.emplace_back();
         continue;
@@ -321,7 +324,7 @@ InPlaceRows::GradRows InPlaceRows::grad_rows(std::span<const InPlaceRows* const>
   HubBuffers hb = lock_buffers(hubs);
   GradRows g;
   size_t first = 0;  // this read's sources in hb.buf
-  for (const InPlaceRows* r : reads) {
+  for (const InPlaceRows* r : mine) {
     std::vector<float*>& rows = g.rows.emplace_back();
     rows.reserve(r->impl_->picks.size());
     for (const RowPick& p : r->impl_->picks) {

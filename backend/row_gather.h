@@ -31,6 +31,8 @@
 #include <utility>
 #include <vector>
 
+#include <sheaf/ops/row_reads.h>
+
 namespace torch::autograd {
 struct Edge;
 }
@@ -43,40 +45,21 @@ struct RowPick {
 };
 
 // Rows that a kernel reads where they lie (a fused program's input on the
-// CPU, backend/fused.h): no gathered copy forward, and backward the kernel adds
-// each row's gradient straight into its source's hub, as a gather's reader
-// would. Made by RowGathers::in_place; holds its sources alive.
-class InPlaceRows {
+// CPU, backend/fused.h; an op's argument, OpTraits::reads_in_place): no
+// gathered copy forward, and backward the kernel adds each row's gradient
+// straight into its source's hub, as a gather's reader would. Made by
+// RowGathers::in_place; holds its sources alive.
+class InPlaceRows final : public RowReads {
  public:
-  // Row i's first float (rows of `width()` contiguous floats).
-  std::span<const float* const> data() const { return data_; }
-  int64_t width() const { return width_; }
-  // Whether any source needs a gradient; then the backward node that reads
-  // these rows takes one edge per hub its gradients go to (appended to `edges`).
-  bool needs_grad() const { return num_edges_ > 0; }
-  void append_edges(std::vector<torch::autograd::Edge>& edges) const;
-  // The backward's view of several reads (one kernel's in-place inputs): per
-  // read, per row, where its gradient is added (null: that source needs none,
-  // or autograd did not ask for it: wanted(read, k) false for the read's k-th
-  // edge). Holds the hubs' locks (each taken once, whichever reads share it)
-  // while alive.
-  struct GradRows {
-    std::vector<std::vector<float*>> rows;
-    std::vector<std::unique_lock<std::mutex>> locks;
-  };
-  static GradRows grad_rows(std::span<const InPlaceRows* const> reads,
-                            const std::function<bool(size_t read, size_t edge)>& wanted);
-  // The rows copied into one [n, shape...] tensor whose gradient reaches the
-  // same hubs (for a value wanted outside the kernel).
-  at::Tensor materialize(std::span<const int64_t> sizes) const;
+  void append_edges(std::vector<torch::autograd::Edge>& edges) const override;
+  at::Tensor materialize(std::span<const int64_t> sizes) const override;
 
  private:
   friend class RowGathers;
   struct Impl;
+  GradRows lock_grad_rows(std::span<const RowReads* const> reads,
+                          const std::function<bool(size_t read, size_t edge)>& wanted) const override;
   std::shared_ptr<const Impl> impl_;
-  std::vector<const float*> data_;
-  int64_t width_ = 0;
-  size_t num_edges_ = 0;
 };
 
 class RowGathers {

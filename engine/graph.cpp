@@ -99,7 +99,7 @@ std::string Stats::str() const {
   std::ostringstream os;
   os << "nodes " << nodes << ", batches " << batches << ", rounds " << rounds << ", inputs zero-copy "
      << zero_copy_inputs << " / gathered " << gathered_inputs << " (" << gather_launches << " launches, "
-     << gathered_bytes / 1024 << " KiB) / read in place by fused kernels " << in_place_inputs << ", fetches " << fetches << "; ms: trace " << trace_ms << ", schedule "
+     << gathered_bytes / 1024 << " KiB) / read in place " << in_place_inputs << ", fetches " << fetches << "; ms: trace " << trace_ms << ", schedule "
      << schedule_ms << ", execute " << execute_ms << ", fetch " << fetch_ms;
   if (gather_ms > 0 || op_ms > 0) os << " (profiled: gathers " << gather_ms << ", ops " << op_ms << ")";
   if (split_shared > 0) os << "; " << split_shared << " batches split by distinct shared operands";

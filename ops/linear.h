@@ -11,6 +11,8 @@
 #include <ATen/ops/mv.h>
 #include <c10/core/GradMode.h>
 
+#include <array>
+
 #include "common.h"
 #include "matvec.h"
 #include "segments.h"
@@ -57,6 +59,17 @@ inline at::Tensor shared_linear_rows(RunCtx& c, const RowsInPlace& x, const at::
   return shared_linear(c, x.copy(c.options()), w, b);
 }
 
+// Argument i of a packed or row-reduced batch as a tensor: rows read in place
+// (OpTraits::reads_in_place) copied, their gradient reaching the same sources,
+// as [rows] (a vector's elements) or [rows, width].
+inline at::Tensor in_tensor(const RunCtx& c, size_t i, bool vector) {
+  const RowReads* r = c.in_place(i);
+  if (r == nullptr) return c.in(i);
+  const auto rows = static_cast<int64_t>(r->rows());
+  if (vector) return r->materialize(std::array<int64_t, 1>{rows});
+  return r->materialize(std::array<int64_t, 2>{rows, r->width()});
+}
+
 // W x + b. W: [m, k] (shared or per example); x: [k] or [t, k]; b: [m].
 struct Affine {
   static constexpr std::string_view name = "affine";
@@ -100,7 +113,10 @@ struct Affine {
 // (an attention's context: its weights times the rows they weigh).
 struct Matmul {
   static constexpr std::string_view name = "matmul";
-  static constexpr OpTraits traits{.arity = 2, .rowwise = true, .weights = 2, .row_args = 1, .row_reduce = true};
+  // Packed A x and row-reduced x B read gathered rows in place (ops/row_reads.h):
+  // an attention step's encoder rows are not copied for each step.
+  static constexpr OpTraits traits{
+      .arity = 2, .rowwise = true, .weights = 2, .row_args = 1, .row_reduce = true, .reads_in_place = 0b11};
   static Shape infer(const InferCtx& c) {
     const Shape& a = c.shape(0);
     const Shape& b = c.shape(1);
@@ -116,13 +132,17 @@ struct Matmul {
     return b.rank() == 1 ? Shape{a[0]} : Shape{a[0], b[1]};
   }
   static at::Tensor run(RunCtx& c) {
-    const at::Tensor& a = c.in(0);
-    const at::Tensor& b = c.in(1);
-    if (!c.segment_counts().empty()) return segment_weighted_sum(a, b, c.segment_counts(), c.segment_ids());  // x B, rows
-    if (c.packed()) {  // A's rows [R, k] times a shared B, or times the example's x on each row ([R, k])
-      if (c.shared(1)) return at::matmul(a, b);
-      return batched_matvec(a.unsqueeze(1), b).view({-1});  // a dot product per row: one loop, one autograd node
+    if (!c.segment_counts().empty()) {  // x B, rows
+      const at::Tensor w = in_tensor(c, 0, /*vector=*/true);
+      if (const RowReads* rows = c.in_place(1)) return weighted_row_sums(w, RowOperand{{}, rows}, c.segment_counts());
+      return segment_weighted_sum(w, c.in(1), c.segment_counts(), c.segment_ids());
     }
+    // A's rows [R, k] times the example's x on each row ([R, k]): a dot product
+    // per row, one loop and one autograd node.
+    if (c.packed() && !c.shared(1)) return dot_rows(RowOperand{c.in(0), c.in_place(0)}, RowOperand{c.in(1), c.in_place(1)});
+    const at::Tensor a = in_tensor(c, 0, /*vector=*/false);
+    const at::Tensor& b = c.in(1);
+    if (c.packed()) return at::matmul(a, b);  // A's rows [R, k] times a shared B
     if (a.dim() - (c.shared(0) ? 0 : 1) == 1) {  // x B
       if (c.shared(0) || c.shared(1)) return at::matmul(a, b);
       return at::bmm(a.unsqueeze(1), b).squeeze(1);

@@ -4,6 +4,7 @@
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros_like.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/function.h>
@@ -12,6 +13,8 @@
 
 #include <algorithm>
 #include <array>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <sheaf/core/cpu_features.h>
@@ -98,8 +101,104 @@ SHEAF_NARROW_LOOP(base, )
 SHEAF_NARROW_LOOP(avx2, SHEAF_AVX2_TARGET)
 #endif
 
+// ---- products over rows, some read in place (dot_rows, weighted_row_sums)
+
+// Row r of an operand: a tensor's (rows `stride` apart) or a read's pointer.
+struct RowsIn {
+  const float* base = nullptr;
+  int64_t stride = 0;
+  const float* const* ptrs = nullptr;
+  const float* operator[](int64_t r) const { return ptrs ? ptrs[r] : base + r * stride; }
+};
+
+// Where row r's gradient is added: a tensor's row or a hub's (null: nowhere).
+struct RowsOut {
+  float* base = nullptr;
+  int64_t stride = 0;
+  float* const* ptrs = nullptr;
+  bool any() const { return base != nullptr || ptrs != nullptr; }
+  float* operator[](int64_t r) const { return ptrs ? ptrs[r] : base + r * stride; }
+};
+
+// Gradients are added, not written: rows read in place may repeat a source
+// row (an encoder row read by every decoding step), so their hub rows take
+// several rows' gradients.
+#define SHEAF_ROW_PRODUCT_LOOPS(SUFFIX, ATTR)                                                                  \
+  ATTR void dot_rows_##SUFFIX(RowsIn A, RowsIn x, float* y, int64_t r0, int64_t r1, int64_t k) {               \
+    for (int64_t r = r0; r < r1; ++r) {                                                                        \
+      const float* __restrict a = A[r];                                                                        \
+      const float* __restrict xr = x[r];                                                                       \
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                                 \
+      int64_t j = 0;                                                                                           \
+      for (; j + 8 <= k; j += 8)                                                                               \
+        for (int l = 0; l < 8; ++l) acc[l] += a[j + l] * xr[j + l];                                            \
+      float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));             \
+      for (; j < k; ++j) s += a[j] * xr[j];                                                                    \
+      y[r] = s;                                                                                                \
+    }                                                                                                          \
+  }                                                                                                            \
+  /* dA_r += g_r x_r, dx_r += g_r A_r (each where wanted). */                                                  \
+  ATTR void dot_rows_backward_##SUFFIX(RowsIn A, RowsIn x, const float* g, RowsOut dA, RowsOut dx, int64_t r0, \
+                                       int64_t r1, int64_t k) {                                                \
+    for (int64_t r = r0; r < r1; ++r) {                                                                        \
+      const float gr = g[r];                                                                                   \
+      if (float* __restrict o = dA.any() ? dA[r] : nullptr) {                                                  \
+        const float* __restrict xr = x[r];                                                                     \
+        for (int64_t j = 0; j < k; ++j) o[j] += gr * xr[j];                                                    \
+      }                                                                                                        \
+      if (float* __restrict o = dx.any() ? dx[r] : nullptr) {                                                  \
+        const float* __restrict a = A[r];                                                                      \
+        for (int64_t j = 0; j < k; ++j) o[j] += gr * a[j];                                                     \
+      }                                                                                                        \
+    }                                                                                                          \
+  }                                                                                                            \
+  ATTR void wsum_##SUFFIX(const float* w, RowsIn B, float* y, const int64_t* off, int64_t p, int64_t s0,      \
+                          int64_t s1) {                                                                        \
+    for (int64_t s = s0; s < s1; ++s) {                                                                        \
+      float* __restrict out = y + s * p;                                                                       \
+      for (int64_t j = 0; j < p; ++j) out[j] = 0;                                                              \
+      for (int64_t r = off[s]; r < off[s + 1]; ++r) {                                                         \
+        const float wr = w[r];                                                                                 \
+        const float* __restrict row = B[r];                                                                    \
+        for (int64_t j = 0; j < p; ++j) out[j] += wr * row[j];                                                 \
+      }                                                                                                        \
+    }                                                                                                          \
+  }                                                                                                            \
+  /* dw_r = g_s . B_r (when dw), dB_r += w_r g_s (when dB). */                                                 \
+  ATTR void wsum_backward_##SUFFIX(const float* w, RowsIn B, const float* g, float* dw, RowsOut dB,             \
+                                   const int64_t* off, int64_t p, int64_t s0, int64_t s1) {                    \
+    for (int64_t s = s0; s < s1; ++s) {                                                                        \
+      const float* __restrict gs = g + s * p;                                                                  \
+      for (int64_t r = off[s]; r < off[s + 1]; ++r) {                                                         \
+        if (dw) {                                                                                              \
+          const float* __restrict row = B[r];                                                                  \
+          float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                             \
+          int64_t j = 0;                                                                                       \
+          for (; j + 8 <= p; j += 8)                                                                           \
+            for (int l = 0; l < 8; ++l) acc[l] += gs[j + l] * row[j + l];                                      \
+          float d = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));         \
+          for (; j < p; ++j) d += gs[j] * row[j];                                                              \
+          dw[r] = d;                                                                                           \
+        }                                                                                                      \
+        if (float* __restrict out = dB.any() ? dB[r] : nullptr) {                                              \
+          const float wr = w[r];                                                                               \
+          for (int64_t j = 0; j < p; ++j) out[j] += wr * gs[j];                                                \
+        }                                                                                                      \
+      }                                                                                                        \
+    }                                                                                                          \
+  }
+
+SHEAF_ROW_PRODUCT_LOOPS(base, )
+#ifdef SHEAF_HAVE_AVX2_CLONES
+SHEAF_ROW_PRODUCT_LOOPS(avx2, SHEAF_AVX2_TARGET)
+#endif
+
 // Examples per task when split across threads: enough work to pay for a task.
 int64_t grain(int64_t m, int64_t k) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, m * k)); }
+// Segments per task, for n segments of `rows` rows of k floats in all.
+int64_t segment_grain(int64_t rows, int64_t n, int64_t k) {
+  return std::max<int64_t>(1, 32768 * n / std::max<int64_t>(1, rows * k));
+}
 
 at::Tensor run_forward(const at::Tensor& A, const at::Tensor& x) {
   const int64_t B = A.size(0), m = A.size(1), k = A.size(2);
@@ -148,6 +247,155 @@ struct MatvecNode : torch::autograd::Node {
     return out;
   }
 };
+
+bool cpu_float(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
+
+// An operand of a row product, ready for the loops.
+struct Prepared {
+  at::Tensor tensor;  // contiguous (a tensor operand)
+  const RowReads* reads = nullptr;
+  RowsIn rows;
+  int64_t count = 0, width = 0;
+  bool grad = false;  // a gradient to take
+};
+
+Prepared prepare(const RowOperand& o) {
+  Prepared p;
+  if (o.reads) {
+    p.reads = o.reads;
+    p.rows = RowsIn{nullptr, 0, o.reads->data().data()};
+    p.count = static_cast<int64_t>(o.reads->rows());
+    p.width = o.reads->width();
+    p.grad = c10::GradMode::is_enabled() && o.reads->needs_grad();
+    return p;
+  }
+  SHEAF_ASSERT(cpu_float(o.tensor) && o.tensor.dim() >= 1, "a row product's operand of ", o.tensor.sizes());
+  p.tensor = o.tensor.contiguous();
+  p.count = p.tensor.size(0);
+  p.width = 1;
+  for (int64_t d = 1; d < p.tensor.dim(); ++d) p.width *= p.tensor.size(d);
+  p.rows = RowsIn{p.tensor.data_ptr<float>(), p.width, nullptr};
+  p.grad = grad_wanted(p.tensor);
+  return p;
+}
+
+// The backward of dot_rows (no offsets) or weighted_row_sums (segment offsets).
+// A tensor operand has one edge; rows read in place have one per hub their
+// gradients go to, and those edges' outputs stay undefined (the hubs hold the
+// gradients).
+struct RowProductNode : torch::autograd::Node {
+  struct Operand {
+    SavedVariable tensor;
+    std::shared_ptr<const RowReads> reads;  // rows read in place (then no tensor)
+    int64_t width = 0;
+    size_t first_edge = 0;
+  };
+  std::array<Operand, 2> in;  // A, x (dot_rows); w, B (weighted_row_sums)
+  std::vector<int64_t> off;   // weighted_row_sums' segment offsets; empty: dot_rows
+  bool released = false;
+
+  std::string name() const override {
+    return off.empty() ? "sheaf::DotRowsBackward" : "sheaf::WeightedRowSumsBackward";
+  }
+  void release_variables() override {
+    for (Operand& o : in) {
+      o.tensor.reset_data();
+      released = released || o.reads != nullptr;
+      o.reads.reset();
+    }
+  }
+  variable_list apply(variable_list&& grads) override {
+    variable_list out(num_outputs());
+    if (!grads[0].defined()) return out;
+    if (released)  // as SavedVariable::unpack says it for a tensor
+      throw std::runtime_error("Trying to backward through the graph a second time (a product's rows read in place "
+                               "were freed): use retain_graph=true");
+    RECORD_FUNCTION(off.empty() ? "sheaf::dot_rows_backward" : "sheaf::weighted_row_sums_backward",
+                    std::vector<c10::IValue>());
+    const at::Tensor g = grads[0].contiguous();
+    std::array<at::Tensor, 2> value, grad;
+    std::array<RowsIn, 2> rows;
+    std::array<RowsOut, 2> to;
+    std::vector<const RowReads*> reads;
+    std::vector<size_t> read_of;  // operand of each entry of `reads`
+    for (size_t i = 0; i < 2; ++i) {
+      const Operand& o = in[i];
+      if (o.reads) {
+        rows[i] = RowsIn{nullptr, 0, o.reads->data().data()};
+        if (o.reads->needs_grad()) {
+          reads.push_back(o.reads.get());
+          read_of.push_back(i);
+        }
+        continue;
+      }
+      value[i] = o.tensor.unpack();
+      rows[i] = RowsIn{value[i].data_ptr<float>(), o.width, nullptr};
+      if (should_compute_output(o.first_edge)) {
+        grad[i] = at::zeros_like(value[i]);
+        to[i] = RowsOut{grad[i].data_ptr<float>(), o.width, nullptr};
+      }
+    }
+    // Hubs locked until the loop is done; only those autograd asked for.
+    RowReads::GradRows hub = RowReads::grad_rows(reads, [&](size_t q, size_t k) {
+      return task_should_compute_output(in[read_of[q]].first_edge + k);
+    });
+    for (size_t q = 0; q < reads.size(); ++q) to[read_of[q]] = RowsOut{nullptr, 0, hub.rows[q].data()};
+    const float* gp = g.data_ptr<float>();
+    // Two rows may add into one hub row: serial then.
+    const bool serial = !reads.empty();
+    const int64_t width = in[1].width;
+    if (off.empty()) {
+      const int64_t R = g.size(0);
+      auto body = [&](int64_t r0, int64_t r1) {
+#ifdef SHEAF_HAVE_AVX2_CLONES
+        if (use_avx2()) return dot_rows_backward_avx2(rows[0], rows[1], gp, to[0], to[1], r0, r1, width);
+#endif
+        dot_rows_backward_base(rows[0], rows[1], gp, to[0], to[1], r0, r1, width);
+      };
+      if (serial) body(0, R);
+      else at::parallel_for(0, R, grain(1, width), body);
+    } else {
+      SHEAF_ASSERT(!in[0].reads, "weighted_row_sums' weights read in place");
+      const auto n = static_cast<int64_t>(off.size()) - 1;
+      float* dw = grad[0].defined() ? grad[0].data_ptr<float>() : nullptr;
+      const float* w = value[0].data_ptr<float>();
+      auto body = [&](int64_t s0, int64_t s1) {
+#ifdef SHEAF_HAVE_AVX2_CLONES
+        if (use_avx2()) return wsum_backward_avx2(w, rows[1], gp, dw, to[1], off.data(), width, s0, s1);
+#endif
+        wsum_backward_base(w, rows[1], gp, dw, to[1], off.data(), width, s0, s1);
+      };
+      if (serial) body(0, n);
+      else at::parallel_for(0, n, segment_grain(off.back(), n, width), body);
+    }
+    for (size_t i = 0; i < 2; ++i)
+      if (!in[i].reads) out[in[i].first_edge] = std::move(grad[i]);
+    return out;
+  }
+};
+
+// Gives y the node's history when either operand wants a gradient.
+void attach(at::Tensor& y, std::array<const Prepared*, 2> ops, std::vector<int64_t> off) {
+  if (!ops[0]->grad && !ops[1]->grad) return;
+  auto node = detail::make_node<RowProductNode>();
+  std::vector<torch::autograd::Edge> edges;
+  for (size_t i = 0; i < 2; ++i) {
+    const Prepared& p = *ops[i];
+    RowProductNode::Operand& o = node->in[i];
+    o.width = p.width;
+    o.first_edge = edges.size();
+    if (p.reads) {
+      if (p.grad) p.reads->append_edges(edges);
+      o.reads = p.reads->shared_from_this();
+    } else {
+      edges.push_back(torch::autograd::impl::gradient_edge(p.tensor));
+      o.tensor = SavedVariable(p.tensor, /*is_output=*/false);
+    }
+  }
+  node->off = std::move(off);
+  node->set_next_edges(std::move(edges));
+  torch::autograd::set_history(y, node);
+}
 
 }  // namespace
 
@@ -226,6 +474,48 @@ at::Tensor batched_matvec(const at::Tensor& A, const at::Tensor& x) {
   node->x = SavedVariable(xv, /*is_output=*/false);
   node->set_next_edges({torch::autograd::impl::gradient_edge(a), torch::autograd::impl::gradient_edge(xv)});
   torch::autograd::set_history(y, node);
+  return y;
+}
+
+at::Tensor dot_rows(const RowOperand& A, const RowOperand& x) {
+  if (!A.reads && !x.reads && !(cpu_float(A.tensor) && cpu_float(x.tensor)))
+    return batched_matvec(A.tensor.unsqueeze(1), x.tensor).view({-1});
+  RECORD_FUNCTION("sheaf::dot_rows", std::vector<c10::IValue>());
+  const Prepared a = prepare(A), xv = prepare(x);
+  // The loop indexes both by row: a mismatch would read past one.
+  SHEAF_ASSERT(a.count == xv.count && a.width == xv.width, "dot_rows of ", a.count, " x ", a.width, " and ", xv.count,
+               " x ", xv.width);
+  at::Tensor y = empty_output({a.count}, at::TensorOptions().dtype(at::kFloat));
+  float* yv = y.data_ptr<float>();
+  at::parallel_for(0, a.count, grain(1, a.width), [&](int64_t r0, int64_t r1) {
+#ifdef SHEAF_HAVE_AVX2_CLONES
+    if (use_avx2()) return dot_rows_avx2(a.rows, xv.rows, yv, r0, r1, a.width);
+#endif
+    dot_rows_base(a.rows, xv.rows, yv, r0, r1, a.width);
+  });
+  attach(y, {&a, &xv}, {});
+  return y;
+}
+
+at::Tensor weighted_row_sums(const at::Tensor& w, const RowOperand& B, std::span<const int64_t> counts) {
+  RECORD_FUNCTION("sheaf::weighted_row_sums", std::vector<c10::IValue>());
+  const Prepared wv = prepare(RowOperand{w}), b = prepare(B);
+  std::vector<int64_t> off(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i];
+  SHEAF_ASSERT(wv.width == 1 && wv.count == b.count && off.back() == b.count, "weighted_row_sums of ", wv.count,
+               " weights, ", b.count, " rows and segments of ", off.back());
+  const auto n = static_cast<int64_t>(counts.size());
+  const int64_t p = b.width;
+  at::Tensor y = empty_output({n, p}, at::TensorOptions().dtype(at::kFloat));
+  const float* wp = wv.tensor.data_ptr<float>();
+  float* yv = y.data_ptr<float>();
+  at::parallel_for(0, n, segment_grain(b.count, n, p), [&](int64_t s0, int64_t s1) {
+#ifdef SHEAF_HAVE_AVX2_CLONES
+    if (use_avx2()) return wsum_avx2(wp, b.rows, yv, off.data(), p, s0, s1);
+#endif
+    wsum_base(wp, b.rows, yv, off.data(), p, s0, s1);
+  });
+  attach(y, {&wv, &b}, std::move(off));
   return y;
 }
 

@@ -11,10 +11,32 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <span>
+
+#include "row_reads.h"
+
 namespace sheaf {
 
 // A [B, m, k], x [B, k] -> [B, m].
 at::Tensor batched_matvec(const at::Tensor& A, const at::Tensor& x);
+
+// A packed batch's products over rows, where either operand may be rows read
+// in place (ops/row_reads.h): each row is read where it lies, and its
+// gradient added into its source's. Gathered, an attention step's encoder
+// rows (repeated for every step that reads them) were copied forward, their
+// gradient written into another such copy, then added into the source: the
+// most gathered bytes of a step-by-step attention decoder's training. One
+// loop and one autograd node each; float32 CPU (in place: the only case).
+//
+// y[r] = A_r . x_r, A and x of R rows of k floats -> [R]: the scores A x of a
+// packed matrix, its example's x repeated on each row. Tensors off the CPU:
+// batched_matvec (LibTorch's bmm).
+at::Tensor dot_rows(const RowOperand& A, const RowOperand& x);
+// w [R], B of R rows of p floats, counts [n] (rows per segment, summing to
+// R) -> [n, p]: row s is the sum of segment s's rows of B, each times its w
+// (attention's context x B). Float32 CPU.
+at::Tensor weighted_row_sums(const at::Tensor& w, const RowOperand& B, std::span<const int64_t> counts);
 
 // X [m, k], v of k elements ([k], or a one-row weight [1, k]), bias undefined
 // or of 1 or m elements -> [m, 1]: each row of X times v, plus the bias (a

@@ -27,6 +27,7 @@
 namespace sheaf {
 
 class WeightGradBatcher;  // ops/weight_grad.h
+class RowReads;           // ops/row_reads.h
 class TransposedWeights;  // ops/weight_grad.h
 
 struct OpTraits {
@@ -98,10 +99,18 @@ struct OpTraits {
   // argument is shared and each value is one row (a vector). Affine's x: the
   // packed product reads the rows in place.
   int8_t rows_in_place = -1;
+  // Bit i: on the CPU, run() may get argument i as rows read where they lie,
+  // gradients included (RunCtx::in_place(i); in(i) is then undefined), when
+  // the batch is packed or row-reduced and the argument is gathered from
+  // earlier batches (not a view of one). It then reads those rows without a
+  // copy and adds their gradients into their sources' (ops/row_reads.h);
+  // RowReads::materialize gives the tensor where it needs one.
+  uint8_t reads_in_place = 0;
 
   constexpr bool weight(size_t i) const { return i < 8 && ((weights >> i) & 1) != 0; }
   constexpr bool row_arg(size_t i) const { return !weight(i) && (i >= 8 || ((row_args >> i) & 1) != 0); }
   constexpr bool own_rows_arg(size_t i) const { return i < 8 && ((own_rows >> i) & 1) != 0; }
+  constexpr bool reads_in_place_arg(size_t i) const { return i < 8 && ((reads_in_place >> i) & 1) != 0; }
 };
 
 class InferCtx {
@@ -166,6 +175,7 @@ struct LaunchArgs {
   WeightGradBatcher* weight_grads = nullptr;  // the round's (ops/weight_grad.h); null: plain autograd
   TransposedWeights* transposed = nullptr;    // the graph's (ops/weight_grad.h); null: none
   const RowsInPlace* rows_in = nullptr;       // argument OpTraits::rows_in_place as rows (inputs[] holds none)
+  std::span<const RowReads* const> in_place;  // per argument (or empty): OpTraits::reads_in_place's, or null
 };
 
 class RunCtx {
@@ -186,6 +196,9 @@ class RunCtx {
   // Argument OpTraits::rows_in_place given as rows where they lie (in(i) is
   // then undefined), or null.
   const RowsInPlace* rows() const { return a_.rows_in; }
+  // Argument i as rows read where they lie (OpTraits::reads_in_place; in(i)
+  // is then undefined), or null.
+  const RowReads* in_place(size_t i) const { return i < a_.in_place.size() ? a_.in_place[i] : nullptr; }
   bool shared(size_t i) const { return a_.shared[i] != 0; }
   // Argument i as [n, S...] even when shared (an expand view, no copy).
   at::Tensor batched(size_t i) const;

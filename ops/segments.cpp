@@ -25,6 +25,7 @@
 
 #include "autograd_node.h"
 #include "grad_wanted.h"
+#include "matvec.h"
 #include "output_pool.h"
 
 namespace sheaf {
@@ -100,74 +101,6 @@ struct SegmentSoftmaxNode : torch::autograd::Node {
   }
 };
 
-// ---- weighted sum of each segment's rows
-
-void wsum_forward(const float* w, const float* B, float* y, const int64_t* off, int64_t p, int64_t s0, int64_t s1) {
-  for (int64_t s = s0; s < s1; ++s) {
-    float* __restrict out = y + s * p;
-    for (int64_t j = 0; j < p; ++j) out[j] = 0;
-    for (int64_t r = off[s]; r < off[s + 1]; ++r) {
-      const float wr = w[r];
-      const float* __restrict row = B + r * p;
-      for (int64_t j = 0; j < p; ++j) out[j] += wr * row[j];
-    }
-  }
-}
-
-// dw_r = g_s . B_r (when dw), dB_r = w_r g_s (when dB).
-void wsum_backward(const float* w, const float* B, const float* g, float* dw, float* dB, const int64_t* off, int64_t p,
-                   int64_t s0, int64_t s1) {
-  for (int64_t s = s0; s < s1; ++s) {
-    const float* __restrict gs = g + s * p;
-    for (int64_t r = off[s]; r < off[s + 1]; ++r) {
-      if (dw) {
-        const float* __restrict row = B + r * p;
-        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int64_t j = 0;
-        for (; j + 8 <= p; j += 8)
-          for (int l = 0; l < 8; ++l) acc[l] += gs[j + l] * row[j + l];
-        float d = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-        for (; j < p; ++j) d += gs[j] * row[j];
-        dw[r] = d;
-      }
-      if (dB) {
-        float* __restrict out = dB + r * p;
-        const float wr = w[r];
-        for (int64_t j = 0; j < p; ++j) out[j] = wr * gs[j];
-      }
-    }
-  }
-}
-
-struct SegmentWeightedSumNode : torch::autograd::Node {
-  SavedVariable w, B;
-  std::vector<int64_t> off;
-  std::string name() const override { return "sheaf::SegmentWeightedSumBackward"; }
-  void release_variables() override {
-    w.reset_data();
-    B.reset_data();
-  }
-  variable_list apply(variable_list&& grads) override {
-    variable_list out(2);
-    if (!grads[0].defined()) return out;
-    RECORD_FUNCTION("sheaf::segment_weighted_sum_backward", std::vector<c10::IValue>());
-    const at::Tensor wv = w.unpack(), bv = B.unpack(), g = grads[0].contiguous();
-    at::Tensor dw, dB;
-    if (should_compute_output(0)) dw = at::empty_like(wv);
-    if (should_compute_output(1)) dB = at::empty_like(bv);
-    const int64_t p = bv.size(1);
-    const auto n = static_cast<int64_t>(off.size()) - 1;
-    float* dwp = dw.defined() ? dw.data_ptr<float>() : nullptr;
-    float* dBp = dB.defined() ? dB.data_ptr<float>() : nullptr;
-    at::parallel_for(0, n, grain(bv.size(0), n, p), [&](int64_t s0, int64_t s1) {
-      wsum_backward(wv.data_ptr<float>(), bv.data_ptr<float>(), g.data_ptr<float>(), dwp, dBp, off.data(), p, s0, s1);
-    });
-    out[0] = dw;
-    out[1] = dB;
-    return out;
-  }
-};
-
 }  // namespace
 
 at::Tensor segment_extreme(const at::Tensor& x, const at::Tensor& ids, int64_t n, bool max) {
@@ -219,25 +152,7 @@ at::Tensor segment_weighted_sum(const at::Tensor& w, const at::Tensor& B, std::s
   const auto n = static_cast<int64_t>(counts.size());
   if (!cpu_float(w) || !cpu_float(B))
     return at::index_add(at::zeros({n, B.size(1)}, B.options()), 0, ids, w.unsqueeze(1) * B);
-  RECORD_FUNCTION("sheaf::segment_weighted_sum", std::vector<c10::IValue>());
-  const at::Tensor wv = w.contiguous(), bv = B.contiguous();
-  std::vector<int64_t> off = offsets_of(counts);
-  const int64_t p = bv.size(1);
-  at::Tensor y = empty_output({n, p}, bv.options());
-  {
-    c10::AutoGradMode no_grad(false);
-    at::parallel_for(0, n, grain(bv.size(0), n, p), [&](int64_t s0, int64_t s1) {
-      wsum_forward(wv.data_ptr<float>(), bv.data_ptr<float>(), y.data_ptr<float>(), off.data(), p, s0, s1);
-    });
-  }
-  if (!grad_wanted(w, B)) return y;
-  auto node = detail::make_node<SegmentWeightedSumNode>();
-  node->w = SavedVariable(wv, /*is_output=*/false);
-  node->B = SavedVariable(bv, /*is_output=*/false);
-  node->off = std::move(off);
-  node->set_next_edges({torch::autograd::impl::gradient_edge(wv), torch::autograd::impl::gradient_edge(bv)});
-  torch::autograd::set_history(y, node);
-  return y;
+  return weighted_row_sums(w, RowOperand{B}, counts);
 }
 
 }  // namespace sheaf

@@ -25,7 +25,8 @@ at::Tensor segment_extreme(const at::Tensor& x, const at::Tensor& ids, int64_t n
 at::Tensor segment_softmax(const at::Tensor& x, std::span<const int64_t> counts, const at::Tensor& ids, bool log);
 
 // w [R], B [R, p] -> [n, p]: row i is the sum of segment i's rows of B, each
-// times its w.
+// times its w. On float32 CPU tensors: weighted_row_sums (ops/matvec.h), which
+// also takes B's rows read in place.
 at::Tensor segment_weighted_sum(const at::Tensor& w, const at::Tensor& B, std::span<const int64_t> counts,
                                 const at::Tensor& ids);
 

@@ -311,3 +311,42 @@ TEST_CASE("attention on the CPU pads values of very different lengths in groups 
   REQUIRE(g.cuts == std::vector<size_t>{0, 3, 6});  // the short ones, then the long ones
   CHECK(g.order == std::vector<int64_t>{0, 4, 2, 1, 5, 3});  // by key count, ties in order
 }
+
+// An attention decoder written step by step: every step's scores A x and
+// context x B read the example's encoder rows, and the steps merge into one
+// packed batch each. Those batches read the rows in place (no gathered copy
+// per step, gradients added into the encoder's batch: OpTraits::
+// reads_in_place); batched equals alone under every strategy, values and
+// gradients, with encoders of 1-4 rows and 2-4 steps.
+TEST_CASE("matmul: attention step by step reads the encoder rows in place, batched equals alone", "[dsl][ops][ragged]") {
+  at::manual_seed(21);
+  const int64_t k = 11;  // the loops' 8-wide body and a tail
+  const at::Tensor W = (at::randn({k, k}) * 0.3).requires_grad_(), U = (at::randn({k, k}) * 0.3).requires_grad_();
+  const at::Tensor b = (at::randn({k}) * 0.1).requires_grad_();
+  std::vector<at::Tensor> sources;
+  for (int i = 0; i < 8; ++i) sources.push_back(at::randn({1 + i % 4, k}));
+  auto program = [&](Graph& g, int i) {
+    const Expr H = dsl::tanh(dsl::affine(W, g.input(sources[static_cast<size_t>(i)]), b));  // [1 + i % 4, k]
+    Expr s = dsl::tanh(dsl::sum_dim(H, 0));
+    std::vector<Expr> losses;
+    for (int t = 0; t < 2 + i % 3; ++t) {
+      const Expr context = dsl::matmul(dsl::softmax(dsl::matmul(H, s)), H);  // [k]
+      losses.push_back(dsl::sum(context * s));
+      s = dsl::tanh(dsl::affine(U, s, b));  // the next state does not wait for the context: steps merge
+    }
+    return dsl::sum(losses);
+  };
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(8, program, {.params = {W, U, b}}));
+  // Without fusion nothing else reads rows in place: the products did.
+  Graph g(GraphOptions{.fuse = false});
+  std::vector<Expr> losses;
+  for (int i = 0; i < 8; ++i) {
+    auto scope = g.example(i);
+    losses.push_back(program(g, i));
+  }
+  const Expr total = dsl::sum(losses);
+  g.forward(total);
+  total.value().backward();
+  CHECK(g.stats().in_place_inputs >= 2);
+  CHECK(W.grad().defined());
+}
