@@ -439,9 +439,10 @@ bool Executor::reads_for_op(const Plan& plan, const PlannedBatch& b, uint32_t k)
   return true;
 }
 
-// On the CPU a fused kernel reads gathered rows where they lie (and adds
-// their gradients into the sources' hubs): the gather's copy, its tensor and
-// its autograd node are not made. Null where that does not apply.
+// On the CPU a fused kernel, a call's body or an op (rows_for_op,
+// reads_for_op) reads gathered rows where they lie (and adds their gradients
+// into the sources' hubs): the gather's copy, its tensor and its autograd
+// node are not made. Null where that does not apply.
 std::shared_ptr<const InPlaceRows> Executor::in_place(const Plan& plan, const BatchArg& arg) {
   if (!config_.device.is_cpu() || arg.unpack != kNone32) return nullptr;
   const Read& first = plan.reads[arg.reads_begin];

@@ -11,8 +11,6 @@
 #include <ATen/ops/mv.h>
 #include <c10/core/GradMode.h>
 
-#include <array>
-
 #include "common.h"
 #include "matvec.h"
 #include "segments.h"
@@ -57,17 +55,6 @@ inline at::Tensor shared_linear_rows(RunCtx& c, const RowsInPlace& x, const at::
   std::shared_ptr<const PackedWeight> packed = packable ? c.transposed()->packed(w, false, m) : nullptr;
   if (packed) return packed_mm_rows(x.rows, packed->forward, b, c.options());
   return shared_linear(c, x.copy(c.options()), w, b);
-}
-
-// Argument i of a packed or row-reduced batch as a tensor: rows read in place
-// (OpTraits::reads_in_place) copied, their gradient reaching the same sources,
-// as [rows] (a vector's elements) or [rows, width].
-inline at::Tensor in_tensor(const RunCtx& c, size_t i, bool vector) {
-  const RowReads* r = c.in_place(i);
-  if (r == nullptr) return c.in(i);
-  const auto rows = static_cast<int64_t>(r->rows());
-  if (vector) return r->materialize(std::array<int64_t, 1>{rows});
-  return r->materialize(std::array<int64_t, 2>{rows, r->width()});
 }
 
 // W x + b. W: [m, k] (shared or per example); x: [k] or [t, k]; b: [m].
@@ -132,15 +119,18 @@ struct Matmul {
     return b.rank() == 1 ? Shape{a[0]} : Shape{a[0], b[1]};
   }
   static at::Tensor run(RunCtx& c) {
+    // Rows read in place (OpTraits::reads_in_place) come only to the first two
+    // forms: the executor gives none to a batch with a shared argument.
     if (!c.segment_counts().empty()) {  // x B, rows
-      const at::Tensor w = in_tensor(c, 0, /*vector=*/true);
-      if (const RowReads* rows = c.in_place(1)) return weighted_row_sums(w, RowOperand{{}, rows}, c.segment_counts());
-      return segment_weighted_sum(w, c.in(1), c.segment_counts(), c.segment_ids());
+      if (c.in_place(0) || c.in_place(1))
+        return weighted_row_sums(RowOperand{c.in(0), c.in_place(0)}, RowOperand{c.in(1), c.in_place(1)},
+                                 c.segment_counts());
+      return segment_weighted_sum(c.in(0), c.in(1), c.segment_counts(), c.segment_ids());
     }
     // A's rows [R, k] times the example's x on each row ([R, k]): a dot product
     // per row, one loop and one autograd node.
     if (c.packed() && !c.shared(1)) return dot_rows(RowOperand{c.in(0), c.in_place(0)}, RowOperand{c.in(1), c.in_place(1)});
-    const at::Tensor a = in_tensor(c, 0, /*vector=*/false);
+    const at::Tensor& a = c.in(0);
     const at::Tensor& b = c.in(1);
     if (c.packed()) return at::matmul(a, b);  // A's rows [R, k] times a shared B
     if (a.dim() - (c.shared(0) ? 0 : 1) == 1) {  // x B

@@ -31,24 +31,25 @@ namespace {
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
-// Examples [b0, b1): y_b = A_b x_b (8 partial sums per row: the compiler
-// vectorises them, which a single running sum forbids without -ffast-math).
+// a . b in 8 partial sums: the compiler vectorises them, which a single
+// running sum forbids without -ffast-math. Inlined into each caller, so the
+// AVX2 clones below compile it for AVX2.
+[[gnu::always_inline]] inline float dot8(const float* __restrict a, const float* __restrict b, int64_t k) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= k; j += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[j + l] * b[j + l];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; j < k; ++j) s += a[j] * b[j];
+  return s;
+}
+
+// Examples [b0, b1): y_b = A_b x_b.
 #define SHEAF_MATVEC_LOOPS(SUFFIX, ATTR)                                                                  \
   ATTR void forward_##SUFFIX(const float* A, const float* x, float* y, int64_t b0, int64_t b1, int64_t m, \
                              int64_t k) {                                                                 \
-    for (int64_t b = b0; b < b1; ++b) {                                                                   \
-      const float* __restrict xb = x + b * k;                                                             \
-      for (int64_t i = 0; i < m; ++i) {                                                                   \
-        const float* __restrict row = A + (b * m + i) * k;                                                \
-        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                          \
-        int64_t j = 0;                                                                                    \
-        for (; j + 8 <= k; j += 8)                                                                        \
-          for (int l = 0; l < 8; ++l) acc[l] += row[j + l] * xb[j + l];                                   \
-        float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));      \
-        for (; j < k; ++j) s += row[j] * xb[j];                                                           \
-        y[b * m + i] = s;                                                                                 \
-      }                                                                                                   \
-    }                                                                                                     \
+    for (int64_t b = b0; b < b1; ++b)                                                                     \
+      for (int64_t i = 0; i < m; ++i) y[b * m + i] = dot8(A + (b * m + i) * k, x + b * k, k);             \
   }                                                                                                       \
   /* dA_b = g_b x_b^T (when dA), dx_b = A_b^T g_b (when dx). */                                           \
   ATTR void backward_##SUFFIX(const float* A, const float* x, const float* g, float* dA, float* dx,      \
@@ -125,17 +126,7 @@ struct RowsOut {
 // several rows' gradients.
 #define SHEAF_ROW_PRODUCT_LOOPS(SUFFIX, ATTR)                                                                  \
   ATTR void dot_rows_##SUFFIX(RowsIn A, RowsIn x, float* y, int64_t r0, int64_t r1, int64_t k) {               \
-    for (int64_t r = r0; r < r1; ++r) {                                                                        \
-      const float* __restrict a = A[r];                                                                        \
-      const float* __restrict xr = x[r];                                                                       \
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                                 \
-      int64_t j = 0;                                                                                           \
-      for (; j + 8 <= k; j += 8)                                                                               \
-        for (int l = 0; l < 8; ++l) acc[l] += a[j + l] * xr[j + l];                                            \
-      float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));             \
-      for (; j < k; ++j) s += a[j] * xr[j];                                                                    \
-      y[r] = s;                                                                                                \
-    }                                                                                                          \
+    for (int64_t r = r0; r < r1; ++r) y[r] = dot8(A[r], x[r], k);                                             \
   }                                                                                                            \
   /* dA_r += g_r x_r, dx_r += g_r A_r (each where wanted). */                                                  \
   ATTR void dot_rows_backward_##SUFFIX(RowsIn A, RowsIn x, const float* g, RowsOut dA, RowsOut dx, int64_t r0, \
@@ -152,36 +143,27 @@ struct RowsOut {
       }                                                                                                        \
     }                                                                                                          \
   }                                                                                                            \
-  ATTR void wsum_##SUFFIX(const float* w, RowsIn B, float* y, const int64_t* off, int64_t p, int64_t s0,      \
+  ATTR void wsum_##SUFFIX(RowsIn w, RowsIn B, float* y, const int64_t* off, int64_t p, int64_t s0,           \
                           int64_t s1) {                                                                        \
     for (int64_t s = s0; s < s1; ++s) {                                                                        \
       float* __restrict out = y + s * p;                                                                       \
       for (int64_t j = 0; j < p; ++j) out[j] = 0;                                                              \
       for (int64_t r = off[s]; r < off[s + 1]; ++r) {                                                         \
-        const float wr = w[r];                                                                                 \
+        const float wr = *w[r];                                                                                \
         const float* __restrict row = B[r];                                                                    \
         for (int64_t j = 0; j < p; ++j) out[j] += wr * row[j];                                                 \
       }                                                                                                        \
     }                                                                                                          \
   }                                                                                                            \
-  /* dw_r = g_s . B_r (when dw), dB_r += w_r g_s (when dB). */                                                 \
-  ATTR void wsum_backward_##SUFFIX(const float* w, RowsIn B, const float* g, float* dw, RowsOut dB,             \
+  /* dw_r += g_s . B_r (when dw), dB_r += w_r g_s (when dB). */                                                \
+  ATTR void wsum_backward_##SUFFIX(RowsIn w, RowsIn B, const float* g, RowsOut dw, RowsOut dB,                  \
                                    const int64_t* off, int64_t p, int64_t s0, int64_t s1) {                    \
     for (int64_t s = s0; s < s1; ++s) {                                                                        \
       const float* __restrict gs = g + s * p;                                                                  \
       for (int64_t r = off[s]; r < off[s + 1]; ++r) {                                                         \
-        if (dw) {                                                                                              \
-          const float* __restrict row = B[r];                                                                  \
-          float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                             \
-          int64_t j = 0;                                                                                       \
-          for (; j + 8 <= p; j += 8)                                                                           \
-            for (int l = 0; l < 8; ++l) acc[l] += gs[j + l] * row[j + l];                                      \
-          float d = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));         \
-          for (; j < p; ++j) d += gs[j] * row[j];                                                              \
-          dw[r] = d;                                                                                           \
-        }                                                                                                      \
+        if (float* d = dw.any() ? dw[r] : nullptr) *d += dot8(gs, B[r], p);                                     \
         if (float* __restrict out = dB.any() ? dB[r] : nullptr) {                                              \
-          const float wr = w[r];                                                                               \
+          const float wr = *w[r];                                                                              \
           for (int64_t j = 0; j < p; ++j) out[j] += wr * gs[j];                                                \
         }                                                                                                      \
       }                                                                                                        \
@@ -355,15 +337,12 @@ struct RowProductNode : torch::autograd::Node {
       if (serial) body(0, R);
       else at::parallel_for(0, R, grain(1, width), body);
     } else {
-      SHEAF_ASSERT(!in[0].reads, "weighted_row_sums' weights read in place");
       const auto n = static_cast<int64_t>(off.size()) - 1;
-      float* dw = grad[0].defined() ? grad[0].data_ptr<float>() : nullptr;
-      const float* w = value[0].data_ptr<float>();
       auto body = [&](int64_t s0, int64_t s1) {
 #ifdef SHEAF_HAVE_AVX2_CLONES
-        if (use_avx2()) return wsum_backward_avx2(w, rows[1], gp, dw, to[1], off.data(), width, s0, s1);
+        if (use_avx2()) return wsum_backward_avx2(rows[0], rows[1], gp, to[0], to[1], off.data(), width, s0, s1);
 #endif
-        wsum_backward_base(w, rows[1], gp, dw, to[1], off.data(), width, s0, s1);
+        wsum_backward_base(rows[0], rows[1], gp, to[0], to[1], off.data(), width, s0, s1);
       };
       if (serial) body(0, n);
       else at::parallel_for(0, n, segment_grain(off.back(), n, width), body);
@@ -497,23 +476,22 @@ at::Tensor dot_rows(const RowOperand& A, const RowOperand& x) {
   return y;
 }
 
-at::Tensor weighted_row_sums(const at::Tensor& w, const RowOperand& B, std::span<const int64_t> counts) {
+at::Tensor weighted_row_sums(const RowOperand& w, const RowOperand& B, std::span<const int64_t> counts) {
   RECORD_FUNCTION("sheaf::weighted_row_sums", std::vector<c10::IValue>());
-  const Prepared wv = prepare(RowOperand{w}), b = prepare(B);
+  const Prepared wv = prepare(w), b = prepare(B);
   std::vector<int64_t> off(counts.size() + 1, 0);
   for (size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i];
   SHEAF_ASSERT(wv.width == 1 && wv.count == b.count && off.back() == b.count, "weighted_row_sums of ", wv.count,
-               " weights, ", b.count, " rows and segments of ", off.back());
+               " weights of ", wv.width, ", ", b.count, " rows and segments of ", off.back());
   const auto n = static_cast<int64_t>(counts.size());
   const int64_t p = b.width;
   at::Tensor y = empty_output({n, p}, at::TensorOptions().dtype(at::kFloat));
-  const float* wp = wv.tensor.data_ptr<float>();
   float* yv = y.data_ptr<float>();
   at::parallel_for(0, n, segment_grain(b.count, n, p), [&](int64_t s0, int64_t s1) {
 #ifdef SHEAF_HAVE_AVX2_CLONES
-    if (use_avx2()) return wsum_avx2(wp, b.rows, yv, off.data(), p, s0, s1);
+    if (use_avx2()) return wsum_avx2(wv.rows, b.rows, yv, off.data(), p, s0, s1);
 #endif
-    wsum_base(wp, b.rows, yv, off.data(), p, s0, s1);
+    wsum_base(wv.rows, b.rows, yv, off.data(), p, s0, s1);
   });
   attach(y, {&wv, &b}, std::move(off));
   return y;

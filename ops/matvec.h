@@ -33,10 +33,10 @@ at::Tensor batched_matvec(const at::Tensor& A, const at::Tensor& x);
 // packed matrix, its example's x repeated on each row. Tensors off the CPU:
 // batched_matvec (LibTorch's bmm).
 at::Tensor dot_rows(const RowOperand& A, const RowOperand& x);
-// w [R], B of R rows of p floats, counts [n] (rows per segment, summing to
-// R) -> [n, p]: row s is the sum of segment s's rows of B, each times its w
-// (attention's context x B). Float32 CPU.
-at::Tensor weighted_row_sums(const at::Tensor& w, const RowOperand& B, std::span<const int64_t> counts);
+// w of R rows of one float ([R]), B of R rows of p floats, counts [n] (rows
+// per segment, summing to R) -> [n, p]: row s is the sum of segment s's rows
+// of B, each times its w (attention's context x B). Float32 CPU.
+at::Tensor weighted_row_sums(const RowOperand& w, const RowOperand& B, std::span<const int64_t> counts);
 
 // X [m, k], v of k elements ([k], or a one-row weight [1, k]), bias undefined
 // or of 1 or m elements -> [m, 1]: each row of X times v, plus the bias (a

@@ -101,9 +101,10 @@ struct OpTraits {
   int8_t rows_in_place = -1;
   // Bit i: on the CPU, run() may get argument i as rows read where they lie,
   // gradients included (RunCtx::in_place(i); in(i) is then undefined), when
-  // the batch is packed or row-reduced and the argument is gathered from
-  // earlier batches (not a view of one). It then reads those rows without a
-  // copy and adds their gradients into their sources' (ops/row_reads.h);
+  // the batch is packed or row-reduced, has no shared argument (a weight's
+  // product kernels take tensors) and the argument is gathered from earlier
+  // batches (not a view of one). It then reads those rows without a copy and
+  // adds their gradients into their sources' (ops/row_reads.h);
   // RowReads::materialize gives the tensor where it needs one.
   uint8_t reads_in_place = 0;
 

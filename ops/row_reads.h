@@ -11,7 +11,11 @@
 // (its hub), reached through autograd edges that the op's node takes.
 //
 // Declared here, below the backend, so that ops can use it; made only by the
-// backend, on the CPU.
+// backend (RowGathers::in_place, owned by a shared_ptr: an op's autograd node
+// keeps the rows it read through shared_from_this), on the CPU. The sources
+// are read again in the backward, as saved tensors are, but without their
+// version check: as for a fused kernel's inputs, a source changed in place
+// between forward and backward goes unnoticed.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -76,7 +80,7 @@ class RowReads : public std::enable_shared_from_this<RowReads> {
 // or rows read in place.
 struct RowOperand {
   at::Tensor tensor;                // used when `reads` is null
-  const RowReads* reads = nullptr;  // the backend's, alive for the launch
+  const RowReads* reads = nullptr;  // the backend's (a node that saves it shares its ownership)
 };
 
 inline RowReads::GradRows RowReads::grad_rows(std::span<const RowReads* const> reads,

@@ -152,7 +152,7 @@ at::Tensor segment_weighted_sum(const at::Tensor& w, const at::Tensor& B, std::s
   const auto n = static_cast<int64_t>(counts.size());
   if (!cpu_float(w) || !cpu_float(B))
     return at::index_add(at::zeros({n, B.size(1)}, B.options()), 0, ids, w.unsqueeze(1) * B);
-  return weighted_row_sums(w, RowOperand{B}, counts);
+  return weighted_row_sums(RowOperand{w}, RowOperand{B}, counts);
 }
 
 }  // namespace sheaf

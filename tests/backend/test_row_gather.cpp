@@ -7,6 +7,7 @@
 #include <sheaf/ops/matvec.h>
 
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 
 #include "../support.h"
@@ -124,64 +125,82 @@ TEST_CASE("CUDA: row gathers run as one kernel each way, with the CPU's values a
 // dot_rows and weighted_row_sums (ops/matvec.h) over rows read in place: the
 // same values as over the gathered tensors, and the gradients reach the
 // sources through their hubs, a repeated row (an encoder row read by every
-// step) accumulating, two operands sharing one source, an empty segment.
+// step) accumulating, two operands sharing one source, an empty segment, a
+// source that needs no gradient, and a backward that asks for one source only.
 TEST_CASE("row products over rows read in place: values and gradients equal those of gathered tensors",
           "[backend][gather][ops]") {
   at::manual_seed(13);
   const int64_t k = 11;  // the loops' 8-wide body and a tail
-  const at::Tensor a0 = at::randn({6, k}), b0 = at::randn({3, k}), x0 = at::randn({5, k}), w0 = at::randn({5});
+  const at::Tensor a0 = at::randn({6, k}), b0 = at::randn({3, k}), x0 = at::randn({5, k}), w0 = at::randn({7});
   const at::Tensor g_dot = at::randn({5}), g_sum = at::randn({3, k});
-  // Rows a5 b0 a1 a5 b2 and b1 b1 a0 a2 a5; segments of 2, 0 and 3 rows.
+  // Rows a5 b0 a1 a5 b2 and b1 b1 a0 a2 a5; segments of 2, 0 and 3 rows;
+  // weights w4 w0 w4 w6 w1.
   const std::vector<RowPick> pa{{0, 5}, {1, 0}, {0, 1}, {0, 5}, {1, 2}}, px{{1, 1}, {1, 1}, {0, 0}, {0, 2}, {0, 5}};
+  const std::vector<RowPick> pw{{0, 4}, {0, 0}, {0, 4}, {0, 6}, {0, 1}};
   const std::vector<int64_t> counts{2, 0, 3};
   auto gathered = [](const at::Tensor& a, const at::Tensor& b, const std::vector<RowPick>& picks) {
     std::vector<at::Tensor> rows;
     for (const RowPick& p : picks) rows.push_back((p.source == 0 ? a : b)[p.row]);
     return at::stack(rows);
   };
-  for (const bool x_in_place : {true, false}) {
-    INFO("x in place " << x_in_place);
-    at::Tensor a = a0.clone().requires_grad_(), b = b0.clone().requires_grad_();
-    at::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
-    const at::Tensor sa = a * 1.0, sb = b * 1.0;  // batch outputs: non-leaf sources
-    RowGathers gathers;
-    const std::vector<const at::Tensor*> srcs{&sa, &sb};
-    const std::vector<uint32_t> batches{3, 4};
-    const std::shared_ptr<const InPlaceRows> ra = gathers.in_place(srcs, batches, pa);
-    const std::shared_ptr<const InPlaceRows> rx = gathers.in_place(srcs, batches, px);
-    REQUIRE(ra->needs_grad());
-    const at::Tensor dot = dot_rows(RowOperand{{}, ra.get()}, x_in_place ? RowOperand{{}, rx.get()} : RowOperand{x});
-    const at::Tensor sum = weighted_row_sums(w, RowOperand{{}, ra.get()}, counts);
-    const at::Tensor loss = (dot * g_dot).sum() + (sum * g_sum).sum();
-    loss.backward({}, /*retain_graph=*/true);
+  for (const bool in_place : {true, false}) {  // x and w read in place too, or tensors
+    for (const bool b_grad : {true, false}) {
+      for (const bool only_a : {false, true}) {  // a backward that asks for a's gradient alone
+        INFO("x and w in place " << in_place << ", b needs a gradient " << b_grad << ", only a " << only_a);
+        at::Tensor a = a0.clone().requires_grad_(), b = b0.clone().requires_grad_(b_grad);
+        at::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+        const at::Tensor sa = a * 1.0, sb = b * 1.0, sw = w * 1.0;  // batch outputs: non-leaf sources
+        RowGathers gathers;
+        const std::vector<const at::Tensor*> srcs{&sa, &sb}, wsrc{&sw};
+        const std::vector<uint32_t> batches{3, 4}, wbatch{5};
+        const std::shared_ptr<const InPlaceRows> ra = gathers.in_place(srcs, batches, pa);
+        const std::shared_ptr<const InPlaceRows> rx = gathers.in_place(srcs, batches, px);
+        const std::shared_ptr<const InPlaceRows> rw = gathers.in_place(wsrc, wbatch, pw);
+        REQUIRE(ra->needs_grad());
+        const at::Tensor xs = in_place ? at::Tensor() : x, ws = in_place ? at::Tensor() : rows_of(sw, {4, 0, 4, 6, 1});
+        const at::Tensor dot = dot_rows(RowOperand{{}, ra.get()}, RowOperand{xs, in_place ? rx.get() : nullptr});
+        const at::Tensor sum = weighted_row_sums(RowOperand{ws, in_place ? rw.get() : nullptr}, RowOperand{{}, ra.get()}, counts);
+        const at::Tensor loss = (dot * g_dot).sum() + (sum * g_sum).sum();
 
-    at::Tensor a2 = a0.clone().requires_grad_(), b2 = b0.clone().requires_grad_();
-    at::Tensor x2 = x0.clone().requires_grad_(), w2 = w0.clone().requires_grad_();
-    const at::Tensor A = gathered(a2, b2, pa), X = x_in_place ? gathered(a2, b2, px) : x2;
-    const at::Tensor dot2 = (A * X).sum(1);
-    const auto ws = (w2.unsqueeze(1) * A).split_with_sizes(counts);
-    std::vector<at::Tensor> sums;
-    for (const at::Tensor& s : ws) sums.push_back(s.sum(0));
-    const at::Tensor sum2 = at::stack(sums);
-    CHECK(at::allclose(dot.detach(), dot2.detach(), 1e-5, 1e-5));
-    CHECK(at::allclose(sum.detach(), sum2.detach(), 1e-5, 1e-5));
-    ((dot2 * g_dot).sum() + (sum2 * g_sum).sum()).backward();
-    CHECK(at::allclose(a.grad(), a2.grad(), 1e-5, 1e-5));
-    CHECK(at::allclose(b.grad(), b2.grad(), 1e-5, 1e-5));
-    CHECK(at::allclose(w.grad(), w2.grad(), 1e-5, 1e-5));
-    if (!x_in_place) CHECK(at::allclose(x.grad(), x2.grad(), 1e-5, 1e-5));
-    // The products' nodes free the rows they read after a backward without
-    // retain_graph: a second one is refused, as for any saved tensor.
-    loss.backward();
-    CHECK_THROWS_WITH(loss.backward(), Catch::Contains("backward through the graph a second time"));
+        at::Tensor a2 = a0.clone().requires_grad_(), b2 = b0.clone().requires_grad_(b_grad);
+        at::Tensor x2 = x0.clone().requires_grad_(), w2 = w0.clone().requires_grad_();
+        const at::Tensor A = gathered(a2, b2, pa), X = in_place ? gathered(a2, b2, px) : x2;
+        const at::Tensor dot2 = (A * X).sum(1);
+        const auto parts = (rows_of(w2, {4, 0, 4, 6, 1}).unsqueeze(1) * A).split_with_sizes(counts);
+        std::vector<at::Tensor> sums;
+        for (const at::Tensor& part : parts) sums.push_back(part.sum(0));
+        const at::Tensor sum2 = at::stack(sums);
+        CHECK(at::allclose(dot.detach(), dot2.detach(), 1e-5, 1e-5));
+        CHECK(at::allclose(sum.detach(), sum2.detach(), 1e-5, 1e-5));
+        const at::Tensor loss2 = (dot2 * g_dot).sum() + (sum2 * g_sum).sum();
+        if (only_a) {
+          CHECK(at::allclose(torch::autograd::grad({loss}, {a})[0], torch::autograd::grad({loss2}, {a2})[0], 1e-5, 1e-5));
+          continue;
+        }
+        loss.backward();
+        loss2.backward();
+        CHECK(at::allclose(a.grad(), a2.grad(), 1e-5, 1e-5));
+        CHECK(at::allclose(w.grad(), w2.grad(), 1e-5, 1e-5));
+        if (b_grad) CHECK(at::allclose(b.grad(), b2.grad(), 1e-5, 1e-5));
+        if (!in_place) CHECK(at::allclose(x.grad(), x2.grad(), 1e-5, 1e-5));
+      }
+    }
   }
+  // The products' nodes free the rows they read after a backward without
+  // retain_graph: a second one is refused, as for any saved tensor.
+  const at::Tensor a = a0.clone().requires_grad_(), sa = a * 1.0;
+  RowGathers gathers;
+  const std::vector<const at::Tensor*> src{&sa};
+  const std::shared_ptr<const InPlaceRows> ra = gathers.in_place(src, std::vector<uint32_t>{0}, std::vector<RowPick>{{0, 5}, {0, 1}});
+  const at::Tensor dot = dot_rows(RowOperand{{}, ra.get()}, RowOperand{x0.narrow(0, 0, 2)});
+  dot.sum().backward({}, /*retain_graph=*/true);
+  dot.sum().backward();
+  CHECK_THROWS_WITH(dot.sum().backward(), Catch::Contains("rows read in place were freed"));
   // Without a gradient: no node, the same values.
   c10::NoGradGuard no_grad;
-  RowGathers gathers;
   const std::vector<const at::Tensor*> srcs{&a0, &b0};
-  const std::vector<uint32_t> batches{1, 2};
-  const std::shared_ptr<const InPlaceRows> ra = gathers.in_place(srcs, batches, pa);
-  const at::Tensor dot = dot_rows(RowOperand{{}, ra.get()}, RowOperand{x0});
-  CHECK_FALSE(dot.requires_grad());
-  CHECK(at::allclose(dot, (gathered(a0, b0, pa) * x0).sum(1), 1e-5, 1e-5));
+  const std::shared_ptr<const InPlaceRows> rows = gathers.in_place(srcs, std::vector<uint32_t>{1, 2}, pa);
+  const at::Tensor y = dot_rows(RowOperand{{}, rows.get()}, RowOperand{x0});
+  CHECK_FALSE(y.requires_grad());
+  CHECK(at::allclose(y, (gathered(a0, b0, pa) * x0).sum(1), 1e-5, 1e-5));
 }
