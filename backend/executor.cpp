@@ -320,7 +320,6 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
   shared_.clear();
   if (b.op == code_of<op::Call> && !b.program) return launch_call(plan, b);
   at::Tensor out = concat_rows(plan, b);  // a concat that is one gather needs no inputs
-  op_rows_.reset();
   op_reads_.clear();
   if (b.program) fused_inputs(plan, b);
   else if (!out.defined() && b.split < 0)  // (a split's pieces need no inputs)
@@ -340,7 +339,6 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
     out = split_pieces(plan, b.split)[b.piece];
   } else {
     LaunchArgs args = launch_args(plan, b);
-    if (op_rows_) args.rows_in = &op_rows_view_;
     if (!op_reads_.empty()) {
       op_reads_view_.assign(b.arity, nullptr);
       for (size_t k = 0; k < op_reads_.size(); ++k) op_reads_view_[k] = op_reads_[k].get();
@@ -348,7 +346,6 @@ void Executor::launch(const Plan& plan, const PlannedBatch& b) {
     }
     RunCtx ctx(args);
     out = op_info(b.op).run(ctx);
-    op_rows_.reset();
     op_reads_.clear();
   }
   lap_op(op_info(b.op).name);
@@ -410,15 +407,12 @@ void Executor::launch_call(const Plan& plan, const PlannedBatch& b) {
 // rows_in_place: the packed product reads x's rows from the batches that hold
 // them): no gathered copy. Where rows_in_place_arg and rows_in_place_now say
 // so (a batch's nodes share a signature: its first speaks for all), and the
-// batch is neither stacked, packed nor segmented. Sets op_rows_.
+// batch is neither stacked, packed nor segmented. Sets op_reads_[k].
 bool Executor::rows_for_op(const Plan& plan, const PlannedBatch& b, uint32_t k) {
   if (b.stacked || b.rows > 0 || b.segments >= 0 || !rows_in_place_now() ||
       rows_in_place_arg(s_, plan.nodes[b.nodes_begin]) != static_cast<int>(k))
     return false;
-  op_rows_ = in_place(plan, plan.args[b.args_begin + k]);
-  if (!op_rows_) return false;
-  op_rows_view_ = RowsInPlace{op_rows_->data(), op_rows_->width()};
-  return true;
+  return give_in_place(plan, b, k);
 }
 
 // A gathered argument of a packed or row-reduced batch that the op reads where
@@ -431,8 +425,13 @@ bool Executor::reads_for_op(const Plan& plan, const PlannedBatch& b, uint32_t k)
   // kernels, which take tensors: the op would copy the rows anyway.
   for (uint32_t j = 0; j < b.arity; ++j)
     if (plan.args[b.args_begin + j].kind == BatchArg::kShared) return false;
-  const BatchArg& arg = plan.args[b.args_begin + k];
-  std::shared_ptr<const InPlaceRows> rows = in_place(plan, arg);
+  return give_in_place(plan, b, k);
+}
+
+// Argument k of batch b as rows in place for the op (op_reads_[k]), where
+// in_place() can read it so.
+bool Executor::give_in_place(const Plan& plan, const PlannedBatch& b, uint32_t k) {
+  std::shared_ptr<const InPlaceRows> rows = in_place(plan, plan.args[b.args_begin + k]);
   if (!rows) return false;
   if (op_reads_.size() <= k) op_reads_.resize(k + 1);
   op_reads_[k] = std::move(rows);

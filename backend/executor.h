@@ -63,6 +63,7 @@ class Executor {
   std::shared_ptr<const InPlaceRows> in_place(const Plan& plan, const BatchArg& arg);
   bool rows_for_op(const Plan& plan, const PlannedBatch& b, uint32_t k);
   bool reads_for_op(const Plan& plan, const PlannedBatch& b, uint32_t k);
+  bool give_in_place(const Plan& plan, const PlannedBatch& b, uint32_t k);
   LaunchArgs launch_args(const Plan& plan, const PlannedBatch& b);
   at::Tensor input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg);
   at::Tensor rows_input(const Plan& plan, const PlannedBatch& b, const BatchArg& arg);
@@ -108,11 +109,8 @@ class Executor {
   std::vector<uint32_t> all_args_;      // concat_rows' argument list
   std::vector<at::Tensor> call_groups_;  // launch_call's scratch
   std::vector<uint8_t> grouped_;
-  // launch's argument given as rows in place (OpTraits::rows_in_place), this launch's only.
-  std::shared_ptr<const InPlaceRows> op_rows_;
-  RowsInPlace op_rows_view_;
-  // launch's arguments given as rows in place with their gradients
-  // (OpTraits::reads_in_place), per argument (null: a tensor); this launch's.
+  // launch's arguments given as rows in place (OpTraits::rows_in_place,
+  // reads_in_place), per argument (null: a tensor); this launch's.
   std::vector<std::shared_ptr<const InPlaceRows>> op_reads_;
   std::vector<const RowReads*> op_reads_view_;
   std::chrono::steady_clock::time_point lap_start_;

@@ -173,13 +173,13 @@ void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::span<
   c10::SmallVector<at::Tensor, 4> ins;
   c10::SmallVector<uint8_t, 4> shared;
   // An argument the executor gave as rows in place (no tensor: ArgUse::rows).
-  RowsInPlace rows_in;
+  c10::SmallVector<const RowReads*, 4> in_place;
   size_t rows_at = node_args.size();
   if (const int8_t k = info.traits.rows_in_place; k >= 0 && !once && static_cast<size_t>(k) < node_args.size())
     if (const int32_t i = arg_of_[s.resolve(node_args[static_cast<size_t>(k)])];
         i >= 0 && args[static_cast<size_t>(i)].rows && !args[static_cast<size_t>(i)].tensor.defined()) {
-      const InPlaceRows& r = *args[static_cast<size_t>(i)].rows;
-      rows_in = RowsInPlace{r.data(), r.width()};
+      in_place.assign(node_args.size(), nullptr);
+      in_place[static_cast<size_t>(k)] = args[static_cast<size_t>(i)].rows.get();
       rows_at = static_cast<size_t>(k);
     }
   if (info.traits.segmented) {  // one list: every element in in(0), node-major
@@ -214,7 +214,7 @@ void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::span<
   la.train = a.train;
   la.weight_grads = a.weight_grads;
   la.transposed = a.transposed;
-  if (rows_at < node_args.size()) la.rows_in = &rows_in;
+  la.in_place = std::span(in_place.data(), in_place.size());
   at::Tensor index;
   std::vector<int64_t> payload, counts;
   if (step.payload) {

@@ -11,6 +11,8 @@
 #include <ATen/ops/mv.h>
 #include <c10/core/GradMode.h>
 
+#include <array>
+
 #include "common.h"
 #include "matvec.h"
 #include "segments.h"
@@ -48,13 +50,13 @@ inline at::Tensor shared_linear(RunCtx& c, const at::Tensor& x, const at::Tensor
 // the packed product reads them in place; where it does not serve (no
 // AVX2, a weight it does not take, a first product of 1-3 rows), the rows
 // are copied into one tensor as a gather would have.
-inline at::Tensor shared_linear_rows(RunCtx& c, const RowsInPlace& x, const at::Tensor& w, const at::Tensor& b) {
-  const auto m = static_cast<int64_t>(x.rows.size());
-  const bool packable = c.transposed() && w.dim() == 2 && w.size(1) == x.width &&
+inline at::Tensor shared_linear_rows(RunCtx& c, const RowReads& x, const at::Tensor& w, const at::Tensor& b) {
+  const auto m = static_cast<int64_t>(x.rows());
+  const bool packable = c.transposed() && w.dim() == 2 && w.size(1) == x.width() &&
                         (!b.defined() || (b.scalar_type() == at::kFloat && b.is_cpu()));
   std::shared_ptr<const PackedWeight> packed = packable ? c.transposed()->packed(w, false, m) : nullptr;
-  if (packed) return packed_mm_rows(x.rows, packed->forward, b, c.options());
-  return shared_linear(c, x.copy(c.options()), w, b);
+  if (packed) return packed_mm_rows(x.data(), packed->forward, b, c.options());
+  return shared_linear(c, x.materialize(std::array<int64_t, 2>{m, x.width()}), w, b);
 }
 
 // W x + b. W: [m, k] (shared or per example); x: [k] or [t, k]; b: [m].
@@ -77,7 +79,7 @@ struct Affine {
   static at::Tensor run(RunCtx& c) {
     int rank = c.out_shape().rank();
     at::Tensor y;
-    if (c.rows()) return shared_linear_rows(c, *c.rows(), c.in(0), c.in(2));
+    if (const RowReads* x = c.in_place(1)) return shared_linear_rows(c, *x, c.in(0), c.in(2));
     if (c.shared(0)) {
       if (c.shared(2)) return shared_linear(c, c.batched(1), c.in(0), c.in(2));
       const at::Tensor x = c.batched(1);

@@ -95,7 +95,7 @@ struct OpTraits {
   // still checks each payload against that axis).
   bool payload_index = false;
   // >= 0: run() also takes this argument as rows read where they lie
-  // (RunCtx::rows: no gathered copy) when no gradient is wanted, every other
+  // (RunCtx::in_place: no gathered copy) when no gradient is wanted, every other
   // argument is shared and each value is one row (a vector). Affine's x: the
   // packed product reads the rows in place.
   int8_t rows_in_place = -1;
@@ -146,14 +146,6 @@ class InferCtx {
   const Site& site_;
 };
 
-// An argument as rows where they lie (OpTraits::rows_in_place): row i is
-// `width` floats from rows[i], on the CPU; nothing to take a gradient of.
-struct RowsInPlace {
-  std::span<const float* const> rows;
-  int64_t width = 0;
-  at::Tensor copy(const at::TensorOptions& options) const;  // the rows as one [n, width] tensor
-};
-
 // Everything one batched launch sees; the executor fills it in.
 struct LaunchArgs {
   int64_t n = 0;
@@ -175,8 +167,9 @@ struct LaunchArgs {
   bool train = true;
   WeightGradBatcher* weight_grads = nullptr;  // the round's (ops/weight_grad.h); null: plain autograd
   TransposedWeights* transposed = nullptr;    // the graph's (ops/weight_grad.h); null: none
-  const RowsInPlace* rows_in = nullptr;       // argument OpTraits::rows_in_place as rows (inputs[] holds none)
-  std::span<const RowReads* const> in_place;  // per argument (or empty): OpTraits::reads_in_place's, or null
+  // Per argument (or empty): rows where they lie (OpTraits::rows_in_place,
+  // reads_in_place; inputs[] holds none for it), or null.
+  std::span<const RowReads* const> in_place;
 };
 
 class RunCtx {
@@ -194,11 +187,8 @@ class RunCtx {
   bool stacked() const { return a_.stacked; }
   // Batched [n, S...] or, for a shared argument, the shared tensor itself.
   const at::Tensor& in(size_t i) const { return a_.inputs[i]; }
-  // Argument OpTraits::rows_in_place given as rows where they lie (in(i) is
-  // then undefined), or null.
-  const RowsInPlace* rows() const { return a_.rows_in; }
-  // Argument i as rows read where they lie (OpTraits::reads_in_place; in(i)
-  // is then undefined), or null.
+  // Argument i as rows read where they lie (OpTraits::rows_in_place,
+  // reads_in_place; in(i) is then undefined), or null.
   const RowReads* in_place(size_t i) const { return i < a_.in_place.size() ? a_.in_place[i] : nullptr; }
   bool shared(size_t i) const { return a_.shared[i] != 0; }
   // Argument i as [n, S...] even when shared (an expand view, no copy).

@@ -105,13 +105,6 @@ void InferCtx::expect_shared(size_t i, std::string_view what) const {
   if (!shared(i)) fail(what, " must be a shared tensor (a parameter), not a per-example value");
 }
 
-at::Tensor RowsInPlace::copy(const at::TensorOptions& options) const {
-  at::Tensor out = empty_output({static_cast<int64_t>(rows.size()), width}, options);
-  float* o = out.data_ptr<float>();
-  for (size_t i = 0; i < rows.size(); ++i) std::memcpy(o + static_cast<int64_t>(i) * width, rows[i], sizeof(float) * width);
-  return out;
-}
-
 at::Tensor RunCtx::batched(size_t i) const {
   const at::Tensor& x = a_.inputs[i];
   if (!shared(i)) return x;
