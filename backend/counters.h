@@ -18,8 +18,8 @@ struct ExecCounters {
   // inputs, products' x without autograd (OpTraits::rows_in_place), and
   // packed products' rows with their gradients (OpTraits::reads_in_place).
   // An op that takes such rows as a tensor after all copies them itself,
-  // uncounted: a product the packed kernel does not take, a matmul's x B
-  // weights.
+  // uncounted here (bench/launches.h counts that copy as a gather): a product
+  // the packed kernel does not take.
   uint64_t in_place_inputs = 0;
   uint64_t fused_batches = 0;     // batches that ran a fused elementwise program (one launch each)
   uint64_t fused_ops = 0;         // the ops those programs computed (without fusion: one launch each)

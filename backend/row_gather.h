@@ -45,10 +45,10 @@ struct RowPick {
 };
 
 // Rows that a kernel reads where they lie (a fused program's input on the
-// CPU, backend/fused.h; an op's argument, OpTraits::reads_in_place): no
-// gathered copy forward, and backward the kernel adds each row's gradient
-// straight into its source's hub, as a gather's reader would. Made by
-// RowGathers::in_place; holds its sources alive.
+// CPU, backend/fused.h; an op's argument, OpTraits::reads_in_place and
+// rows_in_place): no gathered copy forward, and backward the kernel adds each
+// row's gradient straight into its source's hub, as a gather's reader would.
+// Made by RowGathers::in_place; holds its sources alive.
 class InPlaceRows final : public RowReads {
  public:
   void append_edges(std::vector<torch::autograd::Edge>& edges) const override;

@@ -79,7 +79,7 @@ struct Affine {
   static at::Tensor run(RunCtx& c) {
     int rank = c.out_shape().rank();
     at::Tensor y;
-    if (const RowReads* x = c.in_place(1)) return shared_linear_rows(c, *x, c.in(0), c.in(2));
+    if (const RowReads* x = c.in_place(traits.rows_in_place)) return shared_linear_rows(c, *x, c.in(0), c.in(2));
     if (c.shared(0)) {
       if (c.shared(2)) return shared_linear(c, c.batched(1), c.in(0), c.in(2));
       const at::Tensor x = c.batched(1);

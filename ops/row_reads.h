@@ -1,6 +1,7 @@
 // Rows an op reads where they lie, gradients included: the interface the
 // backend's in-place rows (backend/row_gather.h) give an op whose traits say
-// it takes them (OpTraits::reads_in_place).
+// it takes them (OpTraits::reads_in_place; OpTraits::rows_in_place, without
+// autograd: then needs_grad() is false).
 //
 // A packed batch's argument gathered from earlier batches (an attention
 // step's encoder rows, repeated for every step that reads them) is otherwise

@@ -2,10 +2,8 @@
 // for completeness here, so an op without a batched rule does not compile.
 #include <boost/hana/unpack.hpp>
 
-#include <ATen/ops/empty.h>
 
 #include <array>
-#include <cstring>
 #include <atomic>
 #include <mutex>
 #include <bit>
@@ -19,7 +17,6 @@
 #include "linear.h"
 #include "op.h"  // declares detail::g_builtin_ops extern: its definition below needs that linkage
 #include "op_list.h"
-#include "output_pool.h"
 #include "reduce.h"
 #include "structure.h"
 
