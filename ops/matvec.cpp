@@ -23,6 +23,7 @@
 #include "autograd_node.h"
 #include "grad_wanted.h"
 #include "output_pool.h"
+#include "segments.h"
 
 namespace sheaf {
 
@@ -177,10 +178,6 @@ SHEAF_ROW_PRODUCT_LOOPS(avx2, SHEAF_AVX2_TARGET)
 
 // Examples per task when split across threads: enough work to pay for a task.
 int64_t grain(int64_t m, int64_t k) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, m * k)); }
-// Segments per task, for n segments of `rows` rows of k floats in all.
-int64_t segment_grain(int64_t rows, int64_t n, int64_t k) {
-  return std::max<int64_t>(1, 32768 * n / std::max<int64_t>(1, rows * k));
-}
 
 at::Tensor run_forward(const at::Tensor& A, const at::Tensor& x) {
   const int64_t B = A.size(0), m = A.size(1), k = A.size(2);
@@ -479,8 +476,7 @@ at::Tensor dot_rows(const RowOperand& A, const RowOperand& x) {
 at::Tensor weighted_row_sums(const RowOperand& w, const RowOperand& B, std::span<const int64_t> counts) {
   RECORD_FUNCTION("sheaf::weighted_row_sums", std::vector<c10::IValue>());
   const Prepared wv = prepare(w), b = prepare(B);
-  std::vector<int64_t> off(counts.size() + 1, 0);
-  for (size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i];
+  std::vector<int64_t> off = segment_offsets(counts);
   SHEAF_ASSERT(wv.width == 1 && wv.count == b.count && off.back() == b.count, "weighted_row_sums of ", wv.count,
                " weights of ", wv.width, ", ", b.count, " rows and segments of ", off.back());
   const auto n = static_cast<int64_t>(counts.size());

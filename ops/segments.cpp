@@ -30,24 +30,23 @@
 
 namespace sheaf {
 
+std::vector<int64_t> segment_offsets(std::span<const int64_t> counts) {
+  std::vector<int64_t> off(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i];
+  return off;
+}
+
+int64_t segment_grain(int64_t rows, int64_t segments, int64_t width) {
+  const int64_t per = std::max<int64_t>(1, rows * width / std::max<int64_t>(1, segments));
+  return std::max<int64_t>(1, 16384 / per);
+}
+
 namespace {
 
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
 bool cpu_float(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
-
-std::vector<int64_t> offsets_of(std::span<const int64_t> counts) {
-  std::vector<int64_t> off(counts.size() + 1, 0);
-  for (size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i];
-  return off;
-}
-
-// Segments per task when split across threads.
-int64_t grain(int64_t rows, int64_t segments, int64_t width) {
-  const int64_t per = std::max<int64_t>(1, rows * width / std::max<int64_t>(1, segments));
-  return std::max<int64_t>(1, 16384 / per);
-}
 
 // ---- softmax across each segment
 
@@ -93,7 +92,7 @@ struct SegmentSoftmaxNode : torch::autograd::Node {
     const at::Tensor g = grads[0].contiguous();
     at::Tensor dx = at::empty_like(yv);
     const auto n = static_cast<int64_t>(off.size()) - 1;
-    at::parallel_for(0, n, grain(yv.size(0), n, 1), [&](int64_t s0, int64_t s1) {
+    at::parallel_for(0, n, segment_grain(yv.size(0), n, 1), [&](int64_t s0, int64_t s1) {
       softmax_backward(yv.data_ptr<float>(), g.data_ptr<float>(), dx.data_ptr<float>(), off.data(), s0, s1, log);
     });
     out[0] = dx;
@@ -132,9 +131,9 @@ at::Tensor segment_softmax(const at::Tensor& x, std::span<const int64_t> counts,
   }
   RECORD_FUNCTION("sheaf::segment_softmax", std::vector<c10::IValue>());
   const at::Tensor xv = x.contiguous();
-  std::vector<int64_t> off = offsets_of(counts);
+  std::vector<int64_t> off = segment_offsets(counts);
   at::Tensor y = at::empty_like(xv);
-  at::parallel_for(0, n, grain(xv.size(0), n, 1), [&](int64_t s0, int64_t s1) {
+  at::parallel_for(0, n, segment_grain(xv.size(0), n, 1), [&](int64_t s0, int64_t s1) {
     softmax_forward(xv.data_ptr<float>(), y.data_ptr<float>(), off.data(), s0, s1, log);
   });
   if (!grad_wanted(x)) return y;

@@ -13,8 +13,15 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace sheaf {
+
+// Where each segment's rows start, and the end: counts [n] -> [n + 1].
+std::vector<int64_t> segment_offsets(std::span<const int64_t> counts);
+// Segments per task when a loop over n segments of `rows` rows of `width`
+// floats in all is split across threads: enough work to pay for a task.
+int64_t segment_grain(int64_t rows, int64_t segments, int64_t width);
 
 // x [R, ...] -> [n, ...]: the largest (or smallest) of each segment's rows,
 // without gradient (a shift or a choice, not a value to differentiate).
