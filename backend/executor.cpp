@@ -380,7 +380,7 @@ void Executor::launch_call(const Plan& plan, const PlannedBatch& b) {
     // Op steps take rows in place only where no gradient is wanted (ArgUse::rows).
     const bool tensor = use.tensor || (use.rows && !rows_in_place_now());
     const bool by_rows = use.fused || use.rows;
-    if (!b.shared && by_rows && !tensor && grouped_[k] != 1) rows = in_place(plan, arg);
+    if (!b.shared && by_rows && !tensor && grouped_[k] != 1) rows = in_place(plan, b, arg);
     at::Tensor t;
     if (tensor || grouped_[k] == 1 || (by_rows && !rows)) {
       t = input(plan, b, arg);
@@ -431,7 +431,7 @@ bool Executor::reads_for_op(const Plan& plan, const PlannedBatch& b, uint32_t k)
 // Argument k of batch b as rows in place for the op (op_reads_[k]), where
 // in_place() can read it so.
 bool Executor::give_in_place(const Plan& plan, const PlannedBatch& b, uint32_t k) {
-  std::shared_ptr<const InPlaceRows> rows = in_place(plan, plan.args[b.args_begin + k]);
+  std::shared_ptr<const InPlaceRows> rows = in_place(plan, b, plan.args[b.args_begin + k]);
   if (!rows) return false;
   if (op_reads_.size() <= k) op_reads_.resize(k + 1);
   op_reads_[k] = std::move(rows);
@@ -442,7 +442,7 @@ bool Executor::give_in_place(const Plan& plan, const PlannedBatch& b, uint32_t k
 // reads_for_op) reads gathered rows where they lie (and adds their gradients
 // into the sources' hubs): the gather's copy, its tensor and its autograd
 // node are not made. Null where that does not apply.
-std::shared_ptr<const InPlaceRows> Executor::in_place(const Plan& plan, const BatchArg& arg) {
+std::shared_ptr<const InPlaceRows> Executor::in_place(const Plan& plan, const PlannedBatch& b, const BatchArg& arg) {
   if (!config_.device.is_cpu() || arg.unpack != kNone32) return nullptr;
   const Read& first = plan.reads[arg.reads_begin];
   const bool gathered = arg.kind == BatchArg::kGather ||
@@ -451,14 +451,16 @@ std::shared_ptr<const InPlaceRows> Executor::in_place(const Plan& plan, const Ba
   clear_picks();
   if (!pick_rows(plan, arg.reads_begin, arg.reads_end, arg.perm)) return nullptr;
   ++counters_.in_place_inputs;
-  return row_gathers_.in_place(row_sources_, row_batches_, picks_);
+  const NodeId node = plan.nodes[b.nodes_begin];  // (a batch's error names its first node)
+  return row_gathers_.in_place(row_sources_, row_batches_, picks_,
+                               Site{op_info(b.op).name, b.n > 1 ? kMixedExample : s_.example[node], s_.loc[node]});
 }
 
 void Executor::fused_inputs(const Plan& plan, const PlannedBatch& b) {
   fused_in_.clear();
   for (uint32_t k = 0; k < b.arity; ++k) {
     const BatchArg& arg = plan.args[b.args_begin + k];
-    if (std::shared_ptr<const InPlaceRows> rows = in_place(plan, arg))
+    if (std::shared_ptr<const InPlaceRows> rows = in_place(plan, b, arg))
       fused_in_.push_back(FusedInput{{}, std::move(rows)});
     else
       fused_in_.push_back(FusedInput{input(plan, b, arg), nullptr});

@@ -60,7 +60,7 @@ class Executor {
   void launch(const Plan& plan, const PlannedBatch& b);
   void launch_fused(const Plan& plan, const PlannedBatch& b);
   void fused_inputs(const Plan& plan, const PlannedBatch& b);
-  std::shared_ptr<const InPlaceRows> in_place(const Plan& plan, const BatchArg& arg);
+  std::shared_ptr<const InPlaceRows> in_place(const Plan& plan, const PlannedBatch& b, const BatchArg& arg);
   bool rows_for_op(const Plan& plan, const PlannedBatch& b, uint32_t k);
   bool reads_for_op(const Plan& plan, const PlannedBatch& b, uint32_t k);
   bool give_in_place(const Plan& plan, const PlannedBatch& b, uint32_t k);

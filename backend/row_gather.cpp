@@ -255,13 +255,17 @@ struct InPlaceRows::Impl {
   std::vector<at::Tensor> dummies;
   std::vector<RowPick> picks;
   std::vector<int64_t> width;
+  std::vector<int64_t> versions;  // per source, when read (check_unchanged)
+  Site reader;
 };
 
 std::shared_ptr<const InPlaceRows> RowGathers::in_place(std::span<const at::Tensor* const> sources,
                                                         std::span<const uint32_t> batches,
-                                                        std::span<const RowPick> rows) {
+                                                        std::span<const RowPick> rows, const Site& reader) {
   SHEAF_ASSERT(!sources.empty() && sources.size() == batches.size(), "in-place rows without sources");
   auto impl = std::make_shared<InPlaceRows::Impl>();
+  impl->reader = reader;
+  impl->versions.reserve(sources.size());
   auto out = std::make_shared<InPlaceRows>();
   const bool grad = at::GradMode::is_enabled();
   c10::SmallVector<const float*, 8> base(sources.size());
@@ -279,6 +283,7 @@ std::shared_ptr<const InPlaceRows> RowGathers::in_place(std::span<const at::Tens
     SHEAF_ASSERT(impl->width.back() == impl->width[0], "in-place rows of ", impl->width[0], " and ",
                  impl->width.back(), " floats");
     impl->sources.push_back(s);
+    impl->versions.push_back(s._version());
     if (grad && s.requires_grad()) {
       std::shared_ptr<Hub> hub = hub_for(batches[k], s);
       impl->hubs.push_back(hub->node);
@@ -296,6 +301,18 @@ std::shared_ptr<const InPlaceRows> RowGathers::in_place(std::span<const at::Tens
   out->num_edges_ = impl->edges.size();
   out->impl_ = std::move(impl);
   return out;
+}
+
+void InPlaceRows::check_unchanged() const {
+  const Impl& m = *impl_;
+  for (size_t k = 0; k < m.sources.size(); ++k) {
+    const int64_t now = m.sources[k]._version();
+    if (now != m.versions[k])
+      throw_user(m.reader, "its backward reads again rows it read in place from a tensor of shape ",
+                 m.sources[k].sizes(), ", and that tensor was changed in place after forward() (its version is ", now,
+                 ", it was ", m.versions[k], " when read): a write into a value() between forward() and backward() "
+                 "would give wrong gradients. Write into a copy (value().clone()), or after backward()");
+  }
 }
 
 void InPlaceRows::append_edges(std::vector<torch::autograd::Edge>& edges) const {

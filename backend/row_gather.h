@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include <sheaf/core/error.h>
 #include <sheaf/ops/row_reads.h>
 
 namespace torch::autograd {
@@ -53,6 +54,7 @@ class InPlaceRows final : public RowReads {
  public:
   void append_edges(std::vector<torch::autograd::Edge>& edges) const override;
   at::Tensor materialize(std::span<const int64_t> sizes) const override;
+  void check_unchanged() const override;
 
  private:
   friend class RowGathers;
@@ -86,9 +88,11 @@ class RowGathers {
   // run the sources share a row size. out_sizes: [n, the concat's shape...].
   at::Tensor gather(std::span<const at::Tensor* const> sources, std::span<const uint32_t> batches,
                     std::span<const RowPick> rows, size_t segments, std::span<const int64_t> out_sizes);
-  // The rows of gather(sources, batches, rows), read in place (nothing copied).
+  // The rows of gather(sources, batches, rows), read in place (nothing copied),
+  // by the op at `reader` (named by check_unchanged's error).
   std::shared_ptr<const InPlaceRows> in_place(std::span<const at::Tensor* const> sources,
-                                              std::span<const uint32_t> batches, std::span<const RowPick> rows);
+                                              std::span<const uint32_t> batches, std::span<const RowPick> rows,
+                                              const Site& reader = Site{"rows read in place", kSharedExample, {}});
 
   // Forgets every hub (the graph was cleared: batch numbers start again).
   void clear() { hubs_.clear(); }

@@ -14,9 +14,9 @@
 // Declared here, below the backend, so that ops can use it; made only by the
 // backend (RowGathers::in_place, owned by a shared_ptr: an op's autograd node
 // keeps the rows it read through shared_from_this), on the CPU. The sources
-// are read again in the backward, as saved tensors are, but without their
-// version check: as for a fused kernel's inputs, a source changed in place
-// between forward and backward goes unnoticed.
+// are read again in the backward, as saved tensors are: a backward that reads
+// them calls check_unchanged() first, as SavedVariable::unpack checks a saved
+// tensor's version.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -65,6 +65,13 @@ class RowReads : public std::enable_shared_from_this<RowReads> {
   // The rows copied into one [n, shape...] tensor whose gradient reaches the
   // same hubs (for an op that takes this argument as a tensor after all).
   virtual at::Tensor materialize(std::span<const int64_t> sizes) const = 0;
+
+  // A UserError, naming the op that read these rows, if a source was changed
+  // in place since they were read (its version counter moved: a write into a
+  // value() between forward and backward; the sources are batch outputs).
+  // Every backward that reads data() again calls it first: it would otherwise
+  // compute with the new values and give wrong gradients, silently.
+  virtual void check_unchanged() const = 0;
 
  protected:
   // Every read's hubs locked at once (grad_rows): the backend's reads share

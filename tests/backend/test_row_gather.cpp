@@ -196,6 +196,18 @@ TEST_CASE("row products over rows read in place: values and gradients equal thos
   dot.sum().backward({}, /*retain_graph=*/true);
   dot.sum().backward();
   CHECK_THROWS_WITH(dot.sum().backward(), Catch::Contains("rows read in place were freed"));
+  // A source changed in place after the rows were read: refused, not read again.
+  {
+    const at::Tensor sb = a * 1.0;
+    const std::vector<const at::Tensor*> srcb{&sb};
+    const std::shared_ptr<const InPlaceRows> rb =
+        gathers.in_place(srcb, std::vector<uint32_t>{1}, std::vector<RowPick>{{0, 2}}, Site{"matmul", 4, {}});
+    const at::Tensor d = dot_rows(RowOperand{{}, rb.get()}, RowOperand{x0.narrow(0, 0, 1).clone().requires_grad_()});
+    sb.mul_(2.0);
+    CHECK_THROWS_AS(d.sum().backward({}, /*retain_graph=*/true), UserError);
+    CHECK_THROWS_WITH(d.sum().backward(), Catch::Contains("op 'matmul' (example 4)") &&
+                                              Catch::Contains("changed in place after forward()"));
+  }
   // Without a gradient: no node, the same values.
   c10::NoGradGuard no_grad;
   const std::vector<const at::Tensor*> srcs{&a0, &b0};

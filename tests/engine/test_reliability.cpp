@@ -337,3 +337,52 @@ TEST_CASE("A2: a task destroyed by another task's resumption in the same round i
   REQUIRE(first->done());
   CHECK(at::allclose(first->result().value(), data({3}, 0) * data({3}, 0).sum()));
 }
+
+// A kernel that read rows where they lie (here one fused kernel reading
+// rows from the affine batches of each example's depth) reads them again in
+// its backward. A write into a value() between forward() and backward()
+// would make those gradients wrong,
+// without a word: it is a UserError naming the op, as a saved tensor's version
+// check makes it for LibTorch's own ops.
+TEST_CASE("a tensor read in place and changed before backward is a UserError and not wrong gradients",
+          "[engine][reliability][gather]") {
+  for (const bool write : {false, true}) {
+    INFO("a write into a value between forward and backward: " << write);
+    at::manual_seed(3);
+    const at::Tensor W0 = at::randn({4, 4}) * 0.5, b0 = at::randn({4});
+    at::Tensor W = W0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+    Graph g;
+    std::vector<Expr> xs, losses;
+    for (int i = 0; i < 4; ++i) {
+      auto scope = g.example(i);
+      Expr x = g.input(data({4}, i));
+      for (int d = 0; d <= i; ++d) x = dsl::affine(W, x, b);  // example i's x: from the affine batch of depth i
+      xs.push_back(x);
+      losses.push_back(dsl::sum(dsl::tanh(x) * dsl::sigmoid(x)));  // one fused kernel over rows of 4 batches
+    }
+    const Expr loss = dsl::sum(losses);
+    g.forward(loss);
+    REQUIRE(g.stats().in_place_inputs > 0);
+    if (write) {
+      {
+        at::NoGradGuard no_grad;
+        xs[2].value().mul_(2.0);
+      }
+      REQUIRE_THROWS_AS(loss.value().backward({}, /*retain_graph=*/true), UserError);
+      REQUIRE_THROWS_WITH(loss.value().backward(), Contains("op '") && Contains("changed in place after forward()") &&
+                                                       Contains("version is"));
+      continue;
+    }
+    loss.value().backward();
+    at::Tensor W2 = W0.clone().requires_grad_(), b2 = b0.clone().requires_grad_();
+    at::Tensor ref = at::zeros({}, at::kFloat);
+    for (int i = 0; i < 4; ++i) {
+      at::Tensor x = data({4}, i);
+      for (int d = 0; d <= i; ++d) x = at::addmv(b2, W2, x);
+      ref = ref + (at::tanh(x) * at::sigmoid(x)).sum();
+    }
+    ref.backward();
+    CHECK(at::allclose(W.grad(), W2.grad(), 1e-5, 1e-5));
+    CHECK(at::allclose(b.grad(), b2.grad(), 1e-5, 1e-5));
+  }
+}
