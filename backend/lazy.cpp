@@ -18,6 +18,9 @@ const at::Tensor& LazyValues::get(NodeStore& store, uint32_t slot) {
   if (value.defined()) return value;
   SHEAF_ASSERT(slot < record_of_slot_.size() && record_of_slot_[slot] >= 0, "batch ", slot, " has no value");
   const Record& r = records_[static_cast<size_t>(record_of_slot_[slot])];
+  // Computed now, but as it was at forward(): not from rows changed since.
+  for (const FusedInput& in : r.inputs)
+    if (in.rows) in.rows->check_unchanged();
   r.program->read_later[slot - r.first] = 1;  // keep it in this pattern's next batches
   std::vector<at::Tensor> values = run_fused(r.program, r.inputs, r.n);
   for (size_t k = 0; k < values.size(); ++k)

@@ -308,10 +308,11 @@ void InPlaceRows::check_unchanged() const {
   for (size_t k = 0; k < m.sources.size(); ++k) {
     const int64_t now = m.sources[k]._version();
     if (now != m.versions[k])
-      throw_user(m.reader, "its backward reads again rows it read in place from a tensor of shape ",
-                 m.sources[k].sizes(), ", and that tensor was changed in place after forward() (its version is ", now,
-                 ", it was ", m.versions[k], " when read): a write into a value() between forward() and backward() "
-                 "would give wrong gradients. Write into a copy (value().clone()), or after backward()");
+      throw_user(m.reader, "it reads again (in its backward, or for a value it left to compute when read) rows "
+                 "it read in place from a tensor of shape ", m.sources[k].sizes(), ", and that tensor was changed in "
+                 "place after forward() (its version is ", now, ", it was ", m.versions[k], " when read), which "
+                 "would give wrong results: write into a copy (value().clone()), or after backward() and the "
+                 "values you read");
   }
 }
 

@@ -68,9 +68,9 @@ class RowReads : public std::enable_shared_from_this<RowReads> {
 
   // A UserError, naming the op that read these rows, if a source was changed
   // in place since they were read (its version counter moved: a write into a
-  // value() between forward and backward; the sources are batch outputs).
-  // Every backward that reads data() again calls it first: it would otherwise
-  // compute with the new values and give wrong gradients, silently.
+  // value() between forward and backward). Whatever reads data() again after
+  // the forward (a backward, a fused value computed when read) calls it first:
+  // it would otherwise compute with the new values, silently.
   virtual void check_unchanged() const = 0;
 
  protected:

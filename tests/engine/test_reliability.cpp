@@ -352,13 +352,14 @@ TEST_CASE("a tensor read in place and changed before backward is a UserError and
     const at::Tensor W0 = at::randn({4, 4}) * 0.5, b0 = at::randn({4});
     at::Tensor W = W0.clone().requires_grad_(), b = b0.clone().requires_grad_();
     Graph g;
-    std::vector<Expr> xs, losses;
+    std::vector<Expr> xs, tanhs, losses;
     for (int i = 0; i < 4; ++i) {
       auto scope = g.example(i);
       Expr x = g.input(data({4}, i));
       for (int d = 0; d <= i; ++d) x = dsl::affine(W, x, b);  // example i's x: from the affine batch of depth i
       xs.push_back(x);
-      losses.push_back(dsl::sum(dsl::tanh(x) * dsl::sigmoid(x)));  // one fused kernel over rows of 4 batches
+      tanhs.push_back(dsl::tanh(x));  // kept inside the kernel: computed again when read
+      losses.push_back(dsl::sum(tanhs.back() * dsl::sigmoid(x)));  // one fused kernel over rows of 4 batches
     }
     const Expr loss = dsl::sum(losses);
     g.forward(loss);
@@ -368,6 +369,7 @@ TEST_CASE("a tensor read in place and changed before backward is a UserError and
         at::NoGradGuard no_grad;
         xs[2].value().mul_(2.0);
       }
+      REQUIRE_THROWS_WITH(tanhs[0].value(), Contains("changed in place after forward()"));
       REQUIRE_THROWS_AS(loss.value().backward({}, /*retain_graph=*/true), UserError);
       REQUIRE_THROWS_WITH(loss.value().backward(), Contains("op '") && Contains("changed in place after forward()") &&
                                                        Contains("version is"));
@@ -384,5 +386,8 @@ TEST_CASE("a tensor read in place and changed before backward is a UserError and
     ref.backward();
     CHECK(at::allclose(W.grad(), W2.grad(), 1e-5, 1e-5));
     CHECK(at::allclose(b.grad(), b2.grad(), 1e-5, 1e-5));
+    at::Tensor x = data({4}, 0);
+    x = at::addmv(b0, W0, x);
+    CHECK(at::allclose(tanhs[0].value(), at::tanh(x), 1e-5, 1e-5));
   }
 }
