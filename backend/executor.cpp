@@ -451,9 +451,7 @@ std::shared_ptr<const InPlaceRows> Executor::in_place(const Plan& plan, const Pl
   clear_picks();
   if (!pick_rows(plan, arg.reads_begin, arg.reads_end, arg.perm)) return nullptr;
   ++counters_.in_place_inputs;
-  const NodeId node = plan.nodes[b.nodes_begin];  // (a batch's error names its first node)
-  return row_gathers_.in_place(row_sources_, row_batches_, picks_,
-                               Site{op_info(b.op).name, b.n > 1 ? kMixedExample : s_.example[node], s_.loc[node]});
+  return row_gathers_.in_place(row_sources_, row_batches_, picks_, site_of(plan, b));
 }
 
 void Executor::fused_inputs(const Plan& plan, const PlannedBatch& b) {
@@ -474,7 +472,7 @@ void Executor::launch_fused(const Plan& plan, const PlannedBatch& b) {
   std::vector<at::Tensor> values = run_fused(b.program, fused_in_, rows, keep);
   for (uint8_t k : keep)
     if (!k) {  // some members stay in the kernel: keep what recomputes them
-      lazy_.add(b.out, b.program, fused_in_, rows);
+      lazy_.add(b.out, b.program, fused_in_, rows, site_of(plan, b));
       break;
     }
   lap_op("fused");
@@ -495,7 +493,6 @@ void Executor::check_output(NodeId node, const PlannedBatch& b, const at::Tensor
 }
 
 void Executor::rethrow(const Plan& plan, const PlannedBatch& b, const std::exception& e) const {
-  const NodeId first = plan.nodes[b.nodes_begin];
   std::set<int64_t> examples;
   for (uint32_t i = 0; i < b.n && examples.size() < 8; ++i) examples.insert(s_.example[plan.nodes[b.nodes_begin + i]]);
   std::ostringstream os;
@@ -505,7 +502,14 @@ void Executor::rethrow(const Plan& plan, const PlannedBatch& b, const std::excep
   std::string what = e.what();
   if (auto* ce = dynamic_cast<const c10::Error*>(&e)) what = ce->what_without_backtrace();
   os << what;
-  throw_user(Site{op_info(b.op).name, s_.example[first], s_.loc[first]}, os.str());
+  throw_user(site_of(plan, b), os.str());
+}
+
+// A batch's errors name its first node: its op (a fused batch's op is its
+// last member's), example and line.
+Site Executor::site_of(const Plan& plan, const PlannedBatch& b) const {
+  const NodeId first = plan.nodes[b.nodes_begin];
+  return Site{op_info(s_.op[first]).name, s_.example[first], s_.loc[first]};
 }
 
 }  // namespace sheaf

@@ -61,6 +61,7 @@ class Executor {
   void launch_fused(const Plan& plan, const PlannedBatch& b);
   void fused_inputs(const Plan& plan, const PlannedBatch& b);
   std::shared_ptr<const InPlaceRows> in_place(const Plan& plan, const PlannedBatch& b, const BatchArg& arg);
+  Site site_of(const Plan& plan, const PlannedBatch& b) const;
   bool rows_for_op(const Plan& plan, const PlannedBatch& b, uint32_t k);
   bool reads_for_op(const Plan& plan, const PlannedBatch& b, uint32_t k);
   bool give_in_place(const Plan& plan, const PlannedBatch& b, uint32_t k);

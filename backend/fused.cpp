@@ -126,7 +126,7 @@ struct FusedBackward : torch::autograd::Node {
     if (released) throw std::runtime_error("Trying to backward through the graph a second time (a fused batch's "
                                            "rows read in place were freed): use retain_graph=true");
     for (const auto& r : rows)
-      if (r) r->check_unchanged();  // as SavedVariable::unpack checks the others
+      if (r) r->check_unchanged("its backward");  // as SavedVariable::unpack checks the others
     std::vector<FusedInput> in(p.inputs);
     std::vector<const RowReads*> in_place;
     std::vector<uint32_t> in_place_edge;  // each one's first edge

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include <sheaf/core/error.h>
 #include <sheaf/scheduler/fusion.h>
 #include <sheaf/tracer/node_store.h>
 
@@ -19,9 +20,12 @@ namespace sheaf {
 
 class LazyValues {
  public:
-  // Batch outputs [first, first + count) of a fused batch, some left undefined.
-  void add(uint32_t first, std::shared_ptr<const FusedProgram> program, std::vector<FusedInput> inputs, int64_t n);
-  // store.batch_out[slot], computed now if a fused batch left it out.
+  // Batch outputs [first, first + count) of a fused batch, some left undefined;
+  // `site` names the batch (get's error).
+  void add(uint32_t first, std::shared_ptr<const FusedProgram> program, std::vector<FusedInput> inputs, int64_t n,
+           const Site& site);
+  // store.batch_out[slot], computed now if a fused batch left it out: from the
+  // inputs as forward read them (a UserError if one was changed in place since).
   const at::Tensor& get(NodeStore& store, uint32_t slot);
   void clear();
 
@@ -31,6 +35,8 @@ class LazyValues {
     std::shared_ptr<const FusedProgram> program;
     std::vector<FusedInput> inputs;
     int64_t n;
+    std::vector<int64_t> versions;  // per tensor input (version_of), when added
+    Site site;
   };
   std::vector<Record> records_;
   std::vector<int32_t> record_of_slot_;

@@ -283,7 +283,7 @@ std::shared_ptr<const InPlaceRows> RowGathers::in_place(std::span<const at::Tens
     SHEAF_ASSERT(impl->width.back() == impl->width[0], "in-place rows of ", impl->width[0], " and ",
                  impl->width.back(), " floats");
     impl->sources.push_back(s);
-    impl->versions.push_back(s._version());
+    impl->versions.push_back(version_of(s));
     if (grad && s.requires_grad()) {
       std::shared_ptr<Hub> hub = hub_for(batches[k], s);
       impl->hubs.push_back(hub->node);
@@ -303,17 +303,22 @@ std::shared_ptr<const InPlaceRows> RowGathers::in_place(std::span<const at::Tens
   return out;
 }
 
-void InPlaceRows::check_unchanged() const {
+int64_t version_of(const at::Tensor& t) { return !t.defined() || t.is_inference() ? -1 : t._version(); }
+
+void throw_changed_in_place(const Site& reader, std::string_view by, const at::Tensor& t, int64_t then,
+                            int64_t now) {
+  throw_user(reader, by, " reads again a tensor of shape ", t.sizes(), " that it read at forward(), and that tensor "
+             "was changed in place since (its version is ", now, ", it was ", then, "): the result would use the "
+             "new values. Write into a copy (value().clone()), or write after backward() and after reading the "
+             "values you need (a table: update it after backward(), or clear() the graph)");
+}
+
+void InPlaceRows::check_unchanged(std::string_view by) const {
   const Impl& m = *impl_;
-  for (size_t k = 0; k < m.sources.size(); ++k) {
-    const int64_t now = m.sources[k]._version();
-    if (now != m.versions[k])
-      throw_user(m.reader, "it reads again (in its backward, or for a value it left to compute when read) rows "
-                 "it read in place from a tensor of shape ", m.sources[k].sizes(), ", and that tensor was changed in "
-                 "place after forward() (its version is ", now, ", it was ", m.versions[k], " when read), which "
-                 "would give wrong results: write into a copy (value().clone()), or after backward() and the "
-                 "values you read");
-  }
+  for (size_t k = 0; k < m.sources.size(); ++k)
+    if (m.versions[k] >= 0)
+      if (const int64_t now = m.sources[k]._version(); now != m.versions[k])
+        throw_changed_in_place(m.reader, by, m.sources[k], m.versions[k], now);
 }
 
 void InPlaceRows::append_edges(std::vector<torch::autograd::Edge>& edges) const {

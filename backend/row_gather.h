@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -54,7 +55,7 @@ class InPlaceRows final : public RowReads {
  public:
   void append_edges(std::vector<torch::autograd::Edge>& edges) const override;
   at::Tensor materialize(std::span<const int64_t> sizes) const override;
-  void check_unchanged() const override;
+  void check_unchanged(std::string_view by) const override;
 
  private:
   friend class RowGathers;
@@ -63,6 +64,15 @@ class InPlaceRows final : public RowReads {
                           const std::function<bool(size_t read, size_t edge)>& wanted) const override;
   std::shared_ptr<const Impl> impl_;
 };
+
+// A tensor's version counter (-1: an inference tensor, which keeps none and
+// cannot be changed in place outside InferenceMode), for tensors read again
+// after forward: by a backward, or by a fused value computed when read.
+int64_t version_of(const at::Tensor& t);
+// The UserError for a tensor read so whose version moved from `then` to `now`:
+// `by` says what reads it again ("its backward").
+[[noreturn]] void throw_changed_in_place(const Site& reader, std::string_view by, const at::Tensor& t, int64_t then,
+                                         int64_t now);
 
 class RowGathers {
  public:
@@ -92,7 +102,7 @@ class RowGathers {
   // by the op at `reader` (named by check_unchanged's error).
   std::shared_ptr<const InPlaceRows> in_place(std::span<const at::Tensor* const> sources,
                                               std::span<const uint32_t> batches, std::span<const RowPick> rows,
-                                              const Site& reader = Site{"rows read in place", kSharedExample, {}});
+                                              const Site& reader);
 
   // Forgets every hub (the graph was cleared: batch numbers start again).
   void clear() { hubs_.clear(); }

@@ -290,7 +290,7 @@ struct RowProductNode : torch::autograd::Node {
       throw std::runtime_error("Trying to backward through the graph a second time (a product's rows read in place "
                                "were freed): use retain_graph=true");
     for (const Operand& o : in)
-      if (o.reads) o.reads->check_unchanged();  // as SavedVariable::unpack checks a tensor's
+      if (o.reads) o.reads->check_unchanged("its backward");  // as SavedVariable::unpack checks a tensor's
     RECORD_FUNCTION(off.empty() ? "sheaf::dot_rows_backward" : "sheaf::weighted_row_sums_backward",
                     std::vector<c10::IValue>());
     const at::Tensor g = grads[0].contiguous();

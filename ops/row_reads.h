@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string_view>
 #include <vector>
 
 namespace torch::autograd {
@@ -69,9 +70,9 @@ class RowReads : public std::enable_shared_from_this<RowReads> {
   // A UserError, naming the op that read these rows, if a source was changed
   // in place since they were read (its version counter moved: a write into a
   // value() between forward and backward). Whatever reads data() again after
-  // the forward (a backward, a fused value computed when read) calls it first:
-  // it would otherwise compute with the new values, silently.
-  virtual void check_unchanged() const = 0;
+  // the forward calls it first, saying what it is (`by`: "its backward"): it
+  // would otherwise compute with the new values, silently.
+  virtual void check_unchanged(std::string_view by) const = 0;
 
  protected:
   // Every read's hubs locked at once (grad_rows): the backend's reads share

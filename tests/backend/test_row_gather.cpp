@@ -16,6 +16,8 @@ using namespace sheaf;
 
 namespace {
 
+const Site kSite{"matmul", kSharedExample, {}};  // the op that reads rows in place (its errors name it)
+
 at::Tensor rows_of(const at::Tensor& src, std::vector<int64_t> rows) {
   return src.index_select(0, at::tensor(rows, at::kLong).to(src.device()));
 }
@@ -153,9 +155,9 @@ TEST_CASE("row products over rows read in place: values and gradients equal thos
         RowGathers gathers;
         const std::vector<const at::Tensor*> srcs{&sa, &sb}, wsrc{&sw};
         const std::vector<uint32_t> batches{3, 4}, wbatch{5};
-        const std::shared_ptr<const InPlaceRows> ra = gathers.in_place(srcs, batches, pa);
-        const std::shared_ptr<const InPlaceRows> rx = gathers.in_place(srcs, batches, px);
-        const std::shared_ptr<const InPlaceRows> rw = gathers.in_place(wsrc, wbatch, pw);
+        const std::shared_ptr<const InPlaceRows> ra = gathers.in_place(srcs, batches, pa, kSite);
+        const std::shared_ptr<const InPlaceRows> rx = gathers.in_place(srcs, batches, px, kSite);
+        const std::shared_ptr<const InPlaceRows> rw = gathers.in_place(wsrc, wbatch, pw, kSite);
         REQUIRE(ra->needs_grad());
         const at::Tensor xs = in_place ? at::Tensor() : x, ws = in_place ? at::Tensor() : rows_of(sw, {4, 0, 4, 6, 1});
         const at::Tensor dot = dot_rows(RowOperand{{}, ra.get()}, RowOperand{xs, in_place ? rx.get() : nullptr});
@@ -191,7 +193,7 @@ TEST_CASE("row products over rows read in place: values and gradients equal thos
   const at::Tensor a = a0.clone().requires_grad_(), sa = a * 1.0;
   RowGathers gathers;
   const std::vector<const at::Tensor*> src{&sa};
-  const std::shared_ptr<const InPlaceRows> ra = gathers.in_place(src, std::vector<uint32_t>{0}, std::vector<RowPick>{{0, 5}, {0, 1}});
+  const std::shared_ptr<const InPlaceRows> ra = gathers.in_place(src, std::vector<uint32_t>{0}, std::vector<RowPick>{{0, 5}, {0, 1}}, kSite);
   const at::Tensor dot = dot_rows(RowOperand{{}, ra.get()}, RowOperand{x0.narrow(0, 0, 2)});
   dot.sum().backward({}, /*retain_graph=*/true);
   dot.sum().backward();
@@ -206,12 +208,12 @@ TEST_CASE("row products over rows read in place: values and gradients equal thos
     sb.mul_(2.0);
     CHECK_THROWS_AS(d.sum().backward({}, /*retain_graph=*/true), UserError);
     CHECK_THROWS_WITH(d.sum().backward(), Catch::Contains("op 'matmul' (example 4)") &&
-                                              Catch::Contains("changed in place after forward()"));
+                                              Catch::Contains("its backward reads again") && Catch::Contains("changed in place since"));
   }
   // Without a gradient: no node, the same values.
   c10::NoGradGuard no_grad;
   const std::vector<const at::Tensor*> srcs{&a0, &b0};
-  const std::shared_ptr<const InPlaceRows> rows = gathers.in_place(srcs, std::vector<uint32_t>{1, 2}, pa);
+  const std::shared_ptr<const InPlaceRows> rows = gathers.in_place(srcs, std::vector<uint32_t>{1, 2}, pa, kSite);
   const at::Tensor y = dot_rows(RowOperand{{}, rows.get()}, RowOperand{x0});
   CHECK_FALSE(y.requires_grad());
   CHECK(at::allclose(y, (gathered(a0, b0, pa) * x0).sum(1), 1e-5, 1e-5));

@@ -369,10 +369,13 @@ TEST_CASE("a tensor read in place and changed before backward is a UserError and
         at::NoGradGuard no_grad;
         xs[2].value().mul_(2.0);
       }
-      REQUIRE_THROWS_WITH(tanhs[0].value(), Contains("changed in place after forward()"));
+      REQUIRE_THROWS_WITH(tanhs[0].value(), Contains("test_reliability.cpp:") && Contains("computed when read") &&
+                                                Contains("changed in place since"));
       REQUIRE_THROWS_AS(loss.value().backward({}, /*retain_graph=*/true), UserError);
-      REQUIRE_THROWS_WITH(loss.value().backward(), Contains("op '") && Contains("changed in place after forward()") &&
-                                                       Contains("version is"));
+      // The batch's first node: the tanh's op and line.
+      REQUIRE_THROWS_WITH(loss.value().backward(), Contains("op 'tanh'") && Contains("test_reliability.cpp:") &&
+                                                       Contains("its backward reads again") &&
+                                                       Contains("changed in place since") && Contains("version is"));
       continue;
     }
     loss.value().backward();
@@ -389,5 +392,87 @@ TEST_CASE("a tensor read in place and changed before backward is a UserError and
     at::Tensor x = data({4}, 0);
     x = at::addmv(b0, W0, x);
     CHECK(at::allclose(tanhs[0].value(), at::tanh(x), 1e-5, 1e-5));
+  }
+}
+
+// A fused value left inside its kernel is computed when read from the inputs
+// forward read: where an input was a tensor (here the affine batch itself,
+// read as a view) changed in place since, the read is refused too.
+TEST_CASE("a fused value computed when read refuses an input tensor changed since forward",
+          "[engine][reliability][fusion]") {
+  at::manual_seed(4);
+  const at::Tensor W = at::randn({4, 4}), b = at::randn({4});
+  Graph g;
+  std::vector<Expr> ys, tanhs, outs;
+  for (int i = 0; i < 3; ++i) {
+    auto scope = g.example(i);
+    ys.push_back(dsl::affine(W, g.input(data({4}, i)), b));
+    tanhs.push_back(dsl::tanh(ys.back()));
+    outs.push_back(dsl::sum(tanhs.back() * dsl::sigmoid(ys.back())));
+  }
+  g.forward(outs);
+  REQUIRE(g.stats().in_place_inputs == 0);  // the affine batch in row order: a view, not rows in place
+  ys[0].value().mul_(2.0);
+  REQUIRE_THROWS_AS(tanhs[2].value(), UserError);
+  REQUIRE_THROWS_WITH(tanhs[2].value(), Contains("op 'tanh'") && Contains("computed when read") &&
+                                            Contains("changed in place since"));
+  // Unchanged, the same read computes the values as forward would have.
+  Graph g2;
+  std::vector<Expr> tanhs2, outs2;
+  for (int i = 0; i < 3; ++i) {
+    auto scope = g2.example(i);
+    const Expr y = dsl::affine(W, g2.input(data({4}, i)), b);
+    tanhs2.push_back(dsl::tanh(y));
+    outs2.push_back(dsl::sum(tanhs2.back() * dsl::sigmoid(y)));
+  }
+  g2.forward(outs2);
+  CHECK(at::allclose(tanhs2[2].value(), at::tanh(at::addmv(b, W, data({4}, 2))), 1e-5, 1e-5));
+}
+
+// Inference tensors keep no version counter: read in place under
+// InferenceMode (batch outputs made there) or as a table made there, they are
+// not checked, and nothing fails for it.
+TEST_CASE("rows read in place from inference tensors run as before", "[engine][reliability][gather]") {
+  at::manual_seed(5);
+  const at::Tensor W = at::randn({4, 4}) * 0.5, b = at::randn({4});
+  auto expected = [&](int i) {
+    at::Tensor x = data({4}, i);
+    for (int d = 0; d <= i; ++d) x = at::addmv(b, W, x);
+    return (at::tanh(x) * at::sigmoid(x)).sum();
+  };
+  {
+    c10::InferenceMode inference;
+    Graph g;
+    std::vector<Expr> ys;
+    for (int i = 0; i < 4; ++i) {
+      auto scope = g.example(i);
+      Expr x = g.input(data({4}, i));
+      for (int d = 0; d <= i; ++d) x = dsl::affine(W, x, b);
+      ys.push_back(dsl::sum(dsl::tanh(x) * dsl::sigmoid(x)));
+    }
+    g.forward(ys);
+    REQUIRE(g.stats().in_place_inputs > 0);
+    for (int i = 0; i < 4; ++i) CHECK(at::allclose(ys[static_cast<size_t>(i)].value(), expected(i), 1e-5, 1e-5));
+  }
+  // A frozen table made under InferenceMode (loaded weights), read in place
+  // by placed lookups in a forward without autograd.
+  at::Tensor table;
+  {
+    c10::InferenceMode inference;
+    table = at::randn({10, 4});
+  }
+  c10::NoGradGuard no_grad;
+  Graph g;
+  std::vector<Expr> ys;
+  for (int i = 0; i < 4; ++i) {
+    auto scope = g.example(i);
+    const Expr h = g.lookup(table, (7 * i) % 10);
+    ys.push_back(dsl::sum(dsl::tanh(h) * dsl::sigmoid(h)));
+  }
+  g.forward(ys);
+  REQUIRE(g.stats().in_place_inputs > 0);
+  for (int i = 0; i < 4; ++i) {
+    const at::Tensor h = table[(7 * i) % 10];
+    CHECK(at::allclose(ys[static_cast<size_t>(i)].value(), (at::tanh(h) * at::sigmoid(h)).sum(), 1e-5, 1e-5));
   }
 }
