@@ -29,8 +29,12 @@ F openblas(const char* name) {
 }  // namespace
 
 void set_threads(int n) {
-  at::set_num_threads(n);
-  if (auto f = openblas<void (*)(int)>("openblas_set_num_threads")) f(n);
+  if (n < 1) throw UserError(detail::cat("sheaf: set_threads needs at least one thread, got ", n));
+  const auto set_blas = openblas<void (*)(int)>("openblas_set_num_threads");
+  const auto parallel = openblas<int (*)()>("openblas_get_parallel");  // 0 none, 1 pthreads, 2 OpenMP
+  const bool own_pool = set_blas != nullptr && parallel != nullptr && parallel() == 1;
+  at::set_num_threads(own_pool ? 1 : n);
+  if (set_blas) set_blas(n);
 }
 
 bool retain_host_memory(std::size_t keep_bytes) {

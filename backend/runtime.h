@@ -10,7 +10,15 @@
 
 namespace sheaf {
 
-// Sets LibTorch's intra-op threads and, when OpenBLAS is loaded, its threads.
+// n threads for the CPU math. LibTorch's intra-op loops and the BLAS both get
+// n where they share one pool (MKL, or OpenBLAS built for OpenMP: LibTorch's
+// own pool). OpenBLAS's pthread build (Debian's libopenblas0-pthread) keeps a
+// pool of its own, and two pools of n threads on n cores, each spinning while
+// the other works, ran training up to 3.5x and inference up to 8x slower than
+// one thread here (docs/benchmarks.md, "Threads"): there the n threads go to
+// OpenBLAS (the products, most of the work) and LibTorch's loops run on one,
+// which measured best for hand-batched code and for Sheaf alike.
+// runtime_info() says what was set. n < 1 is a UserError.
 void set_threads(int n);
 
 // Keeps memory that LibTorch frees on the CPU inside the process (glibc's

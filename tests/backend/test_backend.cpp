@@ -4,12 +4,16 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/core/GradMode.h>
 
+#include <ATen/Parallel.h>
 #include <ATen/record_function.h>
+
+#include <dlfcn.h>
 
 #include <atomic>
 #include <cstring>
 #include <functional>
 
+#include <sheaf/backend/runtime.h>
 #include <sheaf/engine/engine.h>
 #include <sheaf/ops/matvec.h>
 #include <sheaf/ops/weight_grad.h>
@@ -766,4 +770,28 @@ TEST_CASE("a later round reads parts of a value a fused kernel kept inside", "[b
   CHECK(at::allclose(ys[0].value(), at::tanh(data({3}, 0)) * 3.0));
   CHECK(at::allclose(ys[1].value(), at::sigmoid(at::tanh(data({3}, 1)))));
   for (int i = 2; i < 4; ++i) CHECK(at::allclose(ys[static_cast<size_t>(i)].value(), at::tanh(data({3}, i)) * 2.0));
+}
+
+// OpenBLAS's pthread build keeps a pool of its own beside LibTorch's: two
+// pools of n threads on n cores spin against each other (training ran up to
+// 3.5x slower). set_threads gives the n threads to the BLAS there, and to both
+// where they share one pool (MKL, OpenBLAS's OpenMP build).
+TEST_CASE("set_threads gives the threads to one pool and not to two that spin against each other",
+          "[backend][threads]") {
+  using Count = int (*)();
+  const auto blas_threads = reinterpret_cast<Count>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  const auto parallel = reinterpret_cast<Count>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+  const auto set_blas = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  const int torch_before = at::get_num_threads(), blas_before = blas_threads ? blas_threads() : 0;
+  const bool own_pool = blas_threads != nullptr && parallel != nullptr && parallel() == 1;
+  INFO(runtime_info());
+  set_threads(3);
+  CHECK(at::get_num_threads() == (own_pool ? 1 : 3));
+  if (blas_threads) CHECK(blas_threads() == 3);
+  set_threads(1);
+  CHECK(at::get_num_threads() == 1);
+  if (blas_threads) CHECK(blas_threads() == 1);
+  CHECK_THROWS_AS(set_threads(0), UserError);
+  at::set_num_threads(torch_before);  // as the other tests found them
+  if (set_blas && blas_before > 0) set_blas(blas_before);
 }
