@@ -21,20 +21,44 @@
 namespace sheaf {
 
 namespace {
-// Looked up at run time: OpenBLAS is one possible BLAS among several.
+// Looked up at run time: OpenBLAS is one possible BLAS among several. In the
+// global scope first; then in an OpenBLAS already loaded where the global
+// scope does not see it (a library opened with RTLD_LOCAL, as Python opens
+// extensions).
 template <class F>
 F openblas(const char* name) {
-  return reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
+  if (void* f = dlsym(RTLD_DEFAULT, name)) return reinterpret_cast<F>(f);
+  for (const char* lib : {"libopenblas.so.0", "libblas.so.3"})
+    if (void* h = dlopen(lib, RTLD_LAZY | RTLD_NOLOAD)) {
+      void* f = dlsym(h, name);
+      dlclose(h);  // (RTLD_NOLOAD: only the reference just taken)
+      if (f) return reinterpret_cast<F>(f);
+    }
+  return nullptr;
+}
+
+// Whether LibTorch's products run in an OpenBLAS with a thread pool of its
+// own (its pthread build: openblas_get_parallel() is 0 serial, 1 pthreads,
+// 2 OpenMP), beside LibTorch's. Not where LibTorch has MKL, whatever other
+// BLAS the program loads.
+bool blas_has_own_pool() {
+  if (at::hasMKL()) return false;
+  const auto parallel = openblas<int (*)()>("openblas_get_parallel");
+  return parallel != nullptr && parallel() == 1;
 }
 }  // namespace
 
 void set_threads(int n) {
   if (n < 1) throw UserError(detail::cat("sheaf: set_threads needs at least one thread, got ", n));
-  const auto set_blas = openblas<void (*)(int)>("openblas_set_num_threads");
-  const auto parallel = openblas<int (*)()>("openblas_get_parallel");  // 0 none, 1 pthreads, 2 OpenMP
-  const bool own_pool = set_blas != nullptr && parallel != nullptr && parallel() == 1;
-  at::set_num_threads(own_pool ? 1 : n);
-  if (set_blas) set_blas(n);
+  set_threads(n, blas_has_own_pool() ? 1 : n);
+}
+
+void set_threads(int blas, int libtorch) {
+  if (blas < 1 || libtorch < 1)
+    throw UserError(detail::cat("sheaf: set_threads needs at least one thread each, got ", blas, " for the BLAS and ",
+                                libtorch, " for LibTorch"));
+  at::set_num_threads(libtorch);  // (first: OpenBLAS's OpenMP build sets the same OpenMP count, to `blas`)
+  if (auto f = openblas<void (*)(int)>("openblas_set_num_threads")) f(blas);
 }
 
 bool retain_host_memory(std::size_t keep_bytes) {
@@ -54,7 +78,8 @@ std::string runtime_info() {
   os << "LibTorch " << TORCH_VERSION << ", ";
   if (auto config = openblas<char* (*)()>("openblas_get_config")) {
     os << "BLAS " << config();
-    if (auto threads = openblas<int (*)()>("openblas_get_num_threads")) os << " (" << threads() << " BLAS threads)";
+    if (auto threads = openblas<int (*)()>("openblas_get_num_threads"))
+      os << " (" << threads() << " BLAS threads" << (blas_has_own_pool() ? ", a pool of its own" : "") << ")";
   } else if (at::hasMKL()) {
     os << "BLAS: MKL (in LibTorch)";
   } else {

@@ -14,12 +14,15 @@ namespace sheaf {
 // n where they share one pool (MKL, or OpenBLAS built for OpenMP: LibTorch's
 // own pool). OpenBLAS's pthread build (Debian's libopenblas0-pthread) keeps a
 // pool of its own, and two pools of n threads on n cores, each spinning while
-// the other works, ran training up to 3.5x and inference up to 8x slower than
-// one thread here (docs/benchmarks.md, "Threads"): there the n threads go to
-// OpenBLAS (the products, most of the work) and LibTorch's loops run on one,
-// which measured best for hand-batched code and for Sheaf alike.
-// runtime_info() says what was set. n < 1 is a UserError.
+// the other works, ran hand-batched training 3-4x and inference up to 8x
+// slower than one thread on a 2-core machine (docs/benchmarks.md, "Threads"):
+// there the n threads go to OpenBLAS (LibTorch's products) and LibTorch's own
+// loops run on one thread, and so do Sheaf's kernels (its packed product,
+// fused kernels, row products), which use LibTorch's pool. Measured on two
+// cores only: set_threads(blas, libtorch) sets both counts as given.
+// runtime_info() says what was set. A count below 1 is a UserError.
 void set_threads(int n);
+void set_threads(int blas, int libtorch);
 
 // Keeps memory that LibTorch frees on the CPU inside the process (glibc's
 // malloc: blocks up to 32 MiB come from the heap, and up to `keep_bytes` of

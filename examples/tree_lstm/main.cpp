@@ -55,9 +55,10 @@ struct Config {
   std::string data, save, load, checkpoint, resume, optimizer = "adagrad", strategy = "auto", device = "cpu";
   int64_t hidden = 150;
   int epochs = 3, batch = 25, train_trees = 0, compare_batches = 5;
-  // One, not hardware_concurrency(): a TreeLSTM's ops are too small to gain from
-  // intra-op threads, and LibTorch's OpenMP barriers slow down many-fold as soon
-  // as another process takes a core.
+  // One, not hardware_concurrency(): a TreeLSTM's ops are small, and a second
+  // thread gained Sheaf ~10% on two cores (set_threads; docs/benchmarks.md,
+  // "Threads"), where threads that wait by spinning lose the most as soon as
+  // another process takes a core.
   int threads = 1;
   double lr = 0.05;
   uint64_t seed = 1;
