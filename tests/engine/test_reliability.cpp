@@ -1,5 +1,8 @@
 // What a graph guarantees when user code throws, runs away, or uses large ids
 // (docs/reliability.md): no example lost, no freed memory touched, clear errors.
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -366,7 +369,7 @@ TEST_CASE("a tensor read in place and changed before backward is a UserError and
     REQUIRE(g.stats().in_place_inputs > 0);
     if (write) {
       {
-        at::NoGradGuard no_grad;
+        c10::NoGradGuard no_grad;
         xs[2].value().mul_(2.0);
       }
       REQUIRE_THROWS_WITH(tanhs[0].value(), Contains("test_reliability.cpp:") && Contains("computed when read") &&
