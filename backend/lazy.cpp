@@ -28,9 +28,7 @@ const at::Tensor& LazyValues::get(NodeStore& store, uint32_t slot) {
   for (size_t k = 0; k < r.inputs.size(); ++k) {
     const FusedInput& in = r.inputs[k];
     if (in.rows) in.rows->check_unchanged(by);
-    if (r.versions[k] >= 0)
-      if (const int64_t now = in.tensor._version(); now != r.versions[k])
-        throw_changed_in_place(r.site, by, in.tensor, r.versions[k], now);
+    check_version(r.site, by, in.tensor, r.versions[k]);
   }
   r.program->read_later[slot - r.first] = 1;  // keep it in this pattern's next batches
   std::vector<at::Tensor> values = run_fused(r.program, r.inputs, r.n);

@@ -305,20 +305,18 @@ std::shared_ptr<const InPlaceRows> RowGathers::in_place(std::span<const at::Tens
 
 int64_t version_of(const at::Tensor& t) { return !t.defined() || t.is_inference() ? -1 : t._version(); }
 
-void throw_changed_in_place(const Site& reader, std::string_view by, const at::Tensor& t, int64_t then,
-                            int64_t now) {
-  throw_user(reader, by, " reads again a tensor of shape ", t.sizes(), " that it read at forward(), and that tensor "
-             "was changed in place since (its version is ", now, ", it was ", then, "): the result would use the "
-             "new values. Write into a copy (value().clone()), or write after backward() and after reading the "
-             "values you need (a table: update it after backward(), or clear() the graph)");
+void check_version(const Site& reader, std::string_view by, const at::Tensor& t, int64_t then) {
+  if (then < 0) return;
+  if (const int64_t now = t._version(); now != then)
+    throw_user(reader, by, " reads again a tensor of shape ", t.sizes(), " that it read at forward(), and that tensor "
+               "was changed in place since (its version is ", now, ", it was ", then, "): the result would use the "
+               "new values. Write into a copy (value().clone()), or write after backward() and after reading the "
+               "values you need (a table: update it after backward(), or clear() the graph)");
 }
 
 void InPlaceRows::check_unchanged(std::string_view by) const {
   const Impl& m = *impl_;
-  for (size_t k = 0; k < m.sources.size(); ++k)
-    if (m.versions[k] >= 0)
-      if (const int64_t now = m.sources[k]._version(); now != m.versions[k])
-        throw_changed_in_place(m.reader, by, m.sources[k], m.versions[k], now);
+  for (size_t k = 0; k < m.sources.size(); ++k) check_version(m.reader, by, m.sources[k], m.versions[k]);
 }
 
 void InPlaceRows::append_edges(std::vector<torch::autograd::Edge>& edges) const {

@@ -69,10 +69,9 @@ class InPlaceRows final : public RowReads {
 // cannot be changed in place outside InferenceMode), for tensors read again
 // after forward: by a backward, or by a fused value computed when read.
 int64_t version_of(const at::Tensor& t);
-// The UserError for a tensor read so whose version moved from `then` to `now`:
-// `by` says what reads it again ("its backward").
-[[noreturn]] void throw_changed_in_place(const Site& reader, std::string_view by, const at::Tensor& t, int64_t then,
-                                         int64_t now);
+// A UserError if t's version moved from `then` (version_of when it was read;
+// -1: not checked): `by` says what reads it again ("its backward").
+void check_version(const Site& reader, std::string_view by, const at::Tensor& t, int64_t then);
 
 class RowGathers {
  public:

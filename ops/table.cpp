@@ -2,7 +2,6 @@
 // for completeness here, so an op without a batched rule does not compile.
 #include <boost/hana/unpack.hpp>
 
-
 #include <array>
 #include <atomic>
 #include <mutex>
