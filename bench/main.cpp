@@ -8,6 +8,8 @@
 
 #include <sheaf/sheaf.h>
 
+#include <common/cli.h>
+
 #include "harness.h"
 
 int main(int argc, char** argv) {
@@ -34,7 +36,7 @@ int main(int argc, char** argv) {
                  "sheaf[:<strategy>]+prefetch (records the next batch on a second host thread); suffixes /unfused, /eager, /inline, "
                  "/unpacked (bench/harness.h); treelstm also hand:sheaf-gemm (hand with Sheaf's packed-weight product kernel)")->delimiter(',');
   app.add_option("--modes", o.modes, "train, infer")->delimiter(',');
-  app.add_option("--threads", o.threads, "threads for the CPU math (sheaf::set_threads: OpenBLAS and LibTorch, one pool)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", o.threads, sheaf::models::kThreadsHelp)->check(CLI::PositiveNumber);
   app.add_option("--device", o.device, "cpu or cuda");
   app.add_flag("--root-only", o.root_only, "classify the root only (default: every node, as DyNet's benchmark)");
   app.add_flag("--json", o.json, "one JSON object per measurement");

@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", c.epochs, "training epochs (0: only evaluate)")->check(CLI::NonNegativeNumber);
   app.add_option("--batch", c.batch, "pairs per batch")->check(CLI::PositiveNumber);
   app.add_option("--lr", c.lr, "Adam learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--threads", c.threads, "threads for the CPU math (sheaf::set_threads: OpenBLAS and LibTorch, one pool)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", c.threads, models::kThreadsHelp)->check(CLI::PositiveNumber);
   app.add_option("--strategy", c.strategy, "Sheaf scheduling strategy");
   app.add_option("--save", c.save, "write the parameters here after training");
   app.add_option("--load", c.load, "start from these parameters (with --epochs 0: just evaluate)");

@@ -11,6 +11,10 @@
 
 namespace sheaf::models {
 
+// The help of every --threads option (which calls sheaf::set_threads).
+inline constexpr const char* kThreadsHelp =
+    "threads for the CPU math (sheaf::set_threads: OpenBLAS and LibTorch, one pool)";
+
 // Parses; returns -1 to go on, else the status to exit with.
 inline int parse_cli(CLI::App& app, int argc, char** argv, const char* program) {
   try {

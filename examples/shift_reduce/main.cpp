@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <random>
 
+#include <common/cli.h>
 #include <data/trees.h>
 #include <shift_reduce/model.h>
 
@@ -84,7 +85,7 @@ int main(int argc, char** argv) {
   app.add_option("--tracking", tracking, "tracking LSTM size")->check(CLI::PositiveNumber);
   app.add_option("--batch", batch)->check(CLI::PositiveNumber);
   app.add_option("--train-trees", train_trees, "at most this many training trees")->check(CLI::PositiveNumber);
-  app.add_option("--threads", threads, "threads for the CPU math (sheaf::set_threads: OpenBLAS and LibTorch, one pool)")
+  app.add_option("--threads", threads, models::kThreadsHelp)
       ->check(CLI::PositiveNumber);
   app.add_option("--device", device, "cpu or cuda");
   CLI11_PARSE(app, argc, argv);

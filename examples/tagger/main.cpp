@@ -189,7 +189,7 @@ int main(int argc, char** argv) {
   app.add_option("--lr", c.lr, "Adagrad learning rate")->check(CLI::PositiveNumber);
   app.add_option("--train-sentences", c.train_sentences, "use at most N training sentences (synthetic default: 3000)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--threads", c.threads, "threads for the CPU math (sheaf::set_threads: OpenBLAS and LibTorch, one pool)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", c.threads, models::kThreadsHelp)->check(CLI::PositiveNumber);
   app.add_option("--strategy", c.strategy, "Sheaf scheduling strategy");
   app.add_option("--save", c.save, "write the parameters here after training");
   app.add_option("--load", c.load, "start from these parameters (with --epochs 0: just evaluate)");

@@ -412,7 +412,7 @@ int main(int argc, char** argv) {
   app.add_flag("--root-only", c.root_only, "a loss at the root only (default: at every node)");
   app.add_option("--train-trees", c.train_trees, "use at most N training trees (synthetic default: 2000)")
       ->check(kPositive);
-  app.add_option("--threads", c.threads, "threads for the CPU math (sheaf::set_threads: OpenBLAS and LibTorch, one pool)")->check(kPositive);
+  app.add_option("--threads", c.threads, models::kThreadsHelp)->check(kPositive);
   std::string strategies;
   for (const Strategy* s : all_strategies()) strategies += (strategies.empty() ? "" : ", ") + std::string(s->name());
   app.add_option("--strategy", c.strategy, "Sheaf scheduling strategy: " + strategies);
