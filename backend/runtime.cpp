@@ -4,7 +4,6 @@
 #include <ATen/Parallel.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
-#include <dlfcn.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
 
@@ -17,36 +16,9 @@
 #endif
 
 #include <sheaf/core/error.h>
+#include <sheaf/ops/blas_threads.h>
 
 namespace sheaf {
-
-namespace {
-// Looked up at run time: OpenBLAS is one possible BLAS among several. In the
-// global scope first; then in an OpenBLAS already loaded where the global
-// scope does not see it (a library opened with RTLD_LOCAL, as Python opens
-// extensions).
-template <class F>
-F openblas(const char* name) {
-  if (void* f = dlsym(RTLD_DEFAULT, name)) return reinterpret_cast<F>(f);
-  for (const char* lib : {"libopenblas.so.0", "libblas.so.3"})
-    if (void* h = dlopen(lib, RTLD_LAZY | RTLD_NOLOAD)) {
-      void* f = dlsym(h, name);
-      dlclose(h);  // (RTLD_NOLOAD: only the reference just taken)
-      if (f) return reinterpret_cast<F>(f);
-    }
-  return nullptr;
-}
-
-// Whether LibTorch's products run in an OpenBLAS with a thread pool of its
-// own (its pthread build: openblas_get_parallel() is 0 serial, 1 pthreads,
-// 2 OpenMP), beside LibTorch's. Not where LibTorch has MKL, whatever other
-// BLAS the program loads.
-bool blas_has_own_pool() {
-  if (at::hasMKL()) return false;
-  const auto parallel = openblas<int (*)()>("openblas_get_parallel");
-  return parallel != nullptr && parallel() == 1;
-}
-}  // namespace
 
 void set_threads(int n) {
   if (n < 1) throw UserError(detail::cat("sheaf: set_threads needs at least one thread, got ", n));
@@ -58,7 +30,7 @@ void set_threads(int blas, int libtorch) {
     throw UserError(detail::cat("sheaf: set_threads needs at least one thread each, got ", blas, " for the BLAS and ",
                                 libtorch, " for LibTorch"));
   at::set_num_threads(libtorch);  // (first: OpenBLAS's OpenMP build sets the same OpenMP count, to `blas`)
-  if (auto f = openblas<void (*)(int)>("openblas_set_num_threads")) f(blas);
+  set_openblas_threads(blas);
 }
 
 bool retain_host_memory(std::size_t keep_bytes) {
@@ -76,10 +48,10 @@ bool retain_host_memory(std::size_t keep_bytes) {
 std::string runtime_info() {
   std::ostringstream os;
   os << "LibTorch " << TORCH_VERSION << ", ";
-  if (auto config = openblas<char* (*)()>("openblas_get_config")) {
-    os << "BLAS " << config();
-    if (auto threads = openblas<int (*)()>("openblas_get_num_threads"))
-      os << " (" << threads() << " BLAS threads" << (blas_has_own_pool() ? ", a pool of its own" : "") << ")";
+  if (const char* config = openblas_config()) {
+    os << "BLAS " << config;
+    if (const int threads = openblas_threads(); threads >= 0)
+      os << " (" << threads << " BLAS threads" << (blas_has_own_pool() ? ", a pool of its own" : "") << ")";
   } else if (at::hasMKL()) {
     os << "BLAS: MKL (in LibTorch)";
   } else {

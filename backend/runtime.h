@@ -18,8 +18,10 @@ namespace sheaf {
 // slower than one thread on a 2-core machine (docs/benchmarks.md, "Threads"):
 // there the n threads go to OpenBLAS (LibTorch's products) and LibTorch's own
 // loops run on one thread, and so do Sheaf's kernels (its packed product,
-// fused kernels, row products), which use LibTorch's pool. Measured on two
-// cores only: set_threads(blas, libtorch) sets both counts as given.
+// fused kernels, row products), which use LibTorch's pool; the packed product
+// then leaves its larger products to OpenBLAS's threads (ops/packed_gemm.h,
+// packed_gemm_serves). Measured on two cores only: set_threads(blas,
+// libtorch) sets both counts as given.
 // runtime_info() says what was set. A count below 1 is a UserError.
 void set_threads(int n);
 void set_threads(int blas, int libtorch);

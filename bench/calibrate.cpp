@@ -17,7 +17,6 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 
 #include <sheaf/backend/runtime.h>
@@ -27,23 +26,6 @@
 namespace sheaf::bench {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// The median over `repeat` runs of `body` (after one to warm up), in
-// milliseconds, the device idle before and after each.
-template <class F>
-double median_ms(c10::Device device, int repeat, F&& body) {
-  std::vector<double> times;
-  for (int r = 0; r < repeat + 1; ++r) {
-    synchronize(device);
-    const auto t0 = Clock::now();
-    body();
-    synchronize(device);
-    if (r > 0) times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-  }
-  return median(times);
-}
 
 // Milliseconds for one training step of a chain of `depth` affine ops on one example.
 double chain_ms(c10::Device device, int depth, int repeat) {

@@ -127,6 +127,21 @@ class Json {
 
 double median(std::vector<double> v);
 
+// The median over `repeat` runs of `body` (after one to warm up), in
+// milliseconds, the device idle before and after each.
+template <class F>
+double median_ms(c10::Device device, int repeat, F&& body) {
+  std::vector<double> times;
+  for (int r = 0; r < repeat + 1; ++r) {
+    synchronize(device);
+    const auto t0 = std::chrono::steady_clock::now();
+    body();
+    synchronize(device);
+    if (r > 0) times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return median(times);
+}
+
 // A --systems entry for Sheaf: "sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline][/unpacked]".
 // "sheaf" alone means every strategy; +prefetch records the next batch on a
 // second host thread (sheaf::Prefetcher); /unfused turns elementwise fusion off;
@@ -230,6 +245,7 @@ int run_treelstm(const Options& o);
 int run_shift_reduce(const Options& o);
 int run_host(const Options& o);
 int run_calibrate(const Options& o);  // scheduler/cost.h's figures
+int run_products(const Options& o);   // the packed product against the BLAS, shape by shape
 int run_gated_rvnn(const Options& o);
 int run_tagger(const Options& o);  // tagger and tagger-char
 int run_attention(const Options& o);

@@ -20,8 +20,9 @@ int main(int argc, char** argv) {
                  "taggers; rare words spelled by a char BiLSTM), attention (seq2seq with dot-product attention on digit "
                  "strings of 3-20; infer is greedy decoding), transformer (an encoder layer tagging sentences of 5-40 "
                  "words; --hidden is its width), host (recording and scheduling a TreeLSTM batch, no "
-                 "launch), or calibrate (what a launch and a gathered MiB cost here: sheaf::CostModel)")
-      ->check(CLI::IsMember({"treelstm", "shift_reduce", "gated_rvnn", "tagger", "tagger-char", "attention", "transformer", "host", "calibrate"}));
+                 "launch), calibrate (what a launch and a gathered MiB cost here: sheaf::CostModel), or products (Sheaf's "
+                 "packed product against the BLAS, shape by shape, with --threads)")
+      ->check(CLI::IsMember({"treelstm", "shift_reduce", "gated_rvnn", "tagger", "tagger-char", "attention", "transformer", "host", "calibrate", "products"}));
   app.add_option("--data", o.data,
                  "SST directory (train.txt, dev.txt, test.txt); for the taggers a word|TAG file or a directory with "
                  "train.txt; default: synthetic data");
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
     if (!o.json) std::printf("%s\n", sheaf::runtime_info().c_str());
     if (o.workload == "host") return sheaf::bench::run_host(o);
     if (o.workload == "calibrate") return sheaf::bench::run_calibrate(o);
+    if (o.workload == "products") return sheaf::bench::run_products(o);
     if (o.workload == "gated_rvnn") return sheaf::bench::run_gated_rvnn(o);
     if (o.workload.starts_with("tagger")) return sheaf::bench::run_tagger(o);
     if (o.workload == "attention") return sheaf::bench::run_attention(o);

@@ -7,6 +7,7 @@
 #include <sheaf/core/cpu_features.h>
 #include <sheaf/core/error.h>
 
+#include "blas_threads.h"
 #include "output_pool.h"
 
 #include <algorithm>
@@ -231,6 +232,11 @@ bool packed_gemm_suits(const at::Tensor& b) {
   return b.dim() == 2 && b.scalar_type() == at::kFloat && b.is_cpu() && b.size(0) >= 8 && b.size(0) <= 4096 &&
          b.size(1) >= 8 && b.size(0) * b.size(1) <= (int64_t{1} << 24) && b.stride(0) < (int64_t{1} << 24) &&
          b.stride(1) < (int64_t{1} << 24);  // the packing's gathers index 32 columns in int32
+}
+
+bool packed_gemm_serves(int64_t m, int64_t k, int64_t n) {
+  if (m < 64 || std::min(k, n) < 128 || std::max(k, n) < 512) return true;
+  return blas_pool_threads() <= at::get_num_threads();
 }
 
 bool packed_product_takes(const at::Tensor& x, const at::Tensor& bias) {

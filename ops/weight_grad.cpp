@@ -160,7 +160,9 @@ void TransposedWeights::check_kept(PackedEntry& e, const at::Tensor& w) {
 }
 
 std::shared_ptr<const PackedWeight> TransposedWeights::packed(const at::Tensor& w, bool backward, int64_t rows) {
-  if (!packing_ || !packed_gemm_available() || w.dim() != 2 || w.is_inference()) return nullptr;
+  if (!packing_ || !packed_gemm_available() || w.dim() != 2 || w.is_inference() ||
+      !packed_gemm_serves(rows, w.size(1), w.size(0)))
+    return nullptr;
   PackedEntry* e = nullptr;
   for (PackedEntry& f : packed_)
     if (f.w.is_same(w)) e = &f;

@@ -15,7 +15,9 @@
 
 #include <sheaf/backend/runtime.h>
 #include <sheaf/engine/engine.h>
+#include <sheaf/ops/blas_threads.h>
 #include <sheaf/ops/matvec.h>
+#include <sheaf/ops/packed_gemm.h>
 #include <sheaf/ops/weight_grad.h>
 
 #include "../support.h"
@@ -556,6 +558,23 @@ std::vector<at::Tensor> chain_results(bool pack, const std::vector<at::Tensor>& 
   return out;
 }
 
+// The packed products (packed_mm calls) that `f` runs.
+int packed_products_in(const std::function<void()>& f) {
+  static std::atomic<int> products{0};  // (a callback takes no captures)
+  products = 0;
+  const at::CallbackHandle counter = at::addGlobalCallback(at::RecordFunctionCallback(
+      [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+        if (std::strcmp(fn.name(), "sheaf::packed_mm") == 0) ++products;
+        return nullptr;
+      }));
+  struct Remove {
+    at::CallbackHandle h;
+    ~Remove() { at::removeCallback(h); }
+  } remove{counter};
+  f();
+  return products.load();
+}
+
 void check_same(const std::vector<at::Tensor>& packed, const std::vector<at::Tensor>& plain) {
   REQUIRE(packed.size() == plain.size());
   for (size_t i = 0; i < packed.size(); ++i) {
@@ -580,17 +599,9 @@ TEST_CASE("pack_weights: a recurrence's values and gradients are the same with t
     const at::Tensor W = param({40, 40}, 31, 0.05), b = param({40}, 32);
     return chain_results(pack, {W, b}, [&](Expr h) { return dsl::tanh(dsl::affine(W, h, b)); }, 6);
   };
-  static std::atomic<int> products{0};  // packed_mm calls seen (a callback takes no captures)
-  const at::CallbackHandle counter = at::addGlobalCallback(at::RecordFunctionCallback(
-      [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
-        if (std::strcmp(fn.name(), "sheaf::packed_mm") == 0) ++products;
-        return nullptr;
-      }));
-  const std::vector<at::Tensor> packed = run(true);
-  const int packed_products = products.exchange(0);
-  const std::vector<at::Tensor> plain = run(false);
-  const int plain_products = products.exchange(0);
-  at::removeCallback(counter);
+  std::vector<at::Tensor> packed, plain;
+  const int packed_products = packed_products_in([&] { packed = run(true); });
+  const int plain_products = packed_products_in([&] { plain = run(false); });
   // Every step forward, and dX in backward.
   if (packed_gemm_available()) CHECK(packed_products >= 12);
   CHECK(plain_products == 0);
@@ -772,27 +783,38 @@ TEST_CASE("a later round reads parts of a value a fused kernel kept inside", "[b
   for (int i = 2; i < 4; ++i) CHECK(at::allclose(ys[static_cast<size_t>(i)].value(), at::tanh(data({3}, i)) * 2.0));
 }
 
+namespace {
+
+// OpenBLAS's entry points, looked up here apart from the code under test.
+struct OpenBlasEntries {
+  int (*threads)() = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  int (*parallel)() = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+  char* (*config)() = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
+  void (*set_threads)(int) = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+};
+
+// The thread counts as the other tests found them, put back whatever fails
+// (the BLAS first: an OpenMP OpenBLAS sets LibTorch's OpenMP count too).
+struct ThreadsAsFound {
+  OpenBlasEntries openblas;
+  int torch = at::get_num_threads();
+  int blas = openblas.threads ? openblas.threads() : 0;
+  ~ThreadsAsFound() {
+    if (openblas.set_threads && blas > 0) openblas.set_threads(blas);
+    at::set_num_threads(torch);
+  }
+};
+
+}  // namespace
+
 // OpenBLAS's pthread build keeps a pool of its own beside LibTorch's: two
 // pools of n threads on n cores spin against each other (hand-batched
 // training ran 3-4x slower). set_threads gives the n threads to the BLAS
 // there, and to both where they share one pool (MKL, OpenBLAS's OpenMP build).
 TEST_CASE("set_threads gives the threads to one pool and not to two that spin against each other",
           "[backend][threads]") {
-  using Count = int (*)();
-  const auto blas_threads = reinterpret_cast<Count>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  const auto parallel = reinterpret_cast<Count>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
-  const auto config = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
-  const auto set_blas = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  // As the other tests found them, whatever fails below (the BLAS first: an
-  // OpenMP OpenBLAS sets LibTorch's OpenMP count too).
-  struct Restore {
-    int torch = at::get_num_threads(), blas;
-    void (*set_blas)(int);
-    ~Restore() {
-      if (set_blas && blas > 0) set_blas(blas);
-      at::set_num_threads(torch);
-    }
-  } restore{at::get_num_threads(), blas_threads ? blas_threads() : 0, set_blas};
+  const ThreadsAsFound restore;
+  const auto [blas_threads, parallel, config, set_blas] = restore.openblas;
   INFO(runtime_info());
   const bool openblas = blas_threads && parallel && set_blas && !at::hasMKL();
   if (openblas && config) {  // the build's own word, apart from the code under test
@@ -816,4 +838,83 @@ TEST_CASE("set_threads gives the threads to one pool and not to two that spin ag
   if (blas_threads) CHECK(blas_threads() == 1);
   CHECK_THROWS_AS(set_threads(0), UserError);
   CHECK_THROWS_AS(set_threads(1, 0), UserError);
+}
+
+// Where OpenBLAS keeps a pool of its own with more threads than LibTorch's
+// (set_threads(n) there), a large product runs faster on OpenBLAS's threads
+// than the packed kernel on LibTorch's one; small ones stay packed.
+TEST_CASE("the packed product leaves large products to a BLAS with more threads of its own",
+          "[backend][threads][packed]") {
+  const ThreadsAsFound restore;
+  // Below the sizes measured (ops/packed_gemm.h), whatever the threads.
+  set_threads(2, 1);
+  CHECK(packed_gemm_serves(63, 512, 2048));
+  CHECK(packed_gemm_serves(1024, 64, 4096));
+  CHECK(packed_gemm_serves(4096, 256, 64));
+  CHECK(packed_gemm_serves(4096, 416, 128));
+  CHECK(packed_gemm_serves(4096, 128, 64));
+  // A BLAS built serial, or for one core, keeps one thread whatever it is asked.
+  const bool wider = blas_has_own_pool() && blas_pool_threads() > 1;
+  INFO(runtime_info());
+  CHECK(packed_gemm_serves(64, 128, 1024) == !wider);
+  set_threads(2, 2);
+  CHECK(packed_gemm_serves(64, 128, 1024));
+  set_threads(1, 1);
+  CHECK(packed_gemm_serves(64, 128, 1024));
+
+  // One affine of W [1024, 128] over 64 examples, after a small one (which
+  // stays packed), in training and in inference (where the large product
+  // reads its rows in place, and now gathers them for the BLAS).
+  const at::Tensor W1 = param({128, 16}, 41, 0.2), b1 = param({128}, 42);
+  const at::Tensor W = param({1024, 128}, 43, 0.1), b = param({1024}, 44);
+  auto run = [&](bool pack, bool train) {
+    for (const at::Tensor& p : {W1, b1, W, b}) p.mutable_grad() = at::Tensor();
+    c10::AutoGradMode grad(train);
+    Graph g(GraphOptions{.pack_weights = pack});
+    std::vector<Expr> ys;
+    std::vector<at::Tensor> xs;
+    for (int i = 0; i < 64; ++i) {
+      auto s = g.example(i);
+      xs.push_back(data({16}, i));
+      const Expr h = dsl::tanh(dsl::affine(W1, g.input(xs.back()), b1));
+      ys.push_back(dsl::tanh(dsl::affine(W, h, b)));
+    }
+    std::vector<at::Tensor> out;
+    if (!train) {
+      g.forward(ys);
+      for (const Expr& y : ys) out.push_back(y.value());
+      return out;
+    }
+    Expr loss = dsl::sum(ys[0] * ys[0]);
+    for (size_t i = 1; i < ys.size(); ++i) loss = loss + dsl::sum(ys[i] * ys[i]);
+    g.forward(loss);
+    loss.value().backward();
+    return std::vector<at::Tensor>{loss.value().detach(), W1.grad(), b1.grad(), W.grad(), b.grad()};
+  };
+  for (const bool train : {true, false}) {
+    INFO((train ? "training" : "inference"));
+    set_threads(1, 1);
+    std::vector<at::Tensor> one, two, plain;
+    const int one_thread = packed_products_in([&] { one = run(true, train); });
+    set_threads(2, 1);
+    const int two_threads = packed_products_in([&] { two = run(true, train); });
+    const int unpacked = packed_products_in([&] { plain = run(false, train); });
+    CHECK(unpacked == 0);
+    if (packed_gemm_available()) {
+      // Training: both products forward, and dX of the large one in backward.
+      CHECK(one_thread == (train ? 3 : 2));
+      CHECK(two_threads == (wider ? 1 : one_thread));
+    }
+    // Sums over 64 rows of 1024: rounding to the tensor's scale, not each element's.
+    auto same = [](const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+      REQUIRE(a.size() == b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        INFO("tensor " << i);
+        const double scale = b[i].abs().max().item<double>();
+        CHECK((a[i] - b[i]).abs().max().item<double>() <= 1e-5 * scale);
+      }
+    };
+    same(one, plain);
+    same(two, plain);
+  }
 }
