@@ -40,16 +40,20 @@ bool packed_gemm_suits(const at::Tensor& b);
 // a pool of its own with more threads (set_threads(n) with Debian's pthread
 // OpenBLAS gives the n threads to OpenBLAS and one to LibTorch), a large
 // product runs faster in OpenBLAS. Measured on 2 cores only (Zen 4, OpenBLAS
-// 0.3.21; `sheaf-bench --workload products --threads 2`, docs/benchmarks.md,
-// "Threads"): over 14 weights with k and n >= 128, OpenBLAS's 2 threads took
-// 0.58-0.96x this kernel's time (on one) from 64 rows, 0.69-1.48x at 32-48
-// rows and 0.98-2.0x at 16; with k or n = 64, 0.80-1.08x from 64 rows. Inside
+// 0.3.21; `sheaf-bench --workload products --threads 2`, two runs, one in
+// docs/results-products-threads2.jsonl; docs/benchmarks.md, "Threads"): over
+// 14 weights with k and n >= 128, OpenBLAS's 2 threads took 0.57-0.97x this
+// kernel's time (on one) from 64 rows, 0.69-1.48x at 32-48 rows and
+// 0.98-2.06x at 16; with k or n = 64, 0.77-1.08x from 64 rows. Inside
 // workloads less held: from 32 rows an attention decoder's steps read 5%
 // slower in inference, and sending weights narrower than 512 on both sides
 // ([416, 128]) made the parser's inference 4% slower (it gathers the rows
 // that the packed kernel reads in place). So: from 64 rows, k and n >= 128,
 // one of them >= 512.
 bool packed_gemm_serves(int64_t m, int64_t k, int64_t n);
+// The same rule given the threads of the BLAS's own pool (0: none of its own)
+// and of LibTorch's.
+bool packed_gemm_serves(int64_t m, int64_t k, int64_t n, int blas_pool, int libtorch);
 
 // Whether packed_mm takes this input and bias (float, on the CPU).
 bool packed_product_takes(const at::Tensor& x, const at::Tensor& bias);

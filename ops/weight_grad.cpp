@@ -160,9 +160,7 @@ void TransposedWeights::check_kept(PackedEntry& e, const at::Tensor& w) {
 }
 
 std::shared_ptr<const PackedWeight> TransposedWeights::packed(const at::Tensor& w, bool backward, int64_t rows) {
-  if (!packing_ || !packed_gemm_available() || w.dim() != 2 || w.is_inference() ||
-      !packed_gemm_serves(rows, w.size(1), w.size(0)))
-    return nullptr;
+  if (!packing_ || !packed_gemm_available() || w.dim() != 2 || w.is_inference()) return nullptr;
   PackedEntry* e = nullptr;
   for (PackedEntry& f : packed_)
     if (f.w.is_same(w)) e = &f;
@@ -170,6 +168,9 @@ std::shared_ptr<const PackedWeight> TransposedWeights::packed(const at::Tensor& 
     e->used = generation_;
     if (e->check) check_kept(*e, w);
   }
+  // A product OpenBLAS's own threads run faster: its layout, if any, stays
+  // for the weight's smaller products (kept as used).
+  if (!packed_gemm_serves(rows, w.size(1), w.size(0))) return nullptr;
   // Seen before and unchanged: decided without making a tensor (a weight is
   // applied at every level of every tree; the view W^T cost more than this).
   const bool same = e && e->seen.matches(w);

@@ -71,8 +71,9 @@ class TransposedWeights {
   // not available, a weight it does not suit, or a new layout wanted for a
   // product of fewer than 4 rows (a weight applied once to a row or two: a
   // GEMV copies nothing; the next product lays it out), or a product of
-  // `rows` that OpenBLAS's own threads run faster (packed_gemm_serves). Valid
-  // until the weight changes.
+  // `rows` that OpenBLAS's own threads run faster (packed_gemm_serves; the
+  // weight's layout stays for its smaller products). Valid until the weight
+  // changes.
   std::shared_ptr<const PackedWeight> packed(const at::Tensor& w, bool backward, int64_t rows = 4);
   // Whether packed() may pack at all (GraphOptions::pack_weights).
   void set_packing(bool on) { packing_ = on; }

@@ -845,26 +845,36 @@ TEST_CASE("set_threads gives the threads to one pool and not to two that spin ag
 // than the packed kernel on LibTorch's one; small ones stay packed.
 TEST_CASE("the packed product leaves large products to a BLAS with more threads of its own",
           "[backend][threads][packed]") {
+  // The rule, given the thread counts (BLAS's own pool, LibTorch's).
+  CHECK_FALSE(packed_gemm_serves(64, 128, 1024, 2, 1));
+  CHECK_FALSE(packed_gemm_serves(4096, 512, 2048, 8, 2));
+  CHECK(packed_gemm_serves(64, 128, 1024, 2, 2));  // as many threads on LibTorch's side
+  CHECK(packed_gemm_serves(64, 128, 1024, 0, 1));  // no pool of its own
+  CHECK(packed_gemm_serves(63, 512, 2048, 2, 1));  // below the sizes measured (ops/packed_gemm.h)
+  CHECK(packed_gemm_serves(4096, 64, 4096, 2, 1));
+  CHECK(packed_gemm_serves(4096, 256, 64, 2, 1));
+  CHECK(packed_gemm_serves(4096, 416, 128, 2, 1));
+
+  // The thread counts as set_threads leaves them.
   const ThreadsAsFound restore;
-  // Below the sizes measured (ops/packed_gemm.h), whatever the threads.
+  const OpenBlasEntries& openblas = restore.openblas;
   set_threads(2, 1);
-  CHECK(packed_gemm_serves(63, 512, 2048));
-  CHECK(packed_gemm_serves(1024, 64, 4096));
-  CHECK(packed_gemm_serves(4096, 256, 64));
-  CHECK(packed_gemm_serves(4096, 416, 128));
-  CHECK(packed_gemm_serves(4096, 128, 64));
-  // A BLAS built serial, or for one core, keeps one thread whatever it is asked.
-  const bool wider = blas_has_own_pool() && blas_pool_threads() > 1;
+  // A pthread OpenBLAS that took the 2 threads (one built with MAX_THREADS=1
+  // keeps one), told apart from the code under test.
+  const bool wider = !at::hasMKL() && openblas.parallel && openblas.parallel() == 1 && openblas.threads &&
+                     openblas.threads() > 1;
   INFO(runtime_info());
   CHECK(packed_gemm_serves(64, 128, 1024) == !wider);
+  CHECK(packed_gemm_serves(63, 128, 1024));
   set_threads(2, 2);
   CHECK(packed_gemm_serves(64, 128, 1024));
   set_threads(1, 1);
   CHECK(packed_gemm_serves(64, 128, 1024));
+  if (!wider) WARN("no BLAS with a pool of its own here: the graph below takes the packed path throughout");
 
   // One affine of W [1024, 128] over 64 examples, after a small one (which
-  // stays packed), in training and in inference (where the large product
-  // reads its rows in place, and now gathers them for the BLAS).
+  // stays packed), in training and in inference (where the packed kernel
+  // would read the large product's rows in place: the BLAS gets them gathered).
   const at::Tensor W1 = param({128, 16}, 41, 0.2), b1 = param({128}, 42);
   const at::Tensor W = param({1024, 128}, 43, 0.1), b = param({1024}, 44);
   auto run = [&](bool pack, bool train) {
