@@ -14,6 +14,7 @@
 #include <array>
 
 #include "common.h"
+#include "cpu_float.h"
 #include "matvec.h"
 #include "segments.h"
 #include "weight_grad.h"
@@ -53,7 +54,7 @@ inline at::Tensor shared_linear(RunCtx& c, const at::Tensor& x, const at::Tensor
 inline at::Tensor shared_linear_rows(RunCtx& c, const RowReads& x, const at::Tensor& w, const at::Tensor& b) {
   const auto m = static_cast<int64_t>(x.rows());
   const bool packable = c.transposed() && w.dim() == 2 && w.size(1) == x.width() &&
-                        (!b.defined() || (b.scalar_type() == at::kFloat && b.is_cpu()));
+                        (!b.defined() || cpu_float(b));
   std::shared_ptr<const PackedWeight> packed = packable ? c.transposed()->packed(w, false, m) : nullptr;
   if (packed) return packed_mm_rows(x.data(), packed->forward, b, c.options());
   return shared_linear(c, x.materialize(std::array<int64_t, 2>{m, x.width()}), w, b);

@@ -21,6 +21,7 @@
 #include <sheaf/core/error.h>
 
 #include "autograd_node.h"
+#include "cpu_float.h"
 #include "grad_wanted.h"
 #include "output_pool.h"
 #include "segments.h"
@@ -227,7 +228,6 @@ struct MatvecNode : torch::autograd::Node {
   }
 };
 
-bool cpu_float(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
 
 // An operand of a row product, ready for the loops.
 struct Prepared {

@@ -8,6 +8,7 @@
 #include <sheaf/core/error.h>
 
 #include "blas_threads.h"
+#include "cpu_float.h"
 #include "output_pool.h"
 
 #include <algorithm>
@@ -229,7 +230,7 @@ bool packed_gemm_suits(const at::Tensor& b) {
   // Nothing beyond these sizes was measured: at k = 4096 a panel (k x 32
   // floats) is half a Zen 4 core's L2, and OpenBLAS blocks over k where this
   // kernel does not.
-  return b.dim() == 2 && b.scalar_type() == at::kFloat && b.is_cpu() && b.size(0) >= 8 && b.size(0) <= 4096 &&
+  return b.dim() == 2 && cpu_float(b) && b.size(0) >= 8 && b.size(0) <= 4096 &&
          b.size(1) >= 8 && b.size(0) * b.size(1) <= (int64_t{1} << 24) && b.stride(0) < (int64_t{1} << 24) &&
          b.stride(1) < (int64_t{1} << 24);  // the packing's gathers index 32 columns in int32
 }
@@ -244,7 +245,6 @@ bool packed_gemm_serves(int64_t m, int64_t k, int64_t n) {
 }
 
 bool packed_product_takes(const at::Tensor& x, const at::Tensor& bias) {
-  auto cpu_float = [](const at::Tensor& t) { return t.scalar_type() == at::kFloat && t.is_cpu(); };
   return x.dim() == 2 && cpu_float(x) && (!bias.defined() || cpu_float(bias));
 }
 
@@ -328,7 +328,7 @@ at::Tensor packed_mm(const at::Tensor& x_in, const PackedMatrix& b, const at::Te
 at::Tensor packed_mm_rows(std::span<const float* const> rows, const PackedMatrix& b, const at::Tensor& bias,
                           const at::TensorOptions& options) {
   RECORD_FUNCTION("sheaf::packed_mm", std::vector<c10::IValue>());
-  if (!packed_gemm_available() || !b.defined() || (bias.defined() && !(bias.scalar_type() == at::kFloat && bias.is_cpu())))
+  if (!packed_gemm_available() || !b.defined() || (bias.defined() && !cpu_float(bias)))
     throw InternalError("packed_mm_rows: an input the packed product does not take");
   return product(RowPointers{rows.data()}, static_cast<int64_t>(rows.size()), b, bias, options);
 }

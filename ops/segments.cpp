@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "autograd_node.h"
+#include "cpu_float.h"
 #include "grad_wanted.h"
 #include "matvec.h"
 #include "output_pool.h"
@@ -46,7 +47,6 @@ namespace {
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
-bool cpu_float(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
 
 // ---- softmax across each segment
 

@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "autograd_node.h"
+#include "cpu_float.h"
 #include "grad_wanted.h"
 #include "matvec.h"
 
@@ -234,8 +235,8 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   // whose x or bias wants a gradient), addmv.
   const bool one_column = m > 0 && w.size(0) == 1 && x.is_cpu();
   // What the loops of ops/matvec.h take: float rows on the CPU, no gradient.
-  auto cpu_float = [](const at::Tensor& t) { return !t.defined() || (t.is_cpu() && t.scalar_type() == at::kFloat); };
-  auto loop_takes = [&] { return m > 0 && cpu_float(x) && cpu_float(w) && cpu_float(b) && !grad_wanted(x, w, b); };
+  auto takes = [](const at::Tensor& t) { return !t.defined() || cpu_float(t); };
+  auto loop_takes = [&] { return m > 0 && takes(x) && takes(w) && takes(b) && !grad_wanted(x, w, b); };
   if (one_column && loop_takes()) return rows_dot(x, w, b);
   // A few output columns (a classifier's classes): one loop, as above, on
   // one thread (past ~1M inputs OpenBLAS's threads may pay).
