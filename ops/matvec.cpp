@@ -4,7 +4,7 @@
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/zeros_like.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/function.h>
@@ -265,6 +265,8 @@ Prepared prepare(const RowOperand& o) {
 struct RowProductNode : torch::autograd::Node {
   struct Operand {
     SavedVariable tensor;
+    std::vector<int64_t> sizes;  // the tensor's (its gradient's, without unpacking it)
+    at::TensorOptions options;
     std::shared_ptr<const RowReads> reads;  // rows read in place (then no tensor)
     int64_t width = 0;
     size_t first_edge = 0;
@@ -289,8 +291,20 @@ struct RowProductNode : torch::autograd::Node {
     if (released)  // as SavedVariable::unpack says it for a tensor
       throw std::runtime_error("Trying to backward through the graph a second time (a product's rows read in place "
                                "were freed): use retain_graph=true");
-    for (const Operand& o : in)
-      if (o.reads) o.reads->check_unchanged("its backward");  // as SavedVariable::unpack checks a tensor's
+    // The gradients autograd asks for. An operand's rows are read only for
+    // the other's (dA = g x, dx = g A): only those are unpacked, and checked
+    // for changes, as LibTorch's own nodes unpack a saved tensor only for a
+    // gradient that needs it.
+    std::array<bool, 2> wanted{};
+    for (size_t i = 0; i < 2; ++i) {
+      const Operand& o = in[i];
+      if (!o.reads) wanted[i] = task_should_compute_output(o.first_edge);
+      else if (o.reads->needs_grad())
+        for (size_t k = 0; k < o.reads->num_edges() && !wanted[i]; ++k)
+          wanted[i] = task_should_compute_output(o.first_edge + k);
+    }
+    for (size_t i = 0; i < 2; ++i)
+      if (in[i].reads && wanted[1 - i]) in[i].reads->check_unchanged("its backward");
     RECORD_FUNCTION(off.empty() ? "sheaf::dot_rows_backward" : "sheaf::weighted_row_sums_backward",
                     std::vector<c10::IValue>());
     const at::Tensor g = grads[0].contiguous();
@@ -302,17 +316,19 @@ struct RowProductNode : torch::autograd::Node {
     for (size_t i = 0; i < 2; ++i) {
       const Operand& o = in[i];
       if (o.reads) {
-        rows[i] = RowsIn{nullptr, 0, o.reads->data().data()};
-        if (o.reads->needs_grad()) {
+        if (wanted[1 - i]) rows[i] = RowsIn{nullptr, 0, o.reads->data().data()};
+        if (wanted[i]) {
           reads.push_back(o.reads.get());
           read_of.push_back(i);
         }
         continue;
       }
-      value[i] = o.tensor.unpack();
-      rows[i] = RowsIn{value[i].data_ptr<float>(), o.width, nullptr};
-      if (should_compute_output(o.first_edge)) {
-        grad[i] = at::zeros_like(value[i]);
+      if (wanted[1 - i]) {
+        value[i] = o.tensor.unpack();
+        rows[i] = RowsIn{value[i].data_ptr<float>(), o.width, nullptr};
+      }
+      if (wanted[i]) {
+        grad[i] = at::zeros(o.sizes, o.options);
         to[i] = RowsOut{grad[i].data_ptr<float>(), o.width, nullptr};
       }
     }
@@ -368,6 +384,8 @@ void attach(at::Tensor& y, std::array<const Prepared*, 2> ops, std::vector<int64
     } else {
       edges.push_back(torch::autograd::impl::gradient_edge(p.tensor));
       o.tensor = SavedVariable(p.tensor, /*is_output=*/false);
+      o.sizes = p.tensor.sizes().vec();
+      o.options = p.tensor.options();
     }
   }
   node->off = std::move(off);

@@ -210,6 +210,32 @@ TEST_CASE("row products over rows read in place: values and gradients equal thos
     CHECK_THROWS_WITH(d.sum().backward(), Catch::Contains("op 'matmul' (example 4)") &&
                                               Catch::Contains("its backward reads again") && Catch::Contains("changed in place since"));
   }
+  // Only what the gradients asked for is read again, and so checked, as
+  // LibTorch's own nodes do: dA = g x reads x's rows, dx = g A reads A's.
+  {
+    const at::Tensor a1 = a0.clone().requires_grad_(), sc = a1 * 1.0;
+    const std::vector<const at::Tensor*> srcc{&sc};
+    const std::shared_ptr<const InPlaceRows> rc =
+        gathers.in_place(srcc, std::vector<uint32_t>{2}, std::vector<RowPick>{{0, 3}, {0, 1}}, Site{"matmul", 5, {}});
+    const at::Tensor x1 = x0.narrow(0, 0, 2).clone().requires_grad_(), sx = x1 * 1.0;
+    const at::Tensor d = dot_rows(RowOperand{{}, rc.get()}, RowOperand{sx});
+    const at::Tensor want_a = sx.detach().clone(), want_x = at::stack({a0[3], a0[1]});
+    {
+      c10::NoGradGuard no_grad;
+      sc.mul_(2.0);  // A's source: its gradient needs x's rows only
+    }
+    CHECK(at::allclose(torch::autograd::grad({d.sum()}, {a1}, {}, /*retain_graph=*/true)[0].index_select(0, at::tensor(std::vector<int64_t>{3, 1})), want_a));
+    CHECK_THROWS_AS(torch::autograd::grad({d.sum()}, {x1}, {}, /*retain_graph=*/true), UserError);
+    const std::shared_ptr<const InPlaceRows> rc2 =  // sc's rows as they are now
+        gathers.in_place(srcc, std::vector<uint32_t>{2}, std::vector<RowPick>{{0, 3}, {0, 1}}, Site{"matmul", 5, {}});
+    const at::Tensor d2 = dot_rows(RowOperand{{}, rc2.get()}, RowOperand{sx});
+    {
+      c10::NoGradGuard no_grad;
+      sx.mul_(3.0);  // x, a tensor: its gradient needs A's rows only
+    }
+    CHECK(at::allclose(torch::autograd::grad({d2.sum()}, {x1}, {}, /*retain_graph=*/true)[0], want_x * 2.0));
+    CHECK_THROWS(torch::autograd::grad({d2.sum()}, {a1}));  // LibTorch's own check of the saved x
+  }
   // Without a gradient: no node, the same values.
   c10::NoGradGuard no_grad;
   const std::vector<const at::Tensor*> srcs{&a0, &b0};
