@@ -265,6 +265,7 @@ Prepared prepare(const RowOperand& o) {
 struct RowProductNode : torch::autograd::Node {
   struct Operand {
     SavedVariable tensor;
+    size_t edges = 0;            // this operand's edges (a read in place: one per hub, or none)
     std::vector<int64_t> sizes;  // the tensor's (its gradient's, without unpacking it)
     at::TensorOptions options;
     std::shared_ptr<const RowReads> reads;  // rows read in place (then no tensor)
@@ -298,11 +299,9 @@ struct RowProductNode : torch::autograd::Node {
     std::array<bool, 2> wanted{};
     for (size_t i = 0; i < 2; ++i) {
       const Operand& o = in[i];
-      if (!o.reads) wanted[i] = task_should_compute_output(o.first_edge);
-      else if (o.reads->needs_grad())
-        for (size_t k = 0; k < o.reads->num_edges() && !wanted[i]; ++k)
-          wanted[i] = task_should_compute_output(o.first_edge + k);
+      for (size_t k = 0; k < o.edges && !wanted[i]; ++k) wanted[i] = task_should_compute_output(o.first_edge + k);
     }
+    if (!wanted[0] && !wanted[1]) return out;
     for (size_t i = 0; i < 2; ++i)
       if (in[i].reads && wanted[1 - i]) in[i].reads->check_unchanged("its backward");
     RECORD_FUNCTION(off.empty() ? "sheaf::dot_rows_backward" : "sheaf::weighted_row_sums_backward",
@@ -381,7 +380,9 @@ void attach(at::Tensor& y, std::array<const Prepared*, 2> ops, std::vector<int64
     if (p.reads) {
       if (p.grad) p.reads->append_edges(edges);
       o.reads = p.reads->shared_from_this();
+      o.edges = edges.size() - o.first_edge;
     } else {
+      o.edges = 1;
       edges.push_back(torch::autograd::impl::gradient_edge(p.tensor));
       o.tensor = SavedVariable(p.tensor, /*is_output=*/false);
       o.sizes = p.tensor.sizes().vec();

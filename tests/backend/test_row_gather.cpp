@@ -235,6 +235,19 @@ TEST_CASE("row products over rows read in place: values and gradients equal thos
     }
     CHECK(at::allclose(torch::autograd::grad({d2.sum()}, {x1}, {}, /*retain_graph=*/true)[0], want_x * 2.0));
     CHECK_THROWS(torch::autograd::grad({d2.sum()}, {a1}));  // LibTorch's own check of the saved x
+    // weighted_row_sums: dw = g . B reads B's rows, dB = w g reads w's.
+    const at::Tensor w1 = at::randn({2}).requires_grad_(), sw = w1 * 1.0;
+    const std::shared_ptr<const InPlaceRows> rb =
+        gathers.in_place(srcc, std::vector<uint32_t>{2}, std::vector<RowPick>{{0, 3}, {0, 1}}, Site{"matmul", 6, {}});
+    const at::Tensor s3 = weighted_row_sums(RowOperand{sw}, RowOperand{{}, rb.get()}, std::vector<int64_t>{2});
+    {
+      c10::NoGradGuard no_grad;
+      sc.add_(1.0);  // B's source
+    }
+    const at::Tensor da = torch::autograd::grad({s3.sum()}, {a1}, {}, /*retain_graph=*/true)[0];
+    CHECK(at::allclose(da[3], w1.detach()[0].expand({k})));
+    CHECK(at::allclose(da[1], w1.detach()[1].expand({k})));
+    CHECK_THROWS_AS(torch::autograd::grad({s3.sum()}, {w1}), UserError);
   }
   // Without a gradient: no node, the same values.
   c10::NoGradGuard no_grad;
