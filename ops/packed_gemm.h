@@ -41,7 +41,7 @@ bool packed_gemm_suits(const at::Tensor& b);
 // OpenBLAS gives the n threads to OpenBLAS and one to LibTorch), a large
 // product runs faster in OpenBLAS. Measured on 2 cores only (Zen 4, OpenBLAS
 // 0.3.21; `sheaf-bench --workload products --threads 2`, two runs, one in
-// docs/results-products-threads2.jsonl; docs/benchmarks.md, "Threads"): over
+// docs/products-threads2.jsonl; docs/benchmarks.md, "Threads"): over
 // 14 weights with k and n >= 128, OpenBLAS's 2 threads took 0.57-0.97x this
 // kernel's time (on one) from 64 rows, 0.69-1.48x at 32-48 rows and
 // 0.98-2.06x at 16; with k or n = 64, 0.77-1.08x from 64 rows. Inside
