@@ -228,7 +228,6 @@ struct MatvecNode : torch::autograd::Node {
   }
 };
 
-
 // An operand of a row product, ready for the loops.
 struct Prepared {
   at::Tensor tensor;  // contiguous (a tensor operand)

@@ -235,13 +235,20 @@ bool packed_gemm_suits(const at::Tensor& b) {
          b.stride(1) < (int64_t{1} << 24);  // the packing's gathers index 32 columns in int32
 }
 
+namespace {
+// Large enough for OpenBLAS's own threads to pay (packed_gemm_serves).
+bool blas_threads_pay(int64_t m, int64_t k, int64_t n) {
+  return m >= 64 && std::min(k, n) >= 128 && std::max(k, n) >= 512;
+}
+}  // namespace
+
 bool packed_gemm_serves(int64_t m, int64_t k, int64_t n, int blas_pool, int libtorch) {
-  return m < 64 || std::min(k, n) < 128 || std::max(k, n) < 512 || blas_pool <= libtorch;
+  return !blas_threads_pay(m, k, n) || blas_pool <= libtorch;
 }
 
 bool packed_gemm_serves(int64_t m, int64_t k, int64_t n) {
-  if (m < 64 || std::min(k, n) < 128 || std::max(k, n) < 512) return true;  // (no thread counts asked)
-  return packed_gemm_serves(m, k, n, blas_pool_threads(), at::get_num_threads());
+  // (The thread counts asked only for products that large.)
+  return !blas_threads_pay(m, k, n) || blas_pool_threads() <= at::get_num_threads();
 }
 
 bool packed_product_takes(const at::Tensor& x, const at::Tensor& bias) {

@@ -47,7 +47,6 @@ namespace {
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
-
 // ---- softmax across each segment
 
 void softmax_forward(const float* x, float* y, const int64_t* off, int64_t s0, int64_t s1, bool log) {
