@@ -58,7 +58,7 @@ void loop_step(const std::shared_ptr<LoopState>& st, std::vector<Expr> state, in
     Engine& g = *st->g;
     if (!truth(v, st->site)) {
       for (size_t i = 0; i < state.size(); ++i)
-        g.trace().resolve(st->results[i], g.node_of(state[i], "loop", st->site.loc));
+        g.trace().resolve(st->results[i], g.node_of(state[i], "loop", st->site.loc), "loop");
       return;
     }
     if (iteration >= st->max_iterations)
@@ -112,7 +112,7 @@ void cond_resolve(const CondSlot& c, const HostValue& pred, Expr (*branch)(void*
   if (want != kUnknownShape && s.shape[n] != kUnknownShape && s.shape[n] != want)
     throw_user(site, "the ", taken ? "then" : "else", " branch returned shape ", s.shape_of(n).str(),
                " but the cond declares ", s.shapes[want].str());
-  g.trace().resolve(c.result.id(), n);
+  g.trace().resolve(c.result.id(), n, "cond");
 }
 
 }  // namespace cond_impl

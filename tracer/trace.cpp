@@ -481,13 +481,28 @@ NodeId Trace::call_result(NodeId call, std::span<const int64_t> attrs, ShapeId s
                    static_cast<uint8_t>(s_.flags[call] & NodeStore::kShared));
 }
 
-void Trace::resolve(NodeId p, NodeId value) {
+void Trace::resolve(NodeId p, NodeId value, std::string_view op) {
   SHEAF_ASSERT(s_.has(p, NodeStore::kPlaceholder) && s_.alias[p] == kNoNode, "node ", p,
                " is not an unresolved placeholder");
-  const NodeId r = s_.resolve(value);
+  NodeId r = s_.resolve(value);
+  const Site site{op, s_.example[p], s_.loc[p]};
+  // (A chain of placeholders ends at p: the value is p itself, through others.)
+  if (r == p)
+    throw_user(site, "the value it resolves to is its own result (a branch or body returned the Expr this ",
+               op, " gives, e.g. a variable captured by reference and then assigned the result): capture the "
+               "value it had before by copy");
   const ShapeId want = s_.shape[p], got = s_.shape[r];
   if (want != kUnknownShape && got != kUnknownShape && want != got)
-    throw_user(site_of(p), declared_mismatch(s_.shapes[got], s_.shapes[want]));
+    throw_user(site, declared_mismatch(s_.shapes[got], s_.shapes[want]));
+  if (s_.has(r, NodeStore::kShared) && !s_.has(p, NodeStore::kShared)) {
+    // zeros + the shared value, recorded for p's example: a per-example node
+    // with the shared value's value and gradient.
+    SHEAF_ASSERT(got != kUnknownShape, "shared node ", r, " has no shape");
+    ExampleGuard in_example(*this, s_.example[p]);
+    const NodeId zeros = constant(s_.shapes[got], 0.0, s_.loc[p]);
+    const NodeId both[] = {zeros, r};
+    value = r = record(code_of<op::Add>, both, {}, 0, s_.loc[p]);
+  }
   s_.alias[p] = value;
   ready_.add(p);  // the scheduler dropped it while unresolved
   if (got == kUnknownShape) {

@@ -61,9 +61,15 @@ class Trace {
 
   // ---- Control flow. A placeholder stands for a value decided later (a cond's
   // result, a loop's final state); resolve() binds it to the node it became and
-  // infers the shapes that waited for it.
+  // infers the shapes that waited for it. `op` names what made the placeholder
+  // (errors name it): a value that is the placeholder itself (a branch that
+  // returns its own cond's result) is a UserError. A per-example placeholder
+  // that becomes a shared value (a branch returning a parameter) is bound to
+  // a per-example copy of it: what read the placeholder before it was
+  // resolved was signed as reading a per-example value, and batches with
+  // nodes that read other examples' own values.
   NodeId placeholder(ShapeId shape, int64_t example, std::source_location loc);
-  void resolve(NodeId placeholder, NodeId value);
+  void resolve(NodeId placeholder, NodeId value, std::string_view op = "placeholder");
 
   // A call of a function's body (ops/call.h): attrs and shape are the body's
   // (engine/functions.h), and `verdict`, kept by the caller per body, is the

@@ -253,6 +253,68 @@ TEST_CASE("loop: halting on a computed probability", "[dsl][control][checker]") 
   REQUIRE_BATCHED_EQUALS_ALONE(r);
 }
 
+TEST_CASE("a cond or loop whose result is a shared value in some examples batches with per-example ones",
+          "[dsl][control][checker]") {
+  // One example's branch returns a parameter (a learned default), another's
+  // its own value: what reads the result is one batch, and each row must read
+  // its own example's value, not the first row's shared one.
+  const int n = GENERATE(2, 7, 64);
+  P p;
+  const at::Tensor h0 = param({6}, 9);
+  std::vector<at::Tensor> params = p.all();
+  params.push_back(h0);
+  auto declared = [&](Graph& g, int i) {
+    Expr x = g.input(data({6}, i));
+    Expr d = g.param(h0);
+    Expr h = dsl::cond(dsl::sum(x) > 0.0, [x] { return dsl::tanh(x); }, [d] { return d; }, Shape{6});
+    return dsl::affine(p.W, h, p.b);  // recorded before the branch is known: its signature reads h as per-example
+  };
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(n, declared, {.params = params}));
+  auto undeclared = [&](Graph& g, int i) {
+    Expr x = g.input(data({6}, i));
+    Expr d = g.param(h0);
+    Expr h = dsl::cond(dsl::sum(x) > 0.0, [d] { return d; }, [x] { return dsl::tanh(x); });
+    return dsl::affine(p.W, h, p.b) + dsl::tanh(h);
+  };
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(n, undeclared, {.params = params}));
+  // A loop that runs no step in some examples ends on its shared initial state.
+  auto looped = [&](Graph& g, int i) {
+    Expr x = g.input(data({6}, i));
+    Expr steps = dsl::sum(x);
+    std::vector<Expr> out = dsl::loop(
+        {g.param(h0), steps}, [](const std::vector<Expr>& s) { return s[1] > 0.0; },
+        [&](const std::vector<Expr>& s) { return std::vector<Expr>{dsl::tanh(dsl::affine(p.W, s[0], p.b)), s[1] - 1.0}; });
+    return dsl::affine(p.V, out[0], p.b);
+  };
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(n, looped, {.params = params}));
+}
+
+TEST_CASE("a cond whose branch returns the cond's own result is a UserError and not a hang",
+          "[dsl][control][errors]") {
+  Graph g;
+  auto s = g.example(3);
+  Expr x = g.input(at::ones({3}));
+  Expr h = x;
+  h = dsl::cond(dsl::sum(x) > 0.0, [&h] { return h; }, [x] { return -x; });  // [&h]: h is the cond by then
+  REQUIRE_THROWS_WITH(g.forward(h), Contains("op 'cond'") && Contains("example 3") && Contains("its own result") &&
+                                        Contains("test_control"));
+  Graph k;
+  Expr y = k.input(at::ones({3}));
+  Expr a, b;
+  a = dsl::cond(dsl::sum(y) > 0.0, [&b] { return b; }, [y] { return y; }, Shape{3});
+  b = dsl::cond(dsl::sum(y) > 0.0, [&a] { return a; }, [y] { return y; }, Shape{3});  // a -> b -> a
+  REQUIRE_THROWS_WITH(k.forward(a), Contains("op 'cond'") && Contains("its own result"));
+}
+
+TEST_CASE("a cond whose branch computes from the cond's own result fails forward instead of hanging",
+          "[dsl][control][errors]") {
+  Graph g;
+  Expr x = g.input(at::ones({3}));
+  Expr h = x;
+  h = dsl::cond(dsl::sum(x) > 0.0, [&h] { return h * 2.0; }, [x] { return -x; });  // reads itself
+  REQUIRE_THROWS_AS(g.forward(h), UserError);
+}
+
 TEST_CASE("control flow errors name op, example and line", "[dsl][control][errors]") {
   Graph g;
   auto s = g.example(4);
