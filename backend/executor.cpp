@@ -488,6 +488,10 @@ void Executor::check_output(NodeId node, const PlannedBatch& b, const at::Tensor
   const int skip = b.rows > 0 ? 1 : 0;  // packed: [rows, shape less its first axis]
   bool ok = out.dim() == shape.rank() + 1 - skip && out.size(0) == (skip ? b.rows : b.n);
   for (int d = skip; ok && d < shape.rank(); ++d) ok = out.size(d + 1 - skip) == shape[d];
+  if (!ok && b.op >= detail::g_builtin_ops.size())  // a user op whose run() and infer() disagree
+    throw_user(Site{op_info(b.op).name, s_.example[node], s_.loc[node]}, "its run() returned sizes ", out.sizes(),
+               " for ", b.n, " value(s) of shape ", shape.str(), skip ? " (packed rows)" : "",
+               ", the shape its infer() gave: run() must return [n, shape...] (ops/user_op.h)");
   SHEAF_ASSERT(ok, "op ", op_info(b.op).name, " returned ", out.sizes(), " for ", b.n, " x ", shape.str(),
                skip ? " packed" : "");
 }

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <source_location>
 #include <span>
 #include <string>
 #include <vector>
@@ -16,7 +17,10 @@ inline constexpr int kMaxRank = 4;
 class Shape {
  public:
   constexpr Shape() = default;
-  constexpr Shape(std::initializer_list<int64_t> dims) {
+  // A shape written by the user ({2, 3}, Shape{6}): more than kMaxRank sizes
+  // is a UserError naming the line that wrote it.
+  constexpr Shape(std::initializer_list<int64_t> dims, std::source_location loc = std::source_location::current()) {
+    if (dims.size() > static_cast<size_t>(kMaxRank)) throw_rank(dims.size(), loc);
     for (int64_t d : dims) push(d);
   }
   static Shape of(std::span<const int64_t> dims);  // throws UserError if rank > kMaxRank
@@ -52,6 +56,7 @@ class Shape {
   std::string str() const;  // "[3, 4]"
 
  private:
+  [[noreturn]] static void throw_rank(size_t rank, const std::source_location& loc);
   std::array<int64_t, kMaxRank> dims_{};
   int rank_ = 0;
 };

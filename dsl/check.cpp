@@ -149,6 +149,8 @@ std::string where(const NodeStore& s, NodeId n) {
 }
 
 CheckReport check(int num_examples, const Recorder& program, const CheckOptions& o) {
+  if (num_examples < 1)
+    throw UserError(detail::cat("sheaf::check_batched: needs at least one example, got ", num_examples));
   std::optional<NoTf32> full_float;
   if (o.full_float) full_float.emplace();
   CheckReport report;

@@ -37,11 +37,17 @@ Engine& engine_for(OpCode op, std::span<const Operand> args, Loc loc) {
 // Records `op` on the graph of the first Expr operand; tensors become shared nodes.
 Expr apply(OpCode op, std::initializer_list<Operand> args, std::span<const int64_t> attrs, int64_t payload, Loc loc) {
   Engine& g = engine_for(op, std::span(args.begin(), args.size()), loc);
+  auto id_of = [&](const Operand& a) {
+    return a.is_expr() ? g.node_of(a.expr(), op_info(op).name, loc) : g.trace().param(a.tensor(), loc);
+  };
+  if (args.size() > 8) {  // a user op of many arguments (dsl::call)
+    std::vector<NodeId> many;
+    for (const Operand& a : args) many.push_back(id_of(a));
+    return g.record(op, many, attrs, payload, loc);
+  }
   std::array<NodeId, 8> ids{};
-  SHEAF_ASSERT(args.size() <= ids.size(), "too many operands");
   size_t k = 0;
-  for (const Operand& a : args)
-    ids[k++] = a.is_expr() ? g.node_of(a.expr(), op_info(op).name, loc) : g.trace().param(a.tensor(), loc);
+  for (const Operand& a : args) ids[k++] = id_of(a);
   return g.record(op, std::span(ids.data(), k), attrs, payload, loc);
 }
 

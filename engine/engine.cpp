@@ -119,8 +119,19 @@ void Engine::throw_frozen() const {
       "was used after the call (keep only the results the function returns)");
 }
 
+void Engine::throw_in_body(std::string_view what, Loc loc) const {
+  throw_user(Site{what, kSharedExample, loc},
+             "called inside a sheaf::Function's body: a body is recorded once, on stand-ins for its arguments, "
+             "and replayed by every call, so its values are not computed while it records; compute and branch on "
+             "values outside the function (or pass them in as arguments)");
+}
+
 void Engine::forward(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
   if (frozen_) throw_frozen();
+  if (recording_body_) throw_in_body("forward", loc);
+  if (options.max_rounds < 1)
+    throw_user(Site{"forward", kSharedExample, loc}, "ForwardOptions::max_rounds must be >= 1, got ",
+               options.max_rounds);
   for (const Expr& t : targets) node_of(t, "forward", loc);
   const Strategy& strategy = strategy_for(options);
   const bool validate = options.validate || debug_enabled();
@@ -158,6 +169,7 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
 
 void Engine::prepare(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
   if (frozen_) throw_frozen();
+  if (recording_body_) throw_in_body("prepare", loc);
   for (const Expr& t : targets) node_of(t, "prepare", loc);
   if (prepared_) return;  // nothing recorded since can join that round
   stop_trace_clock();
@@ -271,6 +283,7 @@ void Engine::finish_aliases() {
 }
 
 at::Tensor Engine::value(NodeId n, Loc loc) {
+  if (recording_body_) throw_in_body("value", loc);
   NodeStore& s = trace_.store();
   const NodeId r = s.resolve(n);
   if (!s.has(r, NodeStore::kComputed)) {
@@ -412,7 +425,7 @@ void Engine::run_pending_call(uint32_t index) {
     for (const Expr& r : results) values.push_back(r.id());
   }
   // (Resolving runs the watchers it wakes, which may run pending calls too.)
-  for (size_t k = 0; k < p.holders.size(); ++k) trace_.resolve(p.holders[k], values[k]);
+  for (size_t k = 0; k < p.holders.size(); ++k) trace_.resolve(p.holders[k], values[k], p.def->name);
 }
 
 // The body recorded here, op by op, on the arguments themselves.

@@ -80,6 +80,9 @@ class Engine {
   // This graph holds a compiled function body (engine/functions.h): until its
   // next clear(), recording on it or running it is a UserError.
   void freeze_body() { frozen_ = true; }
+  // While a sheaf::Function's body records on this graph (on stand-ins for
+  // its arguments, once per argument shapes): nothing of it may be computed.
+  void set_recording_body(bool on) { recording_body_ = on; }
   // A call of a sheaf::Function: one node (its body recorded once per argument
   // signature, engine/functions.h). Its results (slices of that node when
   // there are several) replace the contents of `results`, at the very end: a
@@ -197,7 +200,9 @@ class Engine {
   bool prepared_ = false;  // the scheduler holds a planned round that forward() runs first
   bool recording_ = false; // a node was recorded since the last forward()/prepare()/clear()
   bool frozen_ = false;    // a compiled function body (freeze_body)
+  bool recording_body_ = false;  // a function body being recorded (set_recording_body)
   [[noreturn]] void throw_frozen() const;
+  [[noreturn]] void throw_in_body(std::string_view what, Loc loc) const;
   std::chrono::steady_clock::time_point trace_start_;
   // Calls whose arguments' shapes wait on a dsl::cond (call_later), kept here
   // rather than in their callbacks: a watcher is then two words, and a

@@ -29,7 +29,8 @@ class Expr {
   NodeId id() const { return node_; }
   bool defined() const { return slot_ != kNone32; }
   // Per-example shape (no batch axis). Throws if it depends on an unresolved dsl::cond.
-  const Shape& shape(Loc loc = Loc::current()) const;
+  // (A copy: the graph's table of shapes grows as it records.)
+  Shape shape(Loc loc = Loc::current()) const;
   // The example id it was recorded for, or kSharedExample / kMixedExample.
   int64_t example(Loc loc = Loc::current()) const;
   // The computed value, [shape...], connected to autograd. Valid after forward.

@@ -137,6 +137,11 @@ void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const u
     }
     const size_t caller_nodes = caller.size();
     try {
+      struct Recording {
+        Engine& e;
+        explicit Recording(Engine& engine) : e(engine) { e.set_recording_body(true); }
+        ~Recording() { e.set_recording_body(false); }
+      } recording(e);
       results = def.body(args);
     } catch (const UserError& err) {
       throw_user(site, "recording the body of function '", def.name, "' (defined at ", format_loc(def.defined_at),

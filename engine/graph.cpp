@@ -68,7 +68,7 @@ std::string Graph::plan_str() const {
 
 Graph& Expr::graph(Loc loc) const { return detail::Engine::of(*this, loc).graph(); }
 
-const Shape& Expr::shape(Loc loc) const {
+Shape Expr::shape(Loc loc) const {
   const detail::Engine& e = detail::Engine::of(*this, loc);
   e.trace().expect_known_shape(node_, "the shape", loc);
   return e.store().shape_of(node_);

@@ -7,6 +7,7 @@
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/stack.h>
 
+#include <stdexcept>
 #include <vector>
 
 #include "common.h"
@@ -21,7 +22,14 @@ struct Input {
   static at::Tensor run(RunCtx& c) {
     std::vector<at::Tensor> xs;
     xs.reserve(static_cast<size_t>(c.n()));
-    for (int64_t slot : c.payload_host()) xs.push_back(c.user_tensor(slot));
+    for (int64_t slot : c.payload_host()) {
+      xs.push_back(c.user_tensor(slot));
+      // Read at forward, not when recorded: a buffer resized since then.
+      if (!std::ranges::equal(xs.back().sizes(), c.out_shape().dims()))
+        throw std::invalid_argument(detail::cat("an input tensor's sizes changed after it was recorded: recorded as ",
+                                                c.out_shape().str(), ", now ", xs.back().sizes(),
+                                                " (inputs are read at forward(); record the new tensor instead)"));
+    }
     at::Tensor x = at::stack(xs);
     // Host data to a GPU: through pinned memory, without waiting for the stream.
     if (c.options().device().is_cuda() && x.is_cpu()) return x.to(at::kFloat).pin_memory().to(c.options(), true);

@@ -82,6 +82,41 @@ TEST_CASE("shape mismatch names op, example and line", "[dsl][errors]") {
   REQUIRE_THROWS_WITH(dsl::layer_norm(x, x, at::zeros({5})), Contains("op 'layer_norm'") && Contains("gain"));
 }
 
+TEST_CASE("rank above four and check_batched without examples and max_rounds below one and a resized input",
+          "[dsl][errors]") {
+  Graph g;
+  auto scope = g.example(2);
+  // A braced shape of rank 5 is refused where it is written (it overran a fixed array before).
+  REQUIRE_THROWS_WITH(g.zeros({2, 2, 2, 2, 2}), Contains("rank at most 4") && Contains("rank 5") &&
+                                                   Contains("test_errors"));
+  Expr x = g.input(at::ones({4}));
+  REQUIRE_THROWS_WITH(dsl::reshape(x, {1, 1, 1, 1, 4}), Contains("rank at most 4") && Contains("test_errors"));
+  REQUIRE_THROWS_WITH(dsl::cond(dsl::sum(x) > 0.0, [x] { return x; }, [x] { return x; }, Shape{1, 1, 1, 1, 4}),
+                      Contains("rank at most 4"));
+  REQUIRE_THROWS_AS(check_batched(0, [](Graph& h, int) { return h.zeros({1}); }), UserError);
+  REQUIRE_THROWS_WITH(check_batched(-1, [](Graph& h, int) { return h.zeros({1}); }), Contains("at least one example"));
+  REQUIRE_THROWS_WITH(g.forward(x, {.max_rounds = 0}), Contains("max_rounds") && Contains("test_errors"));
+  // An input's tensor resized between recording and forward.
+  at::Tensor buffer = at::ones({3});
+  Expr y = dsl::tanh(g.input(buffer));
+  buffer.resize_({5});
+  REQUIRE_THROWS_WITH(g.forward(y), Contains("op 'input'") && Contains("example 2") &&
+                                        Contains("sizes changed after it was recorded") && Contains("[3]"));
+  // The graph is still usable.
+  g.forward(x);
+  CHECK(at::equal(x.value(), at::ones({4})));
+}
+
+TEST_CASE("a shape read from an Expr stays valid while the graph records new shapes", "[dsl][errors]") {
+  // Expr::shape() gives a copy: a reference into the graph's table of shapes
+  // dangled once new shapes grew it (ASan's stage catches a regression).
+  Graph g;
+  Expr x = g.input(at::ones({3}));
+  const Shape& s = x.shape();
+  for (int64_t k = 1; k <= 300; ++k) g.zeros({k, 2});
+  CHECK(s == Shape{3});
+}
+
 TEST_CASE("the source line is the user's line, also through operators", "[dsl][errors]") {
   Graph g;
   Expr x = g.input(at::randn({5}));

@@ -313,6 +313,18 @@ TEST_CASE("function: a body's own Exprs and outside Exprs are errors, not crashe
   });
   CHECK_THROWS_WITH(side(outside), Contains("side") && Contains("used an Expr from outside"));
 
+  // Computing a value inside the body while it records: refused (it ran on
+  // uninitialised stand-ins and froze that choice into every call).
+  auto peeking = function("peeking", [](Expr a) {
+    Expr t = dsl::tanh(dsl::sum(a));
+    t.graph().forward(t);
+    return t.item() > 0 ? a : -a;
+  });
+  CHECK_THROWS_WITH(peeking(g.input(at::ones({3}))), Contains("peeking") && Contains("op 'forward'") &&
+                                                        Contains("inside a sheaf::Function's body") &&
+                                                        Contains("test_functions"));
+  auto reading = function("reading", [](Expr a) { return a * dsl::sum(a).item(); });
+  CHECK_THROWS_WITH(reading(g.input(at::ones({3}))), Contains("op 'value'") && Contains("inside a sheaf::Function's body"));
   Function two("two", 1, [](std::span<const Expr> a) { return std::vector<Expr>{a[0], a[0] + 1.0}; });
   std::vector<Expr> results;
   const std::array<Operand, 1> arg{g.input(at::ones({3}))};

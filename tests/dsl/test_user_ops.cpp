@@ -65,6 +65,26 @@ struct Tanh2 {
   static at::Tensor run(RunCtx& c) { return at::tanh(c.in(0)); }
 };
 
+// Nine per-example arguments summed (more than the DSL keeps on its stack).
+struct Sum9 {
+  static constexpr std::string_view name = "test_sum9";
+  static constexpr OpTraits traits{.arity = 9};
+  static Shape infer(const InferCtx& c) { return c.shape(0); }
+  static at::Tensor run(RunCtx& c) {
+    at::Tensor s = c.in(0);
+    for (int k = 1; k < 9; ++k) s = s + c.in(k);
+    return s;
+  }
+};
+
+// run() disagrees with infer(): sums the last axis away.
+struct WrongRun {
+  static constexpr std::string_view name = "test_wrong_run";
+  static constexpr OpTraits traits{.arity = 1};
+  static Shape infer(const InferCtx& c) { return c.shape(0); }
+  static at::Tensor run(RunCtx& c) { return c.in(0).sum(-1); }
+};
+
 constexpr int64_t kD = 6;
 
 }  // namespace
@@ -122,6 +142,14 @@ TEST_CASE("a user op computes what its LibTorch call computes", "[dsl][user-ops]
   CHECK(op_name(user_op<Swish>()) == "test_swish");
 }
 
+TEST_CASE("a user op of nine arguments: batched equals alone", "[dsl][user-ops][checker]") {
+  const int n = GENERATE(1, 7);
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(n, [&](Graph& g, int i) {
+    Expr x = g.input(data({kD}, i));
+    return dsl::sum(dsl::call(user_op<Sum9>(), {x, x * 2.0, x, dsl::tanh(x), x, x, x + 1.0, x, dsl::sigmoid(x)}));
+  }));
+}
+
 TEST_CASE("user ops: mistakes are UserErrors at the user's line", "[dsl][user-ops][errors]") {
   Graph g;
   const at::Tensor A = param({kD, kD}, 2);
@@ -137,6 +165,13 @@ TEST_CASE("user ops: mistakes are UserErrors at the user's line", "[dsl][user-op
   const std::vector<Expr> xs{x, x};
   CHECK_THROWS_WITH(dsl::call_list(user_op<Swish>(), xs), Catch::Contains("use dsl::call"));
   CHECK_THROWS_WITH(user_op<Tanh2>(), Catch::Contains("already an op named 'tanh'"));
+  // A run() that returns another shape than infer() gave: the user's op named, not an internal error.
+  Graph h;
+  auto in_example = h.example(7);
+  Expr wrong = dsl::call(user_op<WrongRun>(), {h.input(data({kD}, 0))});
+  CHECK_THROWS_WITH(h.forward(wrong), Catch::Contains("op 'test_wrong_run'") && Catch::Contains("example 7") &&
+                                          Catch::Contains("test_user_ops.cpp") && Catch::Contains("infer()") &&
+                                          !Catch::Contains("internal"));
   // The graph is still usable.
   Expr y = dsl::call(user_op<Swish>(), {x});
   g.forward(y);
