@@ -222,16 +222,24 @@ std::vector<Expr> slices(Expr x, std::span<const int64_t> sizes, int axis, std::
 }  // namespace
 
 std::vector<Expr> split(Expr x, std::span<const int64_t> sizes, int axis, Loc loc) {
-  const int a = normalise_axis(x, axis, "split", loc);
-  if (a >= 0) {  // else the slices' own inference checks their ranges
-    const Shape& s = known_shape(x, "split", loc);
-    int64_t total = 0;
-    for (int64_t k : sizes) total += k;
-    if (total != s[a])
-      throw_user(Site{"split", x.example(loc), loc}, "sizes add up to ", total, " but axis ", a, " of ", s.str(),
-                 " has ", s[a]);
-  }
-  return slices(x, sizes, a, "split", loc);
+  Engine& g = Engine::of(x, loc);
+  const NodeId n = g.node_of(x, "split", loc);
+  int64_t total = 0;
+  for (int64_t k : sizes) total += k;
+  // The sizes must cover the axis: checked now, or, while x's shape waits on a
+  // dsl::cond, when it is known (the slices' own inference checks only that
+  // each piece lies within it).
+  auto check = [&g, n, axis, total, loc] {
+    const Shape& s = g.store().shape_of(n);
+    const int a = s.axis(axis);
+    const Site site{"split", g.store().example[n], loc};
+    if (a < 0) throw_user(site, "axis ", axis, " is out of range for shape ", s.str());
+    if (total != s[a]) throw_user(site, "sizes add up to ", total, " but axis ", a, " of ", s.str(), " has ", s[a]);
+    return a;
+  };
+  if (g.store().shape[n] != kUnknownShape) return slices(x, sizes, check(), "split", loc);
+  g.trace().when_shapes_known(std::span(&n, 1), [check] { check(); });
+  return slices(x, sizes, axis, "split", loc);
 }
 
 std::vector<Expr> chunk(Expr x, int n, int axis, Loc loc) {

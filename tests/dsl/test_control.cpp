@@ -306,6 +306,27 @@ TEST_CASE("a cond whose branch returns the cond's own result is a UserError and 
   REQUIRE_THROWS_WITH(k.forward(a), Contains("op 'cond'") && Contains("its own result"));
 }
 
+TEST_CASE("split of a cond's result: sizes that do not cover the axis are an error once the branch is known",
+          "[dsl][control][errors]") {
+  Graph g;
+  auto s = g.example(1);
+  Expr x = g.input(at::arange(5, at::kFloat));
+  Expr c = dsl::cond(dsl::sum(x) > 0.0, [x] { return x * 2.0; }, [x] { return -x; });  // [5], known at forward
+  std::vector<Expr> short_parts = dsl::split(c, std::vector<int64_t>{2, 2});  // the fifth element left out
+  REQUIRE_THROWS_WITH(g.forward(short_parts[0]), Contains("op 'split'") && Contains("example 1") &&
+                                                     Contains("add up to 4") && Contains("[5]") &&
+                                                     Contains("test_control"));
+  // Sizes that cover it, along axis 0 or -1: the pieces (refused before with a positive axis).
+  for (int axis : {0, -1}) {
+    Graph k;
+    Expr y = k.input(at::arange(5, at::kFloat));
+    Expr d = dsl::cond(dsl::sum(y) > 0.0, [y] { return y * 2.0; }, [y] { return -y; });
+    std::vector<Expr> parts = dsl::split(d, std::vector<int64_t>{2, 3}, axis);
+    k.forward(parts);
+    CHECK(at::equal(parts[1].value(), at::arange(2, 5, at::kFloat) * 2.0));
+  }
+}
+
 TEST_CASE("a cond whose branch computes from the cond's own result fails forward instead of hanging",
           "[dsl][control][errors]") {
   Graph g;
