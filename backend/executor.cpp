@@ -482,18 +482,15 @@ void Executor::launch_fused(const Plan& plan, const PlannedBatch& b) {
   counters_.fused_ops += b.outputs;
 }
 
-// A descriptor that returns the wrong shape is our bug, not the user's.
+// A built-in descriptor that returns the wrong shape is our bug; a user op's, the user's.
 void Executor::check_output(NodeId node, const PlannedBatch& b, const at::Tensor& out) const {
   const Shape& shape = s_.shape_of(node);
-  const int skip = b.rows > 0 ? 1 : 0;  // packed: [rows, shape less its first axis]
-  bool ok = out.dim() == shape.rank() + 1 - skip && out.size(0) == (skip ? b.rows : b.n);
-  for (int d = skip; ok && d < shape.rank(); ++d) ok = out.size(d + 1 - skip) == shape[d];
-  if (!ok && b.op >= detail::g_builtin_ops.size())  // a user op whose run() and infer() disagree
-    throw_user(Site{op_info(b.op).name, s_.example[node], s_.loc[node]}, "its run() returned sizes ", out.sizes(),
-               " for ", b.n, " value(s) of shape ", shape.str(), skip ? " (packed rows)" : "",
-               ", the shape its infer() gave: run() must return [n, shape...] (ops/user_op.h)");
-  SHEAF_ASSERT(ok, "op ", op_info(b.op).name, " returned ", out.sizes(), " for ", b.n, " x ", shape.str(),
-               skip ? " packed" : "");
+  const bool packed = b.rows > 0;  // [rows, shape less its first axis]
+  const int64_t rows = packed ? b.rows : b.n;
+  if (fits_shape(out, rows, shape, packed)) return;
+  check_user_op_output(b.op, Site{op_info(b.op).name, s_.example[node], s_.loc[node]}, out, rows, shape, packed);
+  throw_internal("op ", op_info(b.op).name, " returned ", out.sizes(), " for ", b.n, " x ", shape.str(),
+                 packed ? " packed" : "");
 }
 
 void Executor::rethrow(const Plan& plan, const PlannedBatch& b, const std::exception& e) const {

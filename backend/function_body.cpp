@@ -246,6 +246,9 @@ void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::span<
   }
   RunCtx ctx(la);
   at::Tensor out = info.run(ctx);
+  // (A user op's result read by the body's next step is checked here: a
+  // broadcasting step would take a wrong size without a word.)
+  check_user_op_output(s.op[v], Site{info.name, s.example[v], s.loc[v]}, out, rows, s.shape_of(v), false);
   regs[v] = once ? out.select(0, 0) : std::move(out);
 }
 

@@ -28,7 +28,10 @@ class Shape {
   constexpr int rank() const { return rank_; }
   constexpr int64_t operator[](int i) const { return dims_[static_cast<size_t>(i)]; }
   constexpr int64_t& operator[](int i) { return dims_[static_cast<size_t>(i)]; }
-  std::span<const int64_t> dims() const { return {dims_.data(), static_cast<size_t>(rank_)}; }
+  std::span<const int64_t> dims() const& { return {dims_.data(), static_cast<size_t>(rank_)}; }
+  // Of a temporary (`for (int64_t d : x.shape().dims())`, Expr::shape() being
+  // a copy): the sizes themselves, not a view into a Shape about to go.
+  std::vector<int64_t> dims() const&& { return {dims_.begin(), dims_.begin() + rank_}; }
   int64_t numel() const {
     int64_t n = 1;
     for (int i = 0; i < rank_; ++i) n *= dims_[static_cast<size_t>(i)];

@@ -126,9 +126,17 @@ void Engine::throw_in_body(std::string_view what, Loc loc) const {
              "values outside the function (or pass them in as arguments)");
 }
 
+void Engine::throw_in_delivery(std::string_view what, Loc loc) const {
+  throw_user(Site{what, kSharedExample, loc},
+             "called inside a dsl::cond branch, a dsl::loop step or a coroutine of this graph's own forward(): "
+             "that forward is still running, and the values it handed over are read from its current round; "
+             "await what you need instead (co_await sheaf::fetch_values(e), or a dsl::cond on it)");
+}
+
 void Engine::forward(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
   if (frozen_) throw_frozen();
   if (recording_body_) throw_in_body("forward", loc);
+  if (t_delivering == this) throw_in_delivery("forward", loc);
   if (options.max_rounds < 1)
     throw_user(Site{"forward", kSharedExample, loc}, "ForwardOptions::max_rounds must be >= 1, got ",
                options.max_rounds);
@@ -170,6 +178,7 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
 void Engine::prepare(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
   if (frozen_) throw_frozen();
   if (recording_body_) throw_in_body("prepare", loc);
+  if (t_delivering == this) throw_in_delivery("prepare", loc);
   for (const Expr& t : targets) node_of(t, "prepare", loc);
   if (prepared_) return;  // nothing recorded since can join that round
   stop_trace_clock();

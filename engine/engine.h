@@ -203,6 +203,7 @@ class Engine {
   bool recording_body_ = false;  // a function body being recorded (set_recording_body)
   [[noreturn]] void throw_frozen() const;
   [[noreturn]] void throw_in_body(std::string_view what, Loc loc) const;
+  [[noreturn]] void throw_in_delivery(std::string_view what, Loc loc) const;
   std::chrono::steady_clock::time_point trace_start_;
   // Calls whose arguments' shapes wait on a dsl::cond (call_later), kept here
   // rather than in their callbacks: a watcher is then two words, and a

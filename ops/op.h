@@ -283,6 +283,15 @@ concept OpDescriptor = requires(const InferCtx& ic, RunCtx& rc) {
 inline constexpr size_t kMaxUserOps = 1024;
 OpCode register_op(const OpInfo& info);
 
+// Whether a batched result has the sizes its nodes' shape says: [rows,
+// shape...], or, packed (`packed`), [rows, shape without its first axis...].
+bool fits_shape(const at::Tensor& out, int64_t rows, const Shape& shape, bool packed);
+// For a user op (code past the built-in ones) whose run() returned sizes that
+// do not fit: a UserError naming the op and `site` (the user's to fix, not an
+// internal error). Built-in ops return without a check.
+void check_user_op_output(OpCode op, const Site& site, const at::Tensor& out, int64_t rows, const Shape& shape,
+                          bool packed);
+
 // Attributes are int64 slots; doubles are stored bit for bit.
 int64_t attr_of(double v);
 double attr_to_double(int64_t a);

@@ -66,6 +66,21 @@ const OpInfo& user_op_info(OpCode code) {
 }
 }  // namespace detail
 
+bool fits_shape(const at::Tensor& out, int64_t rows, const Shape& shape, bool packed) {
+  const int skip = packed ? 1 : 0;
+  bool ok = out.dim() == shape.rank() + 1 - skip && out.size(0) == rows;
+  for (int d = skip; ok && d < shape.rank(); ++d) ok = out.size(d + 1 - skip) == shape[d];
+  return ok;
+}
+
+void check_user_op_output(OpCode op, const Site& site, const at::Tensor& out, int64_t rows, const Shape& shape,
+                          bool packed) {
+  if (op < detail::g_builtin_ops.size() || fits_shape(out, rows, shape, packed)) return;
+  throw_user(site, "its run() returned sizes ", out.sizes(), " for ", rows, packed ? " packed rows" : " value(s)",
+             " of shape ", shape.str(), ", the shape its infer() gave: run() must return [n, shape...] "
+             "(ops/user_op.h)");
+}
+
 OpCode register_op(const OpInfo& info) {
   UserOps& u = user_ops();
   std::lock_guard lock(u.write);

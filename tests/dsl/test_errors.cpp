@@ -95,7 +95,7 @@ TEST_CASE("rank above four and check_batched without examples and max_rounds bel
                       Contains("rank at most 4"));
   REQUIRE_THROWS_AS(check_batched(0, [](Graph& h, int) { return h.zeros({1}); }), UserError);
   REQUIRE_THROWS_WITH(check_batched(-1, [](Graph& h, int) { return h.zeros({1}); }), Contains("at least one example"));
-  REQUIRE_THROWS_WITH(g.forward(x, {.max_rounds = 0}), Contains("max_rounds") && Contains("test_errors"));
+  REQUIRE_THROWS_WITH(g.forward(x, {.max_rounds = 0}), Contains("max_rounds must be >= 1") && Contains("test_errors"));
   // An input's tensor resized between recording and forward.
   at::Tensor buffer = at::ones({3});
   Expr y = dsl::tanh(g.input(buffer));
@@ -115,6 +115,13 @@ TEST_CASE("a shape read from an Expr stays valid while the graph records new sha
   const Shape& s = x.shape();
   for (int64_t k = 1; k <= 300; ++k) g.zeros({k, 2});
   CHECK(s == Shape{3});
+  // A range-for over the copy's sizes reads sizes, not a view into the gone copy.
+  std::vector<int64_t> seen;
+  for (int64_t d : x.shape().dims()) {
+    for (int64_t k = 301; k <= 310; ++k) g.zeros({k, 3});
+    seen.push_back(d);
+  }
+  CHECK(seen == std::vector<int64_t>{3});
 }
 
 TEST_CASE("the source line is the user's line, also through operators", "[dsl][errors]") {

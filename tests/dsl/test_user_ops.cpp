@@ -172,6 +172,17 @@ TEST_CASE("user ops: mistakes are UserErrors at the user's line", "[dsl][user-op
   CHECK_THROWS_WITH(h.forward(wrong), Catch::Contains("op 'test_wrong_run'") && Catch::Contains("example 7") &&
                                           Catch::Contains("test_user_ops.cpp") && Catch::Contains("infer()") &&
                                           !Catch::Contains("internal"));
+  // The same inside a sheaf::Function's body, read by the body's next step
+  // (which broadcast [1] against [1, 6] before) and as the body's result.
+  auto read_next = sheaf::function("read_next", [](Expr a) { return dsl::call(user_op<WrongRun>(), {a}) + a; });
+  auto result = sheaf::function("result", [](Expr a) { return dsl::call(user_op<WrongRun>(), {a * 2.0}); });
+  auto fails_named = [](Graph& b, Expr z) {
+    CHECK_THROWS_WITH(b.forward(z), Catch::Contains("op 'test_wrong_run'") && Catch::Contains("infer()") &&
+                                        !Catch::Contains("internal"));
+  };
+  Graph b1, b2;
+  fails_named(b1, read_next(b1.input(data({kD}, 1))));
+  fails_named(b2, result(b2.input(data({kD}, 1))));
   // The graph is still usable.
   Expr y = dsl::call(user_op<Swish>(), {x});
   g.forward(y);
