@@ -34,20 +34,24 @@ Engine& engine_for(OpCode op, std::span<const Operand> args, Loc loc) {
              "g.param(tensor)");
 }
 
+// apply() past the eight operands it keeps on the stack (out of line: the usual call stays as it was).
+[[gnu::noinline]] Expr apply_many(Engine& g, OpCode op, std::initializer_list<Operand> args,
+                                  std::span<const int64_t> attrs, int64_t payload, Loc loc) {
+  std::vector<NodeId> ids;
+  for (const Operand& a : args)
+    ids.push_back(a.is_expr() ? g.node_of(a.expr(), op_info(op).name, loc) : g.trace().param(a.tensor(), loc));
+  return g.record(op, ids, attrs, payload, loc);
+}
+
 // Records `op` on the graph of the first Expr operand; tensors become shared nodes.
 Expr apply(OpCode op, std::initializer_list<Operand> args, std::span<const int64_t> attrs, int64_t payload, Loc loc) {
   Engine& g = engine_for(op, std::span(args.begin(), args.size()), loc);
-  auto id_of = [&](const Operand& a) {
-    return a.is_expr() ? g.node_of(a.expr(), op_info(op).name, loc) : g.trace().param(a.tensor(), loc);
-  };
-  if (args.size() > 8) {  // a user op of many arguments (dsl::call)
-    std::vector<NodeId> many;
-    for (const Operand& a : args) many.push_back(id_of(a));
-    return g.record(op, many, attrs, payload, loc);
-  }
+  if (args.size() > 8) [[unlikely]]  // a user op of many arguments (dsl::call)
+    return apply_many(g, op, args, attrs, payload, loc);
   std::array<NodeId, 8> ids{};
   size_t k = 0;
-  for (const Operand& a : args) ids[k++] = id_of(a);
+  for (const Operand& a : args)
+    ids[k++] = a.is_expr() ? g.node_of(a.expr(), op_info(op).name, loc) : g.trace().param(a.tensor(), loc);
   return g.record(op, std::span(ids.data(), k), attrs, payload, loc);
 }
 
