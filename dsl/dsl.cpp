@@ -34,12 +34,16 @@ Engine& engine_for(OpCode op, std::span<const Operand> args, Loc loc) {
              "g.param(tensor)");
 }
 
+// An operand's node: its Expr's, or a tensor's shared node.
+inline NodeId operand_node(Engine& g, const Operand& a, OpCode op, Loc loc) {
+  return a.is_expr() ? g.node_of(a.expr(), op_info(op).name, loc) : g.trace().param(a.tensor(), loc);
+}
+
 // apply() past the eight operands it keeps on the stack (out of line: the usual call stays as it was).
 [[gnu::noinline]] Expr apply_many(Engine& g, OpCode op, std::initializer_list<Operand> args,
                                   std::span<const int64_t> attrs, int64_t payload, Loc loc) {
   std::vector<NodeId> ids;
-  for (const Operand& a : args)
-    ids.push_back(a.is_expr() ? g.node_of(a.expr(), op_info(op).name, loc) : g.trace().param(a.tensor(), loc));
+  for (const Operand& a : args) ids.push_back(operand_node(g, a, op, loc));
   return g.record(op, ids, attrs, payload, loc);
 }
 
@@ -50,8 +54,7 @@ Expr apply(OpCode op, std::initializer_list<Operand> args, std::span<const int64
     return apply_many(g, op, args, attrs, payload, loc);
   std::array<NodeId, 8> ids{};
   size_t k = 0;
-  for (const Operand& a : args)
-    ids[k++] = a.is_expr() ? g.node_of(a.expr(), op_info(op).name, loc) : g.trace().param(a.tensor(), loc);
+  for (const Operand& a : args) ids[k++] = operand_node(g, a, op, loc);
   return g.record(op, std::span(ids.data(), k), attrs, payload, loc);
 }
 
@@ -233,12 +236,12 @@ std::vector<Expr> split(Expr x, std::span<const int64_t> sizes, int axis, Loc lo
   // The sizes must cover the axis: checked now, or, while x's shape waits on a
   // dsl::cond, when it is known (the slices' own inference checks only that
   // each piece lies within it).
-  auto check = [&g, n, axis, total, loc] {
+  auto check = [x, &g, n, axis, total, loc] {
+    const int a = normalise_axis(x, axis, "split", loc);  // (the shape is known here)
     const Shape& s = g.store().shape_of(n);
-    const int a = s.axis(axis);
-    const Site site{"split", g.store().example[n], loc};
-    if (a < 0) throw_user(site, "axis ", axis, " is out of range for shape ", s.str());
-    if (total != s[a]) throw_user(site, "sizes add up to ", total, " but axis ", a, " of ", s.str(), " has ", s[a]);
+    if (total != s[a])
+      throw_user(Site{"split", g.store().example[n], loc}, "sizes add up to ", total, " but axis ", a, " of ",
+                 s.str(), " has ", s[a]);
     return a;
   };
   if (g.store().shape[n] != kUnknownShape) return slices(x, sizes, check(), "split", loc);

@@ -133,10 +133,14 @@ void Engine::throw_in_delivery(std::string_view what, Loc loc) const {
              "await what you need instead (co_await sheaf::fetch_values(e), or a dsl::cond on it)");
 }
 
-void Engine::forward(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
+void Engine::expect_can_run(std::string_view what, Loc loc) const {
   if (frozen_) throw_frozen();
-  if (recording_body_) throw_in_body("forward", loc);
-  if (t_delivering == this) throw_in_delivery("forward", loc);
+  if (recording_body_) throw_in_body(what, loc);
+  if (t_delivering == this) throw_in_delivery(what, loc);
+}
+
+void Engine::forward(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
+  expect_can_run("forward", loc);
   if (options.max_rounds < 1)
     throw_user(Site{"forward", kSharedExample, loc}, "ForwardOptions::max_rounds must be >= 1, got ",
                options.max_rounds);
@@ -176,9 +180,7 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
 }
 
 void Engine::prepare(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
-  if (frozen_) throw_frozen();
-  if (recording_body_) throw_in_body("prepare", loc);
-  if (t_delivering == this) throw_in_delivery("prepare", loc);
+  expect_can_run("prepare", loc);
   for (const Expr& t : targets) node_of(t, "prepare", loc);
   if (prepared_) return;  // nothing recorded since can join that round
   stop_trace_clock();

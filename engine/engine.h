@@ -204,6 +204,9 @@ class Engine {
   [[noreturn]] void throw_frozen() const;
   [[noreturn]] void throw_in_body(std::string_view what, Loc loc) const;
   [[noreturn]] void throw_in_delivery(std::string_view what, Loc loc) const;
+  // forward/prepare (`what`) may run: not a frozen body, a body recording, or
+  // inside a delivery of this graph's own forward.
+  void expect_can_run(std::string_view what, Loc loc) const;
   std::chrono::steady_clock::time_point trace_start_;
   // Calls whose arguments' shapes wait on a dsl::cond (call_later), kept here
   // rather than in their callbacks: a watcher is then two words, and a
