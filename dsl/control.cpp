@@ -58,7 +58,7 @@ void loop_step(const std::shared_ptr<LoopState>& st, std::vector<Expr> state, in
     Engine& g = *st->g;
     if (!truth(v, st->site)) {
       for (size_t i = 0; i < state.size(); ++i)
-        g.trace().resolve(st->results[i], g.node_of(state[i], "loop", st->site.loc), "loop");
+        g.trace().resolve(st->results[i], g.node_of(state[i], "loop", st->site.loc));
       return;
     }
     if (iteration >= st->max_iterations)
@@ -93,7 +93,7 @@ CondSlot cond_begin(const Expr& pred, bool callable, const Shape* declared, std:
     for (int64_t d : declared->dims())
       if (d < 0) throw_user(site, "the declared shape ", declared->str(), " has a negative size");
   const ShapeId shape = declared != nullptr ? g.trace().store().shapes.intern(*declared) : kUnknownShape;
-  return CondSlot{&g, site, g.expr(g.trace().placeholder(shape, site.example, loc))};
+  return CondSlot{&g, site, g.expr(g.trace().placeholder(shape, site.example, "cond", loc))};
 }
 
 void cond_wait(const CondSlot& c, const Expr& pred, ValueCallback callback) {
@@ -112,7 +112,7 @@ void cond_resolve(const CondSlot& c, const HostValue& pred, Expr (*branch)(void*
   if (want != kUnknownShape && s.shape[n] != kUnknownShape && s.shape[n] != want)
     throw_user(site, "the ", taken ? "then" : "else", " branch returned shape ", s.shape_of(n).str(),
                " but the cond declares ", s.shapes[want].str());
-  g.trace().resolve(c.result.id(), n, "cond");
+  g.trace().resolve(c.result.id(), n);
 }
 
 }  // namespace cond_impl
@@ -132,7 +132,7 @@ std::vector<Expr> loop(std::vector<Expr> init, std::function<Expr(const std::vec
     // A state downstream of an unresolved dsl::cond has no shape yet: the
     // loop's result gets it when the loop ends (Trace::resolve).
     NodeId n = g.node_of(e, "loop", loc);
-    out.push_back(g.expr(g.trace().placeholder(g.store().shape[n], site.example, loc)));
+    out.push_back(g.expr(g.trace().placeholder(g.store().shape[n], site.example, "loop", loc)));
     st->results.push_back(out.back().id());
   }
   loop_step(st, std::move(init), 0);

@@ -137,6 +137,8 @@ void Engine::expect_can_run(std::string_view what, Loc loc) const {
   if (frozen_) throw_frozen();
   if (recording_body_) throw_in_body(what, loc);
   if (t_delivering == this) throw_in_delivery(what, loc);
+  trace_.expect_params_unchanged();
+  functions_.expect_params_unchanged(generation_);
 }
 
 void Engine::forward(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
@@ -304,7 +306,7 @@ at::Tensor Engine::value(NodeId n, Loc loc) {
                              "(co_await sheaf::fetch_values(e)), or set GraphOptions::defer_unawaited = false to "
                              "run every recorded node as soon as it can"
                            : "; call forward() after recording it";
-    throw_user_at(loc, "value() of a node that has not been computed (op '", op_info(s.op[n]).name, "' recorded at ",
+    throw_user_at(loc, "value() of a node that has not been computed (op '", trace_.site_of(n).op, "' recorded at ",
                   format_loc(s.loc[n]), ")", hint);
   }
   const at::Tensor& t = lazy_.get(s, s.value_at[r].batch);
@@ -406,7 +408,7 @@ void Engine::call_later(const std::shared_ptr<const FunctionDef>& def, std::span
   pending.loc = site.loc;
   out.clear();
   for (size_t k = 0; k < expected; ++k) {
-    pending.holders.push_back(trace_.placeholder(kUnknownShape, example, site.loc));
+    pending.holders.push_back(trace_.placeholder(kUnknownShape, example, def->name, site.loc));
     out.push_back(expr(pending.holders.back()));
   }
   trace_.when_shapes_known(args, [this, index] { run_pending_call(index); });
@@ -436,7 +438,7 @@ void Engine::run_pending_call(uint32_t index) {
     for (const Expr& r : results) values.push_back(r.id());
   }
   // (Resolving runs the watchers it wakes, which may run pending calls too.)
-  for (size_t k = 0; k < p.holders.size(); ++k) trace_.resolve(p.holders[k], values[k], p.def->name);
+  for (size_t k = 0; k < p.holders.size(); ++k) trace_.resolve(p.holders[k], values[k]);
 }
 
 // The body recorded here, op by op, on the arguments themselves.
@@ -456,7 +458,7 @@ void Engine::check_targets(std::span<const Expr> targets, Loc loc) const {
   const NodeStore& s = trace_.store();
   for (const Expr& t : targets) {
     if (s.has(s.resolve(t.id()), NodeStore::kComputed)) continue;
-    throw_user(Site{"forward", s.example[t.id()], loc}, "a target (op '", op_info(s.op[t.id()]).name,
+    throw_user(Site{"forward", s.example[t.id()], loc}, "a target (op '", trace_.site_of(t.id()).op,
                "' recorded at ", format_loc(s.loc[t.id()]),
                ") could not be computed: it depends on a dsl::cond or dsl::loop that never resolved, or on a "
                "launch that failed earlier");
@@ -473,7 +475,7 @@ void Engine::throw_runaway(int max_rounds, Loc loc) const {
   for (const Waiter& w : waiters_) {
     if (!w.callback || shown == 3) continue;
     os << (shown++ ? "; " : " Still waiting: ") << "example " << s.example[w.node] << " on op '"
-       << op_info(s.op[w.node]).name << "' recorded at " << format_loc(s.loc[w.node]);
+       << trace_.site_of(w.node).op << "' recorded at " << format_loc(s.loc[w.node]);
   }
   throw_user_at(loc, os.str());
 }

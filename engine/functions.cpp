@@ -50,6 +50,11 @@ void FunctionCache::trim(uint32_t epoch) {
   last_.fill(kNone32);
 }
 
+void FunctionCache::expect_params_unchanged(uint32_t epoch) const {
+  for (const std::unique_ptr<Variant>& v : variants_)
+    if (v->recorded && v->epoch == epoch) engine_of(*v->graph).trace().expect_params_unchanged();
+}
+
 uint32_t FunctionCache::find_or_record(const FunctionDef& def, std::span<const uint32_t> signature, uint32_t epoch,
                                        const GraphOptions& options, const Site& site, const Trace& caller) {
   uint32_t index = kNone32;

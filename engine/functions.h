@@ -111,6 +111,9 @@ class FunctionCache final : public FunctionTable {
   // from batch to batch keeps only the recent ones). Call nodes name variants
   // by index: only between batches.
   void trim(uint32_t epoch);
+  // Trace::expect_params_unchanged for the bodies recorded for generation
+  // `epoch`: a body's steps read the parameters it recorded, as a graph does.
+  void expect_params_unchanged(uint32_t epoch) const;
   const FunctionBody& body(int64_t index) const override { return variants_[static_cast<size_t>(index)]->body; }
   size_t size() const { return variants_.size(); }
 

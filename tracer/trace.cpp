@@ -441,9 +441,11 @@ ShapeId Trace::row_shape(NodeId x) { return s_.shapes.row(s_.shape[x]); }
 // cond ~250 instructions. Not a candidate: a round would only drop it
 // (unresolved), and resolve() adds it. (A gated net's placeholders were a
 // ninth of its rounds' visits.)
-NodeId Trace::placeholder(ShapeId shape, int64_t example, std::source_location loc) {
+NodeId Trace::placeholder(ShapeId shape, int64_t example, std::string_view made_by, std::source_location loc) {
   const bool shared = (example < 0 ? current_example_ : example) == kSharedExample;
-  return s_.append(code_of<op::Placeholder>, shape, {}, {}, 0, example, loc,
+  const auto maker = static_cast<int64_t>(std::find(makers_.begin(), makers_.end(), made_by) - makers_.begin());
+  if (static_cast<size_t>(maker) == makers_.size()) makers_.emplace_back(made_by);
+  return s_.append(code_of<op::Placeholder>, shape, {}, {}, maker, example, loc,
                    static_cast<uint8_t>(NodeStore::kPlaceholder | (shared ? NodeStore::kShared : 0)));
 }
 
@@ -481,11 +483,12 @@ NodeId Trace::call_result(NodeId call, std::span<const int64_t> attrs, ShapeId s
                    static_cast<uint8_t>(s_.flags[call] & NodeStore::kShared));
 }
 
-void Trace::resolve(NodeId p, NodeId value, std::string_view op) {
+void Trace::resolve(NodeId p, NodeId value) {
   SHEAF_ASSERT(s_.has(p, NodeStore::kPlaceholder) && s_.alias[p] == kNoNode, "node ", p,
                " is not an unresolved placeholder");
   NodeId r = s_.resolve(value);
-  const Site site{op, s_.example[p], s_.loc[p]};
+  const Site site = site_of(p);
+  const std::string_view op = site.op;
   // (A chain of placeholders ends at p: the value is p itself, through others.)
   if (r == p)
     throw_user(site, "the value it resolves to is its own result (a branch or body returned the Expr this ",
@@ -650,6 +653,19 @@ bool Trace::infer_deferred(NodeId d) {
 
 // ---------------------------------------------------------------------------
 
+void Trace::expect_params_unchanged() const {
+  for (const auto& [impl, n] : params_) {
+    const at::Tensor& w = s_.user_tensors[static_cast<size_t>(s_.payload[n])];
+    const Shape& recorded = s_.shape_of(n);
+    if (w.scalar_type() != at::kFloat || w.device() != device_)
+      throw_user(site_of(n), "the parameter's tensor became ", w.scalar_type(), " on ", w.device(),
+                 " after it was recorded (as float on ", device_, "); parameters are read at forward()");
+    if (!std::ranges::equal(w.sizes(), recorded.dims()))
+      throw_user(site_of(n), "the parameter's sizes changed after it was recorded: recorded as ", recorded.str(),
+                 ", now ", w.sizes(), " (parameters are read at forward(); record the graph again after resizing it)");
+  }
+}
+
 void Trace::clear() {
   s_.clear();
   // Signature ids start again from 0, and node ids: forget the entries that
@@ -681,7 +697,13 @@ void Trace::clear() {
   current_example_ = 0;
 }
 
-Site Trace::site_of(NodeId n) const { return Site{op_info(s_.op[n]).name, s_.example[n], s_.loc[n]}; }
+Site Trace::site_of(NodeId n) const {
+  // A placeholder is named for what made it (the user wrote a cond, not a placeholder).
+  const std::string_view op = s_.has(n, NodeStore::kPlaceholder)
+                                  ? std::string_view(makers_[static_cast<size_t>(s_.payload[n])])
+                                  : op_info(s_.op[n]).name;
+  return Site{op, s_.example[n], s_.loc[n]};
+}
 
 void Trace::expect_known_shape(NodeId n, std::string_view what, std::source_location loc) const {
   if (s_.shape[n] != kUnknownShape) return;

@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <source_location>
 #include <span>
@@ -61,15 +62,16 @@ class Trace {
 
   // ---- Control flow. A placeholder stands for a value decided later (a cond's
   // result, a loop's final state); resolve() binds it to the node it became and
-  // infers the shapes that waited for it. `op` names what made the placeholder
-  // (errors name it): a value that is the placeholder itself (a branch that
+  // infers the shapes that waited for it. `made_by` names what made the
+  // placeholder (dsl::cond, dsl::loop, a function's name): errors about it
+  // name that op. A value that is the placeholder itself (a branch that
   // returns its own cond's result) is a UserError. A per-example placeholder
   // that becomes a shared value (a branch returning a parameter) is bound to
   // a per-example copy of it: what read the placeholder before it was
   // resolved was signed as reading a per-example value, and batches with
   // nodes that read other examples' own values.
-  NodeId placeholder(ShapeId shape, int64_t example, std::source_location loc);
-  void resolve(NodeId placeholder, NodeId value, std::string_view op = "placeholder");
+  NodeId placeholder(ShapeId shape, int64_t example, std::string_view made_by, std::source_location loc);
+  void resolve(NodeId placeholder, NodeId value);
 
   // A call of a function's body (ops/call.h): attrs and shape are the body's
   // (engine/functions.h), and `verdict`, kept by the caller per body, is the
@@ -115,6 +117,10 @@ class Trace {
   // How many recorded nodes read parameter node p (a shared tensor read by one
   // node only was probably made per example, and splits batches: Stats::split_shared).
   uint32_t param_uses(NodeId p) const { return p < param_uses_.size() ? param_uses_[p] : 0; }
+  // Throws UserError (naming the g.param line) if a parameter's tensor was
+  // resized, or moved to another dtype or device, since it was recorded: its
+  // readers were inferred and planned for what it was, and read what it is.
+  void expect_params_unchanged() const;
   // Throws UserError (naming `loc` and n's own line) if n's shape waits on a dsl::cond.
   void expect_known_shape(NodeId n, std::string_view what, std::source_location loc) const;
 
@@ -157,6 +163,9 @@ class Trace {
   std::vector<uint32_t> watcher_missing_;
   std::vector<uint32_t> watchers_due_;
   void run_due_watchers();
+  // What made each placeholder (its payload indexes this): a few names, each
+  // once, never moved (a Site holds a view of one); kept across clear().
+  std::deque<std::string> makers_;
   // record()'s scratch, for ops with many arguments.
   std::vector<const Shape*> arg_shapes_;
   std::vector<uint8_t> arg_shared_;

@@ -246,7 +246,7 @@ TEST_CASE("build_round: a node parked after listing some arguments leaves none b
   std::vector<NodeId> ps, ys, zs;
   for (size_t i = 0; i < kN; ++i) {
     t.set_current_example(static_cast<int64_t>(i));
-    ps.push_back(t.placeholder(t.store().shape[f.xs[i]], static_cast<int64_t>(i), here));
+    ps.push_back(t.placeholder(t.store().shape[f.xs[i]], static_cast<int64_t>(i), "cond", here));
     ys.push_back(f.unary(code_of<op::Tanh>, ps.back()));
     zs.push_back(f.binary(code_of<op::Add>, f.xs[i], ys.back()));
   }
