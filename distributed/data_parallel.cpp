@@ -388,6 +388,7 @@ struct DataParallel::Impl {
 
 DataParallel::DataParallel(std::vector<at::Tensor> params, const Rendezvous& where, DataParallelOptions options)
     : impl_(std::make_unique<Impl>()) {
+  where.check();  // (one worker never opens a store, where it would be checked)
   Impl& m = *impl_;
   m.where = where;
   m.o = std::move(options);

@@ -36,13 +36,13 @@ int env_int(const char* name, int min, int max, std::optional<int> fallback = st
   return value;
 }
 
-void check(const Rendezvous& r) {
-  if (r.world_size < 1) throw UserError(detail::cat("sheaf::Rendezvous: world size ", r.world_size, " (needs >= 1)"));
-  if (r.rank < 0 || r.rank >= r.world_size)
-    throw UserError(detail::cat("sheaf::Rendezvous: rank ", r.rank, " is not in 0..", r.world_size - 1));
-}
-
 }  // namespace
+
+void Rendezvous::check() const {
+  if (world_size < 1) throw UserError(detail::cat("sheaf::Rendezvous: world size ", world_size, " (needs >= 1)"));
+  if (rank < 0 || rank >= world_size)
+    throw UserError(detail::cat("sheaf::Rendezvous: rank ", rank, " is not in 0..", world_size - 1));
+}
 
 Rendezvous Rendezvous::from_env() {
   Rendezvous r;
@@ -63,7 +63,7 @@ Rendezvous Rendezvous::file_store(std::string path, int rank, int world_size) {
   r.rank = r.local_rank = rank;
   r.world_size = world_size;
   r.file = std::move(path);
-  check(r);
+  r.check();
   return r;
 }
 
@@ -75,7 +75,7 @@ std::string Rendezvous::describe() const {
 namespace detail {
 
 c10::intrusive_ptr<c10d::Store> open_store(const Rendezvous& where, std::chrono::milliseconds timeout) {
-  check(where);
+  where.check();
   const double seconds = std::chrono::duration<double>(timeout).count();
   if (!where.file.empty()) {
     try {

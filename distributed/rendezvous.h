@@ -23,6 +23,9 @@ struct Rendezvous {
   static Rendezvous file_store(std::string path, int rank, int world_size);
 
   bool distributed() const { return world_size > 1; }
+  // UserError unless world_size >= 1 and rank is in 0..world_size-1 (a
+  // Rendezvous filled in by hand is checked by whoever uses it).
+  void check() const;
   std::string describe() const;  // "rank 1 of 2 via 127.0.0.1:29500" (for errors and logs)
 };
 

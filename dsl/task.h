@@ -61,6 +61,8 @@ void cancel_await(const AwaitToken& token);
 void report_task_failure(std::exception_ptr error);
 
 struct PromiseBase;
+// Links an awaiting task's promise to the promise of the task it waits on.
+inline void link(PromiseBase& caller, PromiseBase& callee);
 // Records that a task has left its first run (see PromiseOf::unhandled_exception).
 template <class P>
 void mark_suspended(std::coroutine_handle<P> h) noexcept {
@@ -135,20 +137,41 @@ class [[nodiscard]] Task {
   }
 
   // co_await a task from another task: resumes the caller when it finishes.
+  // One task waits on it at a time (it has one continuation); once it has
+  // finished, any number may read its value (each gets a copy; a value that
+  // cannot be copied is moved out, once).
   struct Awaiter {
     std::coroutine_handle<promise_type> h;
     bool await_ready() const noexcept { return h.done(); }
     template <class P>
-    void await_suspend(std::coroutine_handle<P> caller) noexcept {
-      h.promise().continuation = caller;
+    void await_suspend(std::coroutine_handle<P> caller) {
+      auto& p = h.promise();
+      if (p.continuation)
+        throw_user_at(std::source_location{}, "co_await of a task that another task already waits on: a task "
+                      "resumes one awaiter; await it from one place and share its result");
+      p.continuation = caller;
+      if constexpr (std::is_base_of_v<detail::PromiseBase, P>) detail::link(caller.promise(), p);
       detail::mark_suspended(caller);
     }
-    decltype(auto) await_resume() {
-      if (h.promise().error) std::rethrow_exception(h.promise().error);
-      if constexpr (!std::is_void_v<T>) return std::move(*h.promise().value);
+    std::conditional_t<std::is_void_v<T>, void, T> await_resume() {
+      auto& p = h.promise();
+      if (p.error) std::rethrow_exception(p.error);
+      if constexpr (!std::is_void_v<T>) {
+        if constexpr (std::is_copy_constructible_v<T>) {
+          return *p.value;
+        } else {
+          if (p.taken) throw_user_at(std::source_location{}, "co_await of a finished task whose result was moved "
+                                     "out already (a result that cannot be copied is read once)");
+          p.taken = true;
+          return std::move(*p.value);
+        }
+      }
     }
   };
-  Awaiter operator co_await() noexcept { return Awaiter{h_}; }
+  Awaiter operator co_await() {
+    if (!h_) throw_user_at(std::source_location{}, "co_await of an empty task (moved from)");
+    return Awaiter{h_};
+  }
 
  private:
   friend struct detail::PromiseOf<T>;
@@ -170,11 +193,36 @@ struct FinalAwaiter {
 
 struct PromiseBase {
   std::coroutine_handle<> continuation;
+  // The awaiting task's promise, and the task this one waits on: whichever
+  // frame is destroyed first unlinks the other (a parent destroyed while its
+  // child runs on must not be resumed; a child destroyed first never resumes it).
+  PromiseBase* waiter = nullptr;
+  PromiseBase* awaiting = nullptr;
   bool suspended = false;  // the first run (inside the call that made the task) is over
+  bool taken = false;      // a value that cannot be copied was moved out to an awaiter
   std::exception_ptr error;
+  PromiseBase() = default;
+  PromiseBase(const PromiseBase&) = delete;
+  PromiseBase& operator=(const PromiseBase&) = delete;
+  ~PromiseBase() {
+    if (awaiting) {
+      awaiting->continuation = {};
+      awaiting->waiter = nullptr;
+    }
+    if (waiter) waiter->awaiting = nullptr;
+  }
   std::suspend_never initial_suspend() noexcept { return {}; }
-  FinalAwaiter final_suspend() noexcept { return {continuation}; }
+  FinalAwaiter final_suspend() noexcept {
+    if (waiter) waiter->awaiting = nullptr;  // about to resume it: the link is done
+    waiter = nullptr;
+    return {continuation};
+  }
 };
+
+inline void link(PromiseBase& caller, PromiseBase& callee) {
+  caller.awaiting = &callee;
+  callee.waiter = &caller;
+}
 
 // An error during the first run leaves the coroutine's ramp, which frees the
 // frame and destroys the Task it returned (GCC and the standard after CWG2451),

@@ -141,6 +141,16 @@ void Engine::expect_can_run(std::string_view what, Loc loc) const {
   functions_.expect_params_unchanged(generation_);
 }
 
+void Engine::expect_can_clear(Loc loc) const {
+  if (frozen_) throw_frozen();
+  if (recording_body_) throw_in_body("clear", loc);
+  if (t_delivering == this) throw_in_delivery("clear", loc);
+  if (functions_.recording())
+    throw_user(Site{"clear", kSharedExample, loc},
+               "called while a sheaf::Function's body records for a call on this graph (from inside the body): "
+               "the call is still being recorded on it");
+}
+
 void Engine::forward(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
   expect_can_run("forward", loc);
   if (options.max_rounds < 1)
@@ -179,6 +189,11 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
   }
   if (!failures_.empty()) throw_failures(loc);
   check_targets(targets, loc);
+  // Nothing more can run, and a cond, loop or coroutine still waits: its
+  // value depends on a launch that failed in an earlier forward (never
+  // retried), or on control flow that never resolves. Said now, not as a
+  // task that "has not finished" or a cond result that is never computed.
+  if (live_waiters_ > 0) throw_stuck(loc);
 }
 
 void Engine::prepare(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
@@ -465,18 +480,32 @@ void Engine::check_targets(std::span<const Expr> targets, Loc loc) const {
   }
 }
 
-// The runaway's culprits: the nodes still awaited when the limit struck.
-void Engine::throw_runaway(int max_rounds, Loc loc) const {
+// The first few nodes still awaited.
+void Engine::describe_waiters(std::ostream& os) const {
   const NodeStore& s = trace_.store();
-  std::ostringstream os;
-  os << "forward stopped after " << max_rounds
-     << " rounds of control flow (ForwardOptions::max_rounds): a dsl::loop or coroutine may never finish.";
   int shown = 0;
   for (const Waiter& w : waiters_) {
     if (!w.callback || shown == 3) continue;
     os << (shown++ ? "; " : " Still waiting: ") << "example " << s.example[w.node] << " on op '"
        << trace_.site_of(w.node).op << "' recorded at " << format_loc(s.loc[w.node]);
   }
+}
+
+// The runaway's culprits: the nodes still awaited when the limit struck.
+void Engine::throw_runaway(int max_rounds, Loc loc) const {
+  std::ostringstream os;
+  os << "forward stopped after " << max_rounds
+     << " rounds of control flow (ForwardOptions::max_rounds): a dsl::loop or coroutine may never finish.";
+  describe_waiters(os);
+  throw_user_at(loc, os.str());
+}
+
+void Engine::throw_stuck(Loc loc) const {
+  std::ostringstream os;
+  os << "forward ended with " << live_waiters_ << " awaited value(s) that could not be computed: each depends "
+     << "on a launch that failed earlier (never retried) or on a dsl::cond or dsl::loop that never resolved; "
+     << "the conds, loops and coroutines waiting on them cannot go on (clear() starts afresh).";
+  describe_waiters(os);
   throw_user_at(loc, os.str());
 }
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <iosfwd>
 #include <memory>
 #include <source_location>
 #include <span>
@@ -108,7 +109,8 @@ class Engine {
   void forward(std::span<const Expr> targets, const ForwardOptions& options, Loc loc);
   void prepare(std::span<const Expr> targets, const ForwardOptions& options, Loc loc);
   at::Tensor value(NodeId n, Loc loc);  // a computed node's value, connected to autograd (made now if a fused kernel kept it)
-  void clear();
+  void clear();  // unchecked: the library's own clears (a body recorded again)
+  void expect_can_clear(Loc loc) const;  // the user's clear(): not while its nodes are being read
 
   // ---- State for Graph's accessors.
   GraphOptions& options() { return options_; }
@@ -139,6 +141,8 @@ class Engine {
   std::vector<HostValue> fetch_to_host(std::span<const NodeId> nodes);
   void check_targets(std::span<const Expr> targets, Loc loc) const;
   [[noreturn]] void throw_runaway(int max_rounds, Loc loc) const;
+  [[noreturn]] void throw_stuck(Loc loc) const;
+  void describe_waiters(std::ostream& os) const;
   void throw_failures(Loc loc);
   void start_trace_clock();
   void stop_trace_clock();

@@ -117,8 +117,8 @@ void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const u
     v.graph = std::make_unique<Graph>(o);
   }
   Graph& g = *v.graph;
-  g.clear();
   Engine& e = engine_of(g);
+  e.clear();  // (frozen since its last recording: the library's own clear)
   std::vector<Expr> args, results;
   std::vector<NodeId> arg_nodes, result_nodes;
   {

@@ -111,6 +111,12 @@ class FunctionCache final : public FunctionTable {
   // from batch to batch keeps only the recent ones). Call nodes name variants
   // by index: only between batches.
   void trim(uint32_t epoch);
+  // Whether a body is being recorded (for a call on the calling graph now).
+  bool recording() const {
+    for (const std::unique_ptr<Variant>& v : variants_)
+      if (v->recording) return true;
+    return false;
+  }
   // Trace::expect_params_unchanged for the bodies recorded for generation
   // `epoch`: a body's steps read the parameters it recorded, as a graph does.
   void expect_params_unchanged(uint32_t epoch) const;

@@ -50,7 +50,10 @@ void Graph::forward(std::span<const Expr> targets, const ForwardOptions& options
 void Graph::prepare(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
   engine_->prepare(targets, options, loc);
 }
-void Graph::clear() { engine_->clear(); }
+void Graph::clear(Loc loc) {
+  engine_->expect_can_clear(loc);
+  engine_->clear();
+}
 
 void Graph::set_strategy(const Strategy& s) { engine_->options().strategy = &s; }
 const GraphOptions& Graph::options() const { return engine_->options(); }

@@ -159,8 +159,10 @@ class Graph {
   // Forgets every node; Exprs made before become invalid (using one is a UserError).
   // Weights laid out for inference by the graph just cleared stay held, with a
   // copy of each (GraphOptions::pack_weights), until a graph that does not use
-  // them is cleared.
-  void clear();
+  // them is cleared. Refused (a UserError) inside this graph's own forward
+  // (a cond branch, a loop step, a coroutine it resumes) and inside a
+  // sheaf::Function's body while it records: both still read the nodes.
+  void clear(Loc loc = Loc::current());
 
   void set_strategy(const Strategy& s);
   const GraphOptions& options() const;

@@ -68,9 +68,9 @@ Prefetcher::~Prefetcher() {  // finishes the batch in flight, then stops the wor
   worker_->thread.join();
 }
 
+// (Into a graph cleared already, on take()'s thread.)
 void Prefetcher::record_into(int slot, size_t batch) {
   Graph& g = *graphs_[slot];
-  g.clear();
   targets_[slot] = record_(g, batch);
   g.prepare(targets_[slot], forward_);
 }
@@ -87,9 +87,16 @@ Prefetcher::Batch Prefetcher::take(size_t i, std::optional<size_t> next) {
     ready = w.batch == i;
     if (w.error) std::rethrow_exception(std::exchange(w.error, nullptr));  // the worker's error
   }
-  if (!ready) record_into(slot, i);
+  if (!ready) {
+    graphs_[slot]->clear();
+    record_into(slot, i);
+  }
   current_ = slot;
   if (next) {
+    // The last batch's graph is cleared here, not by the worker: the caller
+    // may still hold its Exprs, which must then fail as cleared (not race
+    // with a clear on the worker's thread).
+    graphs_[1 - slot]->clear();
     {
       std::lock_guard lock(w.mu);
       w.slot = 1 - slot;

@@ -441,11 +441,26 @@ ShapeId Trace::row_shape(NodeId x) { return s_.shapes.row(s_.shape[x]); }
 // cond ~250 instructions. Not a candidate: a round would only drop it
 // (unresolved), and resolve() adds it. (A gated net's placeholders were a
 // ninth of its rounds' visits.)
+int64_t Trace::maker_index(std::string_view made_by) {
+  // A cond or a loop (most placeholders): fixed entries, a compare of four bytes.
+  if (makers_.empty()) {
+    makers_.emplace_back("cond");
+    makers_.emplace_back("loop");
+  }
+  if (made_by == "cond") return 0;
+  if (made_by == "loop") return 1;
+  for (const RecentMaker& m : recent_makers_)
+    if (m.name != nullptr && m.data == made_by.data() && *m.name == made_by) return m.index;
+  const auto at = std::find(makers_.begin(), makers_.end(), made_by);
+  const auto maker = static_cast<int64_t>(at - makers_.begin());
+  const std::string& name = at != makers_.end() ? *at : makers_.emplace_back(made_by);
+  recent_makers_[next_maker_++ % recent_makers_.size()] = RecentMaker{made_by.data(), &name, maker};
+  return maker;
+}
+
 NodeId Trace::placeholder(ShapeId shape, int64_t example, std::string_view made_by, std::source_location loc) {
   const bool shared = (example < 0 ? current_example_ : example) == kSharedExample;
-  const auto maker = static_cast<int64_t>(std::find(makers_.begin(), makers_.end(), made_by) - makers_.begin());
-  if (static_cast<size_t>(maker) == makers_.size()) makers_.emplace_back(made_by);
-  return s_.append(code_of<op::Placeholder>, shape, {}, {}, maker, example, loc,
+  return s_.append(code_of<op::Placeholder>, shape, {}, {}, maker_index(made_by), example, loc,
                    static_cast<uint8_t>(NodeStore::kPlaceholder | (shared ? NodeStore::kShared : 0)));
 }
 
@@ -487,16 +502,14 @@ void Trace::resolve(NodeId p, NodeId value) {
   SHEAF_ASSERT(s_.has(p, NodeStore::kPlaceholder) && s_.alias[p] == kNoNode, "node ", p,
                " is not an unresolved placeholder");
   NodeId r = s_.resolve(value);
-  const Site site = site_of(p);
-  const std::string_view op = site.op;
   // (A chain of placeholders ends at p: the value is p itself, through others.)
   if (r == p)
-    throw_user(site, "the value it resolves to is its own result (a branch or body returned the Expr this ",
-               op, " gives, e.g. a variable captured by reference and then assigned the result): capture the "
-               "value it had before by copy");
+    throw_user(site_of(p), "the value it resolves to is its own result (a branch or body returned the Expr this ",
+               site_of(p).op, " gives, e.g. a variable captured by reference and then assigned the result): capture "
+               "the value it had before by copy");
   const ShapeId want = s_.shape[p], got = s_.shape[r];
   if (want != kUnknownShape && got != kUnknownShape && want != got)
-    throw_user(site, declared_mismatch(s_.shapes[got], s_.shapes[want]));
+    throw_user(site_of(p), declared_mismatch(s_.shapes[got], s_.shapes[want]));
   if (s_.has(r, NodeStore::kShared) && !s_.has(p, NodeStore::kShared)) {
     // zeros + the shared value, recorded for p's example: a per-example node
     // with the shared value's value and gradient.

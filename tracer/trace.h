@@ -165,7 +165,17 @@ class Trace {
   void run_due_watchers();
   // What made each placeholder (its payload indexes this): a few names, each
   // once, never moved (a Site holds a view of one); kept across clear().
+  // The recent ones by address (the callers pass literals and function
+  // names that outlive the graph): no string compare per placeholder.
   std::deque<std::string> makers_;
+  struct RecentMaker {
+    const char* data = nullptr;
+    const std::string* name = nullptr;  // (checked too: another name may come to live at a freed one's address)
+    int64_t index = 0;
+  };
+  std::array<RecentMaker, 4> recent_makers_{};
+  size_t next_maker_ = 0;
+  int64_t maker_index(std::string_view made_by);
   // record()'s scratch, for ops with many arguments.
   std::vector<const Shape*> arg_shapes_;
   std::vector<uint8_t> arg_shared_;

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include <ATen/ops/zeros.h>
 #include <sheaf/core/error.h>
 #include <sheaf/distributed/data_parallel.h>
 
@@ -187,6 +188,19 @@ TEST_CASE("Rendezvous reads torchrun's variables, and names a bad one", "[distri
   CHECK_THROWS_WITH(sheaf::Rendezvous::from_env(), Catch::Contains("MASTER_PORT is not set"));
   for (const char* v : {"WORLD_SIZE", "RANK", "MASTER_ADDR"}) unsetenv(v);
   CHECK(sheaf::Rendezvous::from_env().world_size == 1);
+  // Filled in by hand: one worker opens no store, and was never checked (its
+  // shard() then indexed past the one shard).
+  sheaf::Rendezvous alone;
+  alone.rank = 1;
+  const std::vector<at::Tensor> params{at::zeros({2}).requires_grad_()};
+  CHECK_THROWS_WITH(sheaf::DataParallel(params, alone), Catch::Contains("rank 1 is not in 0..0"));
+  alone.rank = 0;
+  alone.world_size = 0;
+  CHECK_THROWS_WITH(sheaf::DataParallel(params, alone), Catch::Contains("world size 0"));
+  alone.world_size = 1;
+  sheaf::DataParallel dp(params, alone);
+  const std::vector<double> work{1.0, 2.0};
+  CHECK(dp.shard(work) == std::vector<size_t>({0, 1}));
 }
 
 TEST_CASE("two workers on half batches equal one worker on the whole batches", "[distributed]") {

@@ -2,6 +2,8 @@
 // the graph and the process stay usable afterwards.
 #include <sheaf/ops/user_op.h>
 
+#include <optional>
+
 #include "../support.h"
 
 using namespace sheaf;
@@ -292,6 +294,32 @@ TEST_CASE("a failed launch names op and examples, and the graph stays usable", "
   Expr y2 = fails(dsl::affine(W(), g.input(at::randn({3})), B()));
   g.forward(y2);
   CHECK(y2.value().sizes() == at::IntArrayRef({4}));
+}
+
+TEST_CASE("a coroutine or cond awaiting a value that cannot be computed makes forward say so", "[dsl][errors][backend]") {
+  Graph g;
+  Expr y = fails(g.input(at::ones({3})));
+  failing = true;
+  REQUIRE_THROWS_WITH(g.forward(y), Contains("batched launch"));
+  failing = false;
+  // Awaited after the failure: forward used to end quietly, leaving a task
+  // that "has not finished" and a cond whose result is never computed.
+  const int line = __LINE__ + 2;
+  auto await_sum = [](Expr v) -> Task<Expr> {
+    const double s = co_await fetch_item(dsl::sum(v));
+    co_return v * s;
+  };
+  std::optional<Task<Expr>> t;
+  t.emplace(await_sum(y));  // (the sum is y's example's: 0)
+  REQUIRE_THROWS_WITH(g.forward(), Contains("could not be computed") && Contains("example 0 on op 'sum'") &&
+                                       Contains("test_errors.cpp:" + std::to_string(line)));
+  CHECK_FALSE(t->done());
+  Expr c = dsl::cond(dsl::sum(y) > 0.0, [y] { return y; }, [y] { return -y; });
+  REQUIRE_THROWS_WITH(g.forward(c), Contains("could not be computed"));
+  g.clear();  // and afresh
+  Expr z = fails(g.input(at::ones({3})));
+  g.forward(z);
+  CHECK(at::equal(z.value(), at::full({3}, 2.0)));
 }
 
 TEST_CASE("a cond whose predicate ran before a failed launch of its round is served by the next forward",

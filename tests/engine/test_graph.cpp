@@ -282,6 +282,21 @@ TEST_CASE("lookups read their table's rows where no gradient goes to it", "[trac
       for (size_t i = 0; i < ids.size(); ++i) CHECK(at::allclose(batch.targets[i].value(), expected(i), 1e-5, 1e-6));
     }
   }
+  SECTION("a Prefetcher's last batch is cleared by take(), not by its worker: its Exprs fail as cleared") {
+    Prefetcher pf({}, [&](Graph& g, size_t) {
+      std::vector<Expr> words, ys;
+      record(g, words, ys);
+      return ys;
+    });
+    Prefetcher::Batch first = pf.take(0, 1);
+    first.graph.forward(first.targets);
+    const Expr kept = first.targets[0];
+    Prefetcher::Batch second = pf.take(1, 2);  // the worker records batch 2 into the first graph meanwhile
+    // Deterministically a UserError (it raced with the worker's clear before).
+    REQUIRE_THROWS_WITH(kept.value(), Contains("cleared"));
+    second.graph.forward(second.targets);
+    CHECK(at::allclose(second.targets[0].value(), expected(0), 1e-5, 1e-6));
+  }
   SECTION("the checker agrees, every strategy, inference") {
     c10::NoGradGuard no_grad;
     const CheckReport r = check_batched(6, [&](Graph& g, int i) {

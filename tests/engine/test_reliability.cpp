@@ -36,7 +36,109 @@ Task<Expr> parent(Graph& g, int i, int fail_at) {
   co_return dsl::tanh(y);
 }
 
+// Waits on a task it does not own.
+Task<Expr> await_ref(Task<Expr>& child) {
+  Expr y = co_await child;
+  co_return dsl::tanh(y);
+}
+
+// Waits on the same task twice.
+Task<Expr> await_twice(Task<Expr>& child) {
+  Expr a = co_await child;
+  Expr b = co_await child;
+  co_return a + b;
+}
+
+Task<std::vector<int64_t>> ids(Graph& g, int i) {
+  Expr x = g.input(data({3}, i));
+  const int64_t k = co_await fetch_argmax(x);
+  co_return std::vector<int64_t>{k, k + 1};
+}
+
+Task<int64_t> read_ids_twice(Task<std::vector<int64_t>>& child) {
+  const std::vector<int64_t> a = co_await child;
+  const std::vector<int64_t> b = co_await child;  // a copy: not the moved-from vector
+  co_return static_cast<int64_t>(a.size() + b.size());
+}
+
 }  // namespace
+
+TEST_CASE("A: a parent destroyed while the child it awaits runs on is not resumed", "[engine][reliability][task]") {
+  // The child outlives its parent: without unlinking them, the child's end
+  // resumed the freed parent frame (ASan's stage sees a regression).
+  Graph g;
+  auto scope = g.example(1);
+  Task<Expr> child = scaled(g, 1);
+  std::optional<Task<Expr>> parent_task(await_ref(child));
+  parent_task.reset();
+  g.forward();
+  REQUIRE(child.done());
+  CHECK(at::allclose(child.result().value(), data({3}, 1) * data({3}, 1).sum()));
+  // A child destroyed first leaves its parent waiting, not resumed by anything freed.
+  std::optional<Task<Expr>> child2(scaled(g, 2));
+  Task<Expr> parent2 = await_ref(*child2);
+  child2.reset();
+  g.forward();
+  CHECK_FALSE(parent2.done());
+}
+
+TEST_CASE("A: a task awaited twice, by two tasks or after it finished, or moved from", "[engine][reliability][task]") {
+  Graph g;
+  auto scope = g.example(1);
+  // Two tasks wait on one: the second is told, not left waiting forever.
+  Task<Expr> shared = scaled(g, 1);
+  Task<Expr> first = await_ref(shared);
+  // (Thrown before the second task's first suspension: from the call that makes it.)
+  REQUIRE_THROWS_WITH((void)await_ref(shared), Contains("another task already waits on"));
+  g.forward();
+  REQUIRE(first.done());
+  const at::Tensor y = data({3}, 1) * data({3}, 1).sum();
+  CHECK(at::allclose(first.result().value(), at::tanh(y)));
+  // After it finished, each co_await reads its value (a copy: the second read is not a moved-from value).
+  Task<Expr> again = await_twice(shared);
+  REQUIRE(again.done());
+  g.forward();
+  CHECK(at::allclose(again.result().value(), 2.0 * y));
+  Task<std::vector<int64_t>> v = ids(g, 3);
+  Task<int64_t> n = read_ids_twice(v);
+  g.forward();
+  REQUIRE(n.done());
+  CHECK(n.result() == 4);
+  // co_await of a moved-from task: a UserError in the awaiting task, not a null handle.
+  Task<Expr> moved = scaled(g, 4);
+  Task<Expr> owner = std::move(moved);
+  REQUIRE_THROWS_WITH((void)await_ref(moved), Contains("empty task"));
+  g.forward();
+  CHECK(owner.done());
+}
+
+TEST_CASE("clear() inside its graph's own forward or inside a function body is a UserError", "[engine][reliability]") {
+  // It emptied the store that the forward (or the call being recorded) was
+  // still reading: out-of-bounds reads (ASan), or freed function variants.
+  Graph g;
+  Expr x = g.input(at::ones({3}));
+  Expr y = dsl::cond(dsl::sum(x) > 0.0, [&g, x] { g.clear(); return x; }, [x] { return x; });
+  REQUIRE_THROWS_WITH(g.forward(y), Contains("op 'clear'") && Contains("this graph's own forward"));
+  g.clear();  // outside forward: fine
+  auto clear_in_task = [](Graph& h) -> Task<Expr> {
+    Expr a = h.input(at::ones({2}));
+    const double s = co_await fetch_item(dsl::sum(a));
+    h.clear();
+    co_return a * s;
+  };
+  Task<Expr> t = clear_in_task(g);
+  REQUIRE_THROWS_WITH(g.forward(), Contains("op 'clear'"));
+  g.clear();
+  // Inside a body: the body's own graph, and the graph that calls it.
+  auto own = sheaf::function("own", [](Expr a) { a.graph().clear(); return a; });
+  REQUIRE_THROWS_WITH(own(g.input(at::ones({2}))), Contains("op 'clear'") && Contains("sheaf::Function's body"));
+  auto caller = sheaf::function("caller", [&g](Expr a) { g.clear(); return a; });
+  REQUIRE_THROWS_WITH(caller(g.input(at::ones({2}))), Contains("op 'clear'") && Contains("body records"));
+  // The graph is usable after each.
+  Expr z = dsl::tanh(g.input(at::ones({2})));
+  g.forward(z);
+  CHECK(at::allclose(z.value(), at::tanh(at::ones({2}))));
+}
 
 TEST_CASE("A: tasks destroyed before forward are withdrawn from the graph", "[engine][reliability][task]") {
   Graph g;
