@@ -137,9 +137,11 @@ class [[nodiscard]] Task {
   }
 
   // co_await a task from another task: resumes the caller when it finishes.
-  // One task waits on it at a time (it has one continuation); once it has
-  // finished, any number may read its value (each gets a copy; a value that
-  // cannot be copied is moved out, once).
+  // One task waits on it at a time (it has one continuation). Once it has
+  // finished, `co_await t` reads its value (a reference into the task, which
+  // holds it), as often as wanted; `co_await std::move(t)` or a temporary
+  // task moves it out, once.
+  template <bool Move>
   struct Awaiter {
     std::coroutine_handle<promise_type> h;
     bool await_ready() const noexcept { return h.done(); }
@@ -153,27 +155,29 @@ class [[nodiscard]] Task {
       if constexpr (std::is_base_of_v<detail::PromiseBase, P>) detail::link(caller.promise(), p);
       detail::mark_suspended(caller);
     }
-    std::conditional_t<std::is_void_v<T>, void, T> await_resume() {
+    decltype(auto) await_resume() {
       auto& p = h.promise();
       if (p.error) std::rethrow_exception(p.error);
       if constexpr (!std::is_void_v<T>) {
-        if constexpr (std::is_copy_constructible_v<T>) {
-          return *p.value;
-        } else {
-          if (p.taken) throw_user_at(std::source_location{}, "co_await of a finished task whose result was moved "
-                                     "out already (a result that cannot be copied is read once)");
+        if (p.taken) throw_user_at(std::source_location{}, "co_await of a finished task whose result was moved "
+                                   "out already (co_await std::move(task) or of a temporary task moves it)");
+        if constexpr (Move) {
           p.taken = true;
-          return std::move(*p.value);
+          return T(std::move(*p.value));
+        } else {
+          return static_cast<T&>(*p.value);
         }
       }
     }
   };
-  Awaiter operator co_await() {
-    if (!h_) throw_user_at(std::source_location{}, "co_await of an empty task (moved from)");
-    return Awaiter{h_};
-  }
+  Awaiter<false> operator co_await() & { return Awaiter<false>{handle("co_await")}; }
+  Awaiter<true> operator co_await() && { return Awaiter<true>{handle("co_await")}; }
 
  private:
+  std::coroutine_handle<promise_type> handle(const char* what) const {
+    if (!h_) throw_user_at(std::source_location{}, what, " of an empty task (moved from)");
+    return h_;
+  }
   friend struct detail::PromiseOf<T>;
   explicit Task(std::coroutine_handle<promise_type> h) : h_(h) { h_.promise().owner = this; }
   std::coroutine_handle<promise_type> h_;
@@ -199,7 +203,7 @@ struct PromiseBase {
   PromiseBase* waiter = nullptr;
   PromiseBase* awaiting = nullptr;
   bool suspended = false;  // the first run (inside the call that made the task) is over
-  bool taken = false;      // a value that cannot be copied was moved out to an awaiter
+  bool taken = false;      // its value was moved out to an awaiter (co_await of an rvalue task)
   std::exception_ptr error;
   PromiseBase() = default;
   PromiseBase(const PromiseBase&) = delete;

@@ -136,7 +136,9 @@ void Engine::throw_in_delivery(std::string_view what, Loc loc) const {
 void Engine::expect_can_run(std::string_view what, Loc loc) const {
   if (frozen_) throw_frozen();
   if (recording_body_) throw_in_body(what, loc);
-  if (t_delivering == this) throw_in_delivery(what, loc);
+  // (Its own flag, not the thread's innermost delivery: another graph's
+  // forward inside this one's delivery may call back into this graph.)
+  if (delivering_ != nullptr) throw_in_delivery(what, loc);
   trace_.expect_params_unchanged();
   functions_.expect_params_unchanged(generation_);
 }
@@ -144,7 +146,7 @@ void Engine::expect_can_run(std::string_view what, Loc loc) const {
 void Engine::expect_can_clear(Loc loc) const {
   if (frozen_) throw_frozen();
   if (recording_body_) throw_in_body("clear", loc);
-  if (t_delivering == this) throw_in_delivery("clear", loc);
+  if (delivering_ != nullptr) throw_in_delivery("clear", loc);
   if (functions_.recording())
     throw_user(Site{"clear", kSharedExample, loc},
                "called while a sheaf::Function's body records for a call on this graph (from inside the body): "
@@ -193,7 +195,16 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
   // value depends on a launch that failed in an earlier forward (never
   // retried), or on control flow that never resolves. Said now, not as a
   // task that "has not finished" or a cond result that is never computed.
-  if (live_waiters_ > 0) throw_stuck(loc);
+  // Each wait is reported once: a later forward of other work runs.
+  if (live_waiters_ > 0) {
+    uint64_t newest = 0;
+    for (const Waiter& w : waiters_)
+      if (w.callback) newest = std::max(newest, w.order + 1);
+    if (newest > stuck_reported_) {
+      stuck_reported_ = newest;
+      throw_stuck(loc);
+    }
+  }
 }
 
 void Engine::prepare(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
@@ -348,6 +359,7 @@ void Engine::clear() {
   waiters_.clear();
   free_waiters_.clear();
   live_waiters_ = 0;
+  stuck_reported_ = 0;
   watch_head_.clear();
   watches_.clear();
   due_.clear();

@@ -186,6 +186,7 @@ class Engine {
   std::vector<NodeId> awaited_;  // scratch: the nodes of unmarked_'s live waiters
   NodeId defer_from_ = 0;        // the first node control flow recorded in this forward()
   uint64_t next_order_ = 0;
+  uint64_t stuck_reported_ = 0;  // waiters below this order were reported as stuck (forward's end)
   std::vector<Failure> failures_;
   std::vector<at::Tensor> fetched_;  // what the current delivery's HostValues point into
   // Scratch of deliver_waiters, used before it calls back (a callback's own

@@ -13,8 +13,9 @@
 // graphs may be recorded and run on different threads at once.
 //
 // Inputs are not copied when recorded: a tensor given to input() or param() is
-// read when forward() runs (change it in place in between and the result sees
-// the change), as LibTorch's own ops would.
+// read when forward() runs (change its values in place in between and the
+// result sees the change, as LibTorch's own ops would; its sizes, dtype or
+// device changed since recording are a UserError).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -140,7 +141,9 @@ class Graph {
   // resolves control flow whose predicates became known, and repeats until
   // nothing is left. Nodes recorded after a forward run at the next forward.
   // If user code fails during forward (a branch, a loop body, a coroutine), the
-  // other examples still complete; then a UserError names the failures.
+  // other examples still complete; then a UserError names the failures. A
+  // forward that ends while control flow waits on a value that can never be
+  // computed (a launch failed earlier) says so once, naming the waits.
   void forward(std::span<const Expr> targets = {}, const ForwardOptions& options = {}, Loc loc = Loc::current());
   void forward(Expr target, const ForwardOptions& options = {}, Loc loc = Loc::current()) {
     forward(std::span(&target, 1), options, loc);
@@ -160,8 +163,9 @@ class Graph {
   // Weights laid out for inference by the graph just cleared stay held, with a
   // copy of each (GraphOptions::pack_weights), until a graph that does not use
   // them is cleared. Refused (a UserError) inside this graph's own forward
-  // (a cond branch, a loop step, a coroutine it resumes) and inside a
-  // sheaf::Function's body while it records: both still read the nodes.
+  // (a cond branch, a loop step, a coroutine it resumes), inside a
+  // sheaf::Function's body while it records, and on a body's own graph: all
+  // still read the nodes.
   void clear(Loc loc = Loc::current());
 
   void set_strategy(const Strategy& s);

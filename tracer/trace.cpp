@@ -720,7 +720,7 @@ Site Trace::site_of(NodeId n) const {
 
 void Trace::expect_known_shape(NodeId n, std::string_view what, std::source_location loc) const {
   if (s_.shape[n] != kUnknownShape) return;
-  throw_user_at(loc, what, " of a value recorded by op '", op_info(s_.op[n]).name, "' at ",
+  throw_user_at(loc, what, " of a value recorded by op '", site_of(n).op, "' at ",
                 detail::format_loc(s_.loc[n]),
                 " is not known yet: it depends on a dsl::cond whose branch is chosen during forward(); read it after "
                 "forward()");

@@ -165,8 +165,8 @@ class Trace {
   void run_due_watchers();
   // What made each placeholder (its payload indexes this): a few names, each
   // once, never moved (a Site holds a view of one); kept across clear().
-  // The recent ones by address (the callers pass literals and function
-  // names that outlive the graph): no string compare per placeholder.
+  // cond and loop are entries 0 and 1; function names are found among the
+  // recent ones by address (then checked), not searched for per placeholder.
   std::deque<std::string> makers_;
   struct RecentMaker {
     const char* data = nullptr;

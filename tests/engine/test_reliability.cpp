@@ -61,6 +61,30 @@ Task<int64_t> read_ids_twice(Task<std::vector<int64_t>>& child) {
   co_return static_cast<int64_t>(a.size() + b.size());
 }
 
+// Moves its child's result out twice: the second is a UserError.
+Task<int64_t> move_out_twice(Task<std::vector<int64_t>>& child) {
+  const std::vector<int64_t> a = co_await std::move(child);
+  const std::vector<int64_t> b = co_await std::move(child);
+  co_return static_cast<int64_t>(a.size() + b.size());
+}
+
+// Results that cannot be copied: moved out of a temporary task, read in place from a named one.
+Task<std::unique_ptr<int>> boxed(Graph& g) {
+  Expr x = g.input(data({3}, 7));
+  const double s = co_await fetch_item(dsl::sum(x * 0.0 + 1.0));
+  co_return std::make_unique<int>(static_cast<int>(s));
+}
+Task<std::vector<std::unique_ptr<int>>> boxes(Graph& g) {
+  std::vector<std::unique_ptr<int>> v;
+  v.push_back(co_await boxed(g));
+  co_return v;
+}
+Task<int> unbox(Graph& g) {
+  Task<std::vector<std::unique_ptr<int>>> t = boxes(g);
+  const std::vector<std::unique_ptr<int>>& v = co_await t;
+  co_return *v[0];
+}
+
 }  // namespace
 
 TEST_CASE("A: a parent destroyed while the child it awaits runs on is not resumed", "[engine][reliability][task]") {
@@ -74,7 +98,8 @@ TEST_CASE("A: a parent destroyed while the child it awaits runs on is not resume
   g.forward();
   REQUIRE(child.done());
   CHECK(at::allclose(child.result().value(), data({3}, 1) * data({3}, 1).sum()));
-  // A child destroyed first leaves its parent waiting, not resumed by anything freed.
+  // A child destroyed first leaves its parent waiting (as before the change);
+  // what this guards, under ASan, is the parent's link to the freed child.
   std::optional<Task<Expr>> child2(scaled(g, 2));
   Task<Expr> parent2 = await_ref(*child2);
   child2.reset();
@@ -104,6 +129,15 @@ TEST_CASE("A: a task awaited twice, by two tasks or after it finished, or moved 
   g.forward();
   REQUIRE(n.done());
   CHECK(n.result() == 4);
+  // co_await std::move(task) moves the result out, once.
+  Task<std::vector<int64_t>> w = ids(g, 5);
+  Task<int64_t> twice = move_out_twice(w);
+  REQUIRE_THROWS_WITH(g.forward(), Contains("moved out already"));
+  CHECK(twice.failed());
+  Task<int> u = unbox(g);
+  g.forward();
+  REQUIRE(u.done());
+  CHECK(u.result() == 3);
   // co_await of a moved-from task: a UserError in the awaiting task, not a null handle.
   Task<Expr> moved = scaled(g, 4);
   Task<Expr> owner = std::move(moved);
