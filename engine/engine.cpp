@@ -143,6 +143,12 @@ void Engine::expect_can_run(std::string_view what, Loc loc) const {
   functions_.expect_params_unchanged(generation_);
 }
 
+void Engine::retire() {
+  if (retired_) return;
+  generation_ = bump_generation(slot_);
+  retired_ = true;
+}
+
 void Engine::expect_can_clear(Loc loc) const {
   if (frozen_) throw_frozen();
   if (recording_body_) throw_in_body("clear", loc);
@@ -372,7 +378,8 @@ void Engine::clear() {
   prepared_ = false;
   recording_ = false;
   frozen_ = false;
-  generation_ = bump_generation(slot_);
+  if (!retired_) generation_ = bump_generation(slot_);
+  retired_ = false;
   functions_.trim(generation_);
   transposed_.clear();
   row_gathers_.clear();

@@ -111,6 +111,10 @@ class Engine {
   at::Tensor value(NodeId n, Loc loc);  // a computed node's value, connected to autograd (made now if a fused kernel kept it)
   void clear();  // unchecked: the library's own clears (a body recorded again)
   void expect_can_clear(Loc loc) const;  // the user's clear(): not while its nodes are being read
+  // Makes every Expr of this graph stale now (a UserError when used), leaving
+  // the work of clear() to whichever thread calls it next (Prefetcher: the
+  // worker frees the last batch; the caller's kept Exprs fail, not race).
+  void retire();
 
   // ---- State for Graph's accessors.
   GraphOptions& options() { return options_; }
@@ -186,7 +190,8 @@ class Engine {
   std::vector<NodeId> awaited_;  // scratch: the nodes of unmarked_'s live waiters
   NodeId defer_from_ = 0;        // the first node control flow recorded in this forward()
   uint64_t next_order_ = 0;
-  uint64_t stuck_reported_ = 0;  // waiters below this order were reported as stuck (forward's end)
+  uint64_t stuck_reported_ = 0;
+  bool retired_ = false;  // retire() bumped the generation: the next clear() does not  // waiters below this order were reported as stuck (forward's end)
   std::vector<Failure> failures_;
   std::vector<at::Tensor> fetched_;  // what the current delivery's HostValues point into
   // Scratch of deliver_waiters, used before it calls back (a callback's own

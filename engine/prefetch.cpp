@@ -8,6 +8,8 @@
 #include <thread>
 #include <utility>
 
+#include "engine.h"
+
 namespace sheaf {
 
 // A job slot for one thread: take() posts (slot, batch), the thread records it
@@ -68,9 +70,9 @@ Prefetcher::~Prefetcher() {  // finishes the batch in flight, then stops the wor
   worker_->thread.join();
 }
 
-// (Into a graph cleared already, on take()'s thread.)
 void Prefetcher::record_into(int slot, size_t batch) {
   Graph& g = *graphs_[slot];
+  g.clear();
   targets_[slot] = record_(g, batch);
   g.prepare(targets_[slot], forward_);
 }
@@ -87,16 +89,13 @@ Prefetcher::Batch Prefetcher::take(size_t i, std::optional<size_t> next) {
     ready = w.batch == i;
     if (w.error) std::rethrow_exception(std::exchange(w.error, nullptr));  // the worker's error
   }
-  if (!ready) {
-    graphs_[slot]->clear();
-    record_into(slot, i);
-  }
+  if (!ready) record_into(slot, i);
   current_ = slot;
   if (next) {
-    // The last batch's graph is cleared here, not by the worker: the caller
-    // may still hold its Exprs, which must then fail as cleared (not race
-    // with a clear on the worker's thread).
-    graphs_[1 - slot]->clear();
+    // The last batch's Exprs go stale here, on the caller's thread: one it
+    // still holds then fails as cleared, instead of racing with the worker's
+    // clear(), which frees the batch off this thread as before.
+    detail::engine_of(*graphs_[1 - slot]).retire();
     {
       std::lock_guard lock(w.mu);
       w.slot = 1 - slot;
