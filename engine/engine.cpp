@@ -133,12 +133,16 @@ void Engine::throw_in_delivery(std::string_view what, Loc loc) const {
              "await what you need instead (co_await sheaf::fetch_values(e), or a dsl::cond on it)");
 }
 
-void Engine::expect_can_run(std::string_view what, Loc loc) const {
+void Engine::expect_not_reading(std::string_view what, Loc loc) const {
   if (frozen_) throw_frozen();
   if (recording_body_) throw_in_body(what, loc);
   // (Its own flag, not the thread's innermost delivery: another graph's
   // forward inside this one's delivery may call back into this graph.)
   if (delivering_ != nullptr) throw_in_delivery(what, loc);
+}
+
+void Engine::expect_can_run(std::string_view what, Loc loc) const {
+  expect_not_reading(what, loc);
   trace_.expect_params_unchanged();
   functions_.expect_params_unchanged(generation_);
 }
@@ -150,9 +154,7 @@ void Engine::retire() {
 }
 
 void Engine::expect_can_clear(Loc loc) const {
-  if (frozen_) throw_frozen();
-  if (recording_body_) throw_in_body("clear", loc);
-  if (delivering_ != nullptr) throw_in_delivery("clear", loc);
+  expect_not_reading("clear", loc);
   if (functions_.recording())
     throw_user(Site{"clear", kSharedExample, loc},
                "called while a sheaf::Function's body records for a call on this graph (from inside the body): "

@@ -190,8 +190,8 @@ class Engine {
   std::vector<NodeId> awaited_;  // scratch: the nodes of unmarked_'s live waiters
   NodeId defer_from_ = 0;        // the first node control flow recorded in this forward()
   uint64_t next_order_ = 0;
-  uint64_t stuck_reported_ = 0;
-  bool retired_ = false;  // retire() bumped the generation: the next clear() does not  // waiters below this order were reported as stuck (forward's end)
+  uint64_t stuck_reported_ = 0;  // waiters below this order were reported as stuck (forward's end)
+  bool retired_ = false;         // retire() bumped the generation: the next clear() does not
   std::vector<Failure> failures_;
   std::vector<at::Tensor> fetched_;  // what the current delivery's HostValues point into
   // Scratch of deliver_waiters, used before it calls back (a callback's own
@@ -214,8 +214,11 @@ class Engine {
   [[noreturn]] void throw_frozen() const;
   [[noreturn]] void throw_in_body(std::string_view what, Loc loc) const;
   [[noreturn]] void throw_in_delivery(std::string_view what, Loc loc) const;
-  // forward/prepare (`what`) may run: not a frozen body, a body recording, or
-  // inside a delivery of this graph's own forward.
+  // Not while this graph's nodes are being read: a frozen body, a body
+  // recording, or inside a delivery of this graph's own forward.
+  void expect_not_reading(std::string_view what, Loc loc) const;
+  // forward/prepare (`what`) may run: not while reading, and no parameter
+  // changed since it was recorded.
   void expect_can_run(std::string_view what, Loc loc) const;
   std::chrono::steady_clock::time_point trace_start_;
   // Calls whose arguments' shapes wait on a dsl::cond (call_later), kept here

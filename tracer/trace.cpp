@@ -436,17 +436,8 @@ ShapeId Trace::row_shape(NodeId x) { return s_.shapes.row(s_.shape[x]); }
 // ---------------------------------------------------------------------------
 // Placeholders and deferred shapes.
 
-// Nothing to infer or check (its shape is given, it has no arguments): appended
-// directly, which record() would do after a memo lookup that cost a gated net's
-// cond ~250 instructions. Not a candidate: a round would only drop it
-// (unresolved), and resolve() adds it. (A gated net's placeholders were a
-// ninth of its rounds' visits.)
 int64_t Trace::maker_index(std::string_view made_by) {
   // A cond or a loop (most placeholders): fixed entries, a compare of four bytes.
-  if (makers_.empty()) {
-    makers_.emplace_back("cond");
-    makers_.emplace_back("loop");
-  }
   if (made_by == "cond") return 0;
   if (made_by == "loop") return 1;
   for (const RecentMaker& m : recent_makers_)
@@ -458,6 +449,11 @@ int64_t Trace::maker_index(std::string_view made_by) {
   return maker;
 }
 
+// Nothing to infer or check (its shape is given, it has no arguments): appended
+// directly, which record() would do after a memo lookup that cost a gated net's
+// cond ~250 instructions. Not a candidate: a round would only drop it
+// (unresolved), and resolve() adds it. (A gated net's placeholders were a
+// ninth of its rounds' visits.)
 NodeId Trace::placeholder(ShapeId shape, int64_t example, std::string_view made_by, std::source_location loc) {
   const bool shared = (example < 0 ? current_example_ : example) == kSharedExample;
   return s_.append(code_of<op::Placeholder>, shape, {}, {}, maker_index(made_by), example, loc,

@@ -167,7 +167,7 @@ class Trace {
   // once, never moved (a Site holds a view of one); kept across clear().
   // cond and loop are entries 0 and 1; function names are found among the
   // recent ones by address (then checked), not searched for per placeholder.
-  std::deque<std::string> makers_;
+  std::deque<std::string> makers_{"cond", "loop"};
   struct RecentMaker {
     const char* data = nullptr;
     const std::string* name = nullptr;  // (checked too: another name may come to live at a freed one's address)
