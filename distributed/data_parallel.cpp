@@ -67,6 +67,7 @@ struct DataParallel::Impl {
   std::vector<at::Tensor> sparse_grads;
   size_t next_launch = 0;
   bool armed = false;
+  int local = 0;  // LocalGradients alive: gradients outside backward() are this rank's own
   std::mutex mu;  // hooks may run on autograd's device threads
 
   c10::intrusive_ptr<c10d::Store> store;
@@ -201,7 +202,14 @@ struct DataParallel::Impl {
 
   void on_grad(size_t i, const at::Tensor& grad) {
     std::lock_guard lock(mu);
-    if (!armed) return;
+    if (!armed) {
+      if (local > 0) return;
+      throw UserError(detail::cat(
+          who(), ": parameter ", i, " ", params[i].sizes(), " got a gradient outside DataParallel::backward (a plain "
+          "loss.backward(), or autograd::grad over the parameters): it would not be summed across the ", where.world_size,
+          " workers, and their models would drift apart. Call dp.backward(loss); for gradients meant for this rank "
+          "alone, hold `auto local = dp.local_gradients();` while computing them"));
+    }
     const size_t k = bucket_of[i];
     if (sparse[i]) {
       if (!grad.is_sparse())
@@ -412,6 +420,18 @@ std::vector<size_t> DataParallel::shard(std::span<const double> work) const {
 }
 
 void DataParallel::backward(const at::Tensor& loss) { impl_->backward(loss); }
+DataParallel::LocalGradients DataParallel::local_gradients() {
+  std::lock_guard lock(impl_->mu);
+  ++impl_->local;
+  return LocalGradients(this);
+}
+
+DataParallel::LocalGradients::~LocalGradients() {
+  if (dp_ == nullptr) return;
+  std::lock_guard lock(dp_->impl_->mu);
+  --dp_->impl_->local;
+}
+
 void DataParallel::broadcast(std::span<const at::Tensor> tensors) { impl_->broadcast(tensors); }
 std::vector<double> DataParallel::sum(std::vector<double> values) {
   if (world_size() == 1 || values.empty()) return values;

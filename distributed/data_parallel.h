@@ -28,6 +28,7 @@
 #include <memory>
 #include <span>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "plan.h"
@@ -89,6 +90,28 @@ class DataParallel {
   // loss.backward(), then each parameter's .grad is the sum (or mean) over
   // ranks. A parameter no rank touched gets a zero gradient.
   void backward(const at::Tensor& loss);
+
+  // With two or more workers, a parameter's gradient computed outside
+  // backward() (a plain loss.backward(), an autograd::grad over the
+  // parameters) is a UserError thrown from that backward: it would not be
+  // summed, each rank would step with its own, and the models would drift
+  // apart. Gradients meant for this rank alone (a gradient penalty, a
+  // saliency map) are computed while the guard lives:
+  //   { auto local = dp.local_gradients(); auto g = torch::autograd::grad(...); }
+  class LocalGradients {
+   public:
+    LocalGradients(LocalGradients&& o) noexcept : dp_(std::exchange(o.dp_, nullptr)) {}
+    LocalGradients(const LocalGradients&) = delete;
+    LocalGradients& operator=(const LocalGradients&) = delete;
+    LocalGradients& operator=(LocalGradients&&) = delete;
+    ~LocalGradients();
+
+   private:
+    friend class DataParallel;
+    explicit LocalGradients(DataParallel* dp) : dp_(dp) {}
+    DataParallel* dp_;
+  };
+  [[nodiscard]] LocalGradients local_gradients();
 
   // Copies rank 0's values into these tensors on every rank (e.g. optimizer
   // state after a resume). Every rank passes tensors of the same shapes.

@@ -9,6 +9,8 @@
 //                   [--bucket-mb X] [--no-overlap] [--timeout-ms N]
 //                   [--file PATH] (meet through a FileStore: RANK and WORLD_SIZE only)
 //                   [--die-at STEP] [--hang-at STEP] (this rank only: set them per rank)
+//                   [--plain-backward-at STEP] (loss.backward() instead of dp.backward: a UserError)
+//                   [--local-grad-at STEP] (first a local gradient under dp.local_gradients())
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <torch/optim/sgd.h>
@@ -30,6 +32,7 @@ namespace {
 
 struct Args {
   int steps = 3, batch = 8, hidden = 16, die_at = -1, hang_at = -1, timeout_ms = 20000;
+  int plain_backward_at = -1, local_grad_at = -1;
   double bucket_mb = 0.01;  // small: several buckets, launched during backward
   bool overlap = true;
   std::string sparse = "gather";
@@ -53,6 +56,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--timeout-ms") a.timeout_ms = std::stoi(next());
     else if (k == "--die-at") a.die_at = std::stoi(next());
     else if (k == "--hang-at") a.hang_at = std::stoi(next());
+    else if (k == "--plain-backward-at") a.plain_backward_at = std::stoi(next());
+    else if (k == "--local-grad-at") a.local_grad_at = std::stoi(next());
     else if (k == "--file") a.file = next();
     else throw UserError("unknown option " + k);
   }
@@ -88,9 +93,15 @@ void train(const Args& a, models::TreeLSTM& m, const std::vector<data::Tree>& tr
     }
     if (dp != nullptr && s == a.die_at) _exit(9);
     if (dp != nullptr && s == a.hang_at) std::this_thread::sleep_for(std::chrono::hours(1));
+    if (dp != nullptr && s == a.local_grad_at && loss.defined()) {
+      // A gradient for this rank alone (as a gradient penalty would take),
+      // then the step's own: the result must not change.
+      auto local = dp->local_gradients();
+      loss.backward({}, /*retain_graph=*/true);
+    }
     opt.zero_grad();
-    if (dp != nullptr) dp->backward(loss);
-    else loss.backward();
+    if (dp != nullptr && s != a.plain_backward_at) dp->backward(loss);
+    else if (loss.defined()) loss.backward();
     opt.step();
   }
 }

@@ -274,6 +274,25 @@ TEST_CASE("a worker that dies or hangs stops the others with an error naming it"
   }
 }
 
+TEST_CASE("a gradient outside DataParallel::backward is a UserError unless asked for as local", "[distributed]") {
+  // Both ranks: a plain loss.backward() at step 1 would step each with its own gradients.
+  const std::vector<std::string> plain{"--steps", "3", "--plain-backward-at", "1"};
+  for (const Exit& e : run_workers({plain, plain}, {}, 60s)) {
+    INFO(e.out);
+    CHECK(e.status == 2);
+    CHECK_THAT(e.out, Catch::Contains("got a gradient outside DataParallel::backward"));
+    CHECK_THAT(e.out, Catch::Contains("dp.local_gradients()"));
+  }
+  // Under the guard the same backward is allowed, and the step's summed
+  // gradients (and so the result) are unchanged.
+  const std::vector<std::string> local{"--steps", "3", "--local-grad-at", "1"};
+  for (const Exit& e : run_workers({local, local}, {}, 60s)) {
+    INFO(e.out);
+    CHECK(e.status == 0);
+    CHECK_THAT(e.out, Catch::Contains("max |data-parallel - one worker|"));
+  }
+}
+
 TEST_CASE("workers with different models stop at the start, saying so", "[distributed]") {
   const auto out = run_workers({{"--hidden", "16"}, {"--hidden", "24"}}, {}, 60s);
   for (const Exit& e : out) {
