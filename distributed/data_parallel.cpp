@@ -93,6 +93,7 @@ struct DataParallel::Impl {
 
   void join() {
     store = detail::open_store(where, o.timeout);
+    roll_call();
     put("beat", 0);
     put("phase", 0);
     beat = std::thread([this] {
@@ -131,6 +132,68 @@ struct DataParallel::Impl {
     if (!where.file.empty() || a == "localhost" || a.starts_with("127.") || a == "::1")
       return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
     return c10d::ProcessGroupGloo::createDefaultDevice();
+  }
+
+  // Every rank says the world it was started for and claims its number, then
+  // waits for all of them: two workers with one RANK, or workers started with
+  // different WORLD_SIZEs, are a UserError on every rank that can tell, not
+  // a store's timeout (or a hang) further on. Each rank's world is read as
+  // soon as it arrives (a rank waiting for a rank that will never come still
+  // learns why).
+  void roll_call() {
+    const double seconds = std::chrono::duration<double>(o.timeout).count();
+    std::vector<std::string> claims;
+    for (int r = 0; r < where.world_size; ++r) claims.push_back(key("rank", r));
+    const std::string read0 = "sheaf/rank-0-world-read";
+    auto stop = [&](const std::string& why, int arrived) {
+      // Rank 0 serves the store: it stays until the ranks that arrived read
+      // its world (they report the mismatch themselves), or a moment passes.
+      const auto until = Clock::now() + std::min<Clock::duration>(o.timeout, std::chrono::seconds(2));
+      while (where.rank == 0 && store->add(read0, 0) < arrived - 1 && Clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      throw UserError(detail::cat(who(), ": ", why));
+    };
+    auto duplicate = [&](int r) {
+      return detail::cat("two workers were started with RANK=", r, " (each needs its own rank, 0..WORLD_SIZE-1)");
+    };
+    try {
+      store->set(key("world", where.rank), as_bytes(std::to_string(where.world_size)));
+      if (store->add(claims[static_cast<size_t>(where.rank)], 1) > 1) throw UserError(who() + ": " + duplicate(where.rank));
+      std::vector<bool> arrived(static_cast<size_t>(where.world_size), false);
+      int count = 0;
+      const auto deadline = Clock::now() + o.timeout;
+      for (;;) {
+        for (int r = 0; r < where.world_size; ++r) {
+          const size_t ri = static_cast<size_t>(r);
+          if (arrived[ri] || !store->check({claims[ri]})) continue;
+          arrived[ri] = true;
+          ++count;
+          const int64_t world = std::stoll(as_string(store->get(key("world", r))));
+          if (r == 0 && where.rank != 0) store->add(read0, 1);
+          if (world != where.world_size)
+            stop(detail::cat("rank ", r, " was started with WORLD_SIZE=", world, ", this rank with ",
+                             where.world_size, " (every worker needs the same WORLD_SIZE)"), count);
+        }
+        if (count == where.world_size) break;
+        if (Clock::now() >= deadline) {
+          std::string missing;
+          for (int r = 0; r < where.world_size; ++r) {
+            if (!arrived[static_cast<size_t>(r)]) missing += detail::cat(missing.empty() ? "" : ", ", r);
+            else if (store->add(claims[static_cast<size_t>(r)], 0) > 1) stop(duplicate(r), count);
+          }
+          stop(detail::cat("rank(s) ", missing, " did not arrive within ", seconds, " s (were all ", where.world_size,
+                           " workers started?)"), count);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      for (int r = 0; r < where.world_size; ++r)
+        if (store->add(claims[static_cast<size_t>(r)], 0) > 1) stop(duplicate(r), count);
+    } catch (const UserError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw DistributedError(detail::cat(who(), ": the rendezvous store stopped answering while the workers met (",
+                                         where.rank == 0 ? "" : "did rank 0 stop? ", e.what(), ")"));
+    }
   }
 
   // Every rank publishes its parameter list and compares it with everyone's,

@@ -11,6 +11,7 @@
 //                   [--die-at STEP] [--hang-at STEP] (this rank only: set them per rank)
 //                   [--plain-backward-at STEP] (loss.backward() instead of dp.backward: a UserError)
 //                   [--local-grad-at STEP] (first a local gradient under dp.local_gradients())
+//                   [--rank R] [--world-size N] (instead of the environment's, for a misconfigured worker)
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <torch/optim/sgd.h>
@@ -32,7 +33,7 @@ namespace {
 
 struct Args {
   int steps = 3, batch = 8, hidden = 16, die_at = -1, hang_at = -1, timeout_ms = 20000;
-  int plain_backward_at = -1, local_grad_at = -1;
+  int plain_backward_at = -1, local_grad_at = -1, rank = -1, world_size = -1;
   double bucket_mb = 0.01;  // small: several buckets, launched during backward
   bool overlap = true;
   std::string sparse = "gather";
@@ -58,6 +59,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--hang-at") a.hang_at = std::stoi(next());
     else if (k == "--plain-backward-at") a.plain_backward_at = std::stoi(next());
     else if (k == "--local-grad-at") a.local_grad_at = std::stoi(next());
+    else if (k == "--rank") a.rank = std::stoi(next());
+    else if (k == "--world-size") a.world_size = std::stoi(next());
     else if (k == "--file") a.file = next();
     else throw UserError("unknown option " + k);
   }
@@ -108,6 +111,8 @@ void train(const Args& a, models::TreeLSTM& m, const std::vector<data::Tree>& tr
 
 int run(const Args& a) {
   Rendezvous where = Rendezvous::from_env();
+  if (a.rank >= 0) where.rank = a.rank;
+  if (a.world_size >= 0) where.world_size = a.world_size;
   if (!a.file.empty()) where = Rendezvous::file_store(a.file, where.rank, where.world_size);
   const std::vector<data::Tree> trees =
       data::synthetic_trees({.count = a.steps * a.batch, .max_words = 12, .vocab_size = 200, .seed = 3});
