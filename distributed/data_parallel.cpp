@@ -497,7 +497,20 @@ DataParallel::LocalGradients::~LocalGradients() {
 
 void DataParallel::broadcast(std::span<const at::Tensor> tensors) { impl_->broadcast(tensors); }
 std::vector<double> DataParallel::sum(std::vector<double> values) {
-  if (world_size() == 1 || values.empty()) return values;
+  if (world_size() == 1) return values;
+  // First how many: a collective over tensors of different lengths hangs or
+  // fails inside Gloo, naming nothing. (One more small collective per call:
+  // sum() is for an epoch's numbers, not per step.)
+  const auto n = static_cast<int64_t>(values.size());
+  std::vector<at::Tensor> counts{at::tensor({n, -n}, at::kLong)};
+  c10d::AllreduceOptions largest;
+  largest.reduceOp = c10d::ReduceOp::MAX;
+  impl_->guarded("comparing how many values each rank sums", [&] { return impl_->pg->allreduce(counts, largest)->wait(); });
+  const int64_t most = counts[0][0].item<int64_t>(), fewest = -counts[0][1].item<int64_t>();
+  if (most != fewest)
+    throw UserError(detail::cat(impl_->who(), ": DataParallel::sum got ", n, " values on this rank, but the ranks "
+                                "passed from ", fewest, " to ", most, ": every rank must sum the same number"));
+  if (values.empty()) return values;
   std::vector<at::Tensor> t{at::tensor(values, at::kDouble)};
   impl_->guarded("summing host values", [&] { return impl_->pg->allreduce(t)->wait(); });
   const auto a = t[0].accessor<double, 1>();

@@ -12,6 +12,7 @@
 //                   [--plain-backward-at STEP] (loss.backward() instead of dp.backward: a UserError)
 //                   [--local-grad-at STEP] (first a local gradient under dp.local_gradients())
 //                   [--rank R] [--world-size N] (instead of the environment's, for a misconfigured worker)
+//                   [--sum N] (after training: dp.sum of N values, each rank + 1, printed)
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <torch/optim/sgd.h>
@@ -33,7 +34,7 @@ namespace {
 
 struct Args {
   int steps = 3, batch = 8, hidden = 16, die_at = -1, hang_at = -1, timeout_ms = 20000;
-  int plain_backward_at = -1, local_grad_at = -1, rank = -1, world_size = -1;
+  int plain_backward_at = -1, local_grad_at = -1, rank = -1, world_size = -1, sum = -1;
   double bucket_mb = 0.01;  // small: several buckets, launched during backward
   bool overlap = true;
   std::string sparse = "gather";
@@ -61,6 +62,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--local-grad-at") a.local_grad_at = std::stoi(next());
     else if (k == "--rank") a.rank = std::stoi(next());
     else if (k == "--world-size") a.world_size = std::stoi(next());
+    else if (k == "--sum") a.sum = std::stoi(next());
     else if (k == "--file") a.file = next();
     else throw UserError("unknown option " + k);
   }
@@ -125,6 +127,12 @@ int run(const Args& a) {
   o.sparse_mode = a.sparse == "densify" ? DataParallelOptions::Sparse::densify : DataParallelOptions::Sparse::gather;
   DataParallel dp(model.parameters(), where, o);
   train(a, model, trees, &dp);
+  if (a.sum >= 0) {
+    std::string summed;
+    for (double v : dp.sum(std::vector<double>(static_cast<size_t>(a.sum), where.rank + 1.0)))
+      summed += " " + std::to_string(static_cast<int>(v));
+    std::printf("summed:%s\n", summed.c_str());
+  }
 
   models::TreeLSTM alone(mo, 1);
   train(a, alone, trees, nullptr);

@@ -331,6 +331,22 @@ TEST_CASE("two workers with one RANK or different WORLD_SIZEs stop at the start,
   }
 }
 
+TEST_CASE("DataParallel::sum adds each position over the ranks, and different lengths are a UserError", "[distributed]") {
+  const auto same = run_workers({{"--steps", "1", "--sum", "2"}, {"--steps", "1", "--sum", "2"}}, {}, 60s);
+  for (const Exit& e : same) {
+    INFO(e.out);
+    CHECK(e.status == 0);
+    CHECK_THAT(e.out, Catch::Contains("summed: 3 3\n"));
+  }
+  // One rank with none: it still takes part (it hung in Gloo before).
+  const auto differ = run_workers({{"--steps", "1", "--sum", "0"}, {"--steps", "1", "--sum", "3"}}, {}, 60s);
+  for (const Exit& e : differ) {
+    INFO(e.out);
+    CHECK(e.status == 2);
+    CHECK_THAT(e.out, Catch::Contains("the ranks passed from 0 to 3: every rank must sum the same number"));
+  }
+}
+
 TEST_CASE("workers with different models stop at the start, saying so", "[distributed]") {
   const auto out = run_workers({{"--hidden", "16"}, {"--hidden", "24"}}, {}, 60s);
   for (const Exit& e : out) {
