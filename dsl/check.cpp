@@ -142,9 +142,11 @@ Diff compare(const at::Tensor& batched, const at::Tensor& alone, double atol, do
   return {excess.numel() ? excess.max().item<double>() : 0.0, d.numel() ? d.max().item<double>() : 0.0};
 }
 
-std::string where(const NodeStore& s, NodeId n) {
+// (From the trace: a placeholder is named for the cond, loop or function that made it.)
+std::string where(const Run& run, NodeId n) {
+  const Site site = detail::engine_of(*run.graph).trace().site_of(n);
   std::ostringstream os;
-  os << "op '" << op_info(s.op[n]).name << "' recorded at " << s.loc[n].file_name() << ":" << s.loc[n].line();
+  os << "op '" << site.op << "' recorded at " << site.loc.file_name() << ":" << site.loc.line();
   return os.str();
 }
 
@@ -237,12 +239,12 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
       }
       for (size_t k = 0; k < bn.size(); ++k) {
         if (bs.op[bn[k]] != as.op[an[k]]) {
-          fail(i, name, detail::cat("node ", k, " of the example is ", where(bs, bn[k]), " batched but ",
-                                    where(as, an[k]), " alone"));
+          fail(i, name, detail::cat("node ", k, " of the example is ", where(batched, bn[k]), " batched but ",
+                                    where(alone[static_cast<size_t>(i)], an[k]), " alone"));
           break;
         }
         expect_close(value_of(batched, bn[k]), value_of(alone[static_cast<size_t>(i)], an[k]), i, name, [&](double d) {
-          return detail::cat("node ", k, " of the example (", where(bs, bn[k]), ") differs by up to ", d);
+          return detail::cat("node ", k, " of the example (", where(batched, bn[k]), ") differs by up to ", d);
         });
       }
     }

@@ -143,6 +143,10 @@ void Engine::expect_not_reading(std::string_view what, Loc loc) const {
 
 void Engine::expect_can_run(std::string_view what, Loc loc) const {
   expect_not_reading(what, loc);
+  expect_params_unchanged();
+}
+
+void Engine::expect_params_unchanged() const {
   trace_.expect_params_unchanged();
   functions_.expect_params_unchanged(generation_);
 }

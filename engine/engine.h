@@ -111,6 +111,9 @@ class Engine {
   at::Tensor value(NodeId n, Loc loc);  // a computed node's value, connected to autograd (made now if a fused kernel kept it)
   void clear();  // unchecked: the library's own clears (a body recorded again)
   void expect_can_clear(Loc loc) const;  // the user's clear(): not while its nodes are being read
+  // Its parameters, and those of the function bodies it recorded (and theirs,
+  // a body that calls a function), have the sizes, dtype and device recorded.
+  void expect_params_unchanged() const;
   // Makes every Expr of this graph stale now (a UserError when used), leaving
   // the work of clear() to whichever thread calls it next (Prefetcher: the
   // worker frees the last batch; the caller's kept Exprs fail, not race).

@@ -52,7 +52,7 @@ void FunctionCache::trim(uint32_t epoch) {
 
 void FunctionCache::expect_params_unchanged(uint32_t epoch) const {
   for (const std::unique_ptr<Variant>& v : variants_)
-    if (v->recorded && v->epoch == epoch) engine_of(*v->graph).trace().expect_params_unchanged();
+    if (v->recorded && v->epoch == epoch) engine_of(*v->graph).expect_params_unchanged();
 }
 
 uint32_t FunctionCache::find_or_record(const FunctionDef& def, std::span<const uint32_t> signature, uint32_t epoch,

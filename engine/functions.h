@@ -117,8 +117,9 @@ class FunctionCache final : public FunctionTable {
       if (v->recording) return true;
     return false;
   }
-  // Trace::expect_params_unchanged for the bodies recorded for generation
-  // `epoch`: a body's steps read the parameters it recorded, as a graph does.
+  // Engine::expect_params_unchanged for the bodies recorded for generation
+  // `epoch` (and so for the bodies they call): a body's steps read the
+  // parameters it recorded, as a graph does.
   void expect_params_unchanged(uint32_t epoch) const;
   const FunctionBody& body(int64_t index) const override { return variants_[static_cast<size_t>(index)]->body; }
   size_t size() const { return variants_.size(); }

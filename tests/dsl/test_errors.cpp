@@ -168,6 +168,32 @@ TEST_CASE("a parameter resized or converted after it was recorded is a UserError
   u.resize_({3}).fill_(3.0);
   f.forward(out);
   CHECK(at::equal(out.value(), at::full({3}, 3.0)));
+  // Two levels: a body that calls that function (its body is recorded in the
+  // outer body's graph, and was not checked).
+  auto twice = sheaf::function("twice", [&scale](Expr a) { return scale(a) + 1.0; });
+  Graph k;
+  Expr out2 = twice(k.input(at::ones({3})));
+  u.resize_({1});
+  REQUIRE_THROWS_WITH(k.forward(out2), Contains("op 'param'") && Contains("sizes changed") &&
+                                           Contains("test_errors.cpp:" + std::to_string(body_line)));
+  u.resize_({3}).fill_(2.0);
+  k.forward(out2);
+  CHECK(at::equal(out2.value(), at::full({3}, 3.0)));
+}
+
+TEST_CASE("check_batched names a cond's result by its cond", "[dsl][errors]") {
+  // A program that records differently on its first run (the reference,
+  // alone) than later (batched): node 3 is the cond's result alone, a tanh batched.
+  int calls = 0;
+  const CheckReport r = check_batched(1, [&calls](Graph& g, int) {
+    Expr x = g.input(at::ones({2}));
+    if (calls++ == 0) return dsl::cond(dsl::sum(x) > 0.0, [x] { return dsl::tanh(x); }, [x] { return x; });
+    [[maybe_unused]] Expr unused = dsl::sum(x) > 0.0;
+    return dsl::tanh(dsl::tanh(x));
+  });
+  INFO(r.message);
+  CHECK(!r.ok);
+  CHECK_THAT(r.message, Contains("but op 'cond' recorded at") && Contains("test_errors.cpp"));
 }
 
 TEST_CASE("a shape read from an Expr stays valid while the graph records new shapes", "[dsl][errors]") {
