@@ -134,66 +134,79 @@ struct DataParallel::Impl {
     return c10d::ProcessGroupGloo::createDefaultDevice();
   }
 
-  // Every rank says the world it was started for and claims its number, then
-  // waits for all of them: two workers with one RANK, or workers started with
-  // different WORLD_SIZEs, are a UserError on every rank that can tell, not
-  // a store's timeout (or a hang) further on. Each rank's world is read as
-  // soon as it arrives (a rank waiting for a rank that will never come still
-  // learns why).
+  // Before anything else, a roll call: each rank claims its number and says
+  // the world it was started for; rank 0 waits for every claim (or the
+  // timeout) and publishes one verdict that every rank acts on, so that two
+  // workers with one RANK, workers started with different WORLD_SIZEs, or a
+  // worker that never comes are a UserError saying so on every rank that
+  // came, not a store's timeout (or a hang) further on.
   void roll_call() {
-    const double seconds = std::chrono::duration<double>(o.timeout).count();
-    std::vector<std::string> claims;
-    for (int r = 0; r < where.world_size; ++r) claims.push_back(key("rank", r));
-    const std::string read0 = "sheaf/rank-0-world-read";
-    auto stop = [&](const std::string& why, int arrived) {
-      // Rank 0 serves the store: it stays until the ranks that arrived read
-      // its world (they report the mismatch themselves), or a moment passes.
-      const auto until = Clock::now() + std::min<Clock::duration>(o.timeout, std::chrono::seconds(2));
-      while (where.rank == 0 && store->add(read0, 0) < arrived - 1 && Clock::now() < until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      throw UserError(detail::cat(who(), ": ", why));
-    };
-    auto duplicate = [&](int r) {
-      return detail::cat("two workers were started with RANK=", r, " (each needs its own rank, 0..WORLD_SIZE-1)");
+    const std::string verdict_key = "sheaf/roll-call/verdict", done_key = "sheaf/roll-call/done";
+    auto stale = [&](int r) {
+      return detail::cat("two workers were started with RANK=", r, " (each needs its own rank, 0..WORLD_SIZE-1",
+                         where.file.empty() ? ")" : "; or the rendezvous file is left from an earlier run: remove it)");
     };
     try {
+      if (store->add(key("rank", where.rank), 1) > 1) throw UserError(who() + ": " + stale(where.rank));
       store->set(key("world", where.rank), as_bytes(std::to_string(where.world_size)));
-      if (store->add(claims[static_cast<size_t>(where.rank)], 1) > 1) throw UserError(who() + ": " + duplicate(where.rank));
-      std::vector<bool> arrived(static_cast<size_t>(where.world_size), false);
-      int count = 0;
-      const auto deadline = Clock::now() + o.timeout;
-      for (;;) {
-        for (int r = 0; r < where.world_size; ++r) {
-          const size_t ri = static_cast<size_t>(r);
-          if (arrived[ri] || !store->check({claims[ri]})) continue;
-          arrived[ri] = true;
-          ++count;
-          const int64_t world = std::stoll(as_string(store->get(key("world", r))));
-          if (r == 0 && where.rank != 0) store->add(read0, 1);
-          if (world != where.world_size)
-            stop(detail::cat("rank ", r, " was started with WORLD_SIZE=", world, ", this rank with ",
-                             where.world_size, " (every worker needs the same WORLD_SIZE)"), count);
-        }
-        if (count == where.world_size) break;
-        if (Clock::now() >= deadline) {
-          std::string missing;
-          for (int r = 0; r < where.world_size; ++r) {
-            if (!arrived[static_cast<size_t>(r)]) missing += detail::cat(missing.empty() ? "" : ", ", r);
-            else if (store->add(claims[static_cast<size_t>(r)], 0) > 1) stop(duplicate(r), count);
-          }
-          stop(detail::cat("rank(s) ", missing, " did not arrive within ", seconds, " s (were all ", where.world_size,
-                           " workers started?)"), count);
-        }
+      if (where.rank == 0) return judge(verdict_key, done_key, stale);
+      // The others wait for the verdict (rank 0 waits at most the timeout for
+      // the last claim), then say they read it.
+      const auto deadline = Clock::now() + o.timeout + std::chrono::seconds(5);
+      while (!store->check({verdict_key})) {
+        if (Clock::now() >= deadline)
+          throw UserError(detail::cat(who(), ": rank 0 reached the store but gave no verdict on the roll call within ",
+                                      std::chrono::duration<double>(o.timeout).count(), " s"));
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
-      for (int r = 0; r < where.world_size; ++r)
-        if (store->add(claims[static_cast<size_t>(r)], 0) > 1) stop(duplicate(r), count);
+      const std::string verdict = as_string(store->get(verdict_key));
+      const int64_t world0 = std::stoll(as_string(store->get(key("world", 0))));
+      store->add(done_key, 1);
+      if (!verdict.empty()) throw UserError(detail::cat(who(), ": ", verdict));
+      // (A rank beyond rank 0's world is not in its roll call.)
+      if (world0 != where.world_size)
+        throw UserError(detail::cat(who(), ": rank 0 was started with WORLD_SIZE=", world0, ", this rank with ",
+                                    where.world_size, " (every worker needs the same WORLD_SIZE)"));
     } catch (const UserError&) {
       throw;
     } catch (const std::exception& e) {
       throw DistributedError(detail::cat(who(), ": the rendezvous store stopped answering while the workers met (",
                                          where.rank == 0 ? "" : "did rank 0 stop? ", e.what(), ")"));
     }
+  }
+
+  // Rank 0's part of the roll call: one check of all claims per poll.
+  template <class Stale>
+  void judge(const std::string& verdict_key, const std::string& done_key, const Stale& stale) {
+    std::vector<std::string> claims;
+    for (int r = 0; r < where.world_size; ++r) claims.push_back(key("rank", r));
+    const auto deadline = Clock::now() + o.timeout;
+    while (!store->check(claims) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::string verdict, missing;
+    int came = 0;
+    for (int r = 0; r < where.world_size; ++r) {
+      if (!store->check({claims[static_cast<size_t>(r)]})) {
+        missing += detail::cat(missing.empty() ? "" : ", ", r);
+        continue;
+      }
+      ++came;
+      if (verdict.empty() && store->add(claims[static_cast<size_t>(r)], 0) > 1) verdict = stale(r);
+      const int64_t world = std::stoll(as_string(store->get(key("world", r))));
+      if (verdict.empty() && world != where.world_size)
+        verdict = detail::cat("rank ", r, " was started with WORLD_SIZE=", world, ", rank 0 with ", where.world_size,
+                              " (every worker needs the same WORLD_SIZE)");
+    }
+    if (verdict.empty() && !missing.empty())
+      verdict = detail::cat("rank(s) ", missing, " did not arrive within ", std::chrono::duration<double>(o.timeout).count(),
+                            " s (were all ", where.world_size, " workers started, with the same MASTER_ADDR/MASTER_PORT?)");
+    store->set(verdict_key, as_bytes(verdict));
+    if (verdict.empty()) return;
+    // Rank 0 serves the store: it stays until the others that came have read
+    // the verdict (or a moment has passed), so that they report it too.
+    const auto until = Clock::now() + std::min<Clock::duration>(o.timeout, std::chrono::seconds(5));
+    while (store->add(done_key, 0) < came - 1 && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    throw UserError(detail::cat(who(), ": ", verdict));
   }
 
   // Every rank publishes its parameter list and compares it with everyone's,

@@ -92,11 +92,13 @@ class DataParallel {
   void backward(const at::Tensor& loss);
 
   // With two or more workers, a parameter's gradient computed outside
-  // backward() (a plain loss.backward(), an autograd::grad over the
-  // parameters) is a UserError thrown from that backward: it would not be
-  // summed, each rank would step with its own, and the models would drift
-  // apart. Gradients meant for this rank alone (a gradient penalty, a
-  // saliency map) are computed while the guard lives:
+  // backward() (a plain loss.backward(); on LibTorch 2.x also an
+  // autograd::grad over the parameters, whose hooks 1.13 does not run) is a
+  // UserError thrown from that backward: it would not be summed, each rank
+  // would step with its own, and the models would drift apart (sheaf's
+  // check_batched over these parameters counts too). Gradients meant for
+  // this rank alone (a gradient penalty, a saliency map) are computed while
+  // the guard lives; it covers every thread, and must not outlive `dp`:
   //   { auto local = dp.local_gradients(); auto g = torch::autograd::grad(...); }
   class LocalGradients {
    public:

@@ -90,15 +90,15 @@ c10::intrusive_ptr<c10d::Store> open_store(const Rendezvous& where, std::chrono:
   o.port = static_cast<uint16_t>(where.master_port);
   o.isServer = where.rank == 0;
   o.numWorkers = where.world_size;
-  o.waitWorkers = true;
+  // DataParallel's roll call waits for the workers, and can say which did not
+  // come, or came with another WORLD_SIZE (the store's own wait says neither).
+  o.waitWorkers = false;
   o.timeout = timeout;
   try {
     return c10::make_intrusive<c10d::TCPStore>(where.master_addr, o);
   } catch (const std::exception& e) {
     const std::string hint =
-        where.rank == 0 ? cat("rank 0 could not listen on port ", where.master_port,
-                              " or not every worker arrived within ", seconds, " s (port in use? all ",
-                              where.world_size, " workers started with the same MASTER_ADDR/MASTER_PORT?)")
+        where.rank == 0 ? cat("rank 0 could not listen on port ", where.master_port, " (port in use?)")
                         : cat("could not reach rank 0 at ", where.master_addr, ":", where.master_port, " within ",
                               seconds, " s (is rank 0 running? are MASTER_ADDR and MASTER_PORT rank 0's?)");
     throw UserError(cat("sheaf::DataParallel (", where.describe(), "): ", hint, ": ", e.what()));

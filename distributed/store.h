@@ -10,9 +10,9 @@
 
 namespace sheaf::detail {
 
-// Rank 0 serves a TCPStore and waits for the others; the others connect to it.
-// Failing to listen, to reach rank 0, or to see every worker arrive within
-// `timeout` is a UserError saying which and what to check.
+// Rank 0 serves a TCPStore; the others connect to it (DataParallel's roll
+// call then waits for every worker). Failing to listen or to reach rank 0
+// within `timeout` is a UserError saying which and what to check.
 c10::intrusive_ptr<c10d::Store> open_store(const Rendezvous& where, std::chrono::milliseconds timeout);
 
 }  // namespace sheaf::detail
