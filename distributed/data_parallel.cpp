@@ -139,29 +139,34 @@ struct DataParallel::Impl {
   // timeout) and publishes one verdict that every rank acts on, so that two
   // workers with one RANK, workers started with different WORLD_SIZEs, or a
   // worker that never comes are a UserError saying so on every rank that
-  // came, not a store's timeout (or a hang) further on.
+  // came, not a store's timeout (or a hang) further on. (A duplicate that
+  // claims after the verdict stops alone: the others form a whole world.)
   void roll_call() {
-    const std::string verdict_key = "sheaf/roll-call/verdict", done_key = "sheaf/roll-call/done";
-    auto stale = [&](int r) {
-      return detail::cat("two workers were started with RANK=", r, " (each needs its own rank, 0..WORLD_SIZE-1",
-                         where.file.empty() ? ")" : "; or the rendezvous file is left from an earlier run: remove it)");
-    };
+    const std::string verdict_key = "sheaf/roll-call/verdict";
+    const double seconds = std::chrono::duration<double>(o.timeout).count();
     try {
-      if (store->add(key("rank", where.rank), 1) > 1) throw UserError(who() + ": " + stale(where.rank));
+      if (store->add(key("rank", where.rank), 1) > 1) throw UserError(who() + ": " + duplicate(where.rank));
       store->set(key("world", where.rank), as_bytes(std::to_string(where.world_size)));
-      if (where.rank == 0) return judge(verdict_key, done_key, stale);
-      // The others wait for the verdict (rank 0 waits at most the timeout for
-      // the last claim), then say they read it.
-      const auto deadline = Clock::now() + o.timeout + std::chrono::seconds(5);
-      while (!store->check({verdict_key})) {
-        if (Clock::now() >= deadline)
-          throw UserError(detail::cat(who(), ": rank 0 reached the store but gave no verdict on the roll call within ",
-                                      std::chrono::duration<double>(o.timeout).count(), " s"));
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
+      if (where.rank == 0) return judge(verdict_key);
+      // The others wait for rank 0 to come, then for its verdict (it waits at
+      // most the timeout for the last claim), then say they read it.
+      auto wait_for = [&](const std::string& k, Clock::duration limit) {
+        const auto deadline = Clock::now() + limit;
+        while (!store->check({k})) {
+          if (Clock::now() >= deadline) return false;
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        return true;
+      };
+      if (!wait_for(key("world", 0), o.timeout))
+        throw UserError(detail::cat(who(), ": rank 0 did not come within ", seconds,
+                                    " s (is rank 0 running, with this MASTER_ADDR/MASTER_PORT or rendezvous file?)"));
+      if (!wait_for(verdict_key, o.timeout + std::chrono::seconds(5)))
+        throw UserError(detail::cat(who(), ": rank 0 came but gave no verdict on the roll call within ", seconds + 5,
+                                    " s"));
       const std::string verdict = as_string(store->get(verdict_key));
       const int64_t world0 = std::stoll(as_string(store->get(key("world", 0))));
-      store->add(done_key, 1);
+      store->set(key("roll-call-read", where.rank), as_bytes("1"));
       if (!verdict.empty()) throw UserError(detail::cat(who(), ": ", verdict));
       // (A rank beyond rank 0's world is not in its roll call.)
       if (world0 != where.world_size)
@@ -175,36 +180,64 @@ struct DataParallel::Impl {
     }
   }
 
-  // Rank 0's part of the roll call: one check of all claims per poll.
-  template <class Stale>
-  void judge(const std::string& verdict_key, const std::string& done_key, const Stale& stale) {
+  std::string duplicate(int r) const {
+    return detail::cat("two workers were started with RANK=", r, " (each needs its own rank, 0..WORLD_SIZE-1",
+                       where.file.empty() ? ")" : "; or the rendezvous file is left from an earlier run: remove it)");
+  }
+
+  // Rank 0's part of the roll call: one check of all claims per poll, and
+  // each claim looked at as it comes (a known mismatch does not wait out the
+  // timeout for a rank still missing).
+  void judge(const std::string& verdict_key) {
+    const int world = where.world_size;
     std::vector<std::string> claims;
-    for (int r = 0; r < where.world_size; ++r) claims.push_back(key("rank", r));
-    const auto deadline = Clock::now() + o.timeout;
-    while (!store->check(claims) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    std::string verdict, missing;
-    int came = 0;
-    for (int r = 0; r < where.world_size; ++r) {
-      if (!store->check({claims[static_cast<size_t>(r)]})) {
-        missing += detail::cat(missing.empty() ? "" : ", ", r);
-        continue;
+    for (int r = 0; r < world; ++r) claims.push_back(key("rank", r));
+    std::vector<bool> came(static_cast<size_t>(world), false);
+    came[0] = true;
+    int count = 1;
+    std::string verdict;
+    auto look = [&] {
+      for (int r = 1; r < world && verdict.empty(); ++r) {
+        const size_t ri = static_cast<size_t>(r);
+        if (came[ri] || !store->check({claims[ri]})) continue;
+        came[ri] = true;
+        ++count;
+        const int64_t theirs = std::stoll(as_string(store->get(key("world", r))));
+        if (store->add(claims[ri], 0) > 1) verdict = duplicate(r);
+        else if (theirs != world)
+          verdict = detail::cat("rank ", r, " was started with WORLD_SIZE=", theirs, ", rank 0 with ", world,
+                                " (every worker needs the same WORLD_SIZE)");
       }
-      ++came;
-      if (verdict.empty() && store->add(claims[static_cast<size_t>(r)], 0) > 1) verdict = stale(r);
-      const int64_t world = std::stoll(as_string(store->get(key("world", r))));
-      if (verdict.empty() && world != where.world_size)
-        verdict = detail::cat("rank ", r, " was started with WORLD_SIZE=", world, ", rank 0 with ", where.world_size,
-                              " (every worker needs the same WORLD_SIZE)");
+    };
+    const auto deadline = Clock::now() + o.timeout;
+    auto next_look = Clock::now();
+    while (verdict.empty() && count < world) {
+      const bool all = store->check(claims);
+      if (all || Clock::now() >= next_look) {
+        look();
+        next_look = Clock::now() + std::chrono::milliseconds(100);
+      }
+      if (all || Clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    if (verdict.empty() && !missing.empty())
+    for (int r = 1; r < world && verdict.empty(); ++r)  // a duplicate that claimed after its rank was looked at
+      if (came[static_cast<size_t>(r)] && store->add(claims[static_cast<size_t>(r)], 0) > 1) verdict = duplicate(r);
+    if (verdict.empty() && count < world) {
+      std::string missing;
+      for (int r = 1; r < world; ++r)
+        if (!came[static_cast<size_t>(r)]) missing += detail::cat(missing.empty() ? "" : ", ", r);
       verdict = detail::cat("rank(s) ", missing, " did not arrive within ", std::chrono::duration<double>(o.timeout).count(),
-                            " s (were all ", where.world_size, " workers started, with the same MASTER_ADDR/MASTER_PORT?)");
+                            " s (were all ", world, " workers started, with the same MASTER_ADDR/MASTER_PORT?)");
+    }
     store->set(verdict_key, as_bytes(verdict));
     if (verdict.empty()) return;
-    // Rank 0 serves the store: it stays until the others that came have read
+    // Rank 0 serves the store: it stays until the ranks that came have read
     // the verdict (or a moment has passed), so that they report it too.
+    std::vector<std::string> readers;
+    for (int r = 1; r < world; ++r)
+      if (came[static_cast<size_t>(r)]) readers.push_back(key("roll-call-read", r));
     const auto until = Clock::now() + std::min<Clock::duration>(o.timeout, std::chrono::seconds(5));
-    while (store->add(done_key, 0) < came - 1 && Clock::now() < until)
+    while (!readers.empty() && !store->check(readers) && Clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     throw UserError(detail::cat(who(), ": ", verdict));
   }
