@@ -83,6 +83,17 @@ struct DataParallel::Impl {
   bool stopping = false;
 
   std::string who() const { return "sheaf::DataParallel (" + where.describe() + ")"; }
+  double timeout_s() const { return std::chrono::duration<double>(o.timeout).count(); }
+  // Asks `done` every `step` until it holds (true) or `deadline` passes
+  // (false): the store's own waits all use its one timeout.
+  template <class Done>
+  static bool poll(Done done, Clock::time_point deadline, std::chrono::milliseconds step) {
+    while (!done()) {
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(step);
+    }
+    return true;
+  }
   std::string key(const char* what, int r) const { return detail::cat("sheaf/", what, "/", r); }
   void put(const char* what, int64_t value) { store->set(key(what, where.rank), as_bytes(std::to_string(value))); }
   std::vector<int64_t> read_all(const char* what) {
@@ -143,7 +154,6 @@ struct DataParallel::Impl {
   // claims after the verdict stops alone: the others form a whole world.)
   void roll_call() {
     const std::string verdict_key = "sheaf/roll-call/verdict";
-    const double seconds = std::chrono::duration<double>(o.timeout).count();
     try {
       if (store->add(key("rank", where.rank), 1) > 1) throw UserError(who() + ": " + duplicate(where.rank));
       store->set(key("world", where.rank), as_bytes(std::to_string(where.world_size)));
@@ -151,19 +161,14 @@ struct DataParallel::Impl {
       // The others wait for rank 0 to come, then for its verdict (it waits at
       // most the timeout for the last claim), then say they read it.
       auto wait_for = [&](const std::string& k, Clock::duration limit) {
-        const auto deadline = Clock::now() + limit;
-        while (!store->check({k})) {
-          if (Clock::now() >= deadline) return false;
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-        return true;
+        return poll([&] { return store->check({k}); }, Clock::now() + limit, std::chrono::milliseconds(10));
       };
       if (!wait_for(key("world", 0), o.timeout))
-        throw UserError(detail::cat(who(), ": rank 0 did not come within ", seconds,
+        throw UserError(detail::cat(who(), ": rank 0 did not come within ", timeout_s(),
                                     " s (is rank 0 running, with this MASTER_ADDR/MASTER_PORT or rendezvous file?)"));
       if (!wait_for(verdict_key, o.timeout + std::chrono::seconds(5)))
-        throw UserError(detail::cat(who(), ": rank 0 came but gave no verdict on the roll call within ", seconds + 5,
-                                    " s"));
+        throw UserError(detail::cat(who(), ": rank 0 came but gave no verdict on the roll call within ",
+                                    timeout_s() + 5, " s"));
       const std::string verdict = as_string(store->get(verdict_key));
       const int64_t world0 = std::stoll(as_string(store->get(key("world", 0))));
       store->set(key("roll-call-read", where.rank), as_bytes("1"));
@@ -209,25 +214,23 @@ struct DataParallel::Impl {
                                 " (every worker needs the same WORLD_SIZE)");
       }
     };
-    const auto deadline = Clock::now() + o.timeout;
     auto next_look = Clock::now();
-    while (verdict.empty() && count < world) {
+    poll([&] {
       const bool all = store->check(claims);
       if (all || Clock::now() >= next_look) {
         look();
         next_look = Clock::now() + std::chrono::milliseconds(100);
       }
-      if (all || Clock::now() >= deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+      return all || !verdict.empty() || count == world;
+    }, Clock::now() + o.timeout, std::chrono::milliseconds(10));
     for (int r = 1; r < world && verdict.empty(); ++r)  // a duplicate that claimed after its rank was looked at
       if (came[static_cast<size_t>(r)] && store->add(claims[static_cast<size_t>(r)], 0) > 1) verdict = duplicate(r);
     if (verdict.empty() && count < world) {
       std::string missing;
       for (int r = 1; r < world; ++r)
         if (!came[static_cast<size_t>(r)]) missing += detail::cat(missing.empty() ? "" : ", ", r);
-      verdict = detail::cat("rank(s) ", missing, " did not arrive within ", std::chrono::duration<double>(o.timeout).count(),
-                            " s (were all ", world, " workers started, with the same MASTER_ADDR/MASTER_PORT?)");
+      verdict = detail::cat("rank(s) ", missing, " did not arrive within ", timeout_s(), " s (were all ", world,
+                            " workers started, with the same MASTER_ADDR/MASTER_PORT?)");
     }
     store->set(verdict_key, as_bytes(verdict));
     if (verdict.empty()) return;
@@ -236,9 +239,8 @@ struct DataParallel::Impl {
     std::vector<std::string> readers;
     for (int r = 1; r < world; ++r)
       if (came[static_cast<size_t>(r)]) readers.push_back(key("roll-call-read", r));
-    const auto until = Clock::now() + std::min<Clock::duration>(o.timeout, std::chrono::seconds(5));
-    while (!readers.empty() && !store->check(readers) && Clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    poll([&] { return readers.empty() || store->check(readers); },
+         Clock::now() + std::min<Clock::duration>(o.timeout, std::chrono::seconds(5)), std::chrono::milliseconds(5));
     throw UserError(detail::cat(who(), ": ", verdict));
   }
 
@@ -252,9 +254,8 @@ struct DataParallel::Impl {
     // Rank 0 serves the store: it stays until every rank has read every model.
     const std::string read = "sheaf/models-read";
     store->add(read, 1);
-    const auto deadline = Clock::now() + o.timeout;
-    while (where.rank == 0 && store->add(read, 0) < where.world_size && Clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    poll([&] { return where.rank != 0 || store->add(read, 0) >= where.world_size; }, Clock::now() + o.timeout,
+         std::chrono::milliseconds(5));
     for (int r = 0; r < where.world_size; ++r)
       if (theirs[static_cast<size_t>(r)] != mine)
         throw UserError(detail::cat(who(), ": the workers' models differ (were they all started with the same "
@@ -463,7 +464,7 @@ struct DataParallel::Impl {
                                phases[ri] % 2 == 0 ? "still in step " + std::to_string(phases[ri] / 2) + "'s backward"
                                                   : "has not started step " + std::to_string(step),
                                " (hung, or slower than the timeout of ",
-                               std::chrono::duration<double>(o.timeout).count(), " s)");
+                               timeout_s(), " s)");
       }
       if (cause.empty()) cause = "; every rank is alive and reached this step";
     } catch (const std::exception&) {
