@@ -1,6 +1,7 @@
 #include "task.h"
 
 #include <sheaf/engine/engine.h>
+#include <sheaf/engine/scopes.h>
 
 namespace sheaf {
 
@@ -10,8 +11,12 @@ AwaitToken await_value(const Expr& expr, std::function<void(const HostValue&)> r
   Engine& g = Engine::of(expr, loc);
   const NodeId n = g.node_of(expr, "co_await", loc);
   const int64_t example = g.trace().current_example();
-  const WaiterId id = g.when_computed(n, [&g, example, resume = std::move(resume)](const HostValue& v) {
-    ExampleGuard scope(g.trace(), example);
+  // Resumed under g's example then, and under the scopes of the other graphs
+  // it may record into (engine/scopes.h).
+  const WaiterId id = g.when_computed(n, [&g, example, held = held_scopes(g), resume = std::move(resume)](
+                                             const HostValue& v) {
+    const ResumedScopes others(held);
+    const ExampleScopeEntry scope(g, example);
     resume(v);
   });
   return AwaitToken{expr, id.index, id.generation};

@@ -18,7 +18,9 @@
 // A task runs at once up to its first co_await. Every co_await registers what it
 // waits for with the graph; Graph::forward computes a round for all examples,
 // fetches every awaited value in ONE device->host copy, and resumes the tasks in
-// the order they suspended, each in its own example scope. A task may co_await
+// the order they suspended, each in the example scopes it suspended in (of
+// every graph: one that awaits another graph's value and records on into its
+// own keeps its example in both). A task may co_await
 // another task (recursion works).
 //
 // Errors: one thrown before a task's first co_await leaves the call that made

@@ -23,6 +23,7 @@
 #include <sheaf/ops/op_list.h>
 
 #include "handles.h"
+#include "scopes.h"
 
 namespace sheaf::detail {
 
@@ -67,7 +68,10 @@ Engine::Engine(Graph& graph, GraphOptions options)
   scheduler_.fuse_lone_ops(options_.device.is_cpu());
 }
 
-Engine::~Engine() { release_slot(slot_); }
+Engine::~Engine() {
+  forget_scopes(*this);
+  release_slot(slot_);
+}
 
 // ---------------------------------------------------------------------------
 // Handles.

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "engine.h"
+#include "scopes.h"
 
 namespace sheaf {
 
@@ -34,10 +35,11 @@ Expr Graph::lookup(const at::Tensor& table, int64_t id, bool sparse_grad, Loc lo
   return engine_->expr(engine_->trace().lookup(table, id, sparse_grad, loc));
 }
 
+// Listed on the thread (engine/scopes.h): a task that suspends under it resumes under it.
 Graph::ExampleScope::ExampleScope(Graph& g, int64_t id) : g_(g), previous_(g.current_example()) {
-  g.engine_->trace().set_current_example(id);
+  detail::enter_scope(*g.engine_, id, this);
 }
-Graph::ExampleScope::~ExampleScope() { g_.engine_->trace().set_current_example(previous_); }
+Graph::ExampleScope::~ExampleScope() { detail::leave_scope(*g_.engine_, previous_, this); }
 Graph::ExampleScope Graph::example(int64_t id, Loc loc) {
   if (id < 0) throw_user_at(loc, "example ids are >= 0, got ", id);
   return ExampleScope(*this, id);

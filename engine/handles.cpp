@@ -48,6 +48,8 @@ void release_slot(uint32_t s) {
 uint32_t bump_generation(uint32_t s) { return g_slots[s].generation.fetch_add(1) + 1; }
 uint32_t generation_of(uint32_t s) { return g_slots[s].generation.load(); }
 
+Engine* engine_in(uint32_t s) { return s < kSlots ? g_slots[s].engine.load() : nullptr; }
+
 Engine* engine_at(uint32_t s, uint32_t generation) {
   if (s >= kSlots) return nullptr;
   Engine* e = g_slots[s].engine.load();

@@ -16,5 +16,7 @@ uint32_t bump_generation(uint32_t slot);
 uint32_t generation_of(uint32_t slot);
 // The engine of a handle, or nullptr if the slot is free or the generation stale.
 Engine* engine_at(uint32_t slot, uint32_t generation);
+// The engine in a slot now, whatever its generation (nullptr: free).
+Engine* engine_in(uint32_t slot);
 
 }  // namespace sheaf::detail

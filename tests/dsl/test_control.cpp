@@ -665,3 +665,53 @@ TEST_CASE("deferral: value() of an unawaited node inside a coroutine says to awa
   Task<Expr> t = body(g);
   REQUIRE_THROWS_WITH(g.forward(), Contains("only awaited values have run") && Contains("defer_unawaited"));
 }
+
+TEST_CASE("tasks: what a task records after awaiting another graph's value keeps its example in every graph",
+          "[dsl][control][task]") {
+  Graph a, b;  // a: the task's own graph; b: another graph whose values it awaits
+  auto awaited = [](Graph& b, int i, double v) {
+    auto in_b = b.example(100 + i);
+    return dsl::sum(b.input(at::full({2}, v)));
+  };
+  auto body = [&](Graph& a, Graph& b, int i) -> Task<Expr> {
+    const double v = co_await fetch_item(awaited(b, i, i));  // resumed by b's forward, under b's example
+    Expr x = a.input(at::full({3}, v));                       // recorded into a: still example i
+    const double w = co_await fetch_item(awaited(b, i, v));  // resumed by b again: a's scope carried on
+    co_return x + a.input(at::full({3}, w));
+  };
+  std::vector<Task<Expr>> tasks;
+  for (int i = 1; i <= 3; ++i) {
+    auto in_a = a.example(i);
+    tasks.push_back(body(a, b, i));
+  }
+  b.forward();  // resumes each task twice: it records into a
+  CHECK(a.current_example() == 0);  // the scopes a task resumed under are gone again
+  CHECK(b.current_example() == 0);
+  a.forward();
+  for (int i = 1; i <= 3; ++i) {
+    const Expr r = tasks[static_cast<size_t>(i - 1)].result();
+    CHECK(r.example() == i);
+    CHECK(r.value()[0].item<double>() == Approx(6.0 * i));  // v = 2i, w = 2v
+  }
+}
+
+TEST_CASE("tasks: a graph destroyed by a task while it runs under that graph's scope is left alone",
+          "[dsl][control][task]") {
+  auto a = std::make_unique<Graph>();
+  Graph b;
+  auto body = [&](Graph& b) -> Task<double> {
+    Expr x = b.input(at::ones({2}));  // (GCC 12: no braced list inside a co_await)
+    const double v = co_await fetch_item(dsl::sum(x));
+    a.reset();  // resumed under a's scope too (held when it suspended)
+    co_return v;
+  };
+  Task<double> t = [&] {
+    auto in_a = a->example(5);
+    return body(b);
+  }();
+  b.forward();
+  CHECK(t.result() == 2.0);
+  CHECK(a == nullptr);
+  Graph c;  // may take a's slot: no scope of a is restored into it
+  CHECK(c.current_example() == 0);
+}

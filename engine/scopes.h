@@ -1,0 +1,66 @@
+// The example scopes in force on this thread, innermost last: those of
+// Graph::example and those a task resumes under. A task remembers them when
+// it suspends and resumes under them again, so that what it records
+// afterwards keeps its example in every graph, not only in the one whose
+// value it awaited (which resumes it under its own scope).
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace sheaf::detail {
+
+class Engine;
+
+// One graph's scope as a task left it: the graph by handle (a graph cleared
+// or destroyed since is skipped) and its example then.
+struct HeldScope {
+  uint32_t slot, generation;
+  int64_t example;
+};
+
+// Sets `engine`'s current example to `example` and lists it on this thread
+// under `owner` (a scope object); leave_scope unlists it and sets `previous`
+// back. Scopes may end in any order (a Graph::ExampleScope kept in a task's
+// frame ends when the task does).
+void enter_scope(Engine& engine, int64_t example, const void* owner);
+void leave_scope(Engine& engine, int64_t previous, const void* owner);
+// Unlists every scope of `engine` on this thread (it is being destroyed).
+void forget_scopes(const Engine& engine);
+
+class ExampleScopeEntry {
+ public:
+  ExampleScopeEntry(Engine& engine, int64_t example);
+  ~ExampleScopeEntry();
+  ExampleScopeEntry(const ExampleScopeEntry&) = delete;
+  ExampleScopeEntry& operator=(const ExampleScopeEntry&) = delete;
+
+ private:
+  Engine& engine_;
+  int64_t previous_;
+};
+
+// The scopes in force now, of graphs other than `except` (the graph the task
+// awaits: it resumes the task under its own example).
+std::vector<HeldScope> held_scopes(const Engine& except);
+
+// While alive: `held`'s scopes again, outermost first, for the graphs still
+// alive (and not cleared). A graph the task destroys meanwhile is skipped at the end.
+class ResumedScopes {
+ public:
+  explicit ResumedScopes(const std::vector<HeldScope>& held);
+  ~ResumedScopes();
+  ResumedScopes(const ResumedScopes&) = delete;
+  ResumedScopes& operator=(const ResumedScopes&) = delete;
+
+ private:
+  struct Entered {
+    Engine* engine;
+    uint32_t slot;
+    int64_t previous;  // its example before
+  };
+  std::vector<Entered> entered_;
+};
+
+}  // namespace sheaf::detail
