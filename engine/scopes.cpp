@@ -11,24 +11,27 @@ namespace {
 
 struct Listed {
   Engine* engine;
+  uint32_t slot;  // (the engine is alive while engine_in(slot) is it)
   int64_t example;
   const void* owner;
 };
 thread_local std::vector<Listed> t_scopes;
 
+// Removes the innermost entry of `owner` (for `engine`, if given); whether there was one.
+bool unlist(const void* owner, const Engine* engine = nullptr) {
+  for (size_t i = t_scopes.size(); i-- > 0;)  // usually the last one
+    if (t_scopes[i].owner == owner && (engine == nullptr || t_scopes[i].engine == engine)) {
+      t_scopes.erase(t_scopes.begin() + static_cast<std::ptrdiff_t>(i));
+      return true;
+    }
+  return false;
+}
+
 }  // namespace
 
 void enter_scope(Engine& engine, int64_t example, const void* owner) {
   engine.trace().set_current_example(example);
-  t_scopes.push_back(Listed{&engine, example, owner});
-}
-
-void unlist(const void* owner) {
-  for (size_t i = t_scopes.size(); i-- > 0;)  // usually the last one
-    if (t_scopes[i].owner == owner) {
-      t_scopes.erase(t_scopes.begin() + static_cast<std::ptrdiff_t>(i));
-      return;
-    }
+  t_scopes.push_back(Listed{&engine, engine.slot(), example, owner});
 }
 
 void leave_scope(Engine& engine, int64_t previous, const void* owner) {
@@ -48,25 +51,38 @@ ExampleScopeEntry::~ExampleScopeEntry() { leave_scope(engine_, previous_, this);
 
 std::vector<HeldScope> held_scopes(const Engine& except) {
   std::vector<HeldScope> held;
-  for (const Listed& l : t_scopes)
-    if (l.engine != &except) held.push_back(HeldScope{l.engine->slot(), l.engine->generation(), l.example});
+  // The innermost scope of each graph: one entry a graph, however many scopes
+  // are listed (those kept in suspended tasks' frames, those re-entered).
+  // Entries of graphs gone (one destroyed on another thread than the one
+  // that listed it) are dropped; only the handles' atomics are read.
+  for (size_t i = t_scopes.size(); i-- > 0;) {
+    const Listed& l = t_scopes[i];
+    if (engine_in(l.slot) != l.engine) {
+      t_scopes.erase(t_scopes.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    if (l.engine == &except ||
+        std::any_of(held.begin(), held.end(), [&](const HeldScope& h) { return h.slot == l.slot; }))
+      continue;
+    held.push_back(HeldScope{l.slot, generation_of(l.slot), l.example});
+  }
   return held;
 }
 
 ResumedScopes::ResumedScopes(const std::vector<HeldScope>& held) {
   for (const HeldScope& h : held)
     if (Engine* e = engine_at(h.slot, h.generation)) {
-      entered_.push_back(Entered{e, h.slot, e->trace().current_example()});
+      entered_.push_back(Entered{e, e->trace().current_example()});
       enter_scope(*e, h.example, this);
     }
 }
 
 ResumedScopes::~ResumedScopes() {
-  // Innermost first: a graph entered twice ends with the example it had before the first.
   for (size_t i = entered_.size(); i-- > 0;) {
     const Entered& e = entered_[i];
-    // (A graph the task destroyed was unlisted then: forget_scopes.)
-    if (engine_in(e.slot) == e.engine) leave_scope(*e.engine, e.previous, this);
+    // Still listed: the graph is alive (one the task destroyed was unlisted
+    // then, forget_scopes; another may have its slot and address now).
+    if (unlist(this, e.engine)) e.engine->trace().set_current_example(e.previous);
   }
 }
 

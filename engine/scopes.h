@@ -1,5 +1,6 @@
 // The example scopes in force on this thread, innermost last: those of
-// Graph::example and those a task resumes under. A task remembers them when
+// Graph::example, of the user code that control flow runs (branches, loop
+// bodies, deferred function calls) and those a task resumes under. A task remembers them when
 // it suspends and resumes under them again, so that what it records
 // afterwards keeps its example in every graph, not only in the one whose
 // value it awaited (which resumes it under its own scope).
@@ -23,7 +24,9 @@ struct HeldScope {
 // Sets `engine`'s current example to `example` and lists it on this thread
 // under `owner` (a scope object); leave_scope unlists it and sets `previous`
 // back. Scopes may end in any order (a Graph::ExampleScope kept in a task's
-// frame ends when the task does).
+// frame ends when the task does). One that ends on another thread than it
+// began (a task made on the Prefetcher's thread, finished by forward) stays
+// listed on the first; held_scopes drops it once its graph is gone.
 void enter_scope(Engine& engine, int64_t example, const void* owner);
 void leave_scope(Engine& engine, int64_t previous, const void* owner);
 // Unlists every scope of `engine` on this thread (it is being destroyed).
@@ -41,12 +44,12 @@ class ExampleScopeEntry {
   int64_t previous_;
 };
 
-// The scopes in force now, of graphs other than `except` (the graph the task
-// awaits: it resumes the task under its own example).
+// The scopes in force now, the innermost of each graph other than `except`
+// (the graph the task awaits: it resumes the task under its own example).
 std::vector<HeldScope> held_scopes(const Engine& except);
 
-// While alive: `held`'s scopes again, outermost first, for the graphs still
-// alive (and not cleared). A graph the task destroys meanwhile is skipped at the end.
+// While alive: `held`'s scopes again, for the graphs still alive (and not
+// cleared). A graph the task destroys meanwhile is left alone at the end.
 class ResumedScopes {
  public:
   explicit ResumedScopes(const std::vector<HeldScope>& held);
@@ -57,7 +60,6 @@ class ResumedScopes {
  private:
   struct Entered {
     Engine* engine;
-    uint32_t slot;
     int64_t previous;  // its example before
   };
   std::vector<Entered> entered_;
