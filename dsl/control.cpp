@@ -3,7 +3,6 @@
 #include <memory>
 
 #include <sheaf/engine/engine.h>
-#include <sheaf/engine/scopes.h>
 
 namespace sheaf::dsl {
 
@@ -11,7 +10,6 @@ namespace {
 
 using sheaf::detail::Engine;
 using sheaf::detail::ValueCallback;
-using sheaf::detail::ExampleScopeEntry;
 
 // Predicates are per-example scalars; a host value of any other size is a mistake.
 bool truth(const HostValue& v, const Site& site) {
@@ -37,7 +35,7 @@ void expect_scalar(Engine& g, const Expr& e, const Site& site, const char* what)
 template <class F>
 auto in_example(Engine& g, int64_t example, F&& fn) {
   if (example < 0) return fn();
-  const ExampleScopeEntry scope(g, example);  // (listed: a task made here keeps it, engine/scopes.h)
+  ExampleGuard scope(g.trace(), example);  // (a task made here keeps it: held_scopes, engine/scopes.h)
   return fn();
 }
 

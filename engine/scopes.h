@@ -1,9 +1,11 @@
-// The example scopes in force on this thread, innermost last: those of
-// Graph::example, of the user code that control flow runs (branches, loop
-// bodies, deferred function calls) and those a task resumes under. A task remembers them when
-// it suspends and resumes under them again, so that what it records
-// afterwards keeps its example in every graph, not only in the one whose
-// value it awaited (which resumes it under its own scope).
+// The example scopes in force on this thread: those of Graph::example and
+// those a task resumes under, listed innermost last, and the current example
+// of the graph delivering values (the user code control flow runs: branches,
+// loop bodies, deferred function calls, under an unlisted ExampleGuard: a
+// cond costs no listing). A task remembers them when it suspends and resumes
+// under them again, so that what it records afterwards keeps its example in
+// every graph, not only in the one whose value it awaited (which resumes it
+// under its own scope).
 #pragma once
 
 #include <cstdint>
@@ -45,7 +47,8 @@ class ExampleScopeEntry {
 };
 
 // The scopes in force now, the innermost of each graph other than `except`
-// (the graph the task awaits: it resumes the task under its own example).
+// (the graph the task awaits: it resumes the task under its own example):
+// the delivering graph's current example, then the listed scopes.
 std::vector<HeldScope> held_scopes(const Engine& except);
 
 // While alive: `held`'s scopes again, for the graphs still alive (and not
