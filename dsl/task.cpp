@@ -12,11 +12,12 @@ AwaitToken await_value(const Expr& expr, std::function<void(const HostValue&)> r
   const NodeId n = g.node_of(expr, "co_await", loc);
   const int64_t example = g.trace().current_example();
   // Resumed under g's example then, and under the scopes of the other graphs
-  // it may record into (engine/scopes.h).
+  // it may record into (engine/scopes.h). (g's own needs no listing: a
+  // suspension inside this resumption finds it as the graph delivering.)
   const WaiterId id = g.when_computed(n, [&g, example, held = held_scopes(g), resume = std::move(resume)](
                                              const HostValue& v) {
     const ResumedScopes others(held);
-    const ExampleScopeEntry scope(g, example);
+    ExampleGuard scope(g.trace(), example);
     resume(v);
   });
   return AwaitToken{expr, id.index, id.generation};

@@ -43,12 +43,6 @@ void forget_scopes(const Engine& engine) {
   std::erase_if(t_scopes, [&](const Listed& l) { return l.engine == &engine; });
 }
 
-ExampleScopeEntry::ExampleScopeEntry(Engine& engine, int64_t example)
-    : engine_(engine), previous_(engine.trace().current_example()) {
-  enter_scope(engine, example, this);
-}
-ExampleScopeEntry::~ExampleScopeEntry() { leave_scope(engine_, previous_, this); }
-
 std::vector<HeldScope> held_scopes(const Engine& except) {
   std::vector<HeldScope> held;
   if (const Engine* d = Engine::delivering(); d != nullptr && d != &except)

@@ -1,8 +1,8 @@
 // The example scopes in force on this thread: those of Graph::example and
-// those a task resumes under, listed innermost last, and the current example
-// of the graph delivering values (the user code control flow runs: branches,
-// loop bodies, deferred function calls, under an unlisted ExampleGuard: a
-// cond costs no listing). A task remembers them when it suspends and resumes
+// those of other graphs a task resumes under, listed innermost last, and the
+// current example of the graph delivering values (the user code its control
+// flow runs, branches, loop bodies, deferred function calls and the tasks it
+// resumes, under an unlisted ExampleGuard: a cond costs no listing). A task remembers them when it suspends and resumes
 // under them again, so that what it records afterwards keeps its example in
 // every graph, not only in the one whose value it awaited (which resumes it
 // under its own scope).
@@ -33,18 +33,6 @@ void enter_scope(Engine& engine, int64_t example, const void* owner);
 void leave_scope(Engine& engine, int64_t previous, const void* owner);
 // Unlists every scope of `engine` on this thread (it is being destroyed).
 void forget_scopes(const Engine& engine);
-
-class ExampleScopeEntry {
- public:
-  ExampleScopeEntry(Engine& engine, int64_t example);
-  ~ExampleScopeEntry();
-  ExampleScopeEntry(const ExampleScopeEntry&) = delete;
-  ExampleScopeEntry& operator=(const ExampleScopeEntry&) = delete;
-
- private:
-  Engine& engine_;
-  int64_t previous_;
-};
 
 // The scopes in force now, the innermost of each graph other than `except`
 // (the graph the task awaits: it resumes the task under its own example):
