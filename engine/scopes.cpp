@@ -46,7 +46,7 @@ void forget_scopes(const Engine& engine) {
 std::vector<HeldScope> held_scopes(const Engine& except) {
   std::vector<HeldScope> held;
   if (const Engine* d = Engine::delivering(); d != nullptr && d != &except)
-    held.push_back(HeldScope{d->slot(), d->generation(), d->trace().current_example()});
+    held.push_back(HeldScope{d->slot(), generation_of(d->slot()), d->trace().current_example()});
   // The innermost scope of each graph: one entry a graph, however many scopes
   // are listed (those kept in suspended tasks' frames, those re-entered).
   // Entries of graphs gone (one destroyed on another thread than the one

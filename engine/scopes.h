@@ -2,14 +2,13 @@
 // those of other graphs a task resumes under, listed innermost last, and the
 // current example of the graph delivering values (the user code its control
 // flow runs, branches, loop bodies, deferred function calls and the tasks it
-// resumes, under an unlisted ExampleGuard: a cond costs no listing). A task remembers them when it suspends and resumes
-// under them again, so that what it records afterwards keeps its example in
-// every graph, not only in the one whose value it awaited (which resumes it
-// under its own scope).
+// resumes, under an unlisted ExampleGuard: a cond costs no listing). A task
+// remembers them when it suspends and resumes under them again, so that what
+// it records afterwards keeps its example in every graph, not only in the one
+// whose value it awaited (which resumes it under its own scope).
 #pragma once
 
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 namespace sheaf::detail {
