@@ -256,6 +256,10 @@ struct InPlaceRows::Impl {
   std::vector<RowPick> picks;
   std::vector<int64_t> width;
   std::vector<int64_t> versions;  // per source, when read (check_unchanged)
+  // Per source, where its rows were when read: a storage swapped since
+  // (set_data, a resize_ that moved it) bumps no version, and the row
+  // pointers would then read freed memory.
+  std::vector<const void*> data;
   Site reader;
 };
 
@@ -266,6 +270,7 @@ std::shared_ptr<const InPlaceRows> RowGathers::in_place(std::span<const at::Tens
   auto impl = std::make_shared<InPlaceRows::Impl>();
   impl->reader = reader;
   impl->versions.reserve(sources.size());
+  impl->data.reserve(sources.size());
   auto out = std::make_shared<InPlaceRows>();
   const bool grad = at::GradMode::is_enabled();
   c10::SmallVector<const float*, 8> base(sources.size());
@@ -284,6 +289,7 @@ std::shared_ptr<const InPlaceRows> RowGathers::in_place(std::span<const at::Tens
                  impl->width.back(), " floats");
     impl->sources.push_back(s);
     impl->versions.push_back(version_of(s));
+    impl->data.push_back(base[k]);
     if (grad && s.requires_grad()) {
       std::shared_ptr<Hub> hub = hub_for(batches[k], s);
       impl->hubs.push_back(hub->node);
@@ -316,7 +322,14 @@ void check_version(const Site& reader, std::string_view by, const at::Tensor& t,
 
 void InPlaceRows::check_unchanged(std::string_view by) const {
   const Impl& m = *impl_;
-  for (size_t k = 0; k < m.sources.size(); ++k) check_version(m.reader, by, m.sources[k], m.versions[k]);
+  for (size_t k = 0; k < m.sources.size(); ++k) {
+    const at::Tensor& t = m.sources[k];
+    if (t.data_ptr() != m.data[k])
+      throw_user(m.reader, by, " reads again a tensor of shape ", t.sizes(), " that it read at forward(), and that "
+                 "tensor's storage was replaced since (set_data, or a resize_ that moved it): the rows read then are "
+                 "gone. Replace it after backward(), or clear() the graph first");
+    check_version(m.reader, by, t, m.versions[k]);
+  }
 }
 
 void InPlaceRows::append_edges(std::vector<torch::autograd::Edge>& edges) const {

@@ -210,6 +210,21 @@ TEST_CASE("row products over rows read in place: values and gradients equal thos
     CHECK_THROWS_WITH(d.sum().backward(), Catch::Contains("op 'matmul' (example 4)") &&
                                               Catch::Contains("its backward reads again") && Catch::Contains("changed in place since"));
   }
+  // A source whose storage was replaced (a frozen table given new data:
+  // set_data bumps no version): refused, its old rows are not read.
+  {
+    at::Tensor table = a0.clone();
+    const std::vector<const at::Tensor*> srcd{&table};
+    const std::shared_ptr<const InPlaceRows> rd =
+        gathers.in_place(srcd, std::vector<uint32_t>{7}, std::vector<RowPick>{{0, 2}}, Site{"matmul", 3, {}});
+    const at::Tensor x1 = x0.narrow(0, 0, 1).clone().requires_grad_();
+    const at::Tensor d = dot_rows(RowOperand{{}, rd.get()}, RowOperand{x1});
+    const int64_t version = table._version();
+    table.set_data(at::randn({6, k}));
+    REQUIRE(table._version() == version);  // what the version check alone would miss
+    CHECK_THROWS_WITH(d.sum().backward(), Catch::Contains("op 'matmul' (example 3)") &&
+                                              Catch::Contains("storage was replaced since"));
+  }
   // Only what the gradients asked for is read again, and so checked, as
   // LibTorch's own nodes do: dA = g x reads x's rows, dx = g A reads A's.
   {
