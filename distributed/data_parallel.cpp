@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -67,6 +68,9 @@ struct DataParallel::Impl {
   std::vector<at::Tensor> sparse_grads;
   size_t next_launch = 0;
   bool armed = false;
+  // Set when a backward threw after some of its buckets went out: this rank's
+  // collectives no longer pair with the others' (the message for every later call).
+  std::string broken;
   int local = 0;  // LocalGradients alive: gradients outside backward() are this rank's own
   std::mutex mu;  // hooks may run on autograd's device threads
 
@@ -378,7 +382,12 @@ struct DataParallel::Impl {
     l.work = guarded("launching a gradient allreduce", [&] { return pg->allreduce(l.tensors); });
   }
 
+  void check_usable() const {
+    if (!broken.empty()) throw UserError(broken);
+  }
+
   void backward(const at::Tensor& loss) {
+    check_usable();
     ++stats.steps;
     const auto t0 = Clock::now();
     const bool runs = loss.defined() && loss.requires_grad();
@@ -401,6 +410,16 @@ struct DataParallel::Impl {
     } catch (...) {
       std::lock_guard lock(mu);
       armed = false;
+      for (at::Tensor& g : sparse_grads) g = at::Tensor();
+      // Nothing sent yet: the others wait for this rank's first bucket, which
+      // the next backward sends (the step may be skipped or retried, on every
+      // rank alike). Some sent: the others' next buckets would pair with the
+      // next step's first ones, and a rank that skips the step drifts apart.
+      if (next_launch > 0)
+        broken = detail::cat(who(), ": step ", step, "'s backward threw after ", next_launch, " of ", buckets.size(),
+                             " gradient buckets went out to the other ranks, so this rank's collectives no longer "
+                             "pair with theirs and it cannot go on (skipping the step would let the models drift "
+                             "apart). Let the exception end this worker: the others stop with an error naming it");
       throw;
     }
     stats.backward_ms += ms_since(t0);
@@ -476,8 +495,50 @@ struct DataParallel::Impl {
                                        "]"));
   }
 
-  void broadcast(std::span<const at::Tensor> tensors) {
+  // Where the ranks' values differ (the first position, and the least and
+  // largest value there), or nothing. A collective over tensors of different
+  // sizes hangs or fails inside Gloo, naming nothing: one small collective
+  // (the largest of each value and of its negation) before the real one.
+  struct Mismatch {
+    size_t index;
+    int64_t fewest, most;
+  };
+  std::optional<Mismatch> differs(const char* what, std::span<const int64_t> values) {
+    std::vector<int64_t> both(values.begin(), values.end());
+    for (int64_t v : values) both.push_back(-v);
+    std::vector<at::Tensor> t{at::tensor(both, at::kLong)};
+    c10d::AllreduceOptions largest;
+    largest.reduceOp = c10d::ReduceOp::MAX;
+    guarded(what, [&] { return pg->allreduce(t, largest)->wait(); });
+    const auto a = t[0].accessor<int64_t, 1>();
+    const auto n = static_cast<int64_t>(values.size());
+    for (int64_t i = 0; i < n; ++i)
+      if (a[i] != -a[n + i]) return Mismatch{static_cast<size_t>(i), -a[n + i], a[i]};
+    return std::nullopt;
+  }
+
+  void broadcast(std::span<const at::Tensor> tensors, bool checked) {
     if (where.world_size == 1) return;
+    if (checked) {
+      // How many tensors, then each one's size, rank and type.
+      const auto n = static_cast<int64_t>(tensors.size());
+      if (const auto m = differs("comparing what each rank broadcasts", std::span(&n, 1)))
+        throw UserError(detail::cat(who(), ": DataParallel::broadcast got ", n, " tensors on this rank, but the ranks "
+                                    "passed from ", m->fewest, " to ", m->most, ": every rank must pass the same tensors"));
+      std::vector<int64_t> shapes;
+      for (const at::Tensor& t : tensors) {
+        shapes.push_back(t.numel());
+        shapes.push_back(t.dim());
+        shapes.push_back(static_cast<int64_t>(t.scalar_type()));
+      }
+      static constexpr const char* kWhat[] = {"size", "rank", "type"};
+      if (const auto m = n > 0 ? differs("comparing what each rank broadcasts", shapes) : std::nullopt) {
+        const at::Tensor& t = tensors[m->index / 3];
+        throw UserError(detail::cat(who(), ": DataParallel::broadcast: tensor ", m->index / 3, " (", t.sizes(), " ",
+                                    t.scalar_type(), " on this rank) differs in ", kWhat[m->index % 3],
+                                    " between the ranks: every rank must pass tensors of the same shapes and types"));
+      }
+    }
     c10::NoGradGuard no_grad;
     for (const at::Tensor& t : tensors) {
       std::vector<at::Tensor> one{t.is_contiguous() ? t : t.contiguous()};
@@ -488,7 +549,7 @@ struct DataParallel::Impl {
 
   ~Impl() {
     for (size_t i = 0; i < hooks.size(); ++i) params[i].remove_hook(hooks[i]);
-    if (pg && std::uncaught_exceptions() == 0) {
+    if (pg && std::uncaught_exceptions() == 0 && broken.empty()) {
       // The store's server is rank 0: it stays until every rank is done with it.
       try {
         pg->barrier()->wait();
@@ -515,7 +576,7 @@ DataParallel::DataParallel(std::vector<at::Tensor> params, const Rendezvous& whe
   m.plan();
   if (where.world_size == 1) return;
   m.join();
-  m.broadcast(m.params);
+  m.broadcast(m.params, false);  // (check_same_model has compared them)
   for (size_t i = 0; i < m.params.size(); ++i)
     m.hooks.push_back(m.params[i].register_hook([&m, i](const at::Tensor& grad) { m.on_grad(i, grad); }));
 }
@@ -542,21 +603,19 @@ DataParallel::LocalGradients::~LocalGradients() {
   --dp_->impl_->local;
 }
 
-void DataParallel::broadcast(std::span<const at::Tensor> tensors) { impl_->broadcast(tensors); }
+void DataParallel::broadcast(std::span<const at::Tensor> tensors) {
+  impl_->check_usable();
+  impl_->broadcast(tensors, true);
+}
 std::vector<double> DataParallel::sum(std::vector<double> values) {
+  impl_->check_usable();
   if (world_size() == 1) return values;
-  // First how many: a collective over tensors of different lengths hangs or
-  // fails inside Gloo, naming nothing. (One more small collective per call:
-  // sum() is for an epoch's numbers, not per step.)
+  // First how many (sum() is for an epoch's numbers, not per step: one more
+  // small collective per call is nothing).
   const auto n = static_cast<int64_t>(values.size());
-  std::vector<at::Tensor> counts{at::tensor({n, -n}, at::kLong)};
-  c10d::AllreduceOptions largest;
-  largest.reduceOp = c10d::ReduceOp::MAX;
-  impl_->guarded("comparing how many values each rank sums", [&] { return impl_->pg->allreduce(counts, largest)->wait(); });
-  const int64_t most = counts[0][0].item<int64_t>(), fewest = -counts[0][1].item<int64_t>();
-  if (most != fewest)
+  if (const auto m = impl_->differs("comparing how many values each rank sums", std::span(&n, 1)))
     throw UserError(detail::cat(impl_->who(), ": DataParallel::sum got ", n, " values on this rank, but the ranks "
-                                "passed from ", fewest, " to ", most, ": every rank must sum the same number"));
+                                "passed from ", m->fewest, " to ", m->most, ": every rank must sum the same number"));
   if (values.empty()) return values;
   std::vector<at::Tensor> t{at::tensor(values, at::kDouble)};
   impl_->guarded("summing host values", [&] { return impl_->pg->allreduce(t)->wait(); });
@@ -566,6 +625,7 @@ std::vector<double> DataParallel::sum(std::vector<double> values) {
 }
 
 void DataParallel::barrier() {
+  impl_->check_usable();
   if (world_size() == 1) return;
   impl_->guarded("a barrier", [&] { return impl_->pg->barrier()->wait(); });
 }

@@ -88,7 +88,10 @@ class DataParallel {
   std::vector<size_t> shard(std::span<const double> work) const;
 
   // loss.backward(), then each parameter's .grad is the sum (or mean) over
-  // ranks. A parameter no rank touched gets a zero gradient.
+  // ranks. A parameter no rank touched gets a zero gradient. If loss.backward()
+  // throws before any bucket went out (always so without overlap), the step
+  // may be run again; after, every later call is a UserError (this rank's
+  // collectives no longer pair with the others').
   void backward(const at::Tensor& loss);
 
   // With two or more workers, a parameter's gradient computed outside
@@ -116,7 +119,8 @@ class DataParallel {
   [[nodiscard]] LocalGradients local_gradients();
 
   // Copies rank 0's values into these tensors on every rank (e.g. optimizer
-  // state after a resume). Every rank passes tensors of the same shapes.
+  // state after a resume). Every rank passes as many tensors of the same
+  // sizes and types (compared first: a UserError on every rank otherwise).
   void broadcast(std::span<const at::Tensor> tensors);
   // Sums a few host numbers over the ranks (e.g. an epoch's loss and counts).
   std::vector<double> sum(std::vector<double> values);

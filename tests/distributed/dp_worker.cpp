@@ -13,6 +13,10 @@
 //                   [--local-grad-at STEP] (first a local gradient under dp.local_gradients())
 //                   [--rank R] [--world-size N] (instead of the environment's, for a misconfigured worker)
 //                   [--sum N] (after training: dp.sum of N values, each rank + 1, printed)
+//                   [--throw-in-backward-at STEP] (this rank: that step's backward throws once, from a hook
+//                    on the embedding's gradient, the last to arrive; the worker catches it and runs the step again)
+//                   [--broadcast SIZES] (after training: dp.broadcast of tensors of these sizes, e.g. 3,4;
+//                    each filled with rank + 1; the sums of what arrived printed)
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <torch/optim/sgd.h>
@@ -34,7 +38,8 @@ namespace {
 
 struct Args {
   int steps = 3, batch = 8, hidden = 16, die_at = -1, hang_at = -1, timeout_ms = 20000;
-  int plain_backward_at = -1, local_grad_at = -1, rank = -1, world_size = -1, sum = -1;
+  int plain_backward_at = -1, local_grad_at = -1, rank = -1, world_size = -1, sum = -1, throw_at = -1;
+  std::string broadcast;
   double bucket_mb = 0.01;  // small: several buckets, launched during backward
   bool overlap = true;
   std::string sparse = "gather";
@@ -64,6 +69,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--world-size") a.world_size = std::stoi(next());
     else if (k == "--sum") a.sum = std::stoi(next());
     else if (k == "--file") a.file = next();
+    else if (k == "--throw-in-backward-at") a.throw_at = std::stoi(next());
+    else if (k == "--broadcast") a.broadcast = next();
     else throw UserError("unknown option " + k);
   }
   if (a.sparse != "gather" && a.sparse != "densify" && a.sparse != "none") throw UserError("--sparse: " + a.sparse);
@@ -79,6 +86,7 @@ void train(const Args& a, models::TreeLSTM& m, const std::vector<data::Tree>& tr
   // into differences of ~1e-5 between ANY two summation orders.)
   torch::optim::SGD opt(m.parameters(), torch::optim::SGDOptions(0.5));
   Graph g;
+  int throw_at = a.throw_at;
   for (int s = 0; s < a.steps; ++s) {
     Batch batch, mine;
     std::vector<double> work;
@@ -105,6 +113,23 @@ void train(const Args& a, models::TreeLSTM& m, const std::vector<data::Tree>& tr
       loss.backward({}, /*retain_graph=*/true);
     }
     opt.zero_grad();
+    if (dp != nullptr && s == throw_at && loss.defined()) {
+      // As a step that runs out of memory in backward: caught, and the step run again.
+      const unsigned hook = m.E.register_hook([](const at::Tensor&) -> at::Tensor {
+        throw std::runtime_error("simulated failure in backward");
+      });
+      try {
+        dp->backward(loss);
+      } catch (const std::exception& e) {
+        if (std::string(e.what()).find("simulated failure") == std::string::npos) throw;
+        std::printf("step %d: backward threw; running the step again\n", s);
+        std::fflush(stdout);
+      }
+      m.E.remove_hook(hook);
+      --s;
+      throw_at = -1;
+      continue;
+    }
     if (dp != nullptr && s != a.plain_backward_at) dp->backward(loss);
     else if (loss.defined()) loss.backward();
     opt.step();
@@ -132,6 +157,19 @@ int run(const Args& a) {
     for (double v : dp.sum(std::vector<double>(static_cast<size_t>(a.sum), where.rank + 1.0)))
       summed += " " + std::to_string(static_cast<int>(v));
     std::printf("summed:%s\n", summed.c_str());
+  }
+
+  if (!a.broadcast.empty()) {
+    std::vector<at::Tensor> ts;
+    for (size_t at = 0; at < a.broadcast.size();) {
+      const size_t comma = std::min(a.broadcast.find(',', at), a.broadcast.size());
+      ts.push_back(at::full({std::stoll(a.broadcast.substr(at, comma - at))}, where.rank + 1.0));
+      at = comma + 1;
+    }
+    dp.broadcast(ts);
+    std::string got;
+    for (const at::Tensor& t : ts) got += " " + std::to_string(static_cast<int>(t.sum().item<double>()));
+    std::printf("broadcast:%s\n", got.c_str());
   }
 
   models::TreeLSTM alone(mo, 1);

@@ -343,6 +343,56 @@ TEST_CASE("DataParallel::sum adds each position over the ranks, and different le
   }
 }
 
+TEST_CASE("DataParallel::broadcast copies rank 0's tensors, and different tensors are a UserError", "[distributed]") {
+  const auto same = run_workers({{"--steps", "1", "--broadcast", "3,2"}, {"--steps", "1", "--broadcast", "3,2"}}, {}, 60s);
+  for (const Exit& e : same) {
+    INFO(e.out);
+    CHECK(e.status == 0);
+    CHECK_THAT(e.out, Catch::Contains("broadcast: 3 2\n"));  // rank 0's ones
+  }
+  // Different counts, then different sizes: both ranks stop, saying which
+  // (they hung or failed inside Gloo before).
+  for (const Exit& e : run_workers({{"--steps", "1", "--broadcast", "3,2"}, {"--steps", "1", "--broadcast", "3"}}, {}, 60s)) {
+    INFO(e.out);
+    CHECK(e.status == 2);
+    CHECK_THAT(e.out, Catch::Contains("the ranks passed from 1 to 2: every rank must pass the same tensors"));
+  }
+  for (const Exit& e : run_workers({{"--steps", "1", "--broadcast", "3,2"}, {"--steps", "1", "--broadcast", "3,5"}}, {}, 60s)) {
+    INFO(e.out);
+    CHECK(e.status == 2);
+    CHECK_THAT(e.out, Catch::Contains("DataParallel::broadcast: tensor 1 ("));
+    CHECK_THAT(e.out, Catch::Contains("differs in size between the ranks"));
+  }
+}
+
+TEST_CASE("a backward that throws: run again if nothing went out, else this worker stops, saying why", "[distributed]") {
+  // Without overlap nothing is sent during backward: the rank that threw
+  // runs the step again and the result equals one worker's.
+  const std::vector<std::string> quiet{"--steps", "3", "--no-overlap"};
+  std::vector<std::string> throws = quiet;
+  throws.insert(throws.end(), {"--throw-in-backward-at", "1"});
+  const auto again = run_workers({quiet, throws}, {}, 60s);
+  for (const Exit& e : again) {
+    INFO(e.out);
+    CHECK(e.status == 0);
+    CHECK_THAT(e.out, Catch::Contains("max |data-parallel - one worker|"));
+  }
+  CHECK_THAT(again[1].out, Catch::Contains("step 1: backward threw; running the step again"));
+  // With overlap the buckets went out before the throw: running the step
+  // again would pair its collectives with the other rank's next ones (wrong
+  // sums, or a hang). That rank stops with a UserError; the other names it.
+  const auto out = run_workers({{"--steps", "3", "--timeout-ms", "10000"},
+                                {"--steps", "3", "--timeout-ms", "10000", "--throw-in-backward-at", "1"}},
+                               {}, 60s);
+  INFO(out[0].out);
+  INFO(out[1].out);
+  CHECK(out[1].status == 2);
+  CHECK_THAT(out[1].out, Catch::Contains("step 2's backward threw after 3 of 3 gradient buckets went out"));
+  CHECK_THAT(out[1].out, Catch::Contains("cannot go on"));
+  CHECK(out[0].status == 3);
+  CHECK_THAT(out[0].out, Catch::Contains("rank 1 stopped"));
+}
+
 TEST_CASE("workers with different models stop at the start, saying so", "[distributed]") {
   const auto out = run_workers({{"--hidden", "16"}, {"--hidden", "24"}}, {}, 60s);
   for (const Exit& e : out) {
