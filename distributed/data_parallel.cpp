@@ -106,11 +106,31 @@ struct DataParallel::Impl {
     return out;
   }
 
+  // The store's own errors after the roll call (a worker, or rank 0 and its
+  // store, gone before Gloo connects) as a DistributedError, as a collective's are.
+  template <class F>
+  void through_store(const char* what, F f) {
+    try {
+      f();
+    } catch (const UserError&) {
+      throw;
+    } catch (const DistributedError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw DistributedError(detail::cat(who(), ": ", what, " failed: the rendezvous store ",
+                                         where.rank == 0 ? "did not get every worker's part (did one stop?)"
+                                                         : "does not answer (did rank 0 stop?)",
+                                         " [", e.what(), "]"));
+    }
+  }
+
   void join() {
     store = detail::open_store(where, o.timeout);
     roll_call();
-    put("beat", 0);
-    put("phase", 0);
+    through_store("publishing this worker's heartbeat", [&] {
+      put("beat", 0);
+      put("phase", 0);
+    });
     beat = std::thread([this] {
       int64_t n = 0;
       std::unique_lock lock(beat_mu);
@@ -125,7 +145,7 @@ struct DataParallel::Impl {
         }
       }
     });
-    check_same_model();
+    through_store("comparing the workers' models", [&] { check_same_model(); });
     try {
       auto options = c10d::ProcessGroupGloo::Options::create();
       options->timeout = o.timeout;
@@ -305,10 +325,12 @@ struct DataParallel::Impl {
         bucket_of[i] = k;
         offset_of[i] = n;
         n += params[i].numel();
-        if (!buckets[k].sparse && params[i].options().dtype() != params[buckets[k].params[0]].options().dtype())
-          throw UserError(detail::cat(who(), ": parameters ", buckets[k].params[0], " and ", i,
-                                      " share a gradient bucket but differ in type (bucket_mb smaller than either "
-                                      "keeps them apart)"));
+        const at::Tensor& first = params[buckets[k].params[0]];
+        if (!buckets[k].sparse && (params[i].scalar_type() != first.scalar_type() || params[i].device() != first.device()))
+          throw UserError(detail::cat(who(), ": parameters ", buckets[k].params[0], " (", first.scalar_type(), " on ",
+                                      first.device(), ") and ", i, " (", params[i].scalar_type(), " on ",
+                                      params[i].device(), ") share a gradient bucket but differ in type or device "
+                                      "(bucket_mb smaller than either keeps them apart)"));
       }
       if (!buckets[k].sparse) flats[k] = at::empty({n}, params[buckets[k].params[0]].options());
     }

@@ -167,6 +167,18 @@ TEST_CASE("plan_buckets: reverse order, capped, sparse gradients alone", "[distr
   CHECK(sheaf::detail::plan_buckets(bytes, std::vector<bool>(5, false), 10).size() == 5);
 }
 
+TEST_CASE("a gradient bucket of parameters of two types or devices is a UserError", "[distributed]") {
+  // One worker: the buckets are planned all the same (no store is opened).
+  const sheaf::Rendezvous alone;
+  const at::Tensor f = at::zeros({4}).requires_grad_(), d = at::zeros({4}, at::kDouble).requires_grad_();
+  const at::Tensor m = at::zeros({4}, at::TensorOptions().device(at::kMeta)).requires_grad_();
+  CHECK_THROWS_WITH(sheaf::DataParallel({f, d}, alone), Catch::Contains("parameters 1 (Double on cpu) and 0 (Float on cpu)") &&
+                                                          Catch::Contains("differ in type or device"));
+  CHECK_THROWS_WITH(sheaf::DataParallel({m, f}, alone), Catch::Contains("(Float on meta)") &&
+                                                          Catch::Contains("differ in type or device"));
+  CHECK_NOTHROW(sheaf::DataParallel({f, d}, alone, {.bucket_mb = 1e-6}));  // each in a bucket of its own
+}
+
 TEST_CASE("Rendezvous reads torchrun's variables, and names a bad one", "[distributed]") {
   setenv("WORLD_SIZE", "2", 1);
   setenv("RANK", "1", 1);
