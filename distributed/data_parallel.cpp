@@ -247,6 +247,7 @@ struct DataParallel::Impl {
       }
       return all || !verdict.empty() || count == world;
     }, Clock::now() + o.timeout, std::chrono::milliseconds(10));
+    look();  // claims made since the last look, within the timeout's last 100 ms
     for (int r = 1; r < world && verdict.empty(); ++r)  // a duplicate that claimed after its rank was looked at
       if (came[static_cast<size_t>(r)] && store->add(claims[static_cast<size_t>(r)], 0) > 1) verdict = duplicate(r);
     if (verdict.empty() && count < world) {
