@@ -87,7 +87,8 @@ Prefetcher::Batch Prefetcher::take(size_t i, std::optional<size_t> next) {
     w.done = false;
     w.in_flight = false;
     ready = w.batch == i;
-    if (w.error) std::rethrow_exception(std::exchange(w.error, nullptr));  // the worker's error
+    // The worker's error, if its batch is the one asked for (else it is dropped with the batch).
+    if (std::exception_ptr error = std::exchange(w.error, nullptr); error && ready) std::rethrow_exception(error);
   }
   if (!ready) record_into(slot, i);
   current_ = slot;

@@ -36,7 +36,10 @@ class Prefetcher {
   using Record = std::function<std::vector<Expr>(Graph&, size_t batch)>;
   struct Batch {
     Graph& graph;
-    std::span<const Expr> targets;
+    // A copy: the worker records into the other graph's list while the caller
+    // runs this one, so a list kept past the next take() holds Exprs that fail
+    // as cleared, not a view of what the worker rewrites.
+    std::vector<Expr> targets;
   };
 
   Prefetcher(GraphOptions graph, Record record, ForwardOptions forward = {});
@@ -45,8 +48,10 @@ class Prefetcher {
   Prefetcher& operator=(const Prefetcher&) = delete;
 
   // Batch i, recorded and prepared: by the worker if the last take() asked for
-  // i, else here. Then starts batch `next` on the worker. An error in either
-  // recording is thrown here. The batch's graph stays valid until the next take().
+  // i, else here. Then starts batch `next` on the worker. An error recording
+  // batch i, here or on the worker, is thrown here (a batch the worker
+  // recorded that this call does not take is dropped, error and all). The
+  // batch's graph and targets stay valid until the next take().
   Batch take(size_t i, std::optional<size_t> next = std::nullopt);
 
  private:

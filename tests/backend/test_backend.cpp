@@ -752,6 +752,12 @@ TEST_CASE("Prefetcher: each batch's values and gradients as one graph per batch 
     CHECK(at::allclose(W.grad(), want_grads[k]));
     W.mutable_grad() = at::Tensor();
   }
+  // Skipping ahead: batch 4 fails on the worker, and take(5) drops it, error
+  // and all, and records batch 5 itself.
+  (void)pf.take(3, 4);
+  Prefetcher::Batch batch = pf.take(5);
+  batch.graph.forward(batch.targets);
+  CHECK(at::equal(batch.targets[1].value(), want_values[5]));
 }
 
 // A fused batch keeps inside its kernel a value nothing read when it ran; a

@@ -294,6 +294,8 @@ TEST_CASE("lookups read their table's rows where no gradient goes to it", "[trac
     Prefetcher::Batch second = pf.take(1, 2);  // the worker records batch 2 into the first graph meanwhile
     // Deterministically a UserError (it raced with the worker's clear before).
     REQUIRE_THROWS_WITH(kept.value(), Contains("cleared"));
+    // So does the batch's own list, a copy (a view of the list the worker rewrites before).
+    REQUIRE_THROWS_WITH(first.targets[0].value(), Contains("cleared"));
     second.graph.forward(second.targets);
     CHECK(at::allclose(second.targets[0].value(), expected(0), 1e-5, 1e-6));
   }
