@@ -10,6 +10,7 @@ namespace detail {
 AwaitToken await_value(const Expr& expr, std::function<void(const HostValue&)> resume, std::source_location loc) {
   Engine& g = Engine::of(expr, loc);
   const NodeId n = g.node_of(expr, "co_await", loc);
+  g.expect_awaitable(loc);
   const int64_t example = g.trace().current_example();
   // Resumed under g's example then, and under the scopes of the other graphs
   // it may record into (engine/scopes.h). (g's own needs no listing: a

@@ -99,6 +99,12 @@ class Engine {
 
   // ---- Control flow.
   WaiterId when_computed(NodeId node, ValueCallback callback);
+  // A coroutine may wait for a node of this graph: not a function body's
+  // (recording or frozen: its values are never computed, the task would never resume).
+  void expect_awaitable(Loc loc) const {
+    if (frozen_) throw_frozen();
+    if (recording_body_) throw_in_body("co_await", loc);
+  }
   void cancel(WaiterId id);  // no-op if already delivered
   // A failure of user code inside forward (a branch, a loop body, a coroutine):
   // the example stops, the others go on, and forward throws at the end.

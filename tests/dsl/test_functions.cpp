@@ -323,6 +323,18 @@ TEST_CASE("function: a body's own Exprs and outside Exprs are errors, not crashe
   CHECK_THROWS_WITH(peeking(g.input(at::ones({3}))), Contains("peeking") && Contains("op 'forward'") &&
                                                         Contains("inside a sheaf::Function's body") &&
                                                         Contains("test_functions"));
+  // A coroutine awaiting a value of the body, while it records or after:
+  // refused (the body's values are never computed: it would never resume).
+  std::vector<Task<double>> waiting;
+  auto awaiting = function("awaiting", [&](Expr a) {
+    Expr s = dsl::sum(a);
+    waiting.push_back([](Expr e) -> Task<double> { co_return co_await fetch_item(e); }(s));
+    return a * 2.0;
+  });
+  CHECK_THROWS_WITH(awaiting(g.input(at::ones({3}))), Contains("awaiting") && Contains("op 'co_await'") &&
+                                                         Contains("inside a sheaf::Function's body"));
+  auto late = [](Expr e) -> Task<double> { co_return co_await fetch_item(e); };
+  CHECK_THROWS_WITH(late(kept[0]), Contains("sheaf::Function's body"));  // a kept body Expr, after the body froze
   auto reading = function("reading", [](Expr a) { return a * dsl::sum(a).item(); });
   CHECK_THROWS_WITH(reading(g.input(at::ones({3}))), Contains("op 'value'") && Contains("inside a sheaf::Function's body"));
   Function two("two", 1, [](std::span<const Expr> a) { return std::vector<Expr>{a[0], a[0] + 1.0}; });
