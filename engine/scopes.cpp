@@ -11,7 +11,8 @@ namespace {
 
 struct Listed {
   Engine* engine;
-  uint32_t slot;  // (the engine is alive while engine_in(slot) is it)
+  uint32_t slot;        // (the engine is alive while engine_in(slot) is it)
+  uint32_t generation;  // the graph's when listed: a clear() since ends the scope's meaning
   int64_t example;
   const void* owner;
 };
@@ -31,7 +32,7 @@ bool unlist(const void* owner, const Engine* engine = nullptr) {
 
 void enter_scope(Engine& engine, int64_t example, const void* owner) {
   engine.trace().set_current_example(example);
-  t_scopes.push_back(Listed{&engine, engine.slot(), example, owner});
+  t_scopes.push_back(Listed{&engine, engine.slot(), generation_of(engine.slot()), example, owner});
 }
 
 void leave_scope(Engine& engine, int64_t previous, const void* owner) {
@@ -49,18 +50,19 @@ std::vector<HeldScope> held_scopes(const Engine& except) {
     held.push_back(HeldScope{d->slot(), generation_of(d->slot()), d->trace().current_example()});
   // The innermost scope of each graph: one entry a graph, however many scopes
   // are listed (those kept in suspended tasks' frames, those re-entered).
-  // Entries of graphs gone (one destroyed on another thread than the one
-  // that listed it) are dropped; only the handles' atomics are read.
+  // Entries of graphs gone or cleared since (a scope that ended on another
+  // thread than the one that listed it: a Prefetcher's graphs are cleared,
+  // not destroyed) are dropped; only the handles' atomics are read.
   for (size_t i = t_scopes.size(); i-- > 0;) {
     const Listed& l = t_scopes[i];
-    if (engine_in(l.slot) != l.engine) {
+    if (engine_in(l.slot) != l.engine || generation_of(l.slot) != l.generation) {
       t_scopes.erase(t_scopes.begin() + static_cast<std::ptrdiff_t>(i));
       continue;
     }
     if (l.engine == &except ||
         std::any_of(held.begin(), held.end(), [&](const HeldScope& h) { return h.slot == l.slot; }))
       continue;
-    held.push_back(HeldScope{l.slot, generation_of(l.slot), l.example});
+    held.push_back(HeldScope{l.slot, l.generation, l.example});
   }
   return held;
 }

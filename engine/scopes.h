@@ -27,7 +27,7 @@ struct HeldScope {
 // back. Scopes may end in any order (a Graph::ExampleScope kept in a task's
 // frame ends when the task does). One that ends on another thread than it
 // began (a task made on the Prefetcher's thread, finished by forward) stays
-// listed on the first; held_scopes drops it once its graph is gone.
+// listed on the first; held_scopes drops it once its graph is cleared or gone.
 void enter_scope(Engine& engine, int64_t example, const void* owner);
 void leave_scope(Engine& engine, int64_t previous, const void* owner);
 // Unlists every scope of `engine` on this thread (it is being destroyed).

@@ -3,8 +3,10 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <algorithm>
+#include <future>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "../support.h"
 
@@ -721,6 +723,46 @@ TEST_CASE("tasks: a task started in a cond's branch keeps the branch's example a
     CHECK(tasks[static_cast<size_t>(i - 1)].result().example() == i);
     CHECK(tasks[static_cast<size_t>(i - 1)].result().item() == Approx(2.0 * i + 1.0));
   }
+}
+
+// A task made on one thread with a scope of graph g in its frame, finished on
+// another (as a Prefetcher's worker makes tasks that forward finishes): the
+// scope stays listed on the first thread. After g.clear() it must not come
+// back: a task made there later, not in any scope of g, records into g under
+// g's own example, not the old scope's.
+TEST_CASE("tasks: a scope that ended on another thread is forgotten when its graph is cleared",
+          "[dsl][control][task]") {
+  Graph g, b, c;
+  Expr bx = b.input(at::ones({1}));
+  Expr cx = c.input(at::ones({1}));
+  std::optional<Task<int>> first, second;
+  Expr recorded;
+  std::promise<void> made, finished, made_second;
+  std::thread other([&] {
+    first = [](Graph& g, Expr bx) -> Task<int> {
+      auto in_g = g.example(5);  // in the frame: ends where the task ends
+      co_await fetch_item(bx);
+      co_return 0;
+    }(g, bx);
+    made.set_value();
+    finished.get_future().wait();  // finished on the main thread
+    g.clear();
+    second = [](Graph& g, Expr cx, Expr& recorded) -> Task<int> {
+      co_await fetch_item(cx);
+      recorded = g.input(at::ones({1}));  // in g's example when it suspended: 0
+      co_return 0;
+    }(g, cx, recorded);
+    made_second.set_value();
+  });
+  made.get_future().wait();
+  b.forward();
+  CHECK(first->done());
+  finished.set_value();
+  made_second.get_future().wait();
+  other.join();
+  c.forward();
+  REQUIRE(second->done());
+  CHECK(recorded.example() == 0);
 }
 
 TEST_CASE("tasks: a graph destroyed by a task while it runs under that graph's scope is left alone",
