@@ -6,11 +6,14 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/max.h>
+#include <ATen/ops/isfinite.h>
 #include <ATen/ops/isnan.h>
+#include <ATen/ops/logical_or.h>
 #include <ATen/ops/logical_and.h>
 #include <ATen/ops/sin.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros_like.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -28,33 +31,27 @@ namespace sheaf {
 
 namespace {
 
-// Restores the parameters' .grad on every exit path: the checker must not
-// disturb a user's training state.
-class GradGuard {
- public:
-  explicit GradGuard(const std::vector<at::Tensor>& params) : params_(params) {
-    for (const at::Tensor& p : params_) saved_.push_back(p.grad());
-  }
-  ~GradGuard() {
-    for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = saved_[i];
-  }
-  void clear() {
-    for (const at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
-  }
-  std::vector<at::Tensor> take() {
-    std::vector<at::Tensor> g;
-    for (const at::Tensor& p : params_) {
-      at::Tensor x = p.grad();
-      g.push_back(x.defined() ? (x.is_sparse() ? x.to_dense() : x.clone()) : at::zeros_like(p));
+// d t / d params, dense (zeros for a parameter t does not reach). Through
+// autograd::grad, not backward(): no other leaf's .grad is touched (a
+// parameter not listed, an input that needs a gradient).
+std::vector<at::Tensor> gradients(const at::Tensor& t, const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> out(params.size()), wanted;
+  std::vector<size_t> at;
+  for (size_t p = 0; p < params.size(); ++p)
+    if (params[p].requires_grad()) {
+      wanted.push_back(params[p]);
+      at.push_back(p);
     }
-    clear();
-    return g;
+  if (!wanted.empty() && t.requires_grad()) {
+    const std::vector<at::Tensor> g = torch::autograd::grad({t}, wanted, {}, /*retain_graph=*/false,
+                                                            /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t k = 0; k < g.size(); ++k)
+      if (g[k].defined()) out[at[k]] = g[k].is_sparse() ? g[k].to_dense() : g[k].clone();
   }
-
- private:
-  const std::vector<at::Tensor>& params_;
-  std::vector<at::Tensor> saved_;
-};
+  for (size_t p = 0; p < params.size(); ++p)
+    if (!out[p].defined()) out[p] = at::zeros_like(params[p]);
+  return out;
+}
 
 // One run: a graph, each example's output, and its per-example nodes in order.
 struct Run {
@@ -78,7 +75,7 @@ using Recorder = std::function<std::function<Expr()>(Graph&, int)>;
 
 // Records `examples` into a fresh graph, forwards, then backpropagates the weighted outputs.
 Run run_examples(const std::vector<int>& examples, const Recorder& record, const CheckOptions& o,
-                 const Strategy& strategy, bool fuse, GradGuard& grads, bool reference = false,
+                 const Strategy& strategy, bool fuse, bool reference = false,
                  bool inline_functions = false) {
   Run run;
   GraphOptions go = o.graph;
@@ -109,9 +106,7 @@ Run run_examples(const std::vector<int>& examples, const Recorder& record, const
   Expr total = dsl::sum(losses);
   run.total = total.id();
   g.forward(total, fo);
-  at::Tensor t = total.value();
-  if (!o.params.empty() && t.requires_grad()) torch::autograd::backward({t});
-  run.grads = grads.take();
+  run.grads = gradients(total.value(), o.params);
   return run;
 }
 
@@ -134,11 +129,14 @@ struct Diff {
   double worst_excess, max_abs;
 };
 Diff compare(const at::Tensor& batched, const at::Tensor& alone, double atol, double rtol) {
-  at::Tensor a = batched.detach(), b = alone.detach();
-  at::Tensor d = at::abs(a - b);
-  d = at::where(at::logical_and(at::isnan(a), at::isnan(b)), at::zeros_like(d), d);
-  d = at::where(at::isnan(d), at::full_like(d, INFINITY), d);
-  at::Tensor excess = d - (atol + rtol * at::abs(b));
+  const at::Tensor a = batched.detach(), b = alone.detach();
+  // Where either side is not finite: equal if both are NaN or both the same
+  // infinity, else an unbounded difference. (A NaN left in the differences
+  // or the tolerances made the whole tensor's max NaN, which passed.)
+  const at::Tensor finite = at::logical_and(at::isfinite(a), at::isfinite(b));
+  const at::Tensor same = at::logical_or(at::logical_and(at::isnan(a), at::isnan(b)), a == b);
+  const at::Tensor d = at::where(finite, at::abs(a - b), at::where(same, at::zeros_like(b), at::full_like(b, INFINITY)));
+  const at::Tensor excess = d - (atol + rtol * at::where(finite, at::abs(b), at::zeros_like(b)));
   return {excess.numel() ? excess.max().item<double>() : 0.0, d.numel() ? d.max().item<double>() : 0.0};
 }
 
@@ -155,9 +153,11 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
     throw UserError(detail::cat("sheaf::check_batched: needs at least one example, got ", num_examples));
   std::optional<NoTf32> full_float;
   if (o.full_float) full_float.emplace();
+  if (!o.params.empty() && !c10::GradMode::is_enabled())
+    throw UserError("sheaf::check_batched: parameters to check gradients of, but autograd is off here (a "
+                    "NoGradGuard or InferenceMode): their gradients would all be compared as zeros. Call it with "
+                    "autograd on, or give no params to compare values only");
   CheckReport report;
-  GradGuard grads(o.params);
-  grads.clear();
   std::vector<const Strategy*> strategies = o.strategies;
   if (strategies.empty()) strategies.assign(all_strategies().begin(), all_strategies().end());
 
@@ -166,7 +166,7 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
   // gradients summed over the examples.
   auto each_alone = [&](bool inline_functions, std::vector<Run>& runs, std::vector<at::Tensor>& summed) {
     for (int i = 0; i < num_examples; ++i) {
-      runs.push_back(run_examples({i}, program, o, default_strategy(), o.fusion == Fusion::kOn, grads, true,
+      runs.push_back(run_examples({i}, program, o, default_strategy(), o.fusion == Fusion::kOn, true,
                                   inline_functions));
       if (summed.empty()) {
         summed = runs.back().grads;
@@ -207,8 +207,13 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
   // Counts a comparison; past the tolerance, fails with what(the largest difference).
   auto expect_close = [&](const at::Tensor& batched, const at::Tensor& reference, int example,
                           const std::string& strategy, const auto& what) {
-    const Diff d = compare(batched, reference, o.atol, o.rtol);
     ++report.values_compared;
+    if (batched.sizes() != reference.sizes()) {  // (a - b would broadcast)
+      fail(example, strategy, detail::cat(what(INFINITY), ": its shape is ", batched.sizes(), " batched but ",
+                                          reference.sizes(), " alone"));
+      return;
+    }
+    const Diff d = compare(batched, reference, o.atol, o.rtol);
     report.max_abs_diff = std::max(report.max_abs_diff, d.max_abs);
     if (d.worst_excess > 0) fail(example, strategy, what(d.max_abs));
   };
@@ -221,7 +226,7 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
   for (const Strategy* strategy : strategies)
   for (const bool fuse : fusions) {
     const std::string name = std::string(strategy->name()) + (fuse ? ", fused" : ", unfused");
-    Run batched = run_examples(all, program, o, *strategy, fuse, grads);
+    Run batched = run_examples(all, program, o, *strategy, fuse);
     report.batched_launches = std::max<size_t>(report.batched_launches, batched.graph->stats().batches);
     const NodeStore& bs = store_of(batched);
 
@@ -233,9 +238,10 @@ CheckReport check(int num_examples, const Recorder& program, const CheckOptions&
                                   " alone; is the program deterministic?"));
         continue;
       }
-      if (!o.compare_nodes) {  // only the weighted output (the last node of the example)
-        bn.erase(bn.begin(), bn.end() - 1);
-        an.erase(an.begin(), an.end() - 1);
+      if (!o.compare_nodes) {  // the output itself (not its weighted sum: a small weight hid an error)
+        expect_close(batched.outputs[static_cast<size_t>(i)].value(), alone[static_cast<size_t>(i)].outputs[0].value(),
+                     i, name, [](double d) { return detail::cat("the output differs by up to ", d); });
+        continue;
       }
       for (size_t k = 0; k < bn.size(); ++k) {
         if (bs.op[bn[k]] != as.op[an[k]]) {

@@ -12,7 +12,10 @@
 // names the first node that differs and the line that recorded it. A program
 // that calls sheaf::Functions is also compared, on outputs and gradients, with
 // itself run alone with every function's body written inline, op by op
-// (GraphOptions::inline_functions).
+// (GraphOptions::inline_functions). Values of different shapes differ; NaN
+// equals NaN and an infinity the same infinity, any other non-finite value
+// differs. Gradients come from autograd::grad over `params` (with autograd on:
+// a UserError otherwise): no tensor's .grad is touched.
 #pragma once
 
 #include <ATen/core/Tensor.h>

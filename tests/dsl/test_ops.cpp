@@ -57,6 +57,63 @@ TEST_CASE("the checker leaves the user's gradients alone", "[dsl][checker]") {
   CHECK_FALSE(p.b.grad().defined());
 }
 
+TEST_CASE("the checker leaves parameters it was not given alone too", "[dsl][checker]") {
+  Params p;
+  const CheckReport r = check_batched(2, [&](Graph& g, int i) { return dsl::affine(p.W, g.input(data({kD}, i)), p.b); },
+                                      {.params = {p.W}});
+  REQUIRE_BATCHED_EQUALS_ALONE(r);
+  CHECK_FALSE(p.W.grad().defined());
+  CHECK_FALSE(p.b.grad().defined());  // (backward() added into it, once a run)
+}
+
+TEST_CASE("the checker: non-finite values, shapes, outputs only, gradients without autograd", "[dsl][checker]") {
+  // Each program differs batched (where the graph already holds the earlier
+  // examples' nodes: g.size() > 8) from alone.
+  auto filler = [](Graph& g, int i) {
+    Expr x = g.input(data({kD}, i));
+    for (int k = 0; k < 5; ++k) x = dsl::tanh(x);
+    return x;
+  };
+  for (const float special : {NAN, -INFINITY, INFINITY}) {
+    INFO("special " << special);
+    const CheckReport r = check_batched(3, [&](Graph& g, int i) {
+      (void)filler(g, i);
+      return g.input(at::tensor(std::vector<float>{special, g.size() > 8 ? 2.f : 1.f}));
+    });
+    CHECK_FALSE(r.ok);  // (a NaN in the tolerances hid the second element)
+    CHECK_THAT(r.message, Catch::Contains("op 'input'"));
+    // The same special value on both sides is equal.
+    const CheckReport same = check_batched(3, [&](Graph& g, int i) {
+      (void)filler(g, i);
+      return g.input(at::tensor(std::vector<float>{special, 1.f}));
+    });
+    CHECK(same.ok);
+  }
+  const CheckReport shapes = check_batched(3, [&](Graph& g, int i) {
+    (void)filler(g, i);
+    return g.input(at::ones({g.size() > 8 ? 1 : 4}));  // [1] broadcast against [4] before
+  });
+  CHECK_FALSE(shapes.ok);
+  CHECK_THAT(shapes.message, Catch::Contains("its shape is [1] batched but [4] alone"));
+  // Outputs only: example 1's output differs in one element, where the
+  // checker's weights for its gradient (sin(0.7 k + 1.3 i + 0.25)) are 0.0066:
+  // the weighted sum it compared before hid it.
+  const CheckReport outputs = check_batched(3, [&](Graph& g, int i) {
+    (void)filler(g, i);
+    at::Tensor v = at::ones({102});
+    if (g.size() > 8 && i == 1) v[101] += 1e-3;
+    return g.input(v);
+  }, {.compare_nodes = false});
+  CHECK_FALSE(outputs.ok);
+  CHECK(outputs.example == 1);
+  CHECK_THAT(outputs.message, Catch::Contains("the output differs by up to 0.001"));
+  Params p;
+  c10::NoGradGuard no_grad;
+  CHECK_THROWS_WITH(check_batched(2, [&](Graph& g, int i) { return dsl::affine(p.W, g.input(data({kD}, i)), p.b); },
+                                  {.params = p.all()}),
+                    Catch::Contains("autograd is off here"));
+}
+
 TEST_CASE("the checker runs CUDA products in full float and restores the user's TF32 setting", "[dsl][checker]") {
   Params p;
   struct Seen {
