@@ -64,6 +64,7 @@ import tempfile
 SHEAF = "sheaf"
 PER_EXAMPLE = "per-example"
 HAND = "hand"
+HAND_ALT = "hand-alt"  # another hand version (hand:<variant>): shown beside hand, not ranked
 KNOWN_STRATEGIES = ["lazy", "agenda", "depth"]  # display order; others follow in input order
 MODE_ORDER = {"train": 0, "infer": 1}
 
@@ -157,6 +158,7 @@ class Row:
         self.mode, self.hidden, self.batch, self.threads = mode, hidden, batch, threads
         self.per_example = None  # record
         self.hand = None         # record
+        self.hand_alt = {}       # variant -> record ("hand:<variant>": other hand code, or a kernel reference)
         self.sheaf = {}          # strategy -> record
         self.steps = {}          # system label -> its "steps" value
 
@@ -187,7 +189,7 @@ class Row:
 
     def records(self):
         out = [r for r in (self.per_example, self.hand) if r is not None]
-        return out + list(self.sheaf.values())
+        return out + list(self.hand_alt.values()) + list(self.sheaf.values())
 
 
 class Table:
@@ -198,6 +200,7 @@ class Table:
         self.rows = {}        # (mode, hidden, batch, threads) -> Row
         self.strategies = []  # sheaf strategies in display order
         self.other_systems = []  # systems that are neither per-example, sheaf nor hand
+        self.hand_alts = []      # hand variants measured, in the order first seen
         self.thread_values = set()
 
     @property
@@ -238,6 +241,12 @@ def build_tables(records):
         elif system == HAND:
             duplicates += row.hand is not None
             row.hand = rec
+        elif system == HAND_ALT:
+            variant = str(rec.get("strategy") or "alt")
+            duplicates += variant in row.hand_alt
+            row.hand_alt[variant] = rec
+            if variant not in table.hand_alts:
+                table.hand_alts.append(variant)
         elif system == SHEAF:
             strategy = str(rec.get("strategy") or "default")
             duplicates += strategy in row.sheaf
@@ -354,7 +363,11 @@ def table_markdown(table):
     head.append("per-example trees/s")
     head += ["sheaf %s trees/s" % s for s in table.strategies]
     prefetch_col = any(is_prefetch(s) for s in table.strategies)
-    head += ["hand trees/s", "best sheaf", "best sheaf / hand", "best sheaf / per-example"]
+    head += ["hand trees/s"]
+    head += ["hand:%s trees/s" % v for v in table.hand_alts]
+    head += ["best sheaf", "best sheaf / hand"]
+    head += ["best sheaf / hand:%s" % v for v in table.hand_alts]
+    head += ["best sheaf / per-example"]
     if prefetch_col:
         head.append("best +prefetch / hand")
     head += ["launches / batch", "trace+sched ms / batch", "trace+sched % of wall", "max \\|diff\\| vs per-example"]
@@ -376,10 +389,14 @@ def table_markdown(table):
         for s in table.strategies:
             cells.append(fmt_tps(tps_of(row.sheaf.get(s))))
         cells.append(fmt_tps(hand))
+        for v in table.hand_alts:
+            cells.append(fmt_tps(tps_of(row.hand_alt.get(v))))
         strategy, best = row.best_sheaf()
         best_tps = tps_of(best)
         cells.append(md_escape(strategy) if strategy else DASH)
         cells.append(fmt_ratio(safe_div(best_tps, hand)))
+        for v in table.hand_alts:
+            cells.append(fmt_ratio(safe_div(best_tps, tps_of(row.hand_alt.get(v)))))
         cells.append(fmt_ratio(safe_div(best_tps, pe)))
         if prefetch_col:
             cells.append(fmt_ratio(safe_div(tps_of(row.best_sheaf(prefetch=True)[1]), hand)))
@@ -449,6 +466,9 @@ def write_markdown(path, tables, args, plot_written):
         "its sheaf::Functions op by op; */eager* runs every node as soon as it can, also while control "
         "flow waits (GraphOptions::defer_unawaited off); */unpacked* leaves every product to OpenBLAS "
         "(GraphOptions::pack_weights off: no weights laid out once for Sheaf's product kernel). "
+        "A *hand:VARIANT* column is another hand-batched version beside *hand* (docs/benchmarks.md): "
+        "other LibTorch code (hand:mask, hand:lstm, hand:bmm), or hand code given Sheaf's own kernels "
+        "(hand:sheaf-gemm, hand:sheaf-cell: how much of a lead is the kernel), each with its ratio. "
         "*trace+sched % of wall* compares trace+schedule time per batch with the wall time per batch "
         "(1000 × batch / trees/s ms). *max |diff|* is the largest difference from the per-example "
         "outputs over all systems of the row.",

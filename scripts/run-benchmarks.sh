@@ -25,8 +25,11 @@ out=docs/results-$device.jsonl
   # (GraphOptions::defer_unawaited off): the step losses of greedy parsing run a step at a time.
   "$bench" --workload shift_reduce --hidden 128 --batch 64 --trees 512 "${args[@]}" \
     --systems per-example,sheaf,sheaf:auto/inline,sheaf:auto/eager,sheaf:auto/unpacked,sheaf:auto+prefetch,hand
+  # hand: each cell on its own rows (gates read on the host); hand:mask: both
+  # cells on every row and a 0/1 mask (the masked baseline; no wait
+  # for the gates, which may win on a GPU).
   "$bench" --workload gated_rvnn --hidden 128 --batch 64 --trees 512 "${args[@]}" \
-    --systems per-example,sheaf,sheaf:auto/inline,sheaf:auto/eager,hand
+    --systems per-example,sheaf,sheaf:auto/inline,sheaf:auto/eager,hand,hand:mask
   # DyNet's tagger workloads, on synthetic sentences with DyNet's sizes (SST has
   # no tags). hand: one custom autograd node per LSTM direction (packed_lstm, its
   # cell in ATen ops); hand:lstm runs LibTorch's at::lstm on the packed batch

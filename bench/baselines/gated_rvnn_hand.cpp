@@ -19,10 +19,25 @@ at::Tensor HandGatedRvNN::root_logits(std::span<const data::Tree* const> trees) 
   for (size_t k = 1; k < levels.size(); ++k) {
     const auto n = static_cast<int64_t>(levels.level(k).size());
     const at::Tensor x = TreeLevels::children_of(blocks, k).index_select(0, upload(levels.child_order(k))).view({n, 2 * h});
-    const at::Tensor mask = at::gt(linear_rows(x, m_.A, m_.a), 0).to(x.scalar_type());  // [n, 1], no gradient
-    const at::Tensor plain = at::tanh(linear_rows(x, m_.W1, m_.b1));
-    const at::Tensor residual = at::relu(linear_rows(x, m_.W2, m_.b2)) * 0.5 + x.narrow(1, 0, h) * 0.5;
-    H.push_back(mask * plain + (1 - mask) * residual);
+    const at::Tensor gate = at::gt(linear_rows(x, m_.A, m_.a), 0);  // [n, 1], no gradient
+    auto plain = [&](const at::Tensor& rows) { return at::tanh(linear_rows(rows, m_.W1, m_.b1)); };
+    auto residual = [&](const at::Tensor& rows) {
+      return at::relu(linear_rows(rows, m_.W2, m_.b2)) * 0.5 + rows.narrow(1, 0, h) * 0.5;
+    };
+    if (branches_ == Branches::kMask) {
+      const at::Tensor mask = gate.to(x.scalar_type());
+      H.push_back(mask * plain(x) + (1 - mask) * residual(x));
+    } else {
+      const at::Tensor taken = gate.view({n}).cpu();  // (a wait on a GPU)
+      const at::Tensor first = at::nonzero(taken).view({-1}), second = at::nonzero(at::logical_not(taken)).view({-1});
+      std::vector<at::Tensor> parts;
+      if (first.numel() > 0) parts.push_back(plain(x.index_select(0, first.to(device))));
+      if (second.numel() > 0) parts.push_back(residual(x.index_select(0, second.to(device))));
+      // Row r of the level is row back[r] of [plain rows; residual rows].
+      const at::Tensor order = at::cat({first, second});
+      const at::Tensor back = at::empty_like(order).index_put_({order}, at::arange(n, order.options()));
+      H.push_back(parts.size() == 1 ? parts[0] : at::cat(parts).index_select(0, back.to(device)));
+    }
     blocks.push_back(H.back().split_with_sizes(levels.blocks(k)));
   }
   return linear_rows(levels.roots(H), m_.V, m_.v);

@@ -1,5 +1,6 @@
 // The gated recursive network three ways (Sheaf with dsl::cond at every node,
-// per example, hand-batched with a mask) computes the same values and gradients.
+// per example, hand-batched with a mask or with each cell on its own rows)
+// computes the same values and gradients.
 #include <c10/core/GradMode.h>
 
 #include <baselines/gated_rvnn_hand.h>
@@ -25,6 +26,9 @@ TEST_CASE("gated RvNN: Sheaf, per-example and hand-batched agree on logits, loss
     return total;
   });
   auto g_hand = test::gradients_of(m.parameters(), [&] { return HandGatedRvNN(m).loss(batch); });
+  auto g_split = test::gradients_of(m.parameters(), [&] {
+    return HandGatedRvNN(m, HandGatedRvNN::Branches::kSplit).loss(batch);
+  });
   Graph g;
   auto g_sheaf = test::gradients_of(m.parameters(), [&] {
     g.clear();
@@ -36,10 +40,12 @@ TEST_CASE("gated RvNN: Sheaf, per-example and hand-batched agree on logits, loss
   for (size_t i = 0; i < g_per_example.size(); ++i) {
     INFO("parameter " << i);
     CHECK(at::allclose(g_hand[i], g_per_example[i], 1e-4, 1e-5));
+    CHECK(at::allclose(g_split[i], g_per_example[i], 1e-4, 1e-5));
     CHECK(at::allclose(g_sheaf[i], g_per_example[i], 1e-4, 1e-5));
   }
   c10::NoGradGuard no_grad;
   const at::Tensor hand = HandGatedRvNN(m).root_logits(batch);
+  CHECK(at::allclose(HandGatedRvNN(m, HandGatedRvNN::Branches::kSplit).root_logits(batch), hand, 1e-5, 1e-6));
   g.clear();
   const std::vector<Expr> roots = m.sheaf_batch_root_logits(g, batch);
   g.forward(roots);
