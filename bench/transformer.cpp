@@ -60,9 +60,13 @@ void run_mode(const Options& o, const std::string& mode, int64_t d, const Taggin
       systems.push_back(per_example_system<Sentence>(
           make_step, train, c.batches, [&](const Sentence& x) { return model.per_example_loss(x); },
           [&](const Sentence& x) { model.per_example_logits(x); }));
-    } else if (name == "hand") {
-      const HandTransformer hand(model);
-      System s{name, ""};
+    } else if (name == "hand" || name == "hand:pad" || name.starts_with("hand:buckets")) {
+      // hand: the sentences sorted by length in 4 groups, each padded to its
+      // own longest (4 read best of 1, 2, 4 and 8 here, stop 66); hand:pad:
+      // every sentence padded to the batch's longest; hand:bucketsG: G groups.
+      const int buckets = name == "hand" ? 4 : name == "hand:pad" ? 1 : std::stoi(name.substr(12));
+      const HandTransformer hand(model, buckets);
+      System s{name == "hand" ? name : "hand-alt", name == "hand" ? "" : name.substr(5)};
       s.step = make_step(s, [&, hand, train](size_t b) { return train ? hand.loss(c.batches[b]) : hand.logits(c.batches[b]); });
       c10::NoGradGuard no_grad;
       s.max_abs_diff = max_diff(hand.logits(c.batches[0]), reference);
@@ -89,7 +93,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t d, const Taggin
                      reference);
       }
     } else {
-      throw UserError("unknown system '" + name + "' for transformer (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline][/matmul])");
+      throw UserError("unknown system '" + name + "' for transformer (per-example, hand, hand:pad, hand:bucketsG, sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline][/matmul])");
     }
   }
   const double items = static_cast<double>(c.batches.size() * static_cast<size_t>(o.batch));

@@ -4,7 +4,11 @@
 // ONE GEMM over the concatenated weights, the output projection, layer norms,
 // feed-forward, tag scores and the loss) on the batch's real tokens only,
 // packed; only attention runs on the padded [B, heads, N, N] layout, in two
-// bmm's, with padded keys masked to -inf.
+// bmm's, with padded keys masked to -inf. With `buckets` > 1 the sentences
+// are sorted by length and cut into that many groups of (nearly) equal count,
+// each padded to its own longest and attended on its own: the usual
+// bucketing, less padded work for a few more calls (Sheaf's attention groups
+// like lengths too, ops/attention.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -17,12 +21,19 @@ namespace sheaf::models {
 
 class HandTransformer {
  public:
-  explicit HandTransformer(const TransformerTagger& model) : m_(model) {}
+  explicit HandTransformer(const TransformerTagger& model, int buckets = 1) : m_(model), buckets_(buckets) {}
   at::Tensor loss(std::span<const data::Sentence* const> batch) const;    // summed over tokens
   at::Tensor logits(std::span<const data::Sentence* const> batch) const;  // [tokens, tags], sentence order
 
  private:
+  // Self-attention of the sentences `group` (indices into the batch, tokens
+  // at rows `first[i]`..) from QKV [T, 3d] rows: [tokens of the group, d] in
+  // the group's sentence order.
+  at::Tensor attend(const at::Tensor& QKV, std::span<const data::Sentence* const> batch,
+                    std::span<const int64_t> group, std::span<const int64_t> first) const;
+
   const TransformerTagger& m_;
+  int buckets_;
 };
 
 }  // namespace sheaf::models

@@ -52,6 +52,9 @@ TEST_CASE("transformer: Sheaf, per-example and hand-batched agree on logits, los
     return total;
   });
   const auto hand = test::gradients_of(m.parameters(), [&] { return HandTransformer(m).loss(c.batch); });
+  // In length buckets: 3 of 3-4 of the 10 sentences, 9 (most alone).
+  const auto bucketed = test::gradients_of(m.parameters(), [&] { return HandTransformer(m, 3).loss(c.batch); });
+  const auto each = test::gradients_of(m.parameters(), [&] { return HandTransformer(m, 9).loss(c.batch); });
   Graph g;
   const auto sheafed = test::gradients_of(m.parameters(), [&] {
     Expr loss = m.sheaf_batch_loss(g, c.batch);
@@ -59,6 +62,8 @@ TEST_CASE("transformer: Sheaf, per-example and hand-batched agree on logits, los
     return loss.value();
   });
   test::require_all_close(eager, hand);
+  test::require_all_close(eager, bucketed);
+  test::require_all_close(eager, each);
   test::require_all_close(eager, sheafed);
 
   c10::NoGradGuard no_grad;
@@ -66,6 +71,7 @@ TEST_CASE("transformer: Sheaf, per-example and hand-batched agree on logits, los
   for (const Sentence* s : c.batch) rows.push_back(m.per_example_logits(*s));
   const at::Tensor expected = at::cat(rows);
   CHECK(at::allclose(HandTransformer(m).logits(c.batch), expected, 1e-4, 1e-5));
+  CHECK(at::allclose(HandTransformer(m, 3).logits(c.batch), expected, 1e-4, 1e-5));
   g.clear();
   const std::vector<Expr> logits = m.sheaf_batch_logits(g, c.batch);
   g.forward(logits);
