@@ -35,6 +35,49 @@ struct PackedLinear : torch::autograd::Function<PackedLinear> {
   }
 };
 
+// x U^T + b for one level, U's gradient deferred: the level's input rows and,
+// in backward, its output gradient rows go into buffers for the whole batch,
+// and one node computes dU = G^T X and db = sum(G) after every level's
+// backward (each level takes that node's output, `token`, as an input). Per
+// level, at::linear's backward would be a GEMM only a level's rows deep plus a
+// full-size add into U's gradient (the parser's hand code does the same:
+// shift_reduce_hand.cpp, StepWeights).
+struct DeferredWeightGrads : torch::autograd::Function<DeferredWeightGrads> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& w, const at::Tensor&, const at::Tensor& X,
+                            const at::Tensor& G) {
+    ctx->saved_data["X"] = X;
+    ctx->saved_data["G"] = G;
+    return at::zeros({}, w.options());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list) {
+    const at::Tensor X = ctx->saved_data["X"].toTensor(), G = ctx->saved_data["G"].toTensor();
+    return {at::mm(G.t(), X), G.sum(0), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct LevelWeights {
+  at::Tensor w, b, X, G, token;  // w, b detached; X [rows, 2h], G [rows, 5h]
+  int64_t used = 0;
+};
+
+struct LevelLinear : torch::autograd::Function<LevelLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& /*token*/, LevelWeights* lw) {
+    const int64_t n = x.size(0), off = lw->used;
+    lw->used += n;
+    lw->X.narrow(0, off, n).copy_(x);
+    ctx->saved_data["w"] = lw->w;
+    ctx->saved_data["G"] = lw->G;
+    ctx->saved_data["off"] = off;
+    return at::addmm(lw->b, x, lw->w.t());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor w = ctx->saved_data["w"].toTensor(), G = ctx->saved_data["G"].toTensor();
+    const at::Tensor dy = grads[0];
+    G.narrow(0, ctx->saved_data["off"].toInt(), dy.size(0)).copy_(dy);
+    return {at::mm(dy, w), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -58,8 +101,19 @@ HandBatched::Run HandBatched::run(std::span<const data::Tree* const> trees, bool
   const bool grad = c10::GradMode::is_enabled() && m_.U.requires_grad();
   const PackedMatrix u_t = packed ? pack_matrix(m_.U.detach().t()) : PackedMatrix{};
   const PackedMatrix u = packed && grad ? pack_matrix(m_.U.detach()) : PackedMatrix{};
+  LevelWeights lw;
+  if (!packed && grad) {
+    int64_t rows = 0;
+    for (size_t k = 1; k < levels.size(); ++k) rows += static_cast<int64_t>(levels.level(k).size());
+    const at::TensorOptions opts = m_.U.options().requires_grad(false);
+    lw.w = m_.U.detach();
+    lw.b = m_.b.detach();
+    lw.X = at::empty({rows, m_.U.size(1)}, opts);
+    lw.G = at::empty({rows, m_.U.size(0)}, opts);
+    lw.token = DeferredWeightGrads::apply(m_.U, m_.b, lw.X, lw.G);
+  }
   auto product = [&](const at::Tensor& x) {
-    if (!packed) return linear_rows(x, m_.U, m_.b);
+    if (!packed) return grad ? LevelLinear::apply(x, lw.token, &lw) : linear_rows(x, m_.U, m_.b);
     return grad ? PackedLinear::apply(x, m_.U, m_.b, u_t.panels, u.panels) : packed_mm(x, u_t, m_.b);
   };
 
