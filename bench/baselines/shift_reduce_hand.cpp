@@ -6,6 +6,8 @@
 
 #include <common/linear_rows.h>
 
+#include "weight_grads.h"
+
 #include <algorithm>
 #include <numeric>
 #include <optional>
@@ -269,26 +271,13 @@ struct SavedWeights {
   int64_t off;
 };
 
-struct WeightGrads : torch::autograd::Function<WeightGrads> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& w, const at::Tensor&, const at::Tensor& X,
-                            const at::Tensor& G) {
-    ctx->saved_data["X"] = X;
-    ctx->saved_data["G"] = G;
-    return at::zeros({}, w.options());
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list) {
-    const at::Tensor X = ctx->saved_data["X"].toTensor(), G = ctx->saved_data["G"].toTensor();
-    return {at::mm(G.t(), X), G.sum(0), at::Tensor(), at::Tensor()};
-  }
-};
-
 StepWeights::StepWeights(const at::Tensor& weight, const at::Tensor& bias, int64_t rows, bool autograd)
     : w(weight.detach()), wt(w.t().contiguous()), b(bias.detach()) {
   const at::TensorOptions opts = w.options().requires_grad(false);
   X = at::empty({rows + 3, w.size(1)}, opts);  // the slack rows only feed outputs that are dropped
   if (!autograd) return;
   G = at::zeros({rows + 3, w.size(0)}, opts);
-  token = WeightGrads::apply(weight, bias, X.narrow(0, 0, rows), G.narrow(0, 0, rows));
+  token = DeferredWeightGrads::apply(weight, bias, X.narrow(0, 0, rows), G.narrow(0, 0, rows));
 }
 
 // ---------------------------------------------------------------------------

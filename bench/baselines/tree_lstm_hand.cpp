@@ -7,6 +7,7 @@
 #include <sheaf/ops/packed_gemm.h>
 
 #include "tree_levels.h"
+#include "weight_grads.h"
 
 namespace sheaf::models {
 
@@ -35,26 +36,8 @@ struct PackedLinear : torch::autograd::Function<PackedLinear> {
   }
 };
 
-// x U^T + b for one level, U's gradient deferred: the level's input rows and,
-// in backward, its output gradient rows go into buffers for the whole batch,
-// and one node computes dU = G^T X and db = sum(G) after every level's
-// backward (each level takes that node's output, `token`, as an input). Per
-// level, at::linear's backward would be a GEMM only a level's rows deep plus a
-// full-size add into U's gradient (the parser's hand code does the same:
-// shift_reduce_hand.cpp, StepWeights).
-struct DeferredWeightGrads : torch::autograd::Function<DeferredWeightGrads> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& w, const at::Tensor&, const at::Tensor& X,
-                            const at::Tensor& G) {
-    ctx->saved_data["X"] = X;
-    ctx->saved_data["G"] = G;
-    return at::zeros({}, w.options());
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list) {
-    const at::Tensor X = ctx->saved_data["X"].toTensor(), G = ctx->saved_data["G"].toTensor();
-    return {at::mm(G.t(), X), G.sum(0), at::Tensor(), at::Tensor()};
-  }
-};
-
+// x U^T + b for one level, U's gradient deferred to one product a batch
+// (weight_grads.h; the parser's hand code does the same).
 struct LevelWeights {
   at::Tensor w, b, X, G, token;  // w, b detached; X [rows, 2h], G [rows, 5h]
   int64_t used = 0;
