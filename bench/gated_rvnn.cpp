@@ -51,7 +51,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
       systems.push_back(std::move(s));
     } else if (name == "hand" || name == "hand:mask") {
       // hand: each cell on its own rows (the gates read on the host: the
-      // stronger on a CPU, 1.15-1.20x the masked version here); hand:mask:
+      // stronger on a CPU, 1.12-1.20x the masked version here); hand:mask:
       // both cells on every row, a 0/1 mask keeps one (no wait for the gates:
       // measure both on a GPU).
       const auto branches = name == "hand" ? HandGatedRvNN::Branches::kSplit : HandGatedRvNN::Branches::kMask;

@@ -438,11 +438,15 @@ struct DataParallel::Impl {
       // the next backward sends (the step may be skipped or retried, on every
       // rank alike). Some sent: the others' next buckets would pair with the
       // next step's first ones, and a rank that skips the step drifts apart.
-      if (next_launch > 0)
+      if (next_launch == 0) {  // the step did not happen: its number is the next one's again
+        --step;
+        phase = 2 * step + 1;
+      } else {
         broken = detail::cat(who(), ": step ", step, "'s backward threw after ", next_launch, " of ", buckets.size(),
                              " gradient buckets went out to the other ranks, so this rank's collectives no longer "
                              "pair with theirs and it cannot go on (skipping the step would let the models drift "
                              "apart). Let the exception end this worker: the others stop with an error naming it");
+      }
       throw;
     }
     stats.backward_ms += ms_since(t0);
