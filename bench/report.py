@@ -220,6 +220,16 @@ class Table:
         return len(self.thread_values) > 1
 
 
+def keep(by_name, names, name, rec):
+    """Files rec under name (a sheaf strategy, a hand variant), listing the name
+    in the table's display order once; whether it replaced an earlier record."""
+    replaced = name in by_name
+    by_name[name] = rec
+    if name not in names:
+        names.append(name)
+    return replaced
+
+
 def build_tables(records):
     tables = {}   # (workload, device) -> Table, in order of first appearance
     duplicates = 0
@@ -242,17 +252,9 @@ def build_tables(records):
             duplicates += row.hand is not None
             row.hand = rec
         elif system == HAND_ALT:
-            variant = str(rec.get("strategy") or "alt")
-            duplicates += variant in row.hand_alt
-            row.hand_alt[variant] = rec
-            if variant not in table.hand_alts:
-                table.hand_alts.append(variant)
+            duplicates += keep(row.hand_alt, table.hand_alts, str(rec.get("strategy") or "alt"), rec)
         elif system == SHEAF:
-            strategy = str(rec.get("strategy") or "default")
-            duplicates += strategy in row.sheaf
-            row.sheaf[strategy] = rec
-            if strategy not in table.strategies:
-                table.strategies.append(strategy)
+            duplicates += keep(row.sheaf, table.strategies, str(rec.get("strategy") or "default"), rec)
         else:
             if system not in table.other_systems:
                 table.other_systems.append(system)

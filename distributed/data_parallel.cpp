@@ -106,8 +106,8 @@ struct DataParallel::Impl {
     return out;
   }
 
-  // The store's own errors after the roll call (a worker, or rank 0 and its
-  // store, gone before Gloo connects) as a DistributedError, as a collective's are.
+  // The store's own errors while the workers meet (a worker, or rank 0 and
+  // its store, gone before Gloo connects) as a DistributedError, as a collective's are.
   template <class F>
   void through_store(const char* what, F f) {
     try {
@@ -178,7 +178,7 @@ struct DataParallel::Impl {
   // claims after the verdict stops alone: the others form a whole world.)
   void roll_call() {
     const std::string verdict_key = "sheaf/roll-call/verdict";
-    try {
+    through_store("the roll call", [&] {
       if (store->add(key("rank", where.rank), 1) > 1) throw UserError(who() + ": " + duplicate(where.rank));
       store->set(key("world", where.rank), as_bytes(std::to_string(where.world_size)));
       if (where.rank == 0) return judge(verdict_key);
@@ -201,12 +201,7 @@ struct DataParallel::Impl {
       if (world0 != where.world_size)
         throw UserError(detail::cat(who(), ": rank 0 was started with WORLD_SIZE=", world0, ", this rank with ",
                                     where.world_size, " (every worker needs the same WORLD_SIZE)"));
-    } catch (const UserError&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw DistributedError(detail::cat(who(), ": the rendezvous store stopped answering while the workers met (",
-                                         where.rank == 0 ? "" : "did rank 0 stop? ", e.what(), ")"));
-    }
+    });
   }
 
   std::string duplicate(int r) const {

@@ -55,7 +55,7 @@ std::vector<HeldScope> held_scopes(const Engine& except) {
   // not destroyed) are dropped; only the handles' atomics are read.
   for (size_t i = t_scopes.size(); i-- > 0;) {
     const Listed& l = t_scopes[i];
-    if (engine_in(l.slot) != l.engine || generation_of(l.slot) != l.generation) {
+    if (engine_at(l.slot, l.generation) != l.engine) {
       t_scopes.erase(t_scopes.begin() + static_cast<std::ptrdiff_t>(i));
       continue;
     }
