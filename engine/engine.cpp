@@ -117,10 +117,10 @@ const Strategy& Engine::strategy_for(const ForwardOptions& options) const {
   return options_.strategy ? *options_.strategy : default_strategy();
 }
 
-void Engine::throw_frozen() const {
-  throw UserError(
-      "sheaf: this graph holds a sheaf::Function's body, recorded once and run by its calls: an Expr of the body "
-      "was used after the call (keep only the results the function returns)");
+void Engine::throw_frozen(std::string_view what, Loc loc) const {
+  throw_user(Site{what, kSharedExample, loc},
+             "this graph holds a sheaf::Function's body, recorded once and run by its calls: an Expr of the body "
+             "was used after the call (keep only the results the function returns)");
 }
 
 void Engine::throw_in_body(std::string_view what, Loc loc) const {
@@ -138,7 +138,7 @@ void Engine::throw_in_delivery(std::string_view what, Loc loc) const {
 }
 
 void Engine::expect_not_reading(std::string_view what, Loc loc) const {
-  if (frozen_) throw_frozen();
+  if (frozen_) throw_frozen(what, loc);
   if (recording_body_) throw_in_body(what, loc);
   // (Its own flag, not the thread's innermost delivery: another graph's
   // forward inside this one's delivery may call back into this graph.)
@@ -402,7 +402,7 @@ void Engine::clear() {
 void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<const NodeId> args, size_t expected,
                   std::vector<Expr>& out, Loc loc) {
   const FunctionDef& def = *function;
-  note_recording();
+  note_recording(def.name, loc);
   const Site site{def.name, trace_.current_example(), loc};
   if (args.size() != def.arity)
     throw_user(site, "function '", def.name, "' takes ", def.arity, " argument(s), got ", args.size());

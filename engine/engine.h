@@ -72,11 +72,14 @@ class Engine {
 
   // ---- Recording (the clock of Stats::trace_ms starts at the first node).
   Expr record(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload, Loc loc) {
-    note_recording();
+    if (frozen_) [[unlikely]] throw_frozen(op_info(op).name, loc);
+    if (!recording_) start_trace_clock();
     return expr(trace_.record(op, args, attrs, payload, loc));
   }
-  void note_recording() {
-    if (frozen_) throw_frozen();
+  // Before anything is added for `what` (a shared node for a tensor operand
+  // included): a frozen body refuses it whole, leaving no node behind.
+  void note_recording(std::string_view what, Loc loc) {
+    if (frozen_) [[unlikely]] throw_frozen(what, loc);
     if (!recording_) start_trace_clock();
   }
   // This graph holds a compiled function body (engine/functions.h): until its
@@ -102,7 +105,7 @@ class Engine {
   // A coroutine may wait for a node of this graph: not a function body's
   // (recording or frozen: its values are never computed, the task would never resume).
   void expect_awaitable(Loc loc) const {
-    if (frozen_) throw_frozen();
+    if (frozen_) throw_frozen("co_await", loc);
     if (recording_body_) throw_in_body("co_await", loc);
   }
   void cancel(WaiterId id);  // no-op if already delivered
@@ -221,7 +224,7 @@ class Engine {
   bool recording_ = false; // a node was recorded since the last forward()/prepare()/clear()
   bool frozen_ = false;    // a compiled function body (freeze_body)
   bool recording_body_ = false;  // a function body being recorded (set_recording_body)
-  [[noreturn]] void throw_frozen() const;
+  [[noreturn]] void throw_frozen(std::string_view what, Loc loc) const;
   [[noreturn]] void throw_in_body(std::string_view what, Loc loc) const;
   [[noreturn]] void throw_in_delivery(std::string_view what, Loc loc) const;
   // Not while this graph's nodes are being read: a frozen body, a body

@@ -111,6 +111,10 @@ void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const u
     ~Nest() { --t_nesting; }
   } nest;
   if (!v.graph) {
+    // Only what recording and compiling read: the body runs inside its
+    // callers' launches with their configuration (seed, train, weight
+    // gradients, packing, profiling), it has no control flow to defer, no
+    // randomness, and it is compiled, not scheduled.
     GraphOptions o;
     o.device = options.device;
     o.fuse = options.fuse;

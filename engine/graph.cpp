@@ -18,20 +18,22 @@ Graph::Graph(GraphOptions options) : engine_(std::make_unique<detail::Engine>(*t
 Graph::~Graph() = default;
 
 Expr Graph::input(const at::Tensor& x, Loc loc) {
-  engine_->note_recording();
+  engine_->note_recording("input", loc);
   return engine_->expr(engine_->trace().input(x, loc));
 }
-Expr Graph::param(const at::Tensor& w, Loc loc) { return engine_->expr(engine_->trace().param(w, loc)); }
+Expr Graph::param(const at::Tensor& w, Loc loc) {
+  engine_->note_recording("param", loc);
+  return engine_->expr(engine_->trace().param(w, loc)); }
 Expr Graph::constant(Shape shape, double value, Loc loc) {
-  engine_->note_recording();
+  engine_->note_recording("constant", loc);
   return engine_->expr(engine_->trace().constant(shape, value, loc));
 }
 Expr Graph::lookup(const at::Tensor& table, std::span<const int64_t> ids, bool sparse_grad, Loc loc) {
-  engine_->note_recording();
+  engine_->note_recording("lookup", loc);
   return engine_->expr(engine_->trace().lookup(table, ids, sparse_grad, loc));
 }
 Expr Graph::lookup(const at::Tensor& table, int64_t id, bool sparse_grad, Loc loc) {
-  engine_->note_recording();
+  engine_->note_recording("lookup", loc);
   return engine_->expr(engine_->trace().lookup(table, id, sparse_grad, loc));
 }
 

@@ -304,6 +304,23 @@ TEST_CASE("function: a body's own Exprs and outside Exprs are errors, not crashe
   CHECK_THROWS_WITH(kept[0].graph().forward(kept[0]), Contains("sheaf::Function's body"));
   g.forward(y);  // the calls still run
   CHECK(at::allclose(y.value(), at::tanh(at::ones({3})) * 2.0));
+  {
+    // A tensor operand with a body's Expr: refused, naming the op and this
+    // line, before the tensor becomes a node of the body (it would stay one:
+    // a shared node the body's calls then check for changes).
+    const size_t body_nodes = kept[0].graph().size();
+    at::Tensor t = at::ones({3});
+    CHECK_THROWS_WITH(kept[0] * t, Contains("op 'mul'") && Contains("test_functions") &&
+                                       Contains("sheaf::Function's body"));
+    CHECK_THROWS_WITH(t * kept[0], Contains("op 'mul'") && Contains("sheaf::Function's body"));
+    CHECK_THROWS_WITH(kept[0].graph().param(t), Contains("op 'param'") && Contains("sheaf::Function's body"));
+    CHECK(kept[0].graph().size() == body_nodes);
+    t.add_(1.0);  // an update of that tensor is nothing to the body's calls
+    Graph h;
+    Expr z = leaky(h.input(at::ones({3})));
+    h.forward(z);
+    CHECK(at::allclose(z.value(), at::tanh(at::ones({3})) * 2.0));
+  }
 
   Graph other;
   Expr outside = other.input(at::ones({3}));
