@@ -81,7 +81,9 @@ struct ValueAwaiter {
   bool waiting = false;
 
   ValueAwaiter(Expr e, std::source_location l) : expr(e), loc(l) {}
-  ValueAwaiter(const ValueAwaiter&) = delete;
+  // Passed on by a Task's await_transform before it waits (GCC 12 copies
+  // even an awaitable returned by reference): the copy starts afresh.
+  ValueAwaiter(const ValueAwaiter& o) : expr(o.expr), loc(o.loc) {}
   ValueAwaiter& operator=(const ValueAwaiter&) = delete;
   ~ValueAwaiter() {
     if (waiting) cancel_await(token);  // the frame is destroyed while it waits
@@ -146,12 +148,13 @@ class [[nodiscard]] Task {
   template <bool Move>
   struct Awaiter {
     std::coroutine_handle<promise_type> h;
+    std::source_location loc;  // the co_await's line inside a Task; unknown from another coroutine type
     bool await_ready() const noexcept { return h.done(); }
     template <class P>
     void await_suspend(std::coroutine_handle<P> caller) {
       auto& p = h.promise();
       if (p.continuation)
-        throw_user_at(std::source_location{}, "co_await of a task that another task already waits on: a task "
+        throw_user_at(loc, "co_await of a task that another task already waits on: a task "
                       "resumes one awaiter; await it from one place and share its result");
       p.continuation = caller;
       if constexpr (std::is_base_of_v<detail::PromiseBase, P>) detail::link(caller.promise(), p);
@@ -161,7 +164,7 @@ class [[nodiscard]] Task {
       auto& p = h.promise();
       if (p.error) std::rethrow_exception(p.error);
       if constexpr (!std::is_void_v<T>) {
-        if (p.taken) throw_user_at(std::source_location{}, "co_await of a finished task whose result was moved "
+        if (p.taken) throw_user_at(loc, "co_await of a finished task whose result was moved "
                                    "out already (co_await std::move(task) or of a temporary task moves it)");
         if constexpr (Move) {
           p.taken = true;
@@ -172,12 +175,16 @@ class [[nodiscard]] Task {
       }
     }
   };
-  Awaiter<false> operator co_await() & { return Awaiter<false>{handle("co_await")}; }
-  Awaiter<true> operator co_await() && { return Awaiter<true>{handle("co_await")}; }
+  Awaiter<false> operator co_await() & { return awaiter({}); }
+  Awaiter<true> operator co_await() && { return std::move(*this).awaiter({}); }
+  // The same, naming the line of the co_await in its errors (a Task's own
+  // co_await comes here: PromiseBase::await_transform).
+  Awaiter<false> awaiter(std::source_location loc) & { return Awaiter<false>{handle("co_await", loc), loc}; }
+  Awaiter<true> awaiter(std::source_location loc) && { return Awaiter<true>{handle("co_await", loc), loc}; }
 
  private:
-  std::coroutine_handle<promise_type> handle(const char* what) const {
-    if (!h_) throw_user_at(std::source_location{}, what, " of an empty task (moved from)");
+  std::coroutine_handle<promise_type> handle(const char* what, std::source_location loc) const {
+    if (!h_) throw_user_at(loc, what, " of an empty task (moved from)");
     return h_;
   }
   friend struct detail::PromiseOf<T>;
@@ -218,6 +225,23 @@ struct PromiseBase {
     if (waiter) waiter->awaiting = nullptr;
   }
   std::suspend_never initial_suspend() noexcept { return {}; }
+  // A co_await of a task hands its line to the awaiter, for its errors (a
+  // default argument of await_transform is evaluated at the co_await);
+  // every other awaitable passes through as it is.
+  template <class U>
+  typename Task<U>::template Awaiter<false> await_transform(
+      Task<U>& t, std::source_location loc = std::source_location::current()) {
+    return t.awaiter(loc);
+  }
+  template <class U>
+  typename Task<U>::template Awaiter<true> await_transform(
+      Task<U>&& t, std::source_location loc = std::source_location::current()) {
+    return std::move(t).awaiter(loc);
+  }
+  template <class A>
+  std::remove_cvref_t<A> await_transform(A&& awaitable) {
+    return std::forward<A>(awaitable);
+  }
   FinalAwaiter final_suspend() noexcept {
     if (waiter) waiter->awaiting = nullptr;  // about to resume it: the link is done
     waiter = nullptr;
