@@ -1,9 +1,12 @@
 #include "harness.h"
 
 #include <ATen/ops/stack.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
@@ -99,7 +102,7 @@ void System::Counters::add(const Stats& s) {
   }
 }
 
-std::function<void(size_t)> StepMaker::operator()(const System& s, std::function<at::Tensor(size_t)> forward) {
+std::function<void(size_t)> StepMaker::operator()(System& s, std::function<at::Tensor(size_t)> forward) {
   using Clock = std::chrono::steady_clock;
   // A phase's time, to the device's idle point; nothing is timed without --profile.
   auto phase = [profile = profile_, device = device_](double& into, auto&& body) {
@@ -117,6 +120,16 @@ std::function<void(size_t)> StepMaker::operator()(const System& s, std::function
     LaunchCounter::set_phase(LaunchCounter::kForward);
     phase(phases->forward, [&] { return forward(b); });
     phases->steps += 1;
+  };
+  s.gradients = [forward, params = params_, scale = scale_] {
+    const at::Tensor loss = forward(0) * scale;
+    std::vector<at::Tensor> grads = torch::autograd::grad({loss}, params, {}, false, false, /*allow_unused=*/true);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) grads[i] = at::zeros_like(params[i]);  // a parameter this loss does not use
+      else if (grads[i].is_sparse()) grads[i] = grads[i].to_dense();  // (sums repeated rows)
+      grads[i] = grads[i].cpu();
+    }
+    return grads;
   };
   optimizers_.push_back(std::make_unique<torch::optim::Adagrad>(params_, torch::optim::AdagradOptions(0.05)));
   torch::optim::Adagrad* opt = optimizers_.back().get();
@@ -172,6 +185,24 @@ std::vector<size_t> add_sheaf_systems(const Options& o, const SheafSystem& spec,
   return added;
 }
 
+// Train: each system's gradients of batch 0 against per-example's, on the
+// parameters before any step (each system's steps move the shared ones).
+void check_gradients(std::vector<System>& systems) {
+  auto reference = std::find_if(systems.begin(), systems.end(), [](const System& s) { return s.name == "per-example"; });
+  if (reference == systems.end() || !reference->gradients) return;
+  const std::vector<at::Tensor> want = reference->gradients();
+  double scale = 0;
+  for (const at::Tensor& g : want) scale = std::max(scale, g.abs().max().item<double>());
+  reference->extra["max_abs_grad"] = scale;  // what the others' differences compare with
+  for (System& s : systems) {
+    if (&s == &*reference || !s.gradients) continue;
+    const std::vector<at::Tensor> got = s.gradients();
+    double d = 0;
+    for (size_t i = 0; i < want.size(); ++i) d = std::max(d, max_diff(got[i], want[i]));
+    s.max_abs_grad_diff = d;
+  }
+}
+
 std::vector<std::vector<double>> measure(const Options& o, std::vector<System>& systems, size_t n_batches,
                                          double items_per_pass) {
   using Clock = std::chrono::steady_clock;
@@ -179,6 +210,7 @@ std::vector<std::vector<double>> measure(const Options& o, std::vector<System>& 
   const int repeat = o.repeat;
   const bool progress = !o.json;
   std::vector<std::vector<double>> runs(systems.size());
+  check_gradients(systems);
   // Warm-up: allocator caches, lazy initialisation, first-touch of parameters.
   for (System& s : systems) s.step(0);
   // Launches, counted in a pass of their own (the counter costs time); with
@@ -285,6 +317,7 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
           .add("in_place_inputs_per_batch", s.counters.in_place_inputs / steps)
           .add("zero_copy_inputs_per_batch", s.counters.zero_copy_inputs / steps)
           .add("max_abs_diff_vs_per_example", s.max_abs_diff);
+      if (!std::isnan(s.max_abs_grad_diff)) j.add("max_abs_grad_diff_vs_per_example", s.max_abs_grad_diff);
       if (!s.counters.strategy_used.empty()) {  // the schedule most batches used (auto: what it picked)
         auto most = s.counters.strategy_used.begin();
         for (auto it = most; it != s.counters.strategy_used.end(); ++it)

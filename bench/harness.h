@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -65,6 +66,11 @@ struct System {
   };
   std::shared_ptr<Phases> phases = std::make_shared<Phases>();
   double max_abs_diff = 0;  // vs per-example, measured before timing
+  // Train: the parameters' gradients of batch 0's scaled loss (set by
+  // StepMaker), and their largest difference from per-example's, measured by
+  // measure() before any step moves the parameters (NaN: not measured).
+  std::function<std::vector<at::Tensor>()> gradients;
+  double max_abs_grad_diff = std::numeric_limits<double>::quiet_NaN();
   // Kernel launches per batch (forward, backward, optimizer; bench/launches.h)
   // and, with --profile, time per top-level op, from the counting pass.
   std::array<double, 3> launches{};
@@ -176,7 +182,8 @@ class StepMaker {
  public:
   StepMaker(const Options& o, bool train, std::vector<at::Tensor> params, double scale)
       : train_(train), profile_(o.profile), device_(o.device), params_(std::move(params)), scale_(scale) {}
-  std::function<void(size_t)> operator()(const System& s, std::function<at::Tensor(size_t)> forward);
+  // Train: also sets s.gradients.
+  std::function<void(size_t)> operator()(System& s, std::function<at::Tensor(size_t)> forward);
 
  private:
   bool train_, profile_;

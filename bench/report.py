@@ -30,8 +30,10 @@ Outputs (at least one of --markdown / --plot is required):
       each sheaf strategy's trees/s, hand trees/s, best sheaf strategy,
       best sheaf / hand, best sheaf / per-example, then for the best
       strategy: launches per batch, trace+schedule ms per batch and that as
-      a % of the batch's wall time (1000 * batch / trees_per_sec ms), and
-      the largest max |diff| vs per-example over all systems of the row.
+      a % of the batch's wall time (1000 * batch / trees_per_sec ms),
+      the largest max |diff| vs per-example over all systems of the row, and
+      (train) the largest gradient difference from per-example over its
+      largest gradient.
 
   --plot OUT.png  ONE png file, drawn by gnuplot (pngcairo): grouped bars of
       trees/s on a log y axis, one group per configuration (x labels like
@@ -320,6 +322,17 @@ def fmt_pct(v):
     return "%.0f%%" % v if v >= 10 else "%.1f%%" % v
 
 
+def relative_grad_diff(row):
+    """Train rows: the largest gradient difference from per-example over the
+    row's systems, over per-example's largest gradient (None: not measured)."""
+    scale = num(row.per_example, "max_abs_grad") if row.per_example is not None else None
+    diffs = [num(r, "max_abs_grad_diff_vs_per_example") for r in row.records() if r is not row.per_example]
+    diffs = [d for d in diffs if d is not None]
+    if not diffs or not scale:
+        return None
+    return max(diffs) / scale
+
+
 def fmt_diff(v):
     if v is None:
         return DASH
@@ -372,7 +385,8 @@ def table_markdown(table):
     head += ["best sheaf / per-example"]
     if prefetch_col:
         head.append("best +prefetch / hand")
-    head += ["launches / batch", "trace+sched ms / batch", "trace+sched % of wall", "max \\|diff\\| vs per-example"]
+    head += ["launches / batch", "trace+sched ms / batch", "trace+sched % of wall", "max \\|diff\\| vs per-example",
+             "train: max \\|grad diff\\| / max \\|grad\\|"]
     align = ["---"] * (3 + threads_col + steps_col) + ["---:"] * (len(head) - 3 - threads_col - steps_col)
     align[head.index("best sheaf")] = "---"
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
@@ -418,6 +432,7 @@ def table_markdown(table):
             cells.append(fmt_diff(float("nan")))
         else:
             cells.append(fmt_diff(max(diffs)) if diffs else DASH)
+        cells.append(fmt_diff(relative_grad_diff(row)))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -473,7 +488,9 @@ def write_markdown(path, tables, args, plot_written):
         "(hand:sheaf-gemm, hand:sheaf-cell: how much of a lead is the kernel), each with its ratio. "
         "*trace+sched % of wall* compares trace+schedule time per batch with the wall time per batch "
         "(1000 × batch / trees/s ms). *max |diff|* is the largest difference from the per-example "
-        "outputs over all systems of the row.",
+        "outputs over all systems of the row; *max |grad diff| / max |grad|* (training rows) the largest "
+        "difference of any parameter's gradient of the first batch from per-example's, over the largest "
+        "per-example gradient.",
         "",
     ]
     with open(path, "w", encoding="utf-8") as f:
