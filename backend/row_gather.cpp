@@ -46,19 +46,31 @@ int64_t row_numel(const at::Tensor& t) {
 // The source's gradient: every reader adds its rows here.
 struct HubNode : torch::autograd::Node {
   std::mutex mutex;
-  at::Tensor grad;  // allocated by the first reader with a gradient to add
+  // Per backward pass running through the hub (detail::current_backward;
+  // one but for concurrent passes), allocated by its first reader with a
+  // gradient to add.
+  std::vector<std::pair<const void*, at::Tensor>> grads;
   std::vector<int64_t> sizes;
   at::TensorOptions options;
 
   std::string name() const override { return "sheaf::GatherHub"; }
-  float* buffer() {  // with `mutex` held
-    if (!grad.defined()) grad = at::zeros(sizes, options);
-    return grad.data_ptr<float>();
+  float* buffer() {  // with `mutex` held: the current pass's
+    const void* pass = detail::current_backward();
+    for (auto& [p, g] : grads)
+      if (p == pass) return g.data_ptr<float>();
+    grads.emplace_back(pass, at::zeros(sizes, options));
+    return grads.back().second.data_ptr<float>();
   }
-  variable_list apply(variable_list&& /*nothing: readers write into `grad`*/) override {
+  variable_list apply(variable_list&& /*nothing: readers write into `grads`*/) override {
     std::lock_guard<std::mutex> lock(mutex);
-    variable_list out{std::move(grad)};
-    grad = at::Tensor();
+    const void* pass = detail::current_backward();
+    variable_list out(1);
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (grads[i].first == pass) {
+        out[0] = std::move(grads[i].second);
+        grads.erase(grads.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
     return out;
   }
 };

@@ -21,4 +21,10 @@ auto make_node(A&&... args) {
   else return std::make_shared<T>(std::forward<A>(args)...);
 }
 
+// The backward pass now running (its graph task), as a key. Sums that several
+// nodes add into and one node hands on (a source's hub, a weight's pending
+// rows) are kept per pass: two passes at once through one graph (two
+// threads' autograd::grad) must not take each other's.
+inline const void* current_backward() { return torch::autograd::get_current_graph_task_exec_info(); }
+
 }  // namespace sheaf::detail

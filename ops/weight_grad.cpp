@@ -15,6 +15,7 @@
 #include <torch/csrc/autograd/saved_variable.h>
 
 #include <cstring>
+#include <mutex>
 
 #include "autograd_node.h"
 #include "cpu_float.h"
@@ -28,9 +29,28 @@ namespace {
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
-// What the linears of one weight leave for its gradient: (dY, X) per batch.
+// What the linears of one weight leave for its gradient: (dY, X) per batch,
+// each marked with its backward pass (detail::current_backward): two passes
+// at once through one graph each take their own.
 struct Rows {
-  std::vector<std::pair<at::Tensor, at::Tensor>> pending;
+  struct Pending {
+    const void* pass;
+    at::Tensor dy, x;
+  };
+  std::mutex mutex;
+  std::vector<Pending> pending;
+  // The current pass's rows, taken out.
+  std::vector<Pending> take() {
+    const void* pass = detail::current_backward();
+    std::vector<Pending> mine;
+    std::lock_guard<std::mutex> lock(mutex);
+    std::erase_if(pending, [&](Pending& p) {
+      if (p.pass != pass) return false;
+      mine.push_back(std::move(p));
+      return true;
+    });
+    return mine;
+  }
 };
 
 // Runs after every linear of its weight has had its backward: dW and db at once.
@@ -41,17 +61,14 @@ struct WeightGradNode : torch::autograd::Node {
   variable_list apply(variable_list&&) override {
     variable_list out(has_bias ? 2 : 1);
     const bool want_w = task_should_compute_output(0), want_b = has_bias && task_should_compute_output(1);
-    if (rows->pending.empty() || (!want_w && !want_b)) {
-      rows->pending.clear();
-      return out;
-    }
+    std::vector<Rows::Pending> mine = rows->take();
+    if (mine.empty() || (!want_w && !want_b)) return out;
     RECORD_FUNCTION("sheaf::weight_grad", std::vector<c10::IValue>());
     std::vector<at::Tensor> dys, xs;
-    for (auto& [dy, x] : rows->pending) {
-      dys.push_back(dy);
-      xs.push_back(x);
+    for (Rows::Pending& p : mine) {
+      dys.push_back(std::move(p.dy));
+      xs.push_back(std::move(p.x));
     }
-    rows->pending.clear();
     const at::Tensor dy = dys.size() == 1 ? dys[0] : at::cat(dys);
     if (want_w) out[0] = at::mm(dy.t(), xs.size() == 1 ? xs[0] : at::cat(xs));
     if (want_b) out[1] = at::sum(dy, 0);
@@ -85,7 +102,11 @@ struct LinearNode : torch::autograd::Node {
     if (bias_rows && task_should_compute_output(2)) out[2] = grads[0].reshape(b_sizes);
     // Only where this backward runs the weight's node: rows left behind by a
     // partial backward would be counted again by the next one.
-    if (task_should_compute_output(1)) rows->pending.emplace_back(dy, x.unpack().reshape({-1, weight.size(1)}));
+    if (task_should_compute_output(1)) {
+      at::Tensor rows_x = x.unpack().reshape({-1, weight.size(1)});
+      std::lock_guard<std::mutex> lock(rows->mutex);
+      rows->pending.push_back({detail::current_backward(), dy, std::move(rows_x)});
+    }
     return out;  // the weight's and a shared bias's gradients come from WeightGradNode
   }
 };

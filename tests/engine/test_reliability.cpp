@@ -2,10 +2,13 @@
 // (docs/reliability.md): no example lost, no freed memory touched, clear errors.
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "../support.h"
 
@@ -613,5 +616,74 @@ TEST_CASE("rows read in place from inference tensors run as before", "[engine][r
   for (int i = 0; i < 4; ++i) {
     const at::Tensor h = table[(7 * i) % 10];
     CHECK(at::allclose(ys[static_cast<size_t>(i)].value(), (at::tanh(h) * at::sigmoid(h)).sum(), 1e-5, 1e-5));
+  }
+}
+
+namespace {
+
+// Runs `nested` once, from inside a node of another backward pass (autograd
+// runs it there, on this thread, before that pass goes on).
+struct ReentrantPass : torch::autograd::FunctionPreHook {
+  std::function<void()> nested;
+  bool* ran;
+  ReentrantPass(std::function<void()> n, bool* r) : nested(std::move(n)), ran(r) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    if (!*ran) {
+      *ran = true;
+      nested();
+    }
+    return grads;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("two backward passes at once through one graph keep their gradients apart", "[engine][reliability][autograd]") {
+  // A source's hub and a shared weight's pending rows collect what several
+  // nodes of a pass send and hand it on once. A second pass that runs while
+  // the first is halfway (a second thread's autograd::grad; here, one run
+  // from inside the first, which interleaves them the same way every time)
+  // took the first's sums, and the first lost them.
+  at::manual_seed(3);
+  const at::Tensor W = (at::randn({8, 8}) * 0.3).requires_grad_(), E = at::randn({10, 8}).requires_grad_();
+  Graph g;
+  std::vector<Expr> outs;
+  for (int64_t i = 0; i < 12; ++i) {
+    auto scope = g.example(i);
+    Expr h = g.lookup(E, i % 10);
+    for (int64_t t = 0; t < 1 + i % 4; ++t) h = dsl::tanh(dsl::matmul(W, h) + g.lookup(E, (i + t) % 10));
+    outs.push_back(dsl::sum(h));
+  }
+  g.forward(outs);
+  const std::vector<at::Tensor> params{W, E};
+  // (Taken now: a value() read inside a backward, where autograd is off, has no gradient.)
+  const at::Tensor out_a = outs[3].value(), out_b = outs[7].value();
+  auto grads_of = [&](const at::Tensor& out) {
+    return torch::autograd::grad({out}, params, {}, /*retain_graph=*/true, false, /*allow_unused=*/true);
+  };
+  const auto want_a = grads_of(out_a), want_b = grads_of(out_b);
+  // The nodes that collect: every hub and weight-gradient node pass A reaches.
+  std::vector<torch::autograd::Node*> stack{out_a.grad_fn().get()}, collectors;
+  std::set<torch::autograd::Node*> seen;
+  while (!stack.empty()) {
+    torch::autograd::Node* n = stack.back();
+    stack.pop_back();
+    if (n == nullptr || !seen.insert(n).second) continue;
+    if (n->name() == "sheaf::GatherHub" || n->name() == "sheaf::WeightGradBackward") collectors.push_back(n);
+    for (const auto& e : n->next_edges()) stack.push_back(e.function.get());
+  }
+  REQUIRE(std::any_of(collectors.begin(), collectors.end(), [](auto* n) { return n->name() == "sheaf::GatherHub"; }));
+  REQUIRE(std::any_of(collectors.begin(), collectors.end(),
+                      [](auto* n) { return n->name() == "sheaf::WeightGradBackward"; }));
+  std::vector<at::Tensor> got_b;
+  bool ran = false;
+  for (torch::autograd::Node* n : collectors)
+    n->add_pre_hook(std::make_unique<ReentrantPass>([&] { got_b = grads_of(out_b); }, &ran));
+  const auto got_a = grads_of(out_a);
+  REQUIRE(ran);
+  for (size_t k = 0; k < params.size(); ++k) {
+    INFO("parameter " << k);
+    CHECK(at::allclose(got_a[k], want_a[k], 1e-5, 1e-6));
+    CHECK(at::allclose(got_b[k], want_b[k], 1e-5, 1e-6));
   }
 }
