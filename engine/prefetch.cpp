@@ -1,10 +1,14 @@
 #include "prefetch.h"
 
 #include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -25,7 +29,11 @@ struct Prefetcher::Worker {
   size_t batch = 0;
   // Autograd's mode on take()'s thread when it posted: the worker records and
   // plans under it (a plan depends on it: scheduler/plan.h, Plan::grad).
-  bool grad = true;
+  // InferenceMode too (what prepare makes is then an inference tensor, as
+  // when take() records itself), and the graph device's current stream, for
+  // what prepare puts on the device (none for a CPU graph).
+  bool grad = true, inference = false;
+  std::optional<c10::Stream> stream;
   std::exception_ptr error;
   std::thread thread;
 };
@@ -33,6 +41,7 @@ struct Prefetcher::Worker {
 Prefetcher::Prefetcher(GraphOptions graph, Record record, ForwardOptions forward)
     : record_(std::move(record)),
       forward_(forward),
+      device_(graph.device),
       graphs_{std::make_unique<Graph>(graph), std::make_unique<Graph>(graph)},
       worker_(std::make_unique<Worker>()) {
   worker_->thread = std::thread([this] {
@@ -44,10 +53,14 @@ Prefetcher::Prefetcher(GraphOptions graph, Record record, ForwardOptions forward
       w.posted = false;
       const int slot = w.slot;
       const size_t batch = w.batch;
-      const bool grad = w.grad;
+      const bool grad = w.grad, inference = w.inference;
+      const std::optional<c10::Stream> stream = w.stream;
       lock.unlock();
       std::exception_ptr error;
       try {
+        std::optional<c10::StreamGuard> on_stream;
+        if (stream) on_stream.emplace(*stream);
+        const c10::InferenceMode inference_mode(inference);  // (sets grad mode too: first)
         const c10::AutoGradMode mode(grad);
         record_into(slot, batch);
       } catch (...) {
@@ -102,6 +115,9 @@ Prefetcher::Batch Prefetcher::take(size_t i, std::optional<size_t> next) {
       w.slot = 1 - slot;
       w.batch = *next;
       w.grad = c10::GradMode::is_enabled();
+      w.inference = c10::InferenceMode::is_enabled();
+      w.stream.reset();
+      if (!device_.is_cpu()) w.stream = c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_);
       w.posted = true;
       w.in_flight = true;
     }

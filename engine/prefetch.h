@@ -48,7 +48,8 @@ class Prefetcher {
   Prefetcher& operator=(const Prefetcher&) = delete;
 
   // Batch i, recorded and prepared: by the worker if the last take() asked for
-  // i, else here. Then starts batch `next` on the worker. An error recording
+  // i, else here. Then starts batch `next` on the worker, under this thread's
+  // autograd mode, InferenceMode and (for a device graph) current stream. An error recording
   // batch i, here or on the worker, is thrown here (a batch the worker
   // recorded that this call does not take is dropped, error and all). The
   // batch's graph and targets stay valid until the next take().
@@ -59,6 +60,7 @@ class Prefetcher {
 
   Record record_;
   ForwardOptions forward_;
+  c10::Device device_;  // the graphs' (its current stream goes to the worker)
   std::array<std::unique_ptr<Graph>, 2> graphs_;
   std::array<std::vector<Expr>, 2> targets_;
   int current_ = 0;

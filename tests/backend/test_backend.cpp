@@ -760,6 +760,33 @@ TEST_CASE("Prefetcher: each batch's values and gradients as one graph per batch 
   CHECK(at::equal(batch.targets[1].value(), want_values[5]));
 }
 
+TEST_CASE("Prefetcher: the worker records under the mode of the take that posted its batch", "[backend]") {
+  const at::Tensor W = param({3, 3}, 5), b = param({3}, 6);
+  std::vector<std::pair<bool, bool>> modes(4);  // per batch: (grad, inference) while it recorded
+  Prefetcher pf({}, [&](Graph& g, size_t k) {
+    modes[k] = {c10::GradMode::is_enabled(), c10::InferenceMode::is_enabled()};
+    return record_batch(g, W, b, k, 2);
+  });
+  {
+    c10::InferenceMode inference;
+    Prefetcher::Batch batch = pf.take(0, 1);  // 0 here, 1 on the worker: both under InferenceMode
+    batch.graph.forward(batch.targets);
+    CHECK(batch.targets[1].value().is_inference());
+  }
+  {
+    c10::NoGradGuard no_grad;
+    Prefetcher::Batch batch = pf.take(1, 2);  // 2 on the worker: without autograd, not InferenceMode
+    batch.graph.forward(batch.targets);
+  }
+  Prefetcher::Batch batch = pf.take(2, 3);  // 3 on the worker: autograd on
+  batch.graph.forward(batch.targets);
+  (void)pf.take(3);
+  CHECK(modes[0] == std::pair(false, true));
+  CHECK(modes[1] == std::pair(false, true));
+  CHECK(modes[2] == std::pair(false, false));
+  CHECK(modes[3] == std::pair(true, false));
+}
+
 // A fused batch keeps inside its kernel a value nothing read when it ran; a
 // branch recorded later reads two of its rows, by two different ops, in one
 // round. The plan splits the batch into pieces for those reads: it needs the
