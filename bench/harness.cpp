@@ -197,6 +197,13 @@ void check_gradients(std::vector<System>& systems) {
   for (System& s : systems) {
     if (&s == &*reference || !s.gradients) continue;
     const std::vector<at::Tensor> got = s.gradients();
+    // (A system may train a model of its own, made with per-example's seed:
+    // the same parameters, in the same order, or the figure means nothing.)
+    bool comparable = got.size() == want.size();
+    for (size_t i = 0; comparable && i < want.size(); ++i) comparable = got[i].sizes() == want[i].sizes();
+    if (!comparable)
+      throw UserError("sheaf-bench: system '" + s.name + (s.strategy.empty() ? "" : ":" + s.strategy) +
+                      "' trains parameters that do not match per-example's; its gradients cannot be compared");
     double d = 0;
     for (size_t i = 0; i < want.size(); ++i) d = std::max(d, max_diff(got[i], want[i]));
     s.max_abs_grad_diff = d;

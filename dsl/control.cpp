@@ -86,6 +86,7 @@ namespace cond_impl {
 CondSlot cond_begin(const Expr& pred, bool callable, const Shape* declared, std::source_location loc) {
   Site site{"cond", kSharedExample, loc};
   Engine& g = engine_for(pred, site);
+  g.note_recording("cond", loc);  // a frozen body's Expr: refused before a placeholder joins the body
   site.example = pred.example(loc) >= 0 ? pred.example(loc) : g.trace().current_example();
   expect_scalar(g, pred, site, "the predicate");
   if (!callable) throw_user(site, "both branches must be callable");
@@ -123,6 +124,7 @@ std::vector<Expr> loop(std::vector<Expr> init, std::function<Expr(const std::vec
   Site site{"loop", kSharedExample, loc};
   if (init.empty()) throw_user(site, "needs a non-empty state");
   Engine& g = engine_for(init[0], site);
+  g.note_recording("loop", loc);  // as cond's
   site.example = init[0].example(loc) >= 0 ? init[0].example(loc) : g.trace().current_example();
   if (!cond_fn || !body_fn) throw_user(site, "the condition and the body must be callable");
   if (max_iterations < 0) throw_user(site, "max_iterations must be >= 0");

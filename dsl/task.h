@@ -81,9 +81,7 @@ struct ValueAwaiter {
   bool waiting = false;
 
   ValueAwaiter(Expr e, std::source_location l) : expr(e), loc(l) {}
-  // Passed on by a Task's await_transform before it waits (GCC 12 copies
-  // even an awaitable returned by reference): the copy starts afresh.
-  ValueAwaiter(const ValueAwaiter& o) : expr(o.expr), loc(o.loc) {}
+  ValueAwaiter(const ValueAwaiter&) = delete;
   ValueAwaiter& operator=(const ValueAwaiter&) = delete;
   ~ValueAwaiter() {
     if (waiting) cancel_await(token);  // the frame is destroyed while it waits
@@ -204,6 +202,25 @@ struct FinalAwaiter {
   void await_resume() noexcept {}
 };
 
+// An awaiter (await_ready, await_suspend, await_resume of its own).
+template <class A>
+concept IsAwaiter = requires(A& a) { a.await_ready(); };
+
+// An awaiter handed on by a Task's await_transform by address: GCC 12 copies
+// whatever await_transform returns, a reference too, and an awaiter need not
+// be copyable (a value awaiter is not). The awaiter itself, a named one or a
+// temporary of the co_await's full expression, lives across the suspension.
+template <class A>
+struct AwaiterRef {
+  A* awaiter;
+  bool await_ready() { return awaiter->await_ready(); }
+  template <class H>
+  decltype(auto) await_suspend(H h) {
+    return awaiter->await_suspend(h);
+  }
+  decltype(auto) await_resume() { return awaiter->await_resume(); }
+};
+
 struct PromiseBase {
   std::coroutine_handle<> continuation;
   // The awaiting task's promise, and the task this one waits on: whichever
@@ -227,7 +244,9 @@ struct PromiseBase {
   std::suspend_never initial_suspend() noexcept { return {}; }
   // A co_await of a task hands its line to the awaiter, for its errors (a
   // default argument of await_transform is evaluated at the co_await);
-  // every other awaitable passes through as it is.
+  // every other awaiter passes through by address (AwaiterRef), and an
+  // awaitable with an operator co_await of its own as a copy (with GCC 12,
+  // such an awaitable must be copyable or movable to be awaited in a Task).
   template <class U>
   typename Task<U>::template Awaiter<false> await_transform(
       Task<U>& t, std::source_location loc = std::source_location::current()) {
@@ -239,6 +258,12 @@ struct PromiseBase {
     return std::move(t).awaiter(loc);
   }
   template <class A>
+    requires IsAwaiter<std::remove_reference_t<A>>
+  AwaiterRef<std::remove_reference_t<A>> await_transform(A&& awaiter) noexcept {
+    return {&awaiter};
+  }
+  template <class A>  // an awaitable with its own operator co_await: passed on as a copy
+    requires(!IsAwaiter<std::remove_reference_t<A>>)
   std::remove_cvref_t<A> await_transform(A&& awaitable) {
     return std::forward<A>(awaitable);
   }

@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <algorithm>
+#include <coroutine>
 #include <future>
 #include <map>
 #include <set>
@@ -431,6 +432,41 @@ TEST_CASE("tasks: host code following computed values, batched equals alone", "[
 
   TaskProgram rec = [&](Graph& g, int i) { return tree_sum(g, 3, g.input(data({6}, i))); };
   REQUIRE_BATCHED_EQUALS_ALONE(check_batched(n, rec));
+}
+
+namespace {
+
+// An awaiter of the user's own that can be neither copied nor moved, which
+// suspends and is resumed by hand: a Task awaits it where it lies (named or
+// a temporary of the co_await), not a copy.
+std::coroutine_handle<> g_parked;
+struct Parked {
+  int value;
+  explicit Parked(int v) : value(v) {}
+  Parked(const Parked&) = delete;
+  Parked& operator=(const Parked&) = delete;
+  bool await_ready() const noexcept { return false; }
+  void await_suspend(std::coroutine_handle<> h) noexcept { g_parked = h; }
+  int await_resume() const noexcept { return value; }
+};
+
+Task<int> await_parked() {
+  Parked named(3);
+  const int a = co_await named;
+  const int b = co_await Parked(4);
+  co_return 10 * a + b;
+}
+
+}  // namespace
+
+TEST_CASE("tasks: an awaiter of the user's own, neither copyable nor movable, is awaited in place", "[dsl][control][task]") {
+  Task<int> t = await_parked();
+  REQUIRE(!t.done());
+  std::exchange(g_parked, {}).resume();
+  REQUIRE(!t.done());
+  std::exchange(g_parked, {}).resume();
+  REQUIRE(t.done());
+  CHECK(t.result() == 34);
 }
 
 TEST_CASE("tasks: one fetch per step for all examples, result() before forward is an error", "[dsl][control][task]") {

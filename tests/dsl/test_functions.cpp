@@ -296,6 +296,7 @@ TEST_CASE("function: a body's own Exprs and outside Exprs are errors, not crashe
   auto leaky = function("leaky", [&](Expr a) {
     Expr w = dsl::tanh(a);
     kept.push_back(w);  // an intermediate kept for later: it belongs to the body
+    kept.push_back(dsl::sum(w));
     return w * 2.0;
   });
   Graph g;
@@ -314,6 +315,13 @@ TEST_CASE("function: a body's own Exprs and outside Exprs are errors, not crashe
                                        Contains("sheaf::Function's body"));
     CHECK_THROWS_WITH(t * kept[0], Contains("op 'mul'") && Contains("sheaf::Function's body"));
     CHECK_THROWS_WITH(kept[0].graph().param(t), Contains("op 'param'") && Contains("sheaf::Function's body"));
+    // Control flow on a body's Expr: refused before its placeholder joins the body.
+    const Expr kept_sum = kept[1];
+    CHECK_THROWS_WITH(dsl::cond(kept_sum, [&] { return kept_sum; }, [&] { return kept_sum; }),
+                      Contains("op 'cond'") && Contains("sheaf::Function's body"));
+    CHECK_THROWS_WITH(dsl::loop({kept_sum}, [](const std::vector<Expr>& s) { return s[0]; },
+                                [](const std::vector<Expr>& s) { return s; }, 4),
+                      Contains("op 'loop'") && Contains("sheaf::Function's body"));
     CHECK(kept[0].graph().size() == body_nodes);
     t.add_(1.0);  // an update of that tensor is nothing to the body's calls
     Graph h;
