@@ -37,7 +37,7 @@ Engine& engine_for(OpCode op, std::span<const Operand> args, Loc loc) {
 // An operand's node: its Expr's, or a tensor's shared node.
 inline NodeId operand_node(Engine& g, const Operand& a, OpCode op, Loc loc) {
   if (a.is_expr()) return g.node_of(a.expr(), op_info(op).name, loc);
-  g.note_recording(op_info(op).name, loc);  // a frozen body gets no shared node before it refuses the op
+  g.expect_open(op, loc);  // a frozen body gets no shared node before it refuses the op
   return g.trace().param(a.tensor(), loc);
 }
 

@@ -54,7 +54,7 @@ void Function::call_into(std::span<const Operand> args, std::vector<Expr>& resul
                      "g.param(tensor)");
   // On the stack for the usual few (not a thread_local: a body may call functions while this call records it).
   c10::SmallVector<NodeId, 8> ids;
-  g->note_recording(def_->name, loc);  // before a tensor argument becomes a shared node of a frozen body
+  g->expect_open(def_->name, loc);  // before a tensor argument becomes a shared node of a frozen body
   for (const Operand& a : args)
     ids.push_back(a.is_expr() ? g->node_of(a.expr(), def_->name, loc) : g->trace().param(a.tensor(), loc));
   g->call(def_, ids, expected, results, loc);

@@ -82,6 +82,13 @@ class Engine {
     if (frozen_) [[unlikely]] throw_frozen(what, loc);
     if (!recording_) start_trace_clock();
   }
+  // The frozen check alone, for a step before record() (which starts the clock).
+  void expect_open(OpCode op, Loc loc) const {
+    if (frozen_) [[unlikely]] throw_frozen(op_info(op).name, loc);
+  }
+  void expect_open(std::string_view what, Loc loc) const {
+    if (frozen_) [[unlikely]] throw_frozen(what, loc);
+  }
   // This graph holds a compiled function body (engine/functions.h): until its
   // next clear(), recording on it or running it is a UserError.
   void freeze_body() { frozen_ = true; }
