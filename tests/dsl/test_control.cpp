@@ -442,12 +442,14 @@ namespace {
 std::coroutine_handle<> g_parked;
 struct Parked {
   int value;
+  bool alive = true;  // a temporary destroyed before its co_await resumed reads -1
   explicit Parked(int v) : value(v) {}
   Parked(const Parked&) = delete;
   Parked& operator=(const Parked&) = delete;
+  ~Parked() { alive = false; }
   bool await_ready() const noexcept { return false; }
   void await_suspend(std::coroutine_handle<> h) noexcept { g_parked = h; }
-  int await_resume() const noexcept { return value; }
+  int await_resume() const noexcept { return alive ? value : -1; }
 };
 
 Task<int> await_parked() {
