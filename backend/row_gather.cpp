@@ -54,23 +54,23 @@ struct HubNode : torch::autograd::Node {
   at::TensorOptions options;
 
   std::string name() const override { return "sheaf::GatherHub"; }
-  float* buffer() {  // with `mutex` held: the current pass's
+  // With `mutex` held: the current pass's entry, or end().
+  auto current() {
     const void* pass = detail::current_backward();
-    for (auto& [p, g] : grads)
-      if (p == pass) return g.data_ptr<float>();
-    grads.emplace_back(pass, at::zeros(sizes, options));
-    return grads.back().second.data_ptr<float>();
+    return std::find_if(grads.begin(), grads.end(), [&](const auto& e) { return e.first == pass; });
+  }
+  float* buffer() {  // with `mutex` held: the current pass's
+    auto it = current();
+    if (it == grads.end()) it = grads.emplace(it, detail::current_backward(), at::zeros(sizes, options));
+    return it->second.data_ptr<float>();
   }
   variable_list apply(variable_list&& /*nothing: readers write into `grads`*/) override {
     std::lock_guard<std::mutex> lock(mutex);
-    const void* pass = detail::current_backward();
     variable_list out(1);
-    for (size_t i = 0; i < grads.size(); ++i)
-      if (grads[i].first == pass) {
-        out[0] = std::move(grads[i].second);
-        grads.erase(grads.begin() + static_cast<std::ptrdiff_t>(i));
-        break;
-      }
+    if (auto it = current(); it != grads.end()) {
+      out[0] = std::move(it->second);
+      grads.erase(it);
+    }
     return out;
   }
 };

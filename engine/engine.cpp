@@ -138,7 +138,7 @@ void Engine::throw_in_delivery(std::string_view what, Loc loc) const {
 }
 
 void Engine::expect_not_reading(std::string_view what, Loc loc) const {
-  if (frozen_) throw_frozen(what, loc);
+  expect_open(what, loc);
   if (recording_body_) throw_in_body(what, loc);
   // (Its own flag, not the thread's innermost delivery: another graph's
   // forward inside this one's delivery may call back into this graph.)

@@ -71,23 +71,24 @@ class Engine {
   static Engine& of(const Expr& e, Loc loc);
 
   // ---- Recording (the clock of Stats::trace_ms starts at the first node).
-  Expr record(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload, Loc loc) {
-    if (frozen_) [[unlikely]] throw_frozen(op_info(op).name, loc);
-    if (!recording_) start_trace_clock();
-    return expr(trace_.record(op, args, attrs, payload, loc));
-  }
-  // Before anything is added for `what` (a shared node for a tensor operand
-  // included): a frozen body refuses it whole, leaving no node behind.
-  void note_recording(std::string_view what, Loc loc) {
-    if (frozen_) [[unlikely]] throw_frozen(what, loc);
-    if (!recording_) start_trace_clock();
-  }
-  // The frozen check alone, for a step before record() (which starts the clock).
+  // A frozen function body refuses `what` (engine/functions.h); before
+  // anything is added for it (a shared node for a tensor operand included),
+  // so that it leaves no node behind.
   void expect_open(OpCode op, Loc loc) const {
     if (frozen_) [[unlikely]] throw_frozen(op_info(op).name, loc);
   }
   void expect_open(std::string_view what, Loc loc) const {
     if (frozen_) [[unlikely]] throw_frozen(what, loc);
+  }
+  Expr record(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload, Loc loc) {
+    expect_open(op, loc);
+    if (!recording_) start_trace_clock();
+    return expr(trace_.record(op, args, attrs, payload, loc));
+  }
+  // The same checks for a node made outside record(): expect_open, and the clock.
+  void note_recording(std::string_view what, Loc loc) {
+    expect_open(what, loc);
+    if (!recording_) start_trace_clock();
   }
   // This graph holds a compiled function body (engine/functions.h): until its
   // next clear(), recording on it or running it is a UserError.
@@ -112,7 +113,7 @@ class Engine {
   // A coroutine may wait for a node of this graph: not a function body's
   // (recording or frozen: its values are never computed, the task would never resume).
   void expect_awaitable(Loc loc) const {
-    if (frozen_) throw_frozen("co_await", loc);
+    expect_open("co_await", loc);
     if (recording_body_) throw_in_body("co_await", loc);
   }
   void cancel(WaiterId id);  // no-op if already delivered

@@ -23,7 +23,8 @@ Expr Graph::input(const at::Tensor& x, Loc loc) {
 }
 Expr Graph::param(const at::Tensor& w, Loc loc) {
   engine_->note_recording("param", loc);
-  return engine_->expr(engine_->trace().param(w, loc)); }
+  return engine_->expr(engine_->trace().param(w, loc));
+}
 Expr Graph::constant(Shape shape, double value, Loc loc) {
   engine_->note_recording("constant", loc);
   return engine_->expr(engine_->trace().constant(shape, value, loc));
