@@ -48,7 +48,8 @@ struct HubNode : torch::autograd::Node {
   std::mutex mutex;
   // Per backward pass running through the hub (detail::current_backward;
   // one but for concurrent passes), allocated by its first reader with a
-  // gradient to add.
+  // gradient to add, and dropped when its pass is over (one that threw
+  // before the hub ran leaves its entry: on_backward_end).
   std::vector<std::pair<const void*, at::Tensor>> grads;
   std::vector<int64_t> sizes;
   at::TensorOptions options;
@@ -59,10 +60,16 @@ struct HubNode : torch::autograd::Node {
     const void* pass = detail::current_backward();
     return std::find_if(grads.begin(), grads.end(), [&](const auto& e) { return e.first == pass; });
   }
-  float* buffer() {  // with `mutex` held: the current pass's
+  // With `mutex` held: the current pass's; `fresh` when made by this call.
+  float* buffer(bool& fresh) {
     auto it = current();
-    if (it == grads.end()) it = grads.emplace(it, detail::current_backward(), at::zeros(sizes, options));
+    fresh = it == grads.end();
+    if (fresh) it = grads.emplace(it, detail::current_backward(), at::zeros(sizes, options));
     return it->second.data_ptr<float>();
+  }
+  void forget(const void* pass) {
+    std::lock_guard<std::mutex> lock(mutex);
+    std::erase_if(grads, [&](const auto& e) { return e.first == pass; });
   }
   variable_list apply(variable_list&& /*nothing: readers write into `grads`*/) override {
     std::lock_guard<std::mutex> lock(mutex);
@@ -93,8 +100,13 @@ HubBuffers lock_buffers(const std::vector<HubPtr>& hubs) {
   out.locks.reserve(order.size());
   for (HubNode* h : order) out.locks.emplace_back(h->mutex);
   out.buf.assign(hubs.size(), nullptr);
-  for (size_t k = 0; k < hubs.size(); ++k)
-    if (hubs[k]) out.buf[k] = hubs[k]->buffer();
+  for (size_t k = 0; k < hubs.size(); ++k) {
+    if (!hubs[k]) continue;
+    bool fresh = false;
+    out.buf[k] = hubs[k]->buffer(fresh);
+    if (fresh)  // (the callback holds the hub: it may outlive the graph's last reference)
+      detail::on_backward_end([hub = hubs[k], pass = detail::current_backward()] { hub->forget(pass); });
+  }
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/function.h>
 
+#include <functional>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -26,5 +27,13 @@ auto make_node(A&&... args) {
 // rows) are kept per pass: two passes at once through one graph (two
 // threads' autograd::grad) must not take each other's.
 inline const void* current_backward() { return torch::autograd::get_current_graph_task_exec_info(); }
+
+// Calls `forget` once the current backward pass is over, whether it finished
+// or threw: when LibTorch destroys the pass's graph task, which holds it as a
+// final callback. What a pass left keyed by current_backward() is dropped
+// then, before that address can be another pass's key: a pass that threw
+// midway would otherwise leave its sums to a later pass at the same address.
+// Call only from inside a backward pass (an autograd node's apply).
+void on_backward_end(std::function<void()> forget);
 
 }  // namespace sheaf::detail

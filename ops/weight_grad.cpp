@@ -14,6 +14,7 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -31,8 +32,9 @@ using torch::autograd::variable_list;
 
 // What the linears of one weight leave for its gradient: (dY, X) per batch,
 // each marked with its backward pass (detail::current_backward): two passes
-// at once through one graph each take their own.
-struct Rows {
+// at once through one graph each take their own, and a pass's rows go when
+// it is over (one that threw before the weight's node ran leaves them).
+struct Rows : std::enable_shared_from_this<Rows> {
   struct Pending {
     const void* pass;
     at::Tensor dy, x;
@@ -50,6 +52,19 @@ struct Rows {
       return true;
     });
     return mine;
+  }
+  // With `mutex` held: the current pass's rows, after the first of a pass
+  // arms its removal at the pass's end.
+  void add(at::Tensor dy, at::Tensor x) {
+    const void* pass = detail::current_backward();
+    if (std::none_of(pending.begin(), pending.end(), [&](const Pending& p) { return p.pass == pass; }))
+      detail::on_backward_end([rows = weak_from_this(), pass] {
+        if (const std::shared_ptr<Rows> r = rows.lock()) {
+          std::lock_guard<std::mutex> lock(r->mutex);
+          std::erase_if(r->pending, [&](const Pending& p) { return p.pass == pass; });
+        }
+      });
+    pending.push_back({pass, std::move(dy), std::move(x)});
   }
 };
 
@@ -105,7 +120,7 @@ struct LinearNode : torch::autograd::Node {
     if (task_should_compute_output(1)) {
       at::Tensor rows_x = x.unpack().reshape({-1, weight.size(1)});
       std::lock_guard<std::mutex> lock(rows->mutex);
-      rows->pending.push_back({detail::current_backward(), dy, std::move(rows_x)});
+      rows->add(dy, std::move(rows_x));
     }
     return out;  // the weight's and a shared bias's gradients come from WeightGradNode
   }

@@ -641,7 +641,76 @@ struct ReentrantPass : torch::autograd::FunctionPreHook {
   }
 };
 
+// Throws while `armed`: a backward pass that fails midway.
+struct FailingPass : torch::autograd::FunctionPreHook {
+  const bool* armed;
+  explicit FailingPass(const bool* a) : armed(a) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    if (*armed) throw std::runtime_error("a hook failed");
+    return grads;
+  }
+};
+
+// A small graph whose backward goes through gather hubs and a shared weight's
+// gradient node: each example's chain reads rows of other batches and W.
+struct CollectingGraph {
+  at::Tensor W, E;
+  Graph g;
+  std::vector<Expr> outs;
+  CollectingGraph() {
+    at::manual_seed(3);
+    W = (at::randn({8, 8}) * 0.3).requires_grad_();
+    E = at::randn({10, 8}).requires_grad_();
+    for (int64_t i = 0; i < 12; ++i) {
+      auto scope = g.example(i);
+      Expr h = g.lookup(E, i % 10);
+      for (int64_t t = 0; t < 1 + i % 4; ++t) h = dsl::tanh(dsl::matmul(W, h) + g.lookup(E, (i + t) % 10));
+      outs.push_back(dsl::sum(h));
+    }
+    g.forward(outs);
+  }
+  std::vector<at::Tensor> grads_of(const at::Tensor& out) const {
+    return torch::autograd::grad({out}, {W, E}, {}, /*retain_graph=*/true, false, /*allow_unused=*/true);
+  }
+  // The nodes that collect (every hub and weight-gradient node) `out`'s backward reaches.
+  static std::vector<torch::autograd::Node*> collectors(const at::Tensor& out) {
+    std::vector<torch::autograd::Node*> stack{out.grad_fn().get()}, found;
+    std::set<torch::autograd::Node*> seen;
+    while (!stack.empty()) {
+      torch::autograd::Node* n = stack.back();
+      stack.pop_back();
+      if (n == nullptr || !seen.insert(n).second) continue;
+      if (n->name() == "sheaf::GatherHub" || n->name() == "sheaf::WeightGradBackward") found.push_back(n);
+      for (const auto& e : n->next_edges()) stack.push_back(e.function.get());
+    }
+    REQUIRE(std::any_of(found.begin(), found.end(), [](auto* n) { return n->name() == "sheaf::GatherHub"; }));
+    REQUIRE(std::any_of(found.begin(), found.end(), [](auto* n) { return n->name() == "sheaf::WeightGradBackward"; }));
+    return found;
+  }
+};
+
 }  // namespace
+
+TEST_CASE("a backward pass that throws midway leaves nothing to the next pass", "[engine][reliability][autograd]") {
+  // A collector keeps what a pass's nodes sent until it runs. A pass that
+  // threw before it ran left those sums behind, keyed by the pass's graph
+  // task, and the next pass took them as its own where its task had the same
+  // address (the usual case: the allocator hands the freed task's memory to
+  // the next one), adding the failed pass's gradients into its own.
+  CollectingGraph c;
+  const at::Tensor out = c.outs[5].value();
+  const std::vector<at::Tensor> want = c.grads_of(out);
+  bool armed = true;
+  for (torch::autograd::Node* n : CollectingGraph::collectors(out))
+    n->add_pre_hook(std::make_unique<FailingPass>(&armed));
+  for (int attempt = 0; attempt < 3; ++attempt) CHECK_THROWS_WITH(c.grads_of(out), Catch::Contains("a hook failed"));
+  armed = false;
+  const std::vector<at::Tensor> got = c.grads_of(out);
+  for (size_t k = 0; k < want.size(); ++k) {
+    INFO("parameter " << k);
+    CHECK(at::allclose(got[k], want[k], 1e-5, 1e-6));
+  }
+}
 
 TEST_CASE("two backward passes at once through one graph keep their gradients apart", "[engine][reliability][autograd]") {
   // A source's hub and a shared weight's pending rows collect what several
@@ -649,44 +718,17 @@ TEST_CASE("two backward passes at once through one graph keep their gradients ap
   // the first is halfway (a second thread's autograd::grad; here, one run
   // from inside the first, which interleaves them the same way every time)
   // took the first's sums, and the first lost them.
-  at::manual_seed(3);
-  const at::Tensor W = (at::randn({8, 8}) * 0.3).requires_grad_(), E = at::randn({10, 8}).requires_grad_();
-  Graph g;
-  std::vector<Expr> outs;
-  for (int64_t i = 0; i < 12; ++i) {
-    auto scope = g.example(i);
-    Expr h = g.lookup(E, i % 10);
-    for (int64_t t = 0; t < 1 + i % 4; ++t) h = dsl::tanh(dsl::matmul(W, h) + g.lookup(E, (i + t) % 10));
-    outs.push_back(dsl::sum(h));
-  }
-  g.forward(outs);
-  const std::vector<at::Tensor> params{W, E};
+  CollectingGraph c;
   // (Taken now: a value() read inside a backward, where autograd is off, has no gradient.)
-  const at::Tensor out_a = outs[3].value(), out_b = outs[7].value();
-  auto grads_of = [&](const at::Tensor& out) {
-    return torch::autograd::grad({out}, params, {}, /*retain_graph=*/true, false, /*allow_unused=*/true);
-  };
-  const auto want_a = grads_of(out_a), want_b = grads_of(out_b);
-  // The nodes that collect: every hub and weight-gradient node pass A reaches.
-  std::vector<torch::autograd::Node*> stack{out_a.grad_fn().get()}, collectors;
-  std::set<torch::autograd::Node*> seen;
-  while (!stack.empty()) {
-    torch::autograd::Node* n = stack.back();
-    stack.pop_back();
-    if (n == nullptr || !seen.insert(n).second) continue;
-    if (n->name() == "sheaf::GatherHub" || n->name() == "sheaf::WeightGradBackward") collectors.push_back(n);
-    for (const auto& e : n->next_edges()) stack.push_back(e.function.get());
-  }
-  REQUIRE(std::any_of(collectors.begin(), collectors.end(), [](auto* n) { return n->name() == "sheaf::GatherHub"; }));
-  REQUIRE(std::any_of(collectors.begin(), collectors.end(),
-                      [](auto* n) { return n->name() == "sheaf::WeightGradBackward"; }));
+  const at::Tensor out_a = c.outs[3].value(), out_b = c.outs[7].value();
+  const auto want_a = c.grads_of(out_a), want_b = c.grads_of(out_b);
   std::vector<at::Tensor> got_b;
   bool ran = false;
-  for (torch::autograd::Node* n : collectors)
-    n->add_pre_hook(std::make_unique<ReentrantPass>([&] { got_b = grads_of(out_b); }, &ran));
-  const auto got_a = grads_of(out_a);
+  for (torch::autograd::Node* n : CollectingGraph::collectors(out_a))
+    n->add_pre_hook(std::make_unique<ReentrantPass>([&] { got_b = c.grads_of(out_b); }, &ran));
+  const auto got_a = c.grads_of(out_a);
   REQUIRE(ran);
-  for (size_t k = 0; k < params.size(); ++k) {
+  for (size_t k = 0; k < want_a.size(); ++k) {
     INFO("parameter " << k);
     CHECK(at::allclose(got_a[k], want_a[k], 1e-5, 1e-6));
     CHECK(at::allclose(got_b[k], want_b[k], 1e-5, 1e-6));
