@@ -202,9 +202,18 @@ struct FinalAwaiter {
   void await_resume() noexcept {}
 };
 
-// An awaiter (await_ready, await_suspend, await_resume of its own).
+// An awaitable with an operator co_await of its own, a member or a free one:
+// co_await applies it, and awaits what it returns.
 template <class A>
-concept IsAwaiter = requires(A& a) { a.await_ready(); };
+concept HasMemberCoAwait = requires(A&& a) { std::forward<A>(a).operator co_await(); };
+template <class A>
+concept HasFreeCoAwait = requires(A&& a) { operator co_await(std::forward<A>(a)); };
+template <class A>
+concept HasCoAwait = HasMemberCoAwait<A> || HasFreeCoAwait<A>;
+// An awaiter (await_ready, await_suspend, await_resume of its own) awaited
+// as it is: one with an operator co_await too is awaited through that.
+template <class A>
+concept IsAwaiter = !HasCoAwait<A> && requires(std::remove_reference_t<A>& a) { a.await_ready(); };
 
 // An awaiter handed on by a Task's await_transform by address: GCC 12 copies
 // whatever await_transform returns, a reference too, and an awaiter need not
@@ -244,9 +253,10 @@ struct PromiseBase {
   std::suspend_never initial_suspend() noexcept { return {}; }
   // A co_await of a task hands its line to the awaiter, for its errors (a
   // default argument of await_transform is evaluated at the co_await);
-  // every other awaiter passes through by address (AwaiterRef), and an
-  // awaitable with an operator co_await of its own as a copy (with GCC 12,
-  // such an awaitable must be copyable or movable to be awaited in a Task).
+  // every other awaiter passes through by address (AwaiterRef). An
+  // awaitable with an operator co_await of its own is given to it here, and
+  // what it returns is handed on: by address where it returns a reference
+  // (the awaitable, which holds it, lives across the suspension), else by value.
   template <class U>
   typename Task<U>::template Awaiter<false> await_transform(
       Task<U>& t, std::source_location loc = std::source_location::current()) {
@@ -257,15 +267,46 @@ struct PromiseBase {
       Task<U>&& t, std::source_location loc = std::source_location::current()) {
     return std::move(t).awaiter(loc);
   }
+  // A const task cannot be awaited: awaiting links the waiter into the task
+  // and may move its result out.
+  // (Each refusal returns an awaiter after its static_assert: only its own message.)
+  template <class U>
+  std::suspend_never await_transform(const Task<U>&) {
+    static_assert(!std::is_same_v<U, U>, "co_await of a const sheaf::Task: await it by reference or std::move it");
+    return {};
+  }
+  template <class U>
+  std::suspend_never await_transform(const Task<U>&&) {
+    static_assert(!std::is_same_v<U, U>, "co_await of a const sheaf::Task: await it by reference or std::move it");
+    return {};
+  }
   template <class A>
-    requires IsAwaiter<std::remove_reference_t<A>>
+    requires IsAwaiter<A>
   AwaiterRef<std::remove_reference_t<A>> await_transform(A&& awaiter) noexcept {
     return {&awaiter};
   }
-  template <class A>  // an awaitable with its own operator co_await: passed on as a copy
-    requires(!IsAwaiter<std::remove_reference_t<A>>)
-  std::remove_cvref_t<A> await_transform(A&& awaitable) {
-    return std::forward<A>(awaitable);
+  template <class A>
+    requires(!IsAwaiter<A>)
+  auto await_transform(A&& awaitable) {
+    if constexpr (HasMemberCoAwait<A>) {
+      return hand_on<decltype(std::forward<A>(awaitable).operator co_await())>(
+          [&]() -> decltype(auto) { return std::forward<A>(awaitable).operator co_await(); });
+    } else if constexpr (HasFreeCoAwait<A>) {
+      return hand_on<decltype(operator co_await(std::forward<A>(awaitable)))>(
+          [&]() -> decltype(auto) { return operator co_await(std::forward<A>(awaitable)); });
+    } else {
+      static_assert(HasCoAwait<A>,
+                    "co_await in a sheaf::Task: the operand is neither an awaiter (await_ready, await_suspend, "
+                    "await_resume) nor has an operator co_await");
+      return std::suspend_never{};
+    }
+  }
+  // What an operator co_await returned (R, from `get`), as await_transform hands it on.
+  template <class R, class Get>
+  static auto hand_on(Get get) {
+    if constexpr (std::is_lvalue_reference_v<R>) return AwaiterRef<std::remove_reference_t<R>>{&get()};
+    else if constexpr (std::is_rvalue_reference_v<R>) return std::remove_cvref_t<R>(get());
+    else return get();
   }
   FinalAwaiter final_suspend() noexcept {
     if (waiter) waiter->awaiting = nullptr;  // about to resume it: the link is done

@@ -459,6 +459,53 @@ Task<int> await_parked() {
   co_return 10 * a + b;
 }
 
+// Awaitables with an operator co_await of their own: co_await applies it, as
+// the standard says, even to one that is an awaiter itself, and awaits what
+// it returns; the awaitable need not be copyable.
+struct Ready {
+  int value;
+  bool await_ready() const noexcept { return true; }
+  void await_suspend(std::coroutine_handle<>) const noexcept {}
+  int await_resume() const noexcept { return value; }
+};
+struct Both : Ready {  // an awaiter whose operator co_await gives another
+  Ready operator co_await() const noexcept { return {value + 1}; }
+};
+struct Holder {  // neither copyable nor movable; its operator hands out the awaiter it holds
+  Parked inner;
+  explicit Holder(int v) : inner(v) {}
+  Holder(const Holder&) = delete;
+  Holder& operator=(const Holder&) = delete;
+  Parked& operator co_await() noexcept { return inner; }
+};
+struct Unmovable {  // an awaiter returned by value that cannot be moved
+  int value;
+  explicit Unmovable(int v) : value(v) {}
+  Unmovable(const Unmovable&) = delete;
+  Unmovable& operator=(const Unmovable&) = delete;
+  bool await_ready() const noexcept { return true; }
+  void await_suspend(std::coroutine_handle<>) const noexcept {}
+  int await_resume() const noexcept { return value; }
+};
+struct Maker {
+  int value;
+  Unmovable operator co_await() const { return Unmovable(value); }
+};
+struct Token {  // awaited through a free operator co_await
+  int value;
+};
+Ready operator co_await(Token t) noexcept { return {t.value * 10}; }
+
+Task<int> await_through_operators() {
+  const int a = co_await Both{{1}};  // 2: the operator's awaiter, not Both's own await_resume
+  Holder named(3);
+  const int b = co_await named;       // parks
+  const int c = co_await Holder(4);   // parks; the temporary lives until it resumes
+  const int d = co_await Token{5};
+  const int e = co_await Maker{6};
+  co_return 10000 * a + 1000 * b + 100 * c + 10 * d + e;
+}
+
 }  // namespace
 
 TEST_CASE("tasks: an awaiter of the user's own, neither copyable nor movable, is awaited in place", "[dsl][control][task]") {
@@ -469,6 +516,17 @@ TEST_CASE("tasks: an awaiter of the user's own, neither copyable nor movable, is
   std::exchange(g_parked, {}).resume();
   REQUIRE(t.done());
   CHECK(t.result() == 34);
+}
+
+TEST_CASE("tasks: an awaitable's own operator co_await is applied and what it returns awaited in place",
+          "[dsl][control][task]") {
+  Task<int> t = await_through_operators();
+  REQUIRE(!t.done());
+  std::exchange(g_parked, {}).resume();
+  REQUIRE(!t.done());
+  std::exchange(g_parked, {}).resume();
+  REQUIRE(t.done());
+  CHECK(t.result() == 2 * 10000 + 3 * 1000 + 4 * 100 + 50 * 10 + 6);
 }
 
 TEST_CASE("tasks: one fetch per step for all examples, result() before forward is an error", "[dsl][control][task]") {
