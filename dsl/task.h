@@ -81,6 +81,10 @@ struct ValueAwaiter {
   bool waiting = false;
 
   ValueAwaiter(Expr e, std::source_location l) : expr(e), loc(l) {}
+  // Movable before it is awaited (a helper may return a named one); never
+  // copied: two copies awaited would be two waits. While it waits, its graph
+  // holds its address, and nothing moves it: it lies in the suspended frame.
+  ValueAwaiter(ValueAwaiter&& o) noexcept : expr(o.expr), loc(o.loc) {}
   ValueAwaiter(const ValueAwaiter&) = delete;
   ValueAwaiter& operator=(const ValueAwaiter&) = delete;
   ~ValueAwaiter() {

@@ -518,6 +518,32 @@ TEST_CASE("tasks: an awaiter of the user's own, neither copyable nor movable, is
   CHECK(t.result() == 34);
 }
 
+namespace {
+// A helper that returns a named fetch awaiter: moved out, before it is awaited.
+auto fetch_sum(Expr e) {
+  auto a = fetch_item(dsl::sum(e));
+  return a;
+}
+}  // namespace
+
+TEST_CASE("tasks: a fetch awaiter returned by name from a helper is awaited", "[dsl][control][task]") {
+  Graph g;
+  auto body = [](Graph& g, double k) -> Task<double> {
+    Expr x = g.input(at::ones({3}) * k);  // (GCC 12: no braced list inside a co_await)
+    co_return co_await fetch_sum(x);
+  };
+  std::vector<Task<double>> tasks;
+  for (int i = 0; i < 3; ++i) {
+    auto scope = g.example(i);
+    tasks.push_back(body(g, i + 1.0));
+  }
+  g.forward();
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(tasks[static_cast<size_t>(i)].done());
+    CHECK(tasks[static_cast<size_t>(i)].result() == 3.0 * (i + 1));
+  }
+}
+
 TEST_CASE("tasks: an awaitable's own operator co_await is applied and what it returns awaited in place",
           "[dsl][control][task]") {
   Task<int> t = await_through_operators();
