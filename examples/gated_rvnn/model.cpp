@@ -84,12 +84,13 @@ at::Tensor GatedRvNN::per_example_root(const data::Tree& t) const {
     if (t.is_leaf(n)) ids.push_back(t.word[static_cast<size_t>(n)]);
   const at::Tensor emb =
       at::embedding(E, at::tensor(ids, at::kLong).to(E.device()), -1, false, options_.sparse_embedding_grad);
+  const std::vector<at::Tensor> words = emb.unbind(0);  // (one backward node, not one per row)
   std::vector<at::Tensor> h(static_cast<size_t>(t.size()));
   int64_t leaf = 0;
   for (int n = 0; n < t.size(); ++n) {
     const auto k = static_cast<size_t>(n);
     if (t.is_leaf(n)) {
-      h[k] = emb[leaf++];
+      h[k] = words[static_cast<size_t>(leaf++)];
       continue;
     }
     const at::Tensor& hl = h[static_cast<size_t>(t.left[k])];

@@ -117,16 +117,19 @@ ShiftReduce::EagerResult ShiftReduce::parse_eager(const data::Tree& tree, bool p
   for (int n = 0; n < tree.size(); ++n)
     if (tree.is_leaf(n)) ids.push_back(tree.word[static_cast<size_t>(n)]);
   at::Tensor emb = at::embedding(E, at::tensor(ids, at::kLong).to(E.device()), -1, false, options_.sparse_embedding_grad);
+  const std::vector<at::Tensor> words = emb.unbind(0);  // (one backward node, not one per row)
   const at::Tensor none = at::zeros({h}, opts);
   const std::vector<int> gold = gold_transitions(tree);
   std::vector<Item> stack;
   Item track{at::zeros({k}, opts), at::zeros({k}, opts)};
-  std::vector<at::Tensor> losses;
+  // Training: the gold actions' scores, scored at the end in one log_softmax
+  // (each step's action is the gold one whatever its scores say).
+  std::vector<at::Tensor> step_scores;
   EagerResult result;
   size_t next = 0;
   for (size_t step = 0; step < gold.size(); ++step) {
     auto top = [&](size_t i) { return stack.size() > i ? stack[stack.size() - 1 - i].h : none; };
-    at::Tensor x = at::cat({next < ids.size() ? emb[static_cast<int64_t>(next)] : none, top(0), top(1), track.h});
+    at::Tensor x = at::cat({next < ids.size() ? words[next] : none, top(0), top(1), track.h});
     std::vector<at::Tensor> gate = at::addmv(t, T, x).chunk(4);
     track.c = at::sigmoid(gate[1]) * track.c + at::sigmoid(gate[0]) * at::tanh(gate[3]);
     track.h = at::sigmoid(gate[2]) * at::tanh(track.c);
@@ -138,11 +141,11 @@ ShiftReduce::EagerResult ShiftReduce::parse_eager(const data::Tree& tree, bool p
       const float* p = s.data_ptr<float>();
       action = choose_transition(p[kShift], p[kReduce], stack.size(), ids.size() - next);
     } else {
-      losses.push_back(-at::log_softmax(scores, 0)[action]);
+      step_scores.push_back(scores);
     }
     result.transitions.push_back(action);
     if (action == kShift) {
-      stack.push_back({emb[static_cast<int64_t>(next++)], at::zeros({h}, opts)});
+      stack.push_back({words[next++], at::zeros({h}, opts)});
       continue;
     }
     Item r = stack.back();
@@ -154,8 +157,12 @@ ShiftReduce::EagerResult ShiftReduce::parse_eager(const data::Tree& tree, bool p
     stack.push_back({at::sigmoid(c5[4]) * at::tanh(c), c});
   }
   result.logits = at::addmv(v, V, stack.back().h);
-  losses.push_back(-at::log_softmax(result.logits, 0)[tree.label.back()]);
-  result.loss = at::stack(losses).sum();
+  result.loss = -at::log_softmax(result.logits, 0)[tree.label.back()];
+  if (!step_scores.empty()) {
+    const std::vector<int64_t> actions(result.transitions.begin(), result.transitions.end());
+    result.loss = result.loss + at::nll_loss(at::log_softmax(at::stack(step_scores), 1),
+                                             at::tensor(actions, at::kLong).to(E.device()), {}, at::Reduction::Sum);
+  }
   return result;
 }
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 
@@ -146,18 +147,14 @@ std::vector<std::vector<int64_t>> Tagger::predict(Graph& g, std::span<const data
 at::Tensor Tagger::per_example_inputs(const data::Sentence& s) const {
   const at::Tensor emb = at::embedding(E, ids_tensor(s.word, E.device()), -1, false, options_.sparse_embedding_grad);
   if (!options_.use_chars) return emb;
-  std::vector<at::Tensor> rows;
-  bool any_rare = false;
+  if (std::none_of(s.rare.begin(), s.rare.end(), [](auto r) { return static_cast<bool>(r); })) return emb;
+  std::vector<at::Tensor> rows = emb.unbind(0);  // (one backward node, not one per row)
   for (size_t t = 0; t < s.word.size(); ++t) {
-    if (!s.rare[t]) {
-      rows.push_back(emb[static_cast<int64_t>(t)]);
-      continue;
-    }
-    any_rare = true;
+    if (!s.rare[t]) continue;
     const at::Tensor chars = at::embedding(C, ids_tensor(s.chars[t], C.device()));
-    rows.push_back(eager_bilstm(char_fwd, char_bwd, chars).second);
+    rows[t] = eager_bilstm(char_fwd, char_bwd, chars).second;
   }
-  return any_rare ? at::stack(rows) : emb;
+  return at::stack(rows);
 }
 
 at::Tensor Tagger::per_example_logits(const data::Sentence& s) const {

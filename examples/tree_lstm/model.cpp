@@ -110,13 +110,16 @@ std::vector<at::Tensor> TreeLSTM::per_example_states(const data::Tree& t) const 
   const int64_t h = options_.hidden;
   // One lookup for the whole sentence, as any PyTorch user writes it.
   at::Tensor emb = at::embedding(E, leaf_ids(t).to(E.device()), -1, false, options_.sparse_embedding_grad);
+  // Its rows in one call (one backward node that stacks their gradients; a
+  // select per row would make a gradient of the whole sentence's rows each).
+  const std::vector<at::Tensor> words = emb.unbind(0);
   const at::Tensor zero = at::zeros({h}, E.options().requires_grad(false));
   std::vector<at::Tensor> H(static_cast<size_t>(t.size())), C(H.size());
   int64_t leaf = 0;
   for (int n = 0; n < t.size(); ++n) {
     const auto k = static_cast<size_t>(n);
     if (t.is_leaf(n)) {
-      H[k] = emb[leaf++];
+      H[k] = words[static_cast<size_t>(leaf++)];
       C[k] = zero;
       continue;
     }
