@@ -54,6 +54,7 @@ struct HubNode : torch::autograd::Node {
   std::vector<int64_t> sizes;
   at::TensorOptions options;
 
+  ~HubNode() override { detail::g_live_pass_entries -= static_cast<int64_t>(grads.size()); }
   std::string name() const override { return "sheaf::GatherHub"; }
   // With `mutex` held: the current pass's entry, or end().
   auto current() {
@@ -64,12 +65,15 @@ struct HubNode : torch::autograd::Node {
   float* buffer(bool& fresh) {
     auto it = current();
     fresh = it == grads.end();
-    if (fresh) it = grads.emplace(it, detail::current_backward(), at::zeros(sizes, options));
+    if (fresh) {
+      it = grads.emplace(it, detail::current_backward(), at::zeros(sizes, options));
+      ++detail::g_live_pass_entries;
+    }
     return it->second.data_ptr<float>();
   }
   void forget(const void* pass) {
     std::lock_guard<std::mutex> lock(mutex);
-    std::erase_if(grads, [&](const auto& e) { return e.first == pass; });
+    detail::g_live_pass_entries -= static_cast<int64_t>(std::erase_if(grads, [&](const auto& e) { return e.first == pass; }));
   }
   variable_list apply(variable_list&& /*nothing: readers write into `grads`*/) override {
     std::lock_guard<std::mutex> lock(mutex);
@@ -77,6 +81,7 @@ struct HubNode : torch::autograd::Node {
     if (auto it = current(); it != grads.end()) {
       out[0] = std::move(it->second);
       grads.erase(it);
+      --detail::g_live_pass_entries;
     }
     return out;
   }
@@ -124,8 +129,8 @@ struct ReaderNode : torch::autograd::Node {
     const at::Tensor g = grads[0].contiguous();
     const float* gp = g.data_ptr<float>();
     // Only the hubs autograd follows this time (a partial backward skips the
-    // others: they will not run, and what they held would reach their sources
-    // in a later backward).
+    // others: they will not run, and what they were given would be dropped
+    // unread when the pass ends).
     std::vector<HubPtr> wanted(hubs.size());
     for (size_t k = 0; k < hubs.size(); ++k)
       if (hubs[k] && task_should_compute_output(k)) wanted[k] = hubs[k];
@@ -364,7 +369,7 @@ RowReads::GradRows InPlaceRows::lock_grad_rows(std::span<const RowReads* const> 
                                                const std::function<bool(size_t read, size_t edge)>& wanted) const {
   // Every read's hubs, one lock set for all. A hub whose edge autograd does not
   // follow this time (a partial backward) is left alone: it will not run, and
-  // what it held would reach its source in a later backward.
+  // what it was given would be dropped unread when the pass ends.
   std::vector<const InPlaceRows*> mine(reads.size());
   std::vector<HubPtr> hubs;
   for (size_t q = 0; q < reads.size(); ++q) {

@@ -79,12 +79,14 @@ struct ValueAwaiter {
   HostValue value;  // valid while the task runs on from its co_await (until it suspends again)
   AwaitToken token;
   bool waiting = false;
+  bool moved_from = false;
 
   ValueAwaiter(Expr e, std::source_location l) : expr(e), loc(l) {}
   // Movable before it is awaited (a helper may return a named one); never
-  // copied: two copies awaited would be two waits. While it waits, its graph
-  // holds its address, and nothing moves it: it lies in the suspended frame.
-  ValueAwaiter(ValueAwaiter&& o) noexcept : expr(o.expr), loc(o.loc) {}
+  // copied: two copies awaited would be two waits. The one moved from waits
+  // for nothing: awaiting it is a UserError. While it waits, its graph holds
+  // its address, and nothing moves it: it lies in the suspended frame.
+  ValueAwaiter(ValueAwaiter&& o) noexcept : expr(o.expr), loc(o.loc) { o.moved_from = true; }
   ValueAwaiter(const ValueAwaiter&) = delete;
   ValueAwaiter& operator=(const ValueAwaiter&) = delete;
   ~ValueAwaiter() {
@@ -93,6 +95,7 @@ struct ValueAwaiter {
   bool await_ready() const noexcept { return false; }
   template <class P>
   void await_suspend(std::coroutine_handle<P> h) {
+    if (moved_from) throw_user_at(loc, "co_await of a fetch awaiter that was moved from (await the one it was moved to)");
     token = await_value(expr, [this, h](const HostValue& v) {
       waiting = false;
       value = v;
@@ -234,6 +237,21 @@ struct AwaiterRef {
   decltype(auto) await_resume() { return awaiter->await_resume(); }
 };
 
+// An awaiter an operator co_await returned by value, held where it was made
+// (an aggregate initialised from the prvalue: no copy) and awaited as it is:
+// the compiler applies no operator co_await to the box, as the standard
+// applies none to what the operator returned.
+template <class R>
+struct AwaiterBox {
+  R awaiter;
+  bool await_ready() { return awaiter.await_ready(); }
+  template <class H>
+  decltype(auto) await_suspend(H h) {
+    return awaiter.await_suspend(h);
+  }
+  decltype(auto) await_resume() { return awaiter.await_resume(); }
+};
+
 struct PromiseBase {
   std::coroutine_handle<> continuation;
   // The awaiting task's promise, and the task this one waits on: whichever
@@ -260,7 +278,10 @@ struct PromiseBase {
   // every other awaiter passes through by address (AwaiterRef). An
   // awaitable with an operator co_await of its own is given to it here, and
   // what it returns is handed on: by address where it returns a reference
-  // (the awaitable, which holds it, lives across the suspension), else by value.
+  // (the awaitable, which holds it, lives across the suspension), else in a
+  // box made in place. Where no operator co_await is found from here (one
+  // declared where only the co_await sees it), the operand is passed on as a
+  // copy, and the compiler looks for the operator itself.
   template <class U>
   typename Task<U>::template Awaiter<false> await_transform(
       Task<U>& t, std::source_location loc = std::source_location::current()) {
@@ -299,18 +320,14 @@ struct PromiseBase {
       return hand_on<decltype(operator co_await(std::forward<A>(awaitable)))>(
           [&]() -> decltype(auto) { return operator co_await(std::forward<A>(awaitable)); });
     } else {
-      static_assert(HasCoAwait<A>,
-                    "co_await in a sheaf::Task: the operand is neither an awaiter (await_ready, await_suspend, "
-                    "await_resume) nor has an operator co_await");
-      return std::suspend_never{};
+      return std::remove_cvref_t<A>(std::forward<A>(awaitable));
     }
   }
   // What an operator co_await returned (R, from `get`), as await_transform hands it on.
   template <class R, class Get>
   static auto hand_on(Get get) {
-    if constexpr (std::is_lvalue_reference_v<R>) return AwaiterRef<std::remove_reference_t<R>>{&get()};
-    else if constexpr (std::is_rvalue_reference_v<R>) return std::remove_cvref_t<R>(get());
-    else return get();
+    if constexpr (std::is_reference_v<R>) return AwaiterRef<std::remove_reference_t<R>>{&get()};
+    else return AwaiterBox<R>{get()};
   }
   FinalAwaiter final_suspend() noexcept {
     if (waiter) waiter->awaiting = nullptr;  // about to resume it: the link is done

@@ -7,6 +7,8 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/function.h>
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <type_traits>
@@ -35,5 +37,9 @@ inline const void* current_backward() { return torch::autograd::get_current_grap
 // midway would otherwise leave its sums to a later pass at the same address.
 // Call only from inside a backward pass (an autograd node's apply).
 void on_backward_end(std::function<void()> forget);
+
+// How many per-pass entries (a hub's sum, a weight's pending rows) all graphs
+// hold now: what a test reads to see that a pass left none behind.
+extern std::atomic<int64_t> g_live_pass_entries;
 
 }  // namespace sheaf::detail

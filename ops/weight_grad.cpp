@@ -41,6 +41,7 @@ struct Rows : std::enable_shared_from_this<Rows> {
   };
   std::mutex mutex;
   std::vector<Pending> pending;
+  ~Rows() { detail::g_live_pass_entries -= static_cast<int64_t>(pending.size()); }
   // The current pass's rows, taken out.
   std::vector<Pending> take() {
     const void* pass = detail::current_backward();
@@ -51,6 +52,7 @@ struct Rows : std::enable_shared_from_this<Rows> {
       mine.push_back(std::move(p));
       return true;
     });
+    detail::g_live_pass_entries -= static_cast<int64_t>(mine.size());
     return mine;
   }
   // With `mutex` held: the current pass's rows, after the first of a pass
@@ -61,10 +63,12 @@ struct Rows : std::enable_shared_from_this<Rows> {
       detail::on_backward_end([rows = weak_from_this(), pass] {
         if (const std::shared_ptr<Rows> r = rows.lock()) {
           std::lock_guard<std::mutex> lock(r->mutex);
-          std::erase_if(r->pending, [&](const Pending& p) { return p.pass == pass; });
+          detail::g_live_pass_entries -=
+              static_cast<int64_t>(std::erase_if(r->pending, [&](const Pending& p) { return p.pass == pass; }));
         }
       });
     pending.push_back({pass, std::move(dy), std::move(x)});
+    ++detail::g_live_pass_entries;
   }
 };
 

@@ -491,6 +491,9 @@ struct Maker {
   int value;
   Unmovable operator co_await() const { return Unmovable(value); }
 };
+struct Twice {  // its operator returns an awaiter with an operator of its own: not applied again
+  Both operator co_await() const noexcept { return Both{{10}}; }
+};
 struct Token {  // awaited through a free operator co_await
   int value;
 };
@@ -503,7 +506,8 @@ Task<int> await_through_operators() {
   const int c = co_await Holder(4);   // parks; the temporary lives until it resumes
   const int d = co_await Token{5};
   const int e = co_await Maker{6};
-  co_return 10000 * a + 1000 * b + 100 * c + 10 * d + e;
+  const int f = co_await Twice{};  // 10: Both awaited as the awaiter it is
+  co_return 1000000 * f + 10000 * a + 1000 * b + 100 * c + 10 * d + e;
 }
 
 }  // namespace
@@ -542,6 +546,14 @@ TEST_CASE("tasks: a fetch awaiter returned by name from a helper is awaited", "[
     REQUIRE(tasks[static_cast<size_t>(i)].done());
     CHECK(tasks[static_cast<size_t>(i)].result() == 3.0 * (i + 1));
   }
+  // The awaiter moved from waits for nothing: awaiting it is an error.
+  auto twice = [](Graph& g) -> Task<double> {
+    Expr x = g.input(at::ones({3}));
+    auto a = fetch_item(dsl::sum(x));
+    auto b = std::move(a);
+    co_return co_await a + co_await b;
+  };
+  REQUIRE_THROWS_WITH(twice(g), Contains("fetch awaiter that was moved from"));
 }
 
 TEST_CASE("tasks: an awaitable's own operator co_await is applied and what it returns awaited in place",
@@ -552,7 +564,7 @@ TEST_CASE("tasks: an awaitable's own operator co_await is applied and what it re
   REQUIRE(!t.done());
   std::exchange(g_parked, {}).resume();
   REQUIRE(t.done());
-  CHECK(t.result() == 2 * 10000 + 3 * 1000 + 4 * 100 + 50 * 10 + 6);
+  CHECK(t.result() == 10 * 1000000 + 2 * 10000 + 3 * 1000 + 4 * 100 + 50 * 10 + 6);
 }
 
 TEST_CASE("tasks: one fetch per step for all examples, result() before forward is an error", "[dsl][control][task]") {
