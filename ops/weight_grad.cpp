@@ -61,14 +61,15 @@ struct Rows : std::enable_shared_from_this<Rows> {
     const void* pass = detail::current_backward();
     if (std::none_of(pending.begin(), pending.end(), [&](const Pending& p) { return p.pass == pass; }))
       detail::on_backward_end([rows = weak_from_this(), pass] {
-        if (const std::shared_ptr<Rows> r = rows.lock()) {
-          std::lock_guard<std::mutex> lock(r->mutex);
-          detail::g_live_pass_entries -=
-              static_cast<int64_t>(std::erase_if(r->pending, [&](const Pending& p) { return p.pass == pass; }));
-        }
+        if (const std::shared_ptr<Rows> r = rows.lock()) r->forget(pass);
       });
     pending.push_back({pass, std::move(dy), std::move(x)});
     ++detail::g_live_pass_entries;
+  }
+  void forget(const void* pass) {  // (a gather hub's twin: HubNode::forget)
+    std::lock_guard<std::mutex> lock(mutex);
+    detail::g_live_pass_entries -=
+        static_cast<int64_t>(std::erase_if(pending, [&](const Pending& p) { return p.pass == pass; }));
   }
 };
 
