@@ -43,46 +43,19 @@ int64_t row_numel(const at::Tensor& t) {
   return n;
 }
 
-// The source's gradient: every reader adds its rows here.
+// The source's gradient: every reader adds its rows here, one sum per
+// backward pass (two passes at once through one graph each get their own).
 struct HubNode : torch::autograd::Node {
-  std::mutex mutex;
-  // Per backward pass running through the hub (detail::current_backward;
-  // one but for concurrent passes), allocated by its first reader with a
-  // gradient to add, and dropped when its pass is over (one that threw
-  // before the hub ran leaves its entry: on_backward_end).
-  std::vector<std::pair<const void*, at::Tensor>> grads;
+  std::shared_ptr<detail::PerPass<at::Tensor>> grads = std::make_shared<detail::PerPass<at::Tensor>>();
   std::vector<int64_t> sizes;
   at::TensorOptions options;
 
-  ~HubNode() override { detail::g_live_pass_entries -= static_cast<int64_t>(grads.size()); }
   std::string name() const override { return "sheaf::GatherHub"; }
-  // With `mutex` held: the current pass's entry, or end().
-  auto current() {
-    const void* pass = detail::current_backward();
-    return std::find_if(grads.begin(), grads.end(), [&](const auto& e) { return e.first == pass; });
-  }
-  // With `mutex` held: the current pass's; `fresh` when made by this call.
-  float* buffer(bool& fresh) {
-    auto it = current();
-    fresh = it == grads.end();
-    if (fresh) {
-      it = grads.emplace(it, detail::current_backward(), at::zeros(sizes, options));
-      ++detail::g_live_pass_entries;
-    }
-    return it->second.data_ptr<float>();
-  }
-  void forget(const void* pass) {
-    std::lock_guard<std::mutex> lock(mutex);
-    detail::g_live_pass_entries -= static_cast<int64_t>(std::erase_if(grads, [&](const auto& e) { return e.first == pass; }));
-  }
+  // With grads->mutex() held: the current pass's sum, zeros at first.
+  float* buffer() { return grads->get([&] { return at::zeros(sizes, options); }).data_ptr<float>(); }
   variable_list apply(variable_list&& /*nothing: readers write into `grads`*/) override {
-    std::lock_guard<std::mutex> lock(mutex);
     variable_list out(1);
-    if (auto it = current(); it != grads.end()) {
-      out[0] = std::move(it->second);
-      grads.erase(it);
-      --detail::g_live_pass_entries;
-    }
+    if (std::optional<at::Tensor> g = grads->take()) out[0] = std::move(*g);
     return out;
   }
 };
@@ -103,15 +76,10 @@ HubBuffers lock_buffers(const std::vector<HubPtr>& hubs) {
   order.erase(std::unique(order.begin(), order.end()), order.end());
   HubBuffers out;
   out.locks.reserve(order.size());
-  for (HubNode* h : order) out.locks.emplace_back(h->mutex);
+  for (HubNode* h : order) out.locks.emplace_back(h->grads->mutex());
   out.buf.assign(hubs.size(), nullptr);
-  for (size_t k = 0; k < hubs.size(); ++k) {
-    if (!hubs[k]) continue;
-    bool fresh = false;
-    out.buf[k] = hubs[k]->buffer(fresh);
-    if (fresh)  // (the callback holds the hub: it may outlive the graph's last reference)
-      detail::on_backward_end([hub = hubs[k], pass = detail::current_backward()] { hub->forget(pass); });
-  }
+  for (size_t k = 0; k < hubs.size(); ++k)
+    if (hubs[k]) out.buf[k] = hubs[k]->buffer();
   return out;
 }
 

@@ -10,9 +10,13 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <algorithm>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace sheaf::detail {
 
@@ -41,5 +45,68 @@ void on_backward_end(std::function<void()> forget);
 // How many per-pass entries (a hub's sum, a weight's pending rows) all graphs
 // hold now: what a test reads to see that a pass left none behind.
 extern std::atomic<int64_t> g_live_pass_entries;
+
+// A value per backward pass (a hub's sum, a weight's pending rows): made by
+// the pass's first contributor, taken by the node that hands it on, and
+// dropped when the pass ends if that node never ran (the pass threw before
+// it). One place for the keying, the drop and the count, for every such sum.
+// Held by std::shared_ptr (make_shared): the drop holds it weakly, so an owner
+// gone before its pass ends takes its entries with it.
+template <class T>
+class PerPass : public std::enable_shared_from_this<PerPass<T>> {
+ public:
+  PerPass() = default;
+  PerPass(const PerPass&) = delete;
+  PerPass& operator=(const PerPass&) = delete;
+  ~PerPass() { g_live_pass_entries -= static_cast<int64_t>(entries_.size()); }
+
+  // Guards the entries: get() wants it held (a caller may hold several, in an
+  // order of its own); take() and the drop take it themselves.
+  std::mutex& mutex() { return mutex_; }
+
+  // With mutex() held, inside a pass: the current pass's value, made by
+  // `make()` if it has none, its drop at the pass's end armed first (if
+  // arming throws, nothing was added; if `make` throws, the drop finds nothing).
+  template <class Make>
+  T& get(Make&& make) {
+    const void* pass = current_backward();
+    auto it = find(pass);
+    if (it == entries_.end()) {
+      on_backward_end([self = this->weak_from_this(), pass] {
+        if (const std::shared_ptr<PerPass> p = self.lock()) p->forget(pass);
+      });
+      it = entries_.emplace(entries_.end(), pass, std::forward<Make>(make)());
+      ++g_live_pass_entries;
+    }
+    return it->second;
+  }
+  // The current pass's value, taken out; none if no contributor made one.
+  std::optional<T> take() {
+    const void* pass = current_backward();
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = find(pass);
+    if (it == entries_.end()) return std::nullopt;
+    std::optional<T> out(std::move(it->second));
+    entries_.erase(it);
+    --g_live_pass_entries;
+    return out;
+  }
+  // Drops what `pass` left (its end: on_backward_end).
+  void forget(const void* pass) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = find(pass); it != entries_.end()) {
+      entries_.erase(it);
+      --g_live_pass_entries;
+    }
+  }
+
+ private:
+  // One entry per pass running through the owner: one but for concurrent passes.
+  auto find(const void* pass) {
+    return std::find_if(entries_.begin(), entries_.end(), [&](const auto& e) { return e.first == pass; });
+  }
+  std::mutex mutex_;
+  std::vector<std::pair<const void*, T>> entries_;
+};
 
 }  // namespace sheaf::detail

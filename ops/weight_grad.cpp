@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include "autograd_node.h"
 #include "cpu_float.h"
@@ -30,48 +31,14 @@ namespace {
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
-// What the linears of one weight leave for its gradient: (dY, X) per batch,
-// each marked with its backward pass (detail::current_backward): two passes
-// at once through one graph each take their own, and a pass's rows go when
-// it is over (one that threw before the weight's node ran leaves them).
-struct Rows : std::enable_shared_from_this<Rows> {
-  struct Pending {
-    const void* pass;
-    at::Tensor dy, x;
-  };
-  std::mutex mutex;
-  std::vector<Pending> pending;
-  ~Rows() { detail::g_live_pass_entries -= static_cast<int64_t>(pending.size()); }
-  // The current pass's rows, taken out.
-  std::vector<Pending> take() {
-    const void* pass = detail::current_backward();
-    std::vector<Pending> mine;
-    std::lock_guard<std::mutex> lock(mutex);
-    std::erase_if(pending, [&](Pending& p) {
-      if (p.pass != pass) return false;
-      mine.push_back(std::move(p));
-      return true;
-    });
-    detail::g_live_pass_entries -= static_cast<int64_t>(mine.size());
-    return mine;
-  }
-  // With `mutex` held: the current pass's rows, after the first of a pass
-  // arms its removal at the pass's end.
-  void add(at::Tensor dy, at::Tensor x) {
-    const void* pass = detail::current_backward();
-    if (std::none_of(pending.begin(), pending.end(), [&](const Pending& p) { return p.pass == pass; }))
-      detail::on_backward_end([rows = weak_from_this(), pass] {
-        if (const std::shared_ptr<Rows> r = rows.lock()) r->forget(pass);
-      });
-    pending.push_back({pass, std::move(dy), std::move(x)});
-    ++detail::g_live_pass_entries;
-  }
-  void forget(const void* pass) {  // (a gather hub's twin: HubNode::forget)
-    std::lock_guard<std::mutex> lock(mutex);
-    detail::g_live_pass_entries -=
-        static_cast<int64_t>(std::erase_if(pending, [&](const Pending& p) { return p.pass == pass; }));
-  }
+// What the linears of one weight leave for its gradient in one backward
+// pass: (dY, X) per batch. Kept per pass (detail::PerPass): two passes at
+// once through one graph each take their own, and a pass's rows go when it
+// is over (one that threw before the weight's node ran leaves them).
+struct Pending {
+  at::Tensor dy, x;
 };
+using Rows = detail::PerPass<std::vector<Pending>>;
 
 // Runs after every linear of its weight has had its backward: dW and db at once.
 struct WeightGradNode : torch::autograd::Node {
@@ -81,11 +48,12 @@ struct WeightGradNode : torch::autograd::Node {
   variable_list apply(variable_list&&) override {
     variable_list out(has_bias ? 2 : 1);
     const bool want_w = task_should_compute_output(0), want_b = has_bias && task_should_compute_output(1);
-    std::vector<Rows::Pending> mine = rows->take();
-    if (mine.empty() || (!want_w && !want_b)) return out;
+    std::optional<std::vector<Pending>> taken = rows->take();
+    if (!taken || taken->empty() || (!want_w && !want_b)) return out;
+    std::vector<Pending>& mine = *taken;
     RECORD_FUNCTION("sheaf::weight_grad", std::vector<c10::IValue>());
     std::vector<at::Tensor> dys, xs;
-    for (Rows::Pending& p : mine) {
+    for (Pending& p : mine) {
       dys.push_back(std::move(p.dy));
       xs.push_back(std::move(p.x));
     }
@@ -124,8 +92,8 @@ struct LinearNode : torch::autograd::Node {
     // partial backward would be counted again by the next one.
     if (task_should_compute_output(1)) {
       at::Tensor rows_x = x.unpack().reshape({-1, weight.size(1)});
-      std::lock_guard<std::mutex> lock(rows->mutex);
-      rows->add(dy, std::move(rows_x));
+      std::lock_guard<std::mutex> lock(rows->mutex());
+      rows->get([] { return std::vector<Pending>(); }).push_back({dy, std::move(rows_x)});
     }
     return out;  // the weight's and a shared bias's gradients come from WeightGradNode
   }
