@@ -179,7 +179,25 @@ struct DataParallel::Impl {
   void roll_call() {
     const std::string verdict_key = "sheaf/roll-call/verdict";
     through_store("the roll call", [&] {
-      if (store->add(key("rank", where.rank), 1) > 1) throw UserError(who() + ": " + duplicate(where.rank));
+      // A verdict before this worker's claim is an earlier roll call's (in a
+      // fresh file rank 0 writes one only after claims, or after its window
+      // closed): every worker of this run says so, and none claims in it.
+      if (!where.file.empty()) {
+        // (A write first: LibTorch 1.13's FileStore makes its file on the
+        // first write, and a read before it waits for the file.)
+        store->add("sheaf/roll-call/came", 1);
+        if (store->check({verdict_key}))
+          throw UserError(who() + ": the rendezvous file " + where.file +
+                          " holds a roll call that already ended (an earlier run's, or this run's, which this "
+                          "worker came too late for): remove the file and start every worker again");
+      }
+      if (store->add(key("rank", where.rank), 1) > 1) {
+        // Rank 0 a duplicate (an earlier run's rank 0 died before its verdict):
+        // its message is the verdict, or the others would wait for one.
+        if (where.rank == 0 && !where.file.empty())
+          store->compareSet(verdict_key, {}, as_bytes(duplicate(0)));
+        throw UserError(who() + ": " + duplicate(where.rank));
+      }
       store->set(key("world", where.rank), as_bytes(std::to_string(where.world_size)));
       if (where.rank == 0) return judge(verdict_key);
       // The others wait for rank 0 to come, then for its verdict (it waits at
@@ -240,7 +258,8 @@ struct DataParallel::Impl {
         look();
         next_look = Clock::now() + std::chrono::milliseconds(100);
       }
-      return all || !verdict.empty() || count == world;
+      // (On a file store a second rank 0 may have given its verdict: see below.)
+      return all || !verdict.empty() || count == world || (!where.file.empty() && store->check({verdict_key}));
     }, Clock::now() + o.timeout, std::chrono::milliseconds(10));
     look();  // claims made since the last look, within the timeout's last 100 ms
     for (int r = 1; r < world && verdict.empty(); ++r)  // a duplicate that claimed after its rank was looked at
@@ -252,7 +271,10 @@ struct DataParallel::Impl {
       verdict = detail::cat("rank(s) ", missing, " did not arrive within ", timeout_s(), " s (were all ", world,
                             " workers started, with the same MASTER_ADDR/MASTER_PORT?)");
     }
-    store->set(verdict_key, as_bytes(verdict));
+    // Set only if none is there: a second rank 0 on a file store (two started
+    // with RANK=0, or an earlier run's) gives its own verdict, and every rank,
+    // this one too, acts on the one that was first.
+    verdict = as_string(store->compareSet(verdict_key, {}, as_bytes(verdict)));
     if (verdict.empty()) return;
     // Rank 0 serves the store: it stays until the ranks that came have read
     // the verdict (or a moment has passed), so that they report it too.

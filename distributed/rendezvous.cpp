@@ -1,10 +1,12 @@
 #include "rendezvous.h"
 
+#include <filesystem>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <charconv>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 
 #include <sheaf/core/error.h>
@@ -62,6 +64,8 @@ Rendezvous Rendezvous::file_store(std::string path, int rank, int world_size) {
   Rendezvous r;
   r.rank = r.local_rank = rank;
   r.world_size = world_size;
+  if (path.empty())  // (an empty file would mean TCP: the workers would wait for a rank 0 at ":0")
+    throw UserError("sheaf::Rendezvous::file_store: the rendezvous file's path is empty");
   r.file = std::move(path);
   r.check();
   return r;
@@ -78,6 +82,13 @@ c10::intrusive_ptr<c10d::Store> open_store(const Rendezvous& where, std::chrono:
   where.check();
   const double seconds = std::chrono::duration<double>(timeout).count();
   if (!where.file.empty()) {
+    // Checked here: LibTorch retries a file it cannot create for its own
+    // default timeout (minutes), whatever the store's timeout.
+    const std::filesystem::path folder = std::filesystem::path(where.file).parent_path();
+    std::error_code ec;
+    if (!std::filesystem::is_directory(folder.empty() ? std::filesystem::path(".") : folder, ec))
+      throw UserError(cat("sheaf::DataParallel (", where.describe(), "): the rendezvous file's folder ",
+                          folder.string(), " does not exist"));
     try {
       auto store = c10::make_intrusive<c10d::FileStore>(where.file, where.world_size);
       store->setTimeout(timeout);

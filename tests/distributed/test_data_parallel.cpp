@@ -339,6 +339,54 @@ TEST_CASE("two workers with one RANK or different WORLD_SIZEs stop at the start,
   CHECK(seconds(t0) < 30);
 }
 
+TEST_CASE("a rendezvous file left by an earlier run stops every worker of the next and says why", "[distributed]") {
+  const std::string file = (fs::temp_directory_path() / ("sheaf-dp-left-" + std::to_string(free_port()))).string();
+  // The earlier run dies after its roll call: _exit runs no FileStore
+  // destructor, so its file (claims, world sizes, verdict) stays.
+  auto leave = [&](size_t world) {
+    fs::remove(file);
+    const std::vector<std::string> dying{"--steps", "2", "--file", file, "--die-at", "1"};
+    run_workers(std::vector(world, dying), {}, 60s);
+    REQUIRE(fs::exists(file));
+  };
+  auto start_again = [&](size_t world) {
+    const std::vector<std::string> a{"--steps", "2", "--file", file, "--timeout-ms", "8000"};
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const Exit& e : run_workers(std::vector(world, a), {}, 60s)) {
+      INFO(e.out);
+      CHECK(e.status == 2);
+      CHECK_THAT(e.out, Catch::Contains("holds a roll call that already ended"));
+      CHECK_THAT(e.out, !Catch::Contains("WORLD_SIZE="));  // (before: a rank told of a mismatch that was not there)
+    }
+    CHECK(seconds(t0) < 8);  // no rank waits out the roll call's window
+  };
+  SECTION("left by a smaller world") {
+    leave(2);
+    start_again(3);
+  }
+  SECTION("left by a larger world") {
+    leave(3);
+    start_again(2);
+  }
+  SECTION("left by the same world") {
+    leave(2);
+    start_again(2);
+  }
+  fs::remove(file);
+}
+
+TEST_CASE("a rendezvous file in a missing folder or an empty path is a UserError at once", "[distributed]") {
+  CHECK_THROWS_AS(sheaf::Rendezvous::file_store("", 0, 2), sheaf::UserError);
+  const std::string file = (fs::temp_directory_path() / ("sheaf-no-such-dir-" + std::to_string(free_port())) / "f").string();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const Exit& e : run_workers({{"--file", file, "--timeout-ms", "8000"}}, {{"WORLD_SIZE", "2"}}, 60s)) {
+    INFO(e.out);
+    CHECK(e.status == 2);
+    CHECK_THAT(e.out, Catch::Contains("the rendezvous file's folder") && Catch::Contains("does not exist"));
+  }
+  CHECK(seconds(t0) < 8);
+}
+
 TEST_CASE("DataParallel::sum adds each position over the ranks, and different lengths are a UserError", "[distributed]") {
   const auto same = run_workers({{"--steps", "1", "--sum", "2"}, {"--steps", "1", "--sum", "2"}}, {}, 60s);
   for (const Exit& e : same) {
