@@ -381,6 +381,9 @@ def table_markdown(table):
     head += ["hand trees/s"]
     head += ["hand:%s trees/s" % v for v in table.hand_alts]
     head += ["best sheaf", "best sheaf / hand"]
+    auto_col = "auto" in table.strategies
+    if auto_col:
+        head.append("auto / hand")
     head += ["best sheaf / hand:%s" % v for v in table.hand_alts]
     head += ["best sheaf / per-example"]
     if prefetch_col:
@@ -411,6 +414,8 @@ def table_markdown(table):
         best_tps = tps_of(best)
         cells.append(md_escape(strategy) if strategy else DASH)
         cells.append(fmt_ratio(safe_div(best_tps, hand)))
+        if auto_col:
+            cells.append(fmt_ratio(safe_div(tps_of(row.sheaf.get("auto")), hand)))
         for v in table.hand_alts:
             cells.append(fmt_ratio(safe_div(best_tps, tps_of(row.hand_alt.get(v)))))
         cells.append(fmt_ratio(safe_div(best_tps, pe)))
@@ -476,6 +481,8 @@ def write_markdown(path, tables, args, plot_written):
     out += [
         "Columns: trees/s is the median over the timed passes. *best sheaf* is the fastest sheaf "
         "one-thread strategy of the row; the ratios, launches and trace+schedule time are that strategy's. "
+        "Picked after the fact from several noisy medians, it reads high: *auto / hand* is the ratio of "
+        "Sheaf's default strategy, chosen before the run. "
         "A *+prefetch* system records and schedules the next batch on a second host thread while the "
         "current one runs (sheaf::Prefetcher); it is ranked apart in *best +prefetch / hand*. "
         "A strategy ending in */seq* runs the same model written with Sheaf's sequence ops "
