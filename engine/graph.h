@@ -131,7 +131,11 @@ class Graph {
    private:
     friend class Graph;
     ExampleScope(Graph& g, int64_t id);
-    Graph& g_;
+    // Not the Graph: a scope kept in a task's frame may end after its graph
+    // (engine/scopes.h, ScopeSite: the graph checked alive first).
+    detail::Engine* engine_;
+    uint32_t slot_, releases_;
+    const void* thread_;
     int64_t previous_;
   };
   [[nodiscard]] ExampleScope example(int64_t id, Loc loc = Loc::current());

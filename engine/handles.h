@@ -18,5 +18,8 @@ uint32_t generation_of(uint32_t slot);
 Engine* engine_at(uint32_t slot, uint32_t generation);
 // The engine in a slot now, whatever its generation (nullptr: free).
 Engine* engine_in(uint32_t slot);
+// How many times the slot was released: with engine_in, whether an engine seen
+// there earlier is still alive (a new one may have its slot and its address).
+uint32_t releases_of(uint32_t slot);
 
 }  // namespace sheaf::detail

@@ -44,6 +44,9 @@ Prefetcher::Prefetcher(GraphOptions graph, Record record, ForwardOptions forward
       device_(graph.device),
       graphs_{std::make_unique<Graph>(graph), std::make_unique<Graph>(graph)},
       worker_(std::make_unique<Worker>()) {
+  // The graphs' own, made concrete: an index-less cuda would name whichever
+  // device is current at each take(), and hand the worker that one's stream.
+  device_ = graphs_[0]->options().device;
   worker_->thread = std::thread([this] {
     Worker& w = *worker_;
     std::unique_lock lock(w.mu);
@@ -92,6 +95,10 @@ void Prefetcher::record_into(int slot, size_t batch) {
 
 Prefetcher::Batch Prefetcher::take(size_t i, std::optional<size_t> next) {
   Worker& w = *worker_;
+  // (It would wait for the batch this very call is recording.)
+  if (std::this_thread::get_id() == w.thread.get_id())
+    throw UserError("sheaf::Prefetcher::take called from its own record function (which runs on the "
+                    "Prefetcher's thread): take batches from the thread that made the Prefetcher");
   const int slot = 1 - current_;
   bool ready = false;
   if (w.in_flight) {

@@ -35,9 +35,23 @@ void enter_scope(Engine& engine, int64_t example, const void* owner) {
   t_scopes.push_back(Listed{&engine, engine.slot(), generation_of(engine.slot()), example, owner});
 }
 
-void leave_scope(Engine& engine, int64_t previous, const void* owner) {
+namespace {
+// An address unique to each running thread (a thread's id without <thread>).
+const void* this_thread_tag() {
+  thread_local const char tag = 0;
+  return &tag;
+}
+}  // namespace
+
+ScopeSite scope_site(Engine& engine) {
+  return ScopeSite{&engine, engine.slot(), releases_of(engine.slot()), this_thread_tag()};
+}
+
+void leave_scope(const ScopeSite& site, int64_t previous, const void* owner) {
+  if (site.thread != this_thread_tag()) return;  // (its listing there goes once the graph is cleared: held_scopes)
   unlist(owner);
-  engine.trace().set_current_example(previous);
+  if (engine_in(site.slot) != site.engine || releases_of(site.slot) != site.releases) return;  // the graph is gone
+  site.engine->trace().set_current_example(previous);
 }
 
 void forget_scopes(const Engine& engine) {

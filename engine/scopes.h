@@ -23,13 +23,25 @@ struct HeldScope {
 };
 
 // Sets `engine`'s current example to `example` and lists it on this thread
-// under `owner` (a scope object); leave_scope unlists it and sets `previous`
-// back. Scopes may end in any order (a Graph::ExampleScope kept in a task's
+// under `owner` (a scope object); leave_scope unlists it and sets the example
+// it had back. Scopes may end in any order (a Graph::ExampleScope kept in a task's
 // frame ends when the task does). One that ends on another thread than it
 // began (a task made on the Prefetcher's thread, finished by forward) stays
 // listed on the first; held_scopes drops it once its graph is cleared or gone.
 void enter_scope(Engine& engine, int64_t example, const void* owner);
-void leave_scope(Engine& engine, int64_t previous, const void* owner);
+
+// A Graph::ExampleScope's end, which may come after its graph's (a scope kept
+// in a task's frame, the task destroyed after the graph) or on another thread
+// (a task made on the Prefetcher's thread): `previous` is set back only on
+// the thread that began it, and only while the engine that was in `slot`
+// (released `releases` times then) is still there.
+struct ScopeSite {
+  Engine* engine;
+  uint32_t slot, releases;
+  const void* thread;  // this_thread_tag() where it began
+};
+ScopeSite scope_site(Engine& engine);
+void leave_scope(const ScopeSite& site, int64_t previous, const void* owner);
 // Unlists every scope of `engine` on this thread (it is being destroyed).
 void forget_scopes(const Engine& engine);
 

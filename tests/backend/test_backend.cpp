@@ -787,6 +787,21 @@ TEST_CASE("Prefetcher: the worker records under the mode of the take that posted
   CHECK(modes[3] == std::pair(true, false));
 }
 
+TEST_CASE("Prefetcher: take from its own record function is a UserError and not a hang", "[backend]") {
+  const at::Tensor W = param({3, 3}, 5), b = param({3}, 6);
+  Prefetcher* self = nullptr;
+  Prefetcher pf({}, [&](Graph& g, size_t k) {
+    if (k == 1) (void)self->take(0);  // on the worker: it would wait for itself
+    return record_batch(g, W, b, k, 2);
+  });
+  self = &pf;
+  (void)pf.take(0, 1);  // batch 1 on the worker
+  REQUIRE_THROWS_WITH(pf.take(1), Contains("from its own record function"));
+  Prefetcher::Batch batch = pf.take(2);  // and the Prefetcher goes on
+  batch.graph.forward(batch.targets);
+  CHECK(batch.targets[1].value().defined());
+}
+
 // A fused batch keeps inside its kernel a value nothing read when it ran; a
 // branch recorded later reads two of its rows, by two different ops, in one
 // round. The plan splits the batch into pieces for those reads: it needs the

@@ -901,6 +901,31 @@ TEST_CASE("tasks: a scope that ended on another thread is forgotten when its gra
   CHECK(recorded.example() == 0);
 }
 
+TEST_CASE("tasks: an example scope kept in a task's frame may end after its graph", "[dsl][control][task]") {
+  auto run = [](Graph& g, Expr x) -> Task<double> {
+    auto scope = g.example(3);  // kept in the frame while the task waits
+    co_return co_await fetch_item(dsl::sum(x));
+  };
+  std::vector<Task<double>> tasks;
+  auto g = std::make_unique<Graph>();
+  {
+    Expr x = g->input(at::ones({2}));
+    tasks.push_back(run(*g, x));
+  }
+  CHECK(g->current_example() == 3);  // the waiting task's scope is in force
+  g.reset();
+  tasks.clear();  // the scope ends now: its graph is gone, so nothing is set back (ASan's stage reads freed memory)
+  // A scope whose graph lives on ends as before.
+  Graph h;
+  {
+    Expr y = h.input(at::ones({2}));
+    tasks.push_back(run(h, y));
+  }
+  CHECK(h.current_example() == 3);
+  tasks.clear();
+  CHECK(h.current_example() == 0);
+}
+
 TEST_CASE("tasks: a graph destroyed by a task while it runs under that graph's scope is left alone",
           "[dsl][control][task]") {
   auto a = std::make_unique<Graph>();
