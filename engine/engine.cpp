@@ -195,7 +195,9 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
     } else if (schedule_round(strategy, validate, defer)) {
       execute_round();
     }
-    if (deliver_waiters()) {
+    const bool delivered = deliver_waiters();
+    if (orphan_) throw_orphaned(loc);
+    if (delivered) {
       defer = options_.defer_unawaited;
       continue;
     }
@@ -221,6 +223,15 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
       throw_stuck(loc);
     }
   }
+}
+
+// The engine is freed as this unwinds (its Graph is gone): nothing of it is
+// touched after `self` goes.
+void Engine::throw_orphaned(Loc loc) {
+  std::unique_ptr<Engine> self = std::move(orphan_);
+  throw_user(Site{"forward", kSharedExample, loc},
+             "the graph was destroyed by a callback of its own forward() (a dsl::cond branch, a dsl::loop body or "
+             "a task it resumed): the rest of that forward is dropped; destroy a graph after its forward() returns");
 }
 
 void Engine::prepare(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {
@@ -686,6 +697,7 @@ bool Engine::deliver_waiters() {
     } catch (...) {
       report_failure(trace_.store().example[calls[k].node], std::current_exception());
     }
+    if (orphan_) break;  // the callback destroyed the graph: nothing more runs (forward() says so)
   }
   fetched_.clear();
   stats_.trace_ms += ms_since(t1);

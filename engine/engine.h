@@ -51,6 +51,11 @@ class Engine {
   ~Engine();
 
   Graph& graph() const { return graph_; }
+  // ---- Its Graph destroyed by a callback of this engine's own forward(): the
+  // engine keeps itself until that forward ends, then frees itself as it
+  // throws a UserError (before, the rest of the forward ran on freed memory).
+  bool delivering_now() const { return delivering_ != nullptr; }
+  void orphan(std::unique_ptr<Engine> self) { orphan_ = std::move(self); }
   Trace& trace() { return trace_; }
   const Trace& trace() const { return trace_; }
   const NodeStore& store() const { return trace_.store(); }
@@ -167,12 +172,14 @@ class Engine {
   void check_targets(std::span<const Expr> targets, Loc loc) const;
   [[noreturn]] void throw_runaway(int max_rounds, Loc loc) const;
   [[noreturn]] void throw_stuck(Loc loc) const;
+  [[noreturn]] void throw_orphaned(Loc loc);
   void describe_waiters(std::ostream& os) const;
   void throw_failures(Loc loc);
   void start_trace_clock();
   void stop_trace_clock();
 
   Graph& graph_;
+  std::unique_ptr<Engine> orphan_;  // this engine, once its Graph is gone (orphan)
   GraphOptions options_;
   Trace trace_;
   Scheduler scheduler_;

@@ -15,7 +15,11 @@ Engine& engine_of(Graph& g) { return *g.engine_; }
 }  // namespace detail
 
 Graph::Graph(GraphOptions options) : engine_(std::make_unique<detail::Engine>(*this, options)) {}
-Graph::~Graph() = default;
+Graph::~Graph() {
+  // Inside its own forward() (a callback destroys it): that forward still runs
+  // on the engine, which keeps itself until the forward ends (Engine::orphan).
+  if (engine_ && engine_->delivering_now()) engine_->orphan(std::move(engine_));
+}
 
 Expr Graph::input(const at::Tensor& x, Loc loc) {
   engine_->note_recording("input", loc);

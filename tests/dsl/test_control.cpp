@@ -901,6 +901,36 @@ TEST_CASE("tasks: a scope that ended on another thread is forgotten when its gra
   CHECK(recorded.example() == 0);
 }
 
+TEST_CASE("a graph destroyed by a callback of its own forward is a UserError and not a use after free",
+          "[dsl][control][task]") {
+  auto g = std::make_unique<Graph>();
+  Expr x = g->input(at::ones({2}));
+  Expr y = g->input(at::ones({3}));
+  bool second_ran = false;
+  auto destroys = [&]() -> Task<double> {
+    const double v = co_await fetch_item(dsl::sum(x));
+    g.reset();  // inside g's forward
+    co_return v;
+  };
+  auto after = [&]() -> Task<double> {  // due in the same delivery: dropped with the rest of the forward
+    const double v = co_await fetch_item(dsl::sum(y));
+    second_ran = true;
+    co_return v;
+  };
+  Task<double> t = destroys();
+  Task<double> u = after();
+  Graph* raw = g.get();
+  REQUIRE_THROWS_WITH(raw->forward(), Contains("destroyed by a callback of its own forward()"));
+  CHECK(g == nullptr);
+  REQUIRE(t.done());
+  CHECK(t.result() == 2.0);
+  CHECK_FALSE(second_ran);
+  // A graph made now may take the freed one's slot: the dropped task's wait is not its.
+  Graph h;
+  h.forward(dsl::sum(h.input(at::ones({1}))));
+  CHECK_FALSE(u.done());
+}
+
 TEST_CASE("tasks: an example scope kept in a task's frame may end after its graph", "[dsl][control][task]") {
   auto run = [](Graph& g, Expr x) -> Task<double> {
     auto scope = g.example(3);  // kept in the frame while the task waits
