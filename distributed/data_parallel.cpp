@@ -195,7 +195,7 @@ struct DataParallel::Impl {
         // Rank 0 a duplicate (an earlier run's rank 0 died before its verdict):
         // its message is the verdict, or the others would wait for one.
         if (where.rank == 0 && !where.file.empty())
-          store->compareSet(verdict_key, {}, as_bytes(duplicate(0)));
+          store->compareSet(verdict_key, {}, verdict_bytes(duplicate(0)));
         throw UserError(who() + ": " + duplicate(where.rank));
       }
       store->set(key("world", where.rank), as_bytes(std::to_string(where.world_size)));
@@ -211,7 +211,7 @@ struct DataParallel::Impl {
       if (!wait_for(verdict_key, o.timeout + std::chrono::seconds(5)))
         throw UserError(detail::cat(who(), ": rank 0 came but gave no verdict on the roll call within ",
                                     timeout_s() + 5, " s"));
-      const std::string verdict = as_string(store->get(verdict_key));
+      const std::string verdict = verdict_text(store->get(verdict_key));
       const int64_t world0 = std::stoll(as_string(store->get(key("world", 0))));
       store->set(key("roll-call-read", where.rank), as_bytes("1"));
       if (!verdict.empty()) throw UserError(detail::cat(who(), ": ", verdict));
@@ -230,6 +230,15 @@ struct DataParallel::Impl {
   // Rank 0's part of the roll call: one check of all claims per poll, and
   // each claim looked at as it comes (a known mismatch does not wait out the
   // timeout for a rank still missing).
+  // A verdict is stored after one byte, never empty: compareSet with an empty
+  // expected value sets a key that is missing and also one whose value is
+  // empty, so a success stored as "" could be replaced by a late duplicate's.
+  static std::vector<uint8_t> verdict_bytes(const std::string& verdict) { return as_bytes("v" + verdict); }
+  static std::string verdict_text(const std::vector<uint8_t>& bytes) {
+    const std::string s = as_string(bytes);
+    return s.empty() ? s : s.substr(1);
+  }
+
   void judge(const std::string& verdict_key) {
     const int world = where.world_size;
     std::vector<std::string> claims;
@@ -274,7 +283,7 @@ struct DataParallel::Impl {
     // Set only if none is there: a second rank 0 on a file store (two started
     // with RANK=0, or an earlier run's) gives its own verdict, and every rank,
     // this one too, acts on the one that was first.
-    verdict = as_string(store->compareSet(verdict_key, {}, as_bytes(verdict)));
+    verdict = verdict_text(store->compareSet(verdict_key, {}, verdict_bytes(verdict)));
     if (verdict.empty()) return;
     // Rank 0 serves the store: it stays until the ranks that came have read
     // the verdict (or a moment has passed), so that they report it too.

@@ -18,7 +18,12 @@ Graph::Graph(GraphOptions options) : engine_(std::make_unique<detail::Engine>(*t
 Graph::~Graph() {
   // Inside its own forward() (a callback destroys it): that forward still runs
   // on the engine, which keeps itself until the forward ends (Engine::orphan).
-  if (engine_ && engine_->delivering_now()) engine_->orphan(std::move(engine_));
+  // Its Exprs go stale now, as on a clear(): none reaches the freed Graph
+  // through Expr::graph() meanwhile.
+  if (engine_ && engine_->delivering_now()) {
+    engine_->retire();
+    engine_->orphan(std::move(engine_));
+  }
 }
 
 Expr Graph::input(const at::Tensor& x, Loc loc) {

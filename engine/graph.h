@@ -135,7 +135,7 @@ class Graph {
     // (engine/scopes.h, ScopeSite: the graph checked alive first).
     detail::Engine* engine_;
     uint32_t slot_, releases_;
-    const void* thread_;
+    uint64_t thread_;
     int64_t previous_;
   };
   [[nodiscard]] ExampleScope example(int64_t id, Loc loc = Loc::current());

@@ -4,6 +4,7 @@
 #include "handles.h"
 
 #include <algorithm>
+#include <atomic>
 
 namespace sheaf::detail {
 
@@ -36,10 +37,12 @@ void enter_scope(Engine& engine, int64_t example, const void* owner) {
 }
 
 namespace {
-// An address unique to each running thread (a thread's id without <thread>).
-const void* this_thread_tag() {
-  thread_local const char tag = 0;
-  return &tag;
+// A number of this thread's own, never given to another (a thread_local's
+// address, or a thread id, may be reused by a thread made after this one ends).
+uint64_t this_thread_tag() {
+  static std::atomic<uint64_t> next{1};
+  thread_local const uint64_t tag = next.fetch_add(1);
+  return tag;
 }
 }  // namespace
 

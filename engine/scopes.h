@@ -38,7 +38,7 @@ void enter_scope(Engine& engine, int64_t example, const void* owner);
 struct ScopeSite {
   Engine* engine;
   uint32_t slot, releases;
-  const void* thread;  // this_thread_tag() where it began
+  uint64_t thread;  // the number of the thread where it began (scopes.cpp)
 };
 ScopeSite scope_site(Engine& engine);
 void leave_scope(const ScopeSite& site, int64_t previous, const void* owner);

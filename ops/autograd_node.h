@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -72,6 +73,8 @@ class PerPass : public std::enable_shared_from_this<PerPass<T>> {
     const void* pass = current_backward();
     auto it = find(pass);
     if (it == entries_.end()) {
+      if (this->weak_from_this().expired())  // (the drop could not find it: a pass's sums would outlive it)
+        throw std::logic_error("sheaf: a detail::PerPass not made by std::make_shared");
       on_backward_end([self = this->weak_from_this(), pass] {
         if (const std::shared_ptr<PerPass> p = self.lock()) p->forget(pass);
       });

@@ -906,10 +906,15 @@ TEST_CASE("a graph destroyed by a callback of its own forward is a UserError and
   auto g = std::make_unique<Graph>();
   Expr x = g->input(at::ones({2}));
   Expr y = g->input(at::ones({3}));
-  bool second_ran = false;
+  bool second_ran = false, stale = false;
   auto destroys = [&]() -> Task<double> {
     const double v = co_await fetch_item(dsl::sum(x));
     g.reset();  // inside g's forward
+    try {
+      (void)x.graph();  // its Exprs are stale at once, not a way to the freed Graph
+    } catch (const UserError&) {
+      stale = true;
+    }
     co_return v;
   };
   auto after = [&]() -> Task<double> {  // due in the same delivery: dropped with the rest of the forward
@@ -925,6 +930,7 @@ TEST_CASE("a graph destroyed by a callback of its own forward is a UserError and
   REQUIRE(t.done());
   CHECK(t.result() == 2.0);
   CHECK_FALSE(second_ran);
+  CHECK(stale);
   // A graph made now may take the freed one's slot: the dropped task's wait is not its.
   Graph h;
   h.forward(dsl::sum(h.input(at::ones({1}))));
