@@ -227,9 +227,6 @@ struct DataParallel::Impl {
                        where.file.empty() ? ")" : "; or the rendezvous file is left from an earlier run: remove it)");
   }
 
-  // Rank 0's part of the roll call: one check of all claims per poll, and
-  // each claim looked at as it comes (a known mismatch does not wait out the
-  // timeout for a rank still missing).
   // A verdict is stored after one byte, never empty: compareSet with an empty
   // expected value sets a key that is missing and also one whose value is
   // empty, so a success stored as "" could be replaced by a late duplicate's.
@@ -239,6 +236,9 @@ struct DataParallel::Impl {
     return s.empty() ? s : s.substr(1);
   }
 
+  // Rank 0's part of the roll call: one check of all claims per poll, and
+  // each claim looked at as it comes (a known mismatch does not wait out the
+  // timeout for a rank still missing).
   void judge(const std::string& verdict_key) {
     const int world = where.world_size;
     std::vector<std::string> claims;

@@ -1,6 +1,5 @@
 #include "rendezvous.h"
 
-#include <filesystem>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
