@@ -20,7 +20,8 @@ bool truth(const HostValue& v, const Site& site) {
 Engine& engine_for(const Expr& e, const Site& site) {
   Engine* g = Engine::find(e);
   if (g == nullptr)
-    throw_user(site, e.defined() ? "the predicate's graph was cleared or destroyed" : "the predicate is an empty Expr");
+    throw_user(site, e.defined() ? detail::cat("the predicate is an Expr whose graph ", Engine::how_lost(e))
+                                 : std::string("the predicate is an empty Expr"));
   return *g;
 }
 

@@ -45,8 +45,9 @@ void Function::call_into(std::span<const Operand> args, std::vector<Expr>& resul
     if (!a.is_expr()) continue;
     g = detail::Engine::find(a.expr());
     if (g == nullptr)
-      throw_user(site, a.expr().defined() ? "an argument is an Expr whose graph was cleared or destroyed"
-                                          : "an argument is an empty Expr (default-constructed, never assigned)");
+      throw_user(site, a.expr().defined()
+                           ? detail::cat("an argument is an Expr whose graph ", detail::Engine::how_lost(a.expr()))
+                           : std::string("an argument is an empty Expr (default-constructed, never assigned)"));
     break;
   }
   if (g == nullptr)

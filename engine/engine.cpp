@@ -81,13 +81,20 @@ Engine* Engine::find(const Expr& e) { return e.defined() ? engine_at(e.slot_, e.
 Engine& Engine::of(const Expr& e, Loc loc) {
   if (!e.defined()) throw_user_at(loc, "use of an empty Expr (default-constructed, never assigned)");
   Engine* g = find(e);
-  if (g == nullptr) throw_user_at(loc, "use of an Expr whose graph was cleared or destroyed since it was made");
+  if (g == nullptr) throw_user_at(loc, "use of an Expr whose graph ", how_lost(e));
   return *g;
+}
+
+std::string_view Engine::how_lost(const Expr& e) {
+  return owner_gone(e.slot_, e.gen_) ? "was destroyed since it was made (an Expr does not outlive its sheaf::Graph)"
+                                     : "was cleared since it was made (Exprs do not survive clear())";
 }
 
 void Engine::bad_expr(const Expr& e, std::string_view op, Loc loc) const {
   const Site site{op, trace_.current_example(), loc};
   if (!e.defined()) throw_user(site, "an argument is an empty Expr (default-constructed, never assigned)");
+  // (Before the slot test: a graph made after the Expr's was destroyed may have its slot, this one included.)
+  if (owner_gone(e.slot_, e.gen_)) throw_user(site, "an argument is an Expr whose graph ", how_lost(e));
   if (e.slot_ != slot_)
     throw_user(site, "an argument belongs to a different sheaf::Graph; all Exprs of one op must come from "
                      "the same graph");
@@ -195,7 +202,17 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
     } else if (schedule_round(strategy, validate, defer)) {
       execute_round();
     }
-    const bool delivered = deliver_waiters();
+    bool delivered = false;
+    try {
+      delivered = deliver_waiters();
+    } catch (...) {
+      // (Only report_failure throws here, out of memory.) A graph its
+      // callback destroyed is freed on the way out, not kept by itself forever.
+      if (orphan_) {
+        const std::unique_ptr<Engine> self = std::move(orphan_);
+      }
+      throw;
+    }
     if (orphan_) throw_orphaned(loc);
     if (delivered) {
       defer = options_.defer_unawaited;

@@ -24,7 +24,8 @@ class Expr {
   Expr() = default;  // refers to nothing; using it is a UserError
 
   // The graph this Expr belongs to. Throws UserError (naming the caller's line)
-  // if that graph was cleared or destroyed since the Expr was made.
+  // if that graph was cleared or destroyed since the Expr was made (the
+  // message says which).
   Graph& graph(Loc loc = Loc::current()) const;
   NodeId id() const { return node_; }
   bool defined() const { return slot_ != kNone32; }

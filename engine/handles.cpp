@@ -16,6 +16,7 @@ struct Slot {
   std::atomic<Engine*> engine{nullptr};
   std::atomic<uint32_t> generation{0};
   std::atomic<uint32_t> releases{0};
+  std::atomic<uint32_t> owner_since{0};  // the generation the current owner started at
 };
 
 Slot g_slots[kSlots];
@@ -35,6 +36,7 @@ uint32_t acquire_slot(Engine* e) {
     if (g_slots_used == kSlots) throw UserError(detail::cat("sheaf: more than ", kSlots, " sheaf::Graph objects alive at once"));
     s = g_slots_used++;
   }
+  g_slots[s].owner_since.store(g_slots[s].generation.load());
   g_slots[s].engine.store(e);
   return s;
 }
@@ -51,6 +53,13 @@ uint32_t bump_generation(uint32_t s) { return g_slots[s].generation.fetch_add(1)
 uint32_t generation_of(uint32_t s) { return g_slots[s].generation.load(); }
 
 uint32_t releases_of(uint32_t s) { return s < kSlots ? g_slots[s].releases.load() : 0; }
+
+bool owner_gone(uint32_t s, uint32_t generation) {
+  if (s >= kSlots || g_slots[s].engine.load() == nullptr) return true;
+  // Ages, not values: generations wrap around.
+  const uint32_t now = g_slots[s].generation.load();
+  return now - generation > now - g_slots[s].owner_since.load();
+}
 
 Engine* engine_in(uint32_t s) { return s < kSlots ? g_slots[s].engine.load() : nullptr; }
 

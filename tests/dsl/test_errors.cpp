@@ -265,16 +265,27 @@ TEST_CASE("Exprs from a cleared or destroyed graph, or from another graph", "[ds
   Graph g;
   Expr x = g.input(at::randn({4}));
   g.clear();
-  REQUIRE_THROWS_WITH(dsl::tanh(x), Contains("op 'tanh'") && Contains("cleared or destroyed"));
-  REQUIRE_THROWS_WITH(x.value(), Contains("cleared or destroyed"));
+  REQUIRE_THROWS_WITH(dsl::tanh(x), Contains("op 'tanh'") && Contains("was cleared since it was made"));
+  REQUIRE_THROWS_WITH(x.value(), Contains("was cleared since it was made"));
 
   Expr dead;
   {
     Graph tmp;
     dead = tmp.input(at::randn({4}));
   }
-  REQUIRE_THROWS_WITH(dsl::sigmoid(dead), Contains("cleared or destroyed"));
+  REQUIRE_THROWS_WITH(dsl::sigmoid(dead), Contains("was destroyed since it was made"));
   REQUIRE_THROWS_WITH(dsl::sigmoid(Expr()), Contains("empty Expr"));
+  {
+    // A graph made after `dead`'s was destroyed takes its slot (the free
+    // slots are reused last freed first): `dead` is not from before this
+    // graph's clear(), nor from a live graph.
+    Graph heir;
+    Expr mine = heir.input(at::randn({4}));
+    REQUIRE_THROWS_WITH(mine + dead, Contains("op 'add'") && Contains("was destroyed since it was made") &&
+                                         !Contains("clear()"));
+    REQUIRE_THROWS_WITH(dead.value(), Contains("was destroyed since it was made"));
+    REQUIRE_THROWS_WITH(dsl::sigmoid(dead), Contains("was destroyed since it was made"));
+  }
 
   Graph other;
   Expr a = g.input(at::randn({4}));
@@ -466,9 +477,9 @@ TEST_CASE("errors from forward, prepare, value, shape and item name the caller's
                                     Contains("test_errors.cpp:" + std::to_string(recorded) + ")"));
   g.clear();
   line = __LINE__ + 1;
-  REQUIRE_THROWS_WITH(x.value(), at_line(line) && Contains("cleared or destroyed"));
+  REQUIRE_THROWS_WITH(x.value(), at_line(line) && Contains("was cleared since it was made"));
   line = __LINE__ + 1;
-  REQUIRE_THROWS_WITH(x.shape(), at_line(line) && Contains("cleared or destroyed"));
+  REQUIRE_THROWS_WITH(x.shape(), at_line(line) && Contains("was cleared since it was made"));
   line = __LINE__ + 1;
   REQUIRE_THROWS_WITH((void)g.example(-1), at_line(line) && Contains("example ids are >= 0"));
 }
@@ -531,7 +542,7 @@ TEST_CASE("co_await on a value of a cleared graph names the co_await's line", "[
     Task<double> t = task();
     FAIL("no error");
   } catch (const UserError& e) {
-    CHECK_THAT(e.what(), at_line(line) && Contains("cleared or destroyed"));
+    CHECK_THAT(e.what(), at_line(line) && Contains("was cleared since it was made"));
   }
 }
 
