@@ -31,9 +31,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-// Each rank's heartbeat and phase live in the store, so that when a collective
-// fails the survivors can tell a dead worker from a hung one.
+// Each rank's heartbeat and phase live in the store (one key: "beats phase"),
+// so that when a collective fails the survivors can tell a dead worker from a
+// hung one. A FileStore appends every write to its file and never compacts
+// it: there a beat comes every second (~40 bytes a second a rank, not ~220).
 constexpr auto kBeat = std::chrono::milliseconds(300);
+constexpr auto kFileBeat = std::chrono::milliseconds(1000);
 
 std::string signature_of(std::span<const at::Tensor> params, const std::vector<bool>& sparse) {
   std::ostringstream os;
@@ -99,10 +102,20 @@ struct DataParallel::Impl {
     return true;
   }
   std::string key(const char* what, int r) const { return detail::cat("sheaf/", what, "/", r); }
-  void put(const char* what, int64_t value) { store->set(key(what, where.rank), as_bytes(std::to_string(value))); }
-  std::vector<int64_t> read_all(const char* what) {
-    std::vector<int64_t> out;
-    for (int r = 0; r < where.world_size; ++r) out.push_back(std::stoll(as_string(store->get(key(what, r)))));
+  std::chrono::milliseconds beat_every() const { return where.file.empty() ? kBeat : kFileBeat; }
+  void put_beat(int64_t beats) {
+    store->set(key("beat", where.rank), as_bytes(detail::cat(beats, " ", phase.load())));
+  }
+  struct Beat {
+    int64_t beats, phase;
+  };
+  std::vector<Beat> read_beats() {
+    std::vector<Beat> out;
+    for (int r = 0; r < where.world_size; ++r) {
+      const std::string v = as_string(store->get(key("beat", r)));
+      const size_t space = v.find(' ');
+      out.push_back(Beat{std::stoll(v.substr(0, space)), std::stoll(v.substr(space + 1))});
+    }
     return out;
   }
 
@@ -127,19 +140,15 @@ struct DataParallel::Impl {
   void join() {
     store = detail::open_store(where, o.timeout);
     roll_call();
-    through_store("publishing this worker's heartbeat", [&] {
-      put("beat", 0);
-      put("phase", 0);
-    });
+    through_store("publishing this worker's heartbeat", [&] { put_beat(0); });
     beat = std::thread([this] {
       int64_t n = 0;
       std::unique_lock lock(beat_mu);
-      while (!beat_cv.wait_for(lock, kBeat, [this] { return stopping; })) {
+      while (!beat_cv.wait_for(lock, beat_every(), [this] { return stopping; })) {
         try {
           // The phase travels with the heartbeat, not at every step: a store
           // round trip per step costs both ranks' cores on a busy machine.
-          put("phase", phase.load());
-          put("beat", ++n);
+          put_beat(++n);
         } catch (const std::exception&) {
           return;  // the store is gone: the main thread finds out at its next collective
         }
@@ -521,20 +530,21 @@ struct DataParallel::Impl {
   [[noreturn]] void fail(const char* what, const std::exception& e) {
     std::string cause;
     try {
-      const std::vector<int64_t> beat0 = read_all("beat");
-      std::this_thread::sleep_for(4 * kBeat);
-      const std::vector<int64_t> beat1 = read_all("beat"), phases = read_all("phase");
+      const std::vector<Beat> beat0 = read_beats();
+      std::this_thread::sleep_for(4 * beat_every());
+      const std::vector<Beat> beat1 = read_beats();
       const int64_t mine = phase.load();
       for (int r = 0; r < where.world_size; ++r) {
         const size_t ri = static_cast<size_t>(r);
         if (r == where.rank) continue;
-        if (beat1[ri] == beat0[ri])
+        const int64_t theirs = beat1[ri].phase;
+        if (beat1[ri].beats == beat0[ri].beats)
           cause += detail::cat("; rank ", r, " stopped (no heartbeat: the process died or was killed) during step ",
-                               (phases[ri] + 1) / 2);
-        else if (phases[ri] < mine)
+                               (theirs + 1) / 2);
+        else if (theirs < mine)
           cause += detail::cat("; rank ", r, " is alive but ",
-                               phases[ri] % 2 == 0 ? "still in step " + std::to_string(phases[ri] / 2) + "'s backward"
-                                                  : "has not started step " + std::to_string(step),
+                               theirs % 2 == 0 ? "still in step " + std::to_string(theirs / 2) + "'s backward"
+                                               : "has not started step " + std::to_string(step),
                                " (hung, or slower than the timeout of ",
                                timeout_s(), " s)");
       }

@@ -284,6 +284,26 @@ TEST_CASE("a worker that dies or hangs stops the others with an error naming it"
     CHECK(out[1].status == 3);
     CHECK_THAT(out[1].out, Catch::Contains("rank 0 stopped"));
   }
+  SECTION("dies or hangs, on a rendezvous file (a slower heartbeat)") {
+    const std::string file = (fs::temp_directory_path() / ("sheaf-dp-beat-" + std::to_string(free_port()))).string();
+    std::vector<std::string> on_file = base;
+    on_file.insert(on_file.end(), {"--file", file});
+    std::vector<std::string> dying = on_file, hanging = on_file;
+    dying.insert(dying.end(), {"--die-at", "2"});
+    hanging.insert(hanging.end(), {"--hang-at", "2"});
+    fs::remove(file);
+    auto out = run_workers({on_file, dying}, {}, 60s);
+    INFO(out[0].out);
+    CHECK(out[1].status == 9);
+    CHECK(out[0].status == 3);
+    CHECK_THAT(out[0].out, Catch::Contains("rank 1 stopped"));
+    fs::remove(file);
+    out = run_workers({on_file, hanging}, {}, 30s, {0});
+    INFO(out[0].out);
+    CHECK(out[0].status == 3);
+    CHECK_THAT(out[0].out, Catch::Contains("rank 1 is alive but has not started step 3"));
+    fs::remove(file);
+  }
 }
 
 TEST_CASE("a gradient outside DataParallel::backward is a UserError unless asked for as local", "[distributed]") {
