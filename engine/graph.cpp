@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "engine.h"
+#include "handles.h"
 #include "scopes.h"
 
 namespace sheaf {
@@ -18,10 +19,11 @@ Graph::Graph(GraphOptions options) : engine_(std::make_unique<detail::Engine>(*t
 Graph::~Graph() {
   // Inside its own forward() (a callback destroys it): that forward still runs
   // on the engine, which keeps itself until the forward ends (Engine::orphan).
-  // Its Exprs go stale now, as on a clear(): none reaches the freed Graph
-  // through Expr::graph() meanwhile.
+  // Its Exprs go stale now, and say their graph was destroyed: none reaches
+  // the freed Graph through Expr::graph() meanwhile.
   if (engine_ && engine_->delivering_now()) {
     engine_->retire();
+    detail::disown(engine_->slot());
     engine_->orphan(std::move(engine_));
   }
 }

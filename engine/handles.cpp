@@ -55,10 +55,18 @@ uint32_t generation_of(uint32_t s) { return g_slots[s].generation.load(); }
 uint32_t releases_of(uint32_t s) { return s < kSlots ? g_slots[s].releases.load() : 0; }
 
 bool owner_gone(uint32_t s, uint32_t generation) {
-  if (s >= kSlots || g_slots[s].engine.load() == nullptr) return true;
+  if (s >= kSlots) return true;
+  // (Error messages only: the lock keeps the three fields of one moment.)
+  std::lock_guard lock(g_slots_mu);
+  if (g_slots[s].engine.load() == nullptr) return true;
   // Ages, not values: generations wrap around.
   const uint32_t now = g_slots[s].generation.load();
   return now - generation > now - g_slots[s].owner_since.load();
+}
+
+void disown(uint32_t s) {
+  std::lock_guard lock(g_slots_mu);
+  g_slots[s].owner_since.store(g_slots[s].generation.load());
 }
 
 Engine* engine_in(uint32_t s) { return s < kSlots ? g_slots[s].engine.load() : nullptr; }

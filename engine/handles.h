@@ -25,5 +25,9 @@ uint32_t releases_of(uint32_t slot);
 // free, or a later graph took it (clear() keeps the owner; a new owner starts
 // at a later generation). False for a live graph's stale (cleared) handle.
 bool owner_gone(uint32_t slot, uint32_t generation);
+// After a bump_generation: the slot's owner is gone although its engine stays
+// there a while (a graph destroyed by a callback of its own forward(), whose
+// engine frees itself as that forward ends): its handles say destroyed.
+void disown(uint32_t slot);
 
 }  // namespace sheaf::detail
