@@ -145,6 +145,11 @@ void Engine::throw_in_delivery(std::string_view what, Loc loc) const {
 }
 
 void Engine::expect_not_reading(std::string_view what, Loc loc) const {
+  if (const uint64_t t = lent_to_.load(std::memory_order_acquire); t != 0 && t != this_thread_tag()) [[unlikely]]
+    throw_user(Site{what, kSharedExample, loc},
+               "this graph is a sheaf::Prefetcher's, and its worker is recording the next batch into it: a "
+               "Prefetcher::Batch's graph is valid until the next take() (use the graph of the batch take() "
+               "returned last)");
   expect_open(what, loc);
   if (recording_body_) throw_in_body(what, loc);
   // (Its own flag, not the thread's innermost delivery: another graph's

@@ -13,6 +13,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -144,6 +145,11 @@ class Engine {
   // the work of clear() to whichever thread calls it next (Prefetcher: the
   // worker frees the last batch; the caller's kept Exprs fail, not race).
   void retire();
+  // A Prefetcher lends its next batch's graph to its worker (the thread
+  // numbered `thread`, handles.h) until take() hands it out; 0: not lent.
+  // Meanwhile forward, prepare and clear from another thread are a UserError
+  // (a Batch kept past the next take()), not a race with the worker.
+  void lend(uint64_t thread) { lent_to_.store(thread, std::memory_order_release); }
 
   // ---- State for Graph's accessors.
   GraphOptions& options() { return options_; }
@@ -222,6 +228,7 @@ class Engine {
   NodeId defer_from_ = 0;        // the first node control flow recorded in this forward()
   uint64_t next_order_ = 0;
   uint64_t stuck_reported_ = 0;  // waiters below this order were reported as stuck (forward's end)
+  std::atomic<uint64_t> lent_to_{0};  // lend()
   bool retired_ = false;         // retire() bumped the generation: the next clear() does not
   std::vector<Failure> failures_;
   std::vector<at::Tensor> fetched_;  // what the current delivery's HostValues point into

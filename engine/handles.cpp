@@ -69,6 +69,12 @@ void disown(uint32_t s) {
   g_slots[s].owner_since.store(g_slots[s].generation.load());
 }
 
+uint64_t this_thread_tag() {
+  static std::atomic<uint64_t> next{1};
+  thread_local const uint64_t tag = next.fetch_add(1);
+  return tag;
+}
+
 Engine* engine_in(uint32_t s) { return s < kSlots ? g_slots[s].engine.load() : nullptr; }
 
 Engine* engine_at(uint32_t s, uint32_t generation) {

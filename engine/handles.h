@@ -30,4 +30,9 @@ bool owner_gone(uint32_t slot, uint32_t generation);
 // engine frees itself as that forward ends): its handles say destroyed.
 void disown(uint32_t slot);
 
+// A number of this thread's own, never given to another (a thread_local's
+// address, or a thread id, may be reused by a thread made after this one
+// ends); never 0.
+uint64_t this_thread_tag();
+
 }  // namespace sheaf::detail

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "engine.h"
+#include "handles.h"
 
 namespace sheaf {
 
@@ -35,6 +36,7 @@ struct Prefetcher::Worker {
   bool grad = true, inference = false;
   std::optional<c10::Stream> stream;
   std::exception_ptr error;
+  uint64_t tag = 0;  // the thread's number (handles.h): the graph it records into is lent to it
   std::thread thread;
 };
 
@@ -50,6 +52,8 @@ Prefetcher::Prefetcher(GraphOptions graph, Record record, ForwardOptions forward
   worker_->thread = std::thread([this] {
     Worker& w = *worker_;
     std::unique_lock lock(w.mu);
+    w.tag = detail::this_thread_tag();
+    w.cv.notify_all();
     for (;;) {
       w.cv.wait(lock, [&] { return w.posted || w.stop; });
       if (!w.posted) return;  // stopped with nothing to do
@@ -75,6 +79,8 @@ Prefetcher::Prefetcher(GraphOptions graph, Record record, ForwardOptions forward
       w.cv.notify_all();
     }
   });
+  std::unique_lock lock(worker_->mu);  // its number, before a take() lends it a graph
+  worker_->cv.wait(lock, [&] { return worker_->tag != 0; });
 }
 
 Prefetcher::~Prefetcher() {  // finishes the batch in flight, then stops the worker
@@ -106,6 +112,7 @@ Prefetcher::Batch Prefetcher::take(size_t i, std::optional<size_t> next) {
     w.cv.wait(lock, [&] { return w.done; });
     w.done = false;
     w.in_flight = false;
+    detail::engine_of(*graphs_[slot]).lend(0);  // the worker is done with it
     ready = w.batch == i;
     // The worker's error, if its batch is the one asked for (else it is dropped with the batch).
     if (std::exception_ptr error = std::exchange(w.error, nullptr); error && ready) std::rethrow_exception(error);
@@ -119,6 +126,7 @@ Prefetcher::Batch Prefetcher::take(size_t i, std::optional<size_t> next) {
     detail::engine_of(*graphs_[1 - slot]).retire();
     {
       std::lock_guard lock(w.mu);
+      detail::engine_of(*graphs_[1 - slot]).lend(w.tag);
       w.slot = 1 - slot;
       w.batch = *next;
       w.grad = c10::GradMode::is_enabled();

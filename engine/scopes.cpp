@@ -4,7 +4,6 @@
 #include "handles.h"
 
 #include <algorithm>
-#include <atomic>
 
 namespace sheaf::detail {
 
@@ -35,16 +34,6 @@ void enter_scope(Engine& engine, int64_t example, const void* owner) {
   engine.trace().set_current_example(example);
   t_scopes.push_back(Listed{&engine, engine.slot(), generation_of(engine.slot()), example, owner});
 }
-
-namespace {
-// A number of this thread's own, never given to another (a thread_local's
-// address, or a thread id, may be reused by a thread made after this one ends).
-uint64_t this_thread_tag() {
-  static std::atomic<uint64_t> next{1};
-  thread_local const uint64_t tag = next.fetch_add(1);
-  return tag;
-}
-}  // namespace
 
 ScopeSite scope_site(Engine& engine) {
   return ScopeSite{&engine, engine.slot(), releases_of(engine.slot()), this_thread_tag()};

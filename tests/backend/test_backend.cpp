@@ -802,6 +802,28 @@ TEST_CASE("Prefetcher: take from its own record function is a UserError and not 
   CHECK(batch.targets[1].value().defined());
 }
 
+TEST_CASE("Prefetcher: a batch's graph used after the next take is a UserError and not a race", "[backend]") {
+  const at::Tensor W = param({3, 3}, 5), b = param({3}, 6);
+  Prefetcher pf({}, [&](Graph& g, size_t k) { return record_batch(g, W, b, k, 2); });
+  Prefetcher::Batch first = pf.take(0, 1);
+  Graph& kept = first.graph;
+  kept.forward(first.targets);
+  Prefetcher::Batch second = pf.take(1, 2);  // batch 2 goes to the worker, into `kept`
+  REQUIRE(&second.graph != &kept);
+  // (Catch's combined matchers hold their parts by address: one per check.)
+  CHECK_THROWS_WITH(kept.forward(first.targets), Contains("sheaf::Prefetcher's") && Contains("until the next take()"));
+  CHECK_THROWS_WITH(kept.prepare(second.targets), Contains("sheaf::Prefetcher's") && Contains("until the next take()"));
+  CHECK_THROWS_WITH(kept.clear(), Contains("sheaf::Prefetcher's") && Contains("until the next take()"));
+  second.graph.forward(second.targets);  // the batch take() returned last is the caller's
+  Prefetcher::Batch third = pf.take(2);
+  REQUIRE(&third.graph == &kept);  // handed out again: the caller's once more
+  third.graph.forward(third.targets);
+  Graph alone;
+  const std::vector<Expr> expected = record_batch(alone, W, b, 2, 2);
+  alone.forward(expected);
+  for (size_t k = 0; k < expected.size(); ++k) CHECK(at::equal(third.targets[k].value(), expected[k].value()));
+}
+
 // A fused batch keeps inside its kernel a value nothing read when it ran; a
 // branch recorded later reads two of its rows, by two different ops, in one
 // round. The plan splits the batch into pieces for those reads: it needs the
