@@ -146,7 +146,7 @@ class Engine {
   // worker frees the last batch; the caller's kept Exprs fail, not race).
   void retire();
   // A Prefetcher lends its next batch's graph to its worker (the thread
-  // numbered `thread`, handles.h) until take() hands it out; 0: not lent.
+  // numbered `thread`, handles.h) until its next take(); 0: not lent.
   // Meanwhile forward, prepare and clear from another thread are a UserError
   // (a Batch kept past the next take()), not a race with the worker.
   void lend(uint64_t thread) { lent_to_.store(thread, std::memory_order_release); }

@@ -126,13 +126,13 @@ Prefetcher::Batch Prefetcher::take(size_t i, std::optional<size_t> next) {
     detail::engine_of(*graphs_[1 - slot]).retire();
     {
       std::lock_guard lock(w.mu);
-      detail::engine_of(*graphs_[1 - slot]).lend(w.tag);
       w.slot = 1 - slot;
       w.batch = *next;
       w.grad = c10::GradMode::is_enabled();
       w.inference = c10::InferenceMode::is_enabled();
       w.stream.reset();
       if (!device_.is_cpu()) w.stream = c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_);
+      detail::engine_of(*graphs_[1 - slot]).lend(w.tag);  // (after what may throw: lent only if posted)
       w.posted = true;
       w.in_flight = true;
     }

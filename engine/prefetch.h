@@ -52,10 +52,11 @@ class Prefetcher {
   // autograd mode, InferenceMode and (for a device graph) current stream. An error recording
   // batch i, here or on the worker, is thrown here (a batch the worker
   // recorded that this call does not take is dropped, error and all). The
-  // batch's graph and targets stay valid until the next take(): then its
-  // Exprs go stale, and, while the worker records the batch after into that
-  // graph, its forward, prepare and clear are a UserError (its recording
-  // calls and stats() are not checked: do not).
+  // batch's graph and targets stay valid until the next take(). A take()
+  // with `next` makes them stale and lends the graph to the worker, which
+  // records that batch into it, until the take() after: meanwhile its
+  // forward, prepare and clear are a UserError. Its other calls (recording,
+  // example(), set_strategy, set_train, stats()) are not checked: do not.
   Batch take(size_t i, std::optional<size_t> next = std::nullopt);
 
  private:
