@@ -19,9 +19,7 @@ bool truth(const HostValue& v, const Site& site) {
 
 Engine& engine_for(const Expr& e, const Site& site) {
   Engine* g = Engine::find(e);
-  if (g == nullptr)
-    throw_user(site, e.defined() ? detail::cat("the predicate is an Expr whose graph ", Engine::how_lost(e))
-                                 : std::string("the predicate is an empty Expr"));
+  if (g == nullptr) throw_user(site, Engine::unusable(e, "the predicate"));
   return *g;
 }
 

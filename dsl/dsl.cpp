@@ -25,9 +25,7 @@ Engine& engine_for(OpCode op, std::span<const Operand> args, Loc loc) {
   for (const Operand& a : args) {
     if (!a.is_expr()) continue;
     if (Engine* e = Engine::find(a.expr())) return *e;
-    throw_user(Site{op_info(op).name, kSharedExample, loc},
-               a.expr().defined() ? detail::cat("an argument is an Expr whose graph ", Engine::how_lost(a.expr()))
-                                  : std::string("an argument is an empty Expr (default-constructed, never assigned)"));
+    throw_user(Site{op_info(op).name, kSharedExample, loc}, Engine::unusable(a.expr(), "an argument"));
   }
   throw_user(Site{op_info(op).name, kSharedExample, loc},
              "every argument is a tensor, so there is no graph to record on; make one of them an Expr with "

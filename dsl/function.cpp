@@ -44,10 +44,7 @@ void Function::call_into(std::span<const Operand> args, std::vector<Expr>& resul
   for (const Operand& a : args) {
     if (!a.is_expr()) continue;
     g = detail::Engine::find(a.expr());
-    if (g == nullptr)
-      throw_user(site, a.expr().defined()
-                           ? detail::cat("an argument is an Expr whose graph ", detail::Engine::how_lost(a.expr()))
-                           : std::string("an argument is an empty Expr (default-constructed, never assigned)"));
+    if (g == nullptr) throw_user(site, detail::Engine::unusable(a.expr(), "an argument"));
     break;
   }
   if (g == nullptr)

@@ -79,27 +79,36 @@ Engine::~Engine() {
 Engine* Engine::find(const Expr& e) { return e.defined() ? engine_at(e.slot_, e.gen_) : nullptr; }
 
 Engine& Engine::of(const Expr& e, Loc loc) {
-  if (!e.defined()) throw_user_at(loc, "use of an empty Expr (default-constructed, never assigned)");
   Engine* g = find(e);
-  if (g == nullptr) throw_user_at(loc, "use of an Expr whose graph ", how_lost(e));
+  if (g == nullptr) throw_user_at(loc, unusable(e, "this Expr"));
   return *g;
 }
 
-std::string_view Engine::how_lost(const Expr& e) {
-  return owner_gone(e.slot_, e.gen_) ? "was destroyed since it was made (an Expr does not outlive its sheaf::Graph)"
-                                     : "was cleared since it was made (Exprs do not survive clear())";
+namespace {
+
+std::string unusable_message(std::string_view subject, bool defined, bool gone) {
+  if (!defined) return cat(subject, " is an empty Expr (default-constructed, never assigned)");
+  return cat(subject, " is an Expr whose graph ",
+             gone ? "was destroyed since it was made (an Expr does not outlive its sheaf::Graph)"
+                  : "was cleared since it was made (Exprs do not survive clear())");
+}
+
+}  // namespace
+
+std::string Engine::unusable(const Expr& e, std::string_view subject) {
+  return unusable_message(subject, e.defined(), e.defined() && owner_gone(e.slot_, e.gen_));
 }
 
 void Engine::bad_expr(const Expr& e, std::string_view op, Loc loc) const {
   const Site site{op, trace_.current_example(), loc};
-  if (!e.defined()) throw_user(site, "an argument is an empty Expr (default-constructed, never assigned)");
   // (Before the slot test: a graph made after the Expr's was destroyed may have its slot, this one included.)
-  if (owner_gone(e.slot_, e.gen_)) throw_user(site, "an argument is an Expr whose graph ", how_lost(e));
+  const bool gone = e.defined() && owner_gone(e.slot_, e.gen_);
+  if (!e.defined() || gone) throw_user(site, unusable_message("an argument", e.defined(), gone));
   if (e.slot_ != slot_)
     throw_user(site, "an argument belongs to a different sheaf::Graph; all Exprs of one op must come from "
                      "the same graph");
   SHEAF_ASSERT(e.gen_ != generation_, "bad_expr called for an Expr of this graph");
-  throw_user(site, "an argument is an Expr from before this graph's clear(); Exprs do not survive clear()");
+  throw_user(site, unusable_message("an argument", true, false));
 }
 
 // ---------------------------------------------------------------------------

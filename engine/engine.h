@@ -75,9 +75,10 @@ class Engine {
   static Engine* find(const Expr& e);
   // The same, or a UserError naming the caller's line.
   static Engine& of(const Expr& e, Loc loc);
-  // For a defined Expr that find() did not find: how its graph was lost, as
-  // the end of "an Expr whose graph ...": destroyed, or cleared.
-  static std::string_view how_lost(const Expr& e);
+  // Why an Expr that find() did not find is unusable, as a message about
+  // `subject` ("an argument", "the predicate"): empty, or its graph destroyed
+  // or cleared since it was made.
+  static std::string unusable(const Expr& e, std::string_view subject);
 
   // ---- Recording (the clock of Stats::trace_ms starts at the first node).
   // A frozen function body refuses `what` (engine/functions.h); before
