@@ -3,12 +3,14 @@
 #include <memory>
 
 #include <sheaf/engine/engine.h>
+#include <sheaf/engine/scopes.h>
 
 namespace sheaf::dsl {
 
 namespace {
 
 using sheaf::detail::Engine;
+using sheaf::detail::ListedExample;
 using sheaf::detail::ValueCallback;
 
 // Predicates are per-example scalars; a host value of any other size is a mistake.
@@ -34,7 +36,7 @@ void expect_scalar(Engine& g, const Expr& e, const Site& site, const char* what)
 template <class F>
 auto in_example(Engine& g, int64_t example, F&& fn) {
   if (example < 0) return fn();
-  ExampleGuard scope(g.trace(), example);  // (a task made here keeps it: held_scopes, engine/scopes.h)
+  ListedExample scope(g, example);  // (a task made here keeps it: held_scopes, engine/scopes.h)
   return fn();
 }
 

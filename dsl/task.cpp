@@ -18,7 +18,7 @@ AwaitToken await_value(const Expr& expr, std::function<void(const HostValue&)> r
   const WaiterId id = g.when_computed(n, [&g, example, held = held_scopes(g), resume = std::move(resume)](
                                              const HostValue& v) {
     const ResumedScopes others(held);
-    ExampleGuard scope(g.trace(), example);
+    ListedExample scope(g, example);
     resume(v);
   });
   return AwaitToken{expr, id.index, id.generation};

@@ -503,7 +503,7 @@ void Engine::call_later(const std::shared_ptr<const FunctionDef>& def, std::span
 void Engine::run_pending_call(uint32_t index) {
   // Moved out: the call may record calls that wait in turn (pending_calls_ grows).
   const PendingCall p = std::move(pending_calls_[index]);
-  ExampleGuard in_example(trace_, p.example);
+  ListedExample in_example(*this, p.example);
   c10::SmallVector<NodeId, 4> values;
   {
     std::vector<Expr> own;

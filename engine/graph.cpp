@@ -50,17 +50,8 @@ Expr Graph::lookup(const at::Tensor& table, int64_t id, bool sparse_grad, Loc lo
 }
 
 // Listed on the thread (engine/scopes.h): a task that suspends under it resumes under it.
-Graph::ExampleScope::ExampleScope(Graph& g, int64_t id) : previous_(g.current_example()) {
-  const detail::ScopeSite site = detail::scope_site(*g.engine_);
-  engine_ = site.engine;
-  slot_ = site.slot;
-  releases_ = site.releases;
-  thread_ = site.thread;
-  detail::enter_scope(*g.engine_, id, this);
-}
-Graph::ExampleScope::~ExampleScope() {
-  detail::leave_scope(detail::ScopeSite{engine_, slot_, releases_, thread_}, previous_, this);
-}
+Graph::ExampleScope::ExampleScope(Graph& g, int64_t id) { detail::enter_scope(*g.engine_, id, this); }
+Graph::ExampleScope::~ExampleScope() { detail::leave_scope(this); }
 Graph::ExampleScope Graph::example(int64_t id, Loc loc) {
   if (id < 0) throw_user_at(loc, "example ids are >= 0, got ", id);
   return ExampleScope(*this, id);

@@ -131,12 +131,9 @@ class Graph {
    private:
     friend class Graph;
     ExampleScope(Graph& g, int64_t id);
-    // Not the Graph: a scope kept in a task's frame may end after its graph
-    // (engine/scopes.h, ScopeSite: the graph checked alive first).
-    detail::Engine* engine_;
-    uint32_t slot_, releases_;
-    uint64_t thread_;
-    int64_t previous_;
+    // Listed by its address on this thread (engine/scopes.h), not tied to
+    // the Graph: one kept in a task's frame may end after its graph, or out
+    // of order with the scope it began in.
   };
   [[nodiscard]] ExampleScope example(int64_t id, Loc loc = Loc::current());
   int64_t current_example() const;

@@ -15,7 +15,6 @@ constexpr uint32_t kSlots = 1u << 14;
 struct Slot {
   std::atomic<Engine*> engine{nullptr};
   std::atomic<uint32_t> generation{0};
-  std::atomic<uint32_t> releases{0};
   std::atomic<uint32_t> owner_since{0};  // the generation the current owner started at
 };
 
@@ -44,15 +43,12 @@ uint32_t acquire_slot(Engine* e) {
 void release_slot(uint32_t s) {
   std::lock_guard lock(g_slots_mu);
   g_slots[s].generation.fetch_add(1);
-  g_slots[s].releases.fetch_add(1);
   g_slots[s].engine.store(nullptr);
   g_free_slots.push_back(s);
 }
 
 uint32_t bump_generation(uint32_t s) { return g_slots[s].generation.fetch_add(1) + 1; }
 uint32_t generation_of(uint32_t s) { return g_slots[s].generation.load(); }
-
-uint32_t releases_of(uint32_t s) { return s < kSlots ? g_slots[s].releases.load() : 0; }
 
 bool owner_gone(uint32_t s, uint32_t generation) {
   if (s >= kSlots) return true;
@@ -74,8 +70,6 @@ uint64_t this_thread_tag() {
   thread_local const uint64_t tag = next.fetch_add(1);
   return tag;
 }
-
-Engine* engine_in(uint32_t s) { return s < kSlots ? g_slots[s].engine.load() : nullptr; }
 
 Engine* engine_at(uint32_t s, uint32_t generation) {
   if (s >= kSlots) return nullptr;

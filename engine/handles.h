@@ -16,11 +16,6 @@ uint32_t bump_generation(uint32_t slot);
 uint32_t generation_of(uint32_t slot);
 // The engine of a handle, or nullptr if the slot is free or the generation stale.
 Engine* engine_at(uint32_t slot, uint32_t generation);
-// The engine in a slot now, whatever its generation (nullptr: free).
-Engine* engine_in(uint32_t slot);
-// How many times the slot was released: with engine_in, whether an engine seen
-// there earlier is still alive (a new one may have its slot and its address).
-uint32_t releases_of(uint32_t slot);
 // Whether the graph that made a handle (slot, generation) is gone: the slot is
 // free, or a later graph took it (clear() keeps the owner; a new owner starts
 // at a later generation). False for a live graph's stale (cleared) handle.

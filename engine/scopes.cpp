@@ -11,39 +11,38 @@ namespace {
 
 struct Listed {
   Engine* engine;
-  uint32_t slot;        // (the engine is alive while engine_in(slot) is it)
+  uint32_t slot;        // with generation: the engine is alive and not cleared while engine_at gives it
   uint32_t generation;  // the graph's when listed: a clear() since ends the scope's meaning
   int64_t example;
+  int64_t previous;     // the graph's example before: set back when this scope ends innermost
   const void* owner;
 };
 thread_local std::vector<Listed> t_scopes;
 
-// Removes the innermost entry of `owner` (for `engine`, if given); whether there was one.
-bool unlist(const void* owner, const Engine* engine = nullptr) {
-  for (size_t i = t_scopes.size(); i-- > 0;)  // usually the last one
-    if (t_scopes[i].owner == owner && (engine == nullptr || t_scopes[i].engine == engine)) {
-      t_scopes.erase(t_scopes.begin() + static_cast<std::ptrdiff_t>(i));
-      return true;
-    }
-  return false;
-}
-
 }  // namespace
 
 void enter_scope(Engine& engine, int64_t example, const void* owner) {
+  const int64_t previous = engine.trace().current_example();
+  t_scopes.push_back(Listed{&engine, engine.slot(), engine.generation(), example, previous, owner});
   engine.trace().set_current_example(example);
-  t_scopes.push_back(Listed{&engine, engine.slot(), generation_of(engine.slot()), example, owner});
 }
 
-ScopeSite scope_site(Engine& engine) {
-  return ScopeSite{&engine, engine.slot(), releases_of(engine.slot()), this_thread_tag()};
-}
-
-void leave_scope(const ScopeSite& site, int64_t previous, const void* owner) {
-  if (site.thread != this_thread_tag()) return;  // (its listing there goes once the graph is cleared: held_scopes)
-  unlist(owner);
-  if (engine_in(site.slot) != site.engine || releases_of(site.slot) != site.releases) return;  // the graph is gone
-  site.engine->trace().set_current_example(previous);
+void leave_scope(const void* owner, const Engine* engine) {
+  size_t i = t_scopes.size();
+  while (i-- > 0)  // usually the last one
+    if (t_scopes[i].owner == owner && (engine == nullptr || t_scopes[i].engine == engine)) break;
+  if (i == static_cast<size_t>(-1)) return;  // ended on another thread, or dropped: its graph is cleared or gone
+  const Listed l = t_scopes[i];
+  t_scopes.erase(t_scopes.begin() + static_cast<std::ptrdiff_t>(i));
+  if (engine_at(l.slot, l.generation) != l.engine) return;  // cleared (its example reset) or destroyed since
+  // A later scope of this graph still in force keeps its example, and sets
+  // back this one's previous when it ends (scopes that end out of order).
+  for (size_t j = i; j < t_scopes.size(); ++j)
+    if (t_scopes[j].engine == l.engine && t_scopes[j].slot == l.slot && t_scopes[j].generation == l.generation) {
+      t_scopes[j].previous = l.previous;
+      return;
+    }
+  l.engine->trace().set_current_example(l.previous);
 }
 
 void forget_scopes(const Engine& engine) {
@@ -76,18 +75,15 @@ std::vector<HeldScope> held_scopes(const Engine& except) {
 ResumedScopes::ResumedScopes(const std::vector<HeldScope>& held) {
   for (const HeldScope& h : held)
     if (Engine* e = engine_at(h.slot, h.generation)) {
-      entered_.push_back(Entered{e, e->trace().current_example()});
+      entered_.push_back(e);
       enter_scope(*e, h.example, this);
     }
 }
 
 ResumedScopes::~ResumedScopes() {
-  for (size_t i = entered_.size(); i-- > 0;) {
-    const Entered& e = entered_[i];
-    // Still listed: the graph is alive (one the task destroyed was unlisted
-    // then, forget_scopes; another may have its slot and address now).
-    if (unlist(this, e.engine)) e.engine->trace().set_current_example(e.previous);
-  }
+  // (A graph the task destroyed meanwhile was unlisted then, forget_scopes;
+  // one it cleared sets nothing back: leave_scope.)
+  for (size_t i = entered_.size(); i-- > 0;) leave_scope(this, entered_[i]);
 }
 
 }  // namespace sheaf::detail

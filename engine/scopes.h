@@ -1,8 +1,7 @@
-// The example scopes in force on this thread: those of Graph::example and
-// those of other graphs a task resumes under, listed innermost last, and the
-// current example of the graph delivering values (the user code its control
-// flow runs, branches, loop bodies, deferred function calls and the tasks it
-// resumes, under an unlisted ExampleGuard: a cond costs no listing). A task
+// The example scopes in force on this thread, listed innermost last: those of
+// Graph::example, those of other graphs a task resumes under, and the example
+// of the graph delivering values while its control flow runs user code
+// (branches, loop bodies, deferred function calls and the tasks it resumes). A task
 // remembers them when it suspends and resumes under them again, so that what
 // it records afterwards keeps its example in every graph, not only in the one
 // whose value it awaited (which resumes it under its own scope).
@@ -22,28 +21,38 @@ struct HeldScope {
   int64_t example;
 };
 
-// Sets `engine`'s current example to `example` and lists it on this thread
-// under `owner` (a scope object); leave_scope unlists it and sets the example
-// it had back. Scopes may end in any order (a Graph::ExampleScope kept in a task's
-// frame ends when the task does). One that ends on another thread than it
-// began (a task made on the Prefetcher's thread, finished by forward) stays
-// listed on the first; held_scopes drops it once its graph is cleared or gone.
+// Lists `example` as `engine`'s current example on this thread, under `owner`
+// (a scope object), and sets it; leave_scope unlists it. Scopes may end in any
+// order (a Graph::ExampleScope kept in a suspended task's frame ends when the
+// task does, perhaps after the scope it began in): a scope that ends while a
+// later scope of the same graph is still listed hands that one the example it
+// would have set back, and sets nothing itself; the innermost sets its own
+// previous example back. So the example in force is always the innermost
+// listed scope's, and the one from before them all once every scope has
+// ended, in whatever order. For that, whatever sets a graph's example around
+// user code lists it too (ListedExample: branches, loop bodies, resumed
+// tasks). A scope of a graph cleared since (clear() resets the example) or
+// destroyed sets nothing back. One that ends on another thread than it began
+// (a task made on the Prefetcher's thread, finished by forward) is not found
+// in that thread's list and does nothing; it stays listed on the first
+// thread until held_scopes finds its graph cleared or gone.
 void enter_scope(Engine& engine, int64_t example, const void* owner);
-
-// A Graph::ExampleScope's end, which may come after its graph's (a scope kept
-// in a task's frame, the task destroyed after the graph) or on another thread
-// (a task made on the Prefetcher's thread): `previous` is set back only on
-// the thread that began it, and only while the engine that was in `slot`
-// (released `releases` times then) is still there.
-struct ScopeSite {
-  Engine* engine;
-  uint32_t slot, releases;
-  uint64_t thread;  // the number of the thread where it began (scopes.cpp)
-};
-ScopeSite scope_site(Engine& engine);
-void leave_scope(const ScopeSite& site, int64_t previous, const void* owner);
+// The innermost listing of `owner` (of `engine`, if given) on this thread ends.
+void leave_scope(const void* owner, const Engine* engine = nullptr);
 // Unlists every scope of `engine` on this thread (it is being destroyed).
 void forget_scopes(const Engine& engine);
+
+// `example` listed for `engine` while alive (a scope without a Graph handle).
+class ListedExample {
+ public:
+  ListedExample(Engine& engine, int64_t example) : engine_(engine) { enter_scope(engine, example, this); }
+  ~ListedExample() { leave_scope(this, &engine_); }
+  ListedExample(const ListedExample&) = delete;
+  ListedExample& operator=(const ListedExample&) = delete;
+
+ private:
+  Engine& engine_;
+};
 
 // The scopes in force now, the innermost of each graph other than `except`
 // (the graph the task awaits: it resumes the task under its own example):
@@ -60,11 +69,7 @@ class ResumedScopes {
   ResumedScopes& operator=(const ResumedScopes&) = delete;
 
  private:
-  struct Entered {
-    Engine* engine;
-    int64_t previous;  // its example before
-  };
-  std::vector<Entered> entered_;
+  std::vector<Engine*> entered_;
 };
 
 }  // namespace sheaf::detail

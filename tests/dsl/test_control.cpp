@@ -962,6 +962,44 @@ TEST_CASE("tasks: an example scope kept in a task's frame may end after its grap
   CHECK(h.current_example() == 0);
 }
 
+// A scope kept in a suspended task's frame, begun inside an outer scope that
+// ends first: the scopes end out of order. The example in force is the
+// innermost listed scope's, and the one from before them all once every
+// scope has ended (before, each end set back its own previous example: the
+// outer's end set 0 while the task's scope was in force, and the tasks'
+// ends, first to last, left example 3 current for good).
+TEST_CASE("tasks: example scopes that end out of order leave the innermost in force and then none",
+          "[dsl][control][task]") {
+  auto run = [](Graph& g, Expr x, Expr& after) -> Task<double> {
+    auto scope = g.example(7);  // kept in the frame while the task waits
+    const double v = co_await fetch_item(dsl::sum(x));
+    after = g.input(at::ones({1}));  // a source: tagged with the example in force
+    co_return v;
+  };
+  for (const bool resumed : {false, true}) {
+    Graph g;
+    Expr x = g.input(at::ones({2}));
+    std::vector<Expr> after(3);
+    std::vector<Task<double>> tasks;
+    for (int i = 1; i <= 3; ++i) {
+      auto outer = g.example(i);
+      tasks.push_back(run(g, x, after[static_cast<size_t>(i - 1)]));
+      CHECK(g.current_example() == 7);
+    }
+    CHECK(g.current_example() == 7);  // the outer scopes ended; the waiting tasks' scopes are in force
+    if (resumed) {
+      g.forward();  // each task ends inside the forward's delivery
+      for (size_t i = 0; i < 3; ++i) {
+        CHECK(tasks[i].done());
+        CHECK(after[i].example() == 7);
+      }
+    }
+    tasks.clear();  // (not resumed: destroyed while waiting, first to last)
+    CHECK(g.current_example() == 0);
+    CHECK(g.input(at::ones({1})).example() == 0);
+  }
+}
+
 TEST_CASE("tasks: a graph destroyed by a task while it runs under that graph's scope is left alone",
           "[dsl][control][task]") {
   auto a = std::make_unique<Graph>();
