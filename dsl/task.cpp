@@ -13,7 +13,7 @@ AwaitToken await_value(const Expr& expr, std::function<void(const HostValue&)> r
   g.expect_awaitable(loc);
   const int64_t example = g.trace().current_example();
   // Resumed under g's example then, and under the scopes of the other graphs
-  // it may record into (engine/scopes.h). (g's own needs no listing: a
+  // it may record into (engine/scopes.h). (held_scopes leaves g out: a
   // suspension inside this resumption finds it as the graph delivering.)
   const WaiterId id = g.when_computed(n, [&g, example, held = held_scopes(g), resume = std::move(resume)](
                                              const HostValue& v) {

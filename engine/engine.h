@@ -64,7 +64,7 @@ class Engine {
   // ---- Handles.
   Expr expr(NodeId n) const { return Expr(slot_, generation_, n); }
   uint32_t slot() const { return slot_; }
-  uint32_t generation() const { return generation_; }  // the slot's now (bumped by clear())
+  uint32_t generation() const { return generation_; }  // the slot's now (clear() and retirement bump it)
   // The node of an Expr of this graph; throws UserError naming `op` and `loc`
   // otherwise. In line: every argument of every op recorded passes here.
   NodeId node_of(const Expr& e, std::string_view op, Loc loc) const {

@@ -133,7 +133,9 @@ class Graph {
     ExampleScope(Graph& g, int64_t id);
     // Listed by its address on this thread (engine/scopes.h), not tied to
     // the Graph: one kept in a task's frame may end after its graph, or out
-    // of order with the scope it began in.
+    // of order with the scope it began in. One that ends on another thread
+    // does nothing there (where another scope may be listed at its address).
+    uint64_t thread_;
   };
   [[nodiscard]] ExampleScope example(int64_t id, Loc loc = Loc::current());
   int64_t current_example() const;

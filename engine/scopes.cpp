@@ -73,11 +73,16 @@ std::vector<HeldScope> held_scopes(const Engine& except) {
 }
 
 ResumedScopes::ResumedScopes(const std::vector<HeldScope>& held) {
-  for (const HeldScope& h : held)
-    if (Engine* e = engine_at(h.slot, h.generation)) {
-      entered_.push_back(e);
-      enter_scope(*e, h.example, this);
-    }
+  try {
+    for (const HeldScope& h : held)
+      if (Engine* e = engine_at(h.slot, h.generation)) {
+        entered_.push_back(e);
+        enter_scope(*e, h.example, this);
+      }
+  } catch (...) {  // (out of memory) no destructor runs: a listing left here would take others' hand-overs
+    for (size_t i = entered_.size(); i-- > 0;) leave_scope(this, entered_[i]);
+    throw;
+  }
 }
 
 ResumedScopes::~ResumedScopes() {

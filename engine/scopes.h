@@ -27,15 +27,20 @@ struct HeldScope {
 // task does, perhaps after the scope it began in): a scope that ends while a
 // later scope of the same graph is still listed hands that one the example it
 // would have set back, and sets nothing itself; the innermost sets its own
-// previous example back. So the example in force is always the innermost
-// listed scope's, and the one from before them all once every scope has
-// ended, in whatever order. For that, whatever sets a graph's example around
-// user code lists it too (ListedExample: branches, loop bodies, resumed
-// tasks). A scope of a graph cleared since (clear() resets the example) or
-// destroyed sets nothing back. One that ends on another thread than it began
-// (a task made on the Prefetcher's thread, finished by forward) is not found
-// in that thread's list and does nothing; it stays listed on the first
-// thread until held_scopes finds its graph cleared or gone.
+// previous example back. So, on one thread, the example in force is the
+// innermost listed scope's, and the one from before them all once every
+// scope has ended, in whatever order. For that, whatever sets a graph's
+// example around user code lists it too (ListedExample: branches, loop
+// bodies, deferred calls, resumed tasks). clear() resets the example and ends
+// the meaning of the graph's scopes listed before it: they set nothing back,
+// nor do those of a destroyed graph.
+// Threads: a scope that ends on another thread than it began (a task made on
+// the Prefetcher's worker, finished by forward on the caller's) does nothing
+// (Graph::ExampleScope checks its thread). Its listing stays on the first
+// thread until held_scopes finds its graph cleared or gone, and until then
+// counts as in force there: the scopes of that graph that end before it hand
+// it their previous example, so the graph keeps the task scope's example
+// until its next clear() (the Prefetcher clears a graph before each batch).
 void enter_scope(Engine& engine, int64_t example, const void* owner);
 // The innermost listing of `owner` (of `engine`, if given) on this thread ends.
 void leave_scope(const void* owner, const Engine* engine = nullptr);
