@@ -195,10 +195,15 @@ struct DataParallel::Impl {
         // (A write first: LibTorch 1.13's FileStore makes its file on the
         // first write, and a read before it waits for the file.)
         store->add("sheaf/roll-call/came", 1);
-        if (store->check({verdict_key}))
+        if (store->check({verdict_key})) {
+          // Its verdict tells the two apart: this run's failure (a rank that
+          // did not arrive in time) is the one to act on.
+          const std::string earlier = verdict_text(store->get(verdict_key));
           throw UserError(who() + ": the rendezvous file " + where.file +
                           " holds a roll call that already ended (an earlier run's, or this run's, which this "
-                          "worker came too late for): remove the file and start every worker again");
+                          "worker came too late for; its verdict: " + (earlier.empty() ? "every rank came" : earlier) +
+                          "): remove the file and start every worker again");
+        }
       }
       if (store->add(key("rank", where.rank), 1) > 1) {
         // Rank 0 a duplicate (an earlier run's rank 0 died before its verdict):

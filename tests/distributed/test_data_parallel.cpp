@@ -376,6 +376,7 @@ TEST_CASE("a rendezvous file left by an earlier run stops every worker of the ne
       INFO(e.out);
       CHECK(e.status == 2);
       CHECK_THAT(e.out, Catch::Contains("holds a roll call that already ended"));
+      CHECK_THAT(e.out, Catch::Contains("its verdict: every rank came"));  // the earlier run's roll call succeeded
       CHECK_THAT(e.out, !Catch::Contains("WORLD_SIZE="));  // (before: a rank told of a mismatch that was not there)
     }
     CHECK(seconds(t0) < 8);  // no rank waits out the roll call's window
