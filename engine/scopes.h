@@ -48,15 +48,13 @@ void leave_scope(const void* owner, const Engine* engine = nullptr);
 void forget_scopes(const Engine& engine);
 
 // `example` listed for `engine` while alive (a scope without a Graph handle).
+// Its address alone names its listing: it lists one graph, on one thread.
 class ListedExample {
  public:
-  ListedExample(Engine& engine, int64_t example) : engine_(engine) { enter_scope(engine, example, this); }
-  ~ListedExample() { leave_scope(this, &engine_); }
+  ListedExample(Engine& engine, int64_t example) { enter_scope(engine, example, this); }
+  ~ListedExample() { leave_scope(this); }
   ListedExample(const ListedExample&) = delete;
   ListedExample& operator=(const ListedExample&) = delete;
-
- private:
-  Engine& engine_;
 };
 
 // The scopes in force now, the innermost of each graph other than `except`
