@@ -65,7 +65,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
       c10::NoGradGuard no_grad;
       s.max_abs_diff = max_diff(HandGatedRvNN(model, branches).root_logits(w.batches[0]), reference);
       systems.push_back(std::move(s));
-    } else if (auto spec = parse_sheaf_system(name); spec && !spec->prefetch) {
+    } else if (auto spec = parse_sheaf_system(name)) {
       auto record = [&, train](Graph& g, size_t b) {
         if (train) return std::vector<Expr>{model.sheaf_batch_loss(g, w.batches[b])};
         return model.sheaf_batch_root_logits(g, w.batches[b]);
@@ -78,7 +78,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
                                            [&](Graph& g) { return model.sheaf_batch_root_logits(g, w.batches[0]); }),
                      reference);
     } else {
-      throw UserError("unknown system '" + name + "' for gated_rvnn (per-example, hand, hand:mask, sheaf[:<strategy>][/unfused][/eager][/inline])");
+      throw UserError("unknown system '" + name + "' for gated_rvnn (per-example, hand, hand:mask, sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline])");
     }
   }
   const double items = static_cast<double>(w.batches.size() * static_cast<size_t>(o.batch));
