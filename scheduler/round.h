@@ -2,6 +2,7 @@
 // computed or runs in this round), as a small DAG over local ids.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -38,9 +39,9 @@ struct RoundDag {
   size_t size() const { return node.size(); }
   // Signatures are dense ids: a table indexed by signature needs this many entries.
   uint32_t num_sigs() const {
+    static_assert(kNoSig + 1 == 0, "kNoSig + 1 must wrap to 0: it counts for no signature");
     uint32_t m = 0;
-    for (SigId s : sig)
-      if (s != kNoSig && s + 1 > m) m = s + 1;
+    for (SigId s : sig) m = std::max(m, s + 1);  // (branch-free: the loop vectorizes)
     return m;
   }
   std::span<const uint32_t> args_of(uint32_t i) const { return {args.data() + arg_begin[i], args.data() + arg_begin[i + 1]}; }
