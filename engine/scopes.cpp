@@ -31,7 +31,9 @@ void leave_scope(const void* owner, const Engine* engine) {
   size_t i = t_scopes.size();
   while (i-- > 0)  // usually the last one
     if (t_scopes[i].owner == owner && (engine == nullptr || t_scopes[i].engine == engine)) break;
-  if (i == static_cast<size_t>(-1)) return;  // dropped (held_scopes, forget_scopes): its graph is cleared or gone
+  // Not listed: dropped (held_scopes, forget_scopes) because its graph is
+  // cleared or gone, or never listed (ResumedScopes undoing an enter that threw).
+  if (i == static_cast<size_t>(-1)) return;
   const Listed l = t_scopes[i];
   t_scopes.erase(t_scopes.begin() + static_cast<std::ptrdiff_t>(i));
   if (engine_at(l.slot, l.generation) != l.engine) return;  // cleared (its example reset) or destroyed since
