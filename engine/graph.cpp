@@ -50,11 +50,10 @@ Expr Graph::lookup(const at::Tensor& table, int64_t id, bool sparse_grad, Loc lo
 }
 
 // Listed on the thread (engine/scopes.h): a task that suspends under it resumes under it.
-Graph::ExampleScope::ExampleScope(Graph& g, int64_t id) : thread_(detail::this_thread_tag()) {
-  detail::enter_scope(*g.engine_, id, this);
-}
+Graph::ExampleScope::ExampleScope(Graph& g, int64_t id)
+    : thread_(detail::this_thread_tag()), token_(detail::enter_scope(*g.engine_, id)) {}
 Graph::ExampleScope::~ExampleScope() {
-  if (thread_ == detail::this_thread_tag()) detail::leave_scope(this);
+  if (thread_ == detail::this_thread_tag()) detail::leave_scope(token_);
 }
 Graph::ExampleScope Graph::example(int64_t id, Loc loc) {
   if (id < 0) throw_user_at(loc, "example ids are >= 0, got ", id);

@@ -131,11 +131,12 @@ class Graph {
    private:
     friend class Graph;
     ExampleScope(Graph& g, int64_t id);
-    // Listed by its address on this thread (engine/scopes.h), not tied to
-    // the Graph: one kept in a task's frame may end after its graph, or out
-    // of order with the scope it began in. One that ends on another thread
-    // does nothing there (where another scope may be listed at its address).
+    // Listed on this thread by a token (engine/scopes.h), not tied to the
+    // Graph: one kept in a task's frame may end after its graph, or out of
+    // order with the scope it began in. One that ends on another thread does
+    // nothing there (its listing is on the thread it began on).
     uint64_t thread_;
+    uint64_t token_;
   };
   [[nodiscard]] ExampleScope example(int64_t id, Loc loc = Loc::current());
   int64_t current_example() const;

@@ -15,24 +15,26 @@ struct Listed {
   uint32_t generation;  // the graph's when listed: a clear() since ends the scope's meaning
   int64_t example;
   int64_t previous;     // the graph's example before: set back when this scope ends innermost
-  const void* owner;
+  uint64_t token;
 };
 thread_local std::vector<Listed> t_scopes;
+thread_local uint64_t t_next_token = 0;  // (per thread: a listing is found only on its own thread)
 
 }  // namespace
 
-void enter_scope(Engine& engine, int64_t example, const void* owner) {
+uint64_t enter_scope(Engine& engine, int64_t example) {
   const int64_t previous = engine.trace().current_example();
-  t_scopes.push_back(Listed{&engine, engine.slot(), engine.generation(), example, previous, owner});
+  const uint64_t token = ++t_next_token;
+  t_scopes.push_back(Listed{&engine, engine.slot(), engine.generation(), example, previous, token});
   engine.trace().set_current_example(example);
+  return token;
 }
 
-void leave_scope(const void* owner, const Engine* engine) {
+void leave_scope(uint64_t token) {
   size_t i = t_scopes.size();
   while (i-- > 0)  // usually the last one
-    if (t_scopes[i].owner == owner && (engine == nullptr || t_scopes[i].engine == engine)) break;
-  // Not listed: dropped (held_scopes, forget_scopes) because its graph is
-  // cleared or gone, or never listed (ResumedScopes undoing an enter that threw).
+    if (t_scopes[i].token == token) break;
+  // Not listed: dropped (held_scopes, forget_scopes) because its graph is cleared or gone.
   if (i == static_cast<size_t>(-1)) return;
   const Listed l = t_scopes[i];
   t_scopes.erase(t_scopes.begin() + static_cast<std::ptrdiff_t>(i));
@@ -75,14 +77,12 @@ std::vector<HeldScope> held_scopes(const Engine& except) {
 }
 
 ResumedScopes::ResumedScopes(const std::vector<HeldScope>& held) {
+  entered_.reserve(held.size());  // (first: every listing made keeps its token)
   try {
     for (const HeldScope& h : held)
-      if (Engine* e = engine_at(h.slot, h.generation)) {
-        entered_.push_back(e);
-        enter_scope(*e, h.example, this);
-      }
+      if (Engine* e = engine_at(h.slot, h.generation)) entered_.push_back(enter_scope(*e, h.example));
   } catch (...) {  // (out of memory) no destructor runs: a listing left here would take others' hand-overs
-    for (size_t i = entered_.size(); i-- > 0;) leave_scope(this, entered_[i]);
+    for (size_t i = entered_.size(); i-- > 0;) leave_scope(entered_[i]);
     throw;
   }
 }
@@ -90,7 +90,7 @@ ResumedScopes::ResumedScopes(const std::vector<HeldScope>& held) {
 ResumedScopes::~ResumedScopes() {
   // (A graph the task destroyed meanwhile was unlisted then, forget_scopes;
   // one it cleared sets nothing back: leave_scope.)
-  for (size_t i = entered_.size(); i-- > 0;) leave_scope(this, entered_[i]);
+  for (size_t i = entered_.size(); i-- > 0;) leave_scope(entered_[i]);
 }
 
 }  // namespace sheaf::detail

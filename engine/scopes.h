@@ -21,8 +21,8 @@ struct HeldScope {
   int64_t example;
 };
 
-// Lists `example` as `engine`'s current example on this thread, under `owner`
-// (a scope object), and sets it; leave_scope unlists it. Scopes may end in any
+// Lists `example` as `engine`'s current example on this thread, and sets it;
+// leave_scope unlists it. Scopes may end in any
 // order (a Graph::ExampleScope kept in a suspended task's frame ends when the
 // task does, perhaps after the scope it began in): a scope that ends while a
 // later scope of the same graph is still listed hands that one the example it
@@ -41,20 +41,25 @@ struct HeldScope {
 // counts as in force there: the scopes of that graph that end before it hand
 // it their previous example, so the graph keeps the task scope's example
 // until its next clear() (the Prefetcher clears a graph before each batch).
-void enter_scope(Engine& engine, int64_t example, const void* owner);
-// The innermost listing of `owner` (of `engine`, if given) on this thread ends.
-void leave_scope(const void* owner, const Engine* engine = nullptr);
+// Returns the listing's token, which leave_scope takes. (Not the scope
+// object's address: a new scope in a task's frame may have the address of
+// one whose listing is still here, one that ended on another thread.)
+uint64_t enter_scope(Engine& engine, int64_t example);
+// The listing `token` (on this thread) ends.
+void leave_scope(uint64_t token);
 // Unlists every scope of `engine` on this thread (it is being destroyed).
 void forget_scopes(const Engine& engine);
 
 // `example` listed for `engine` while alive (a scope without a Graph handle).
-// Its address alone names its listing: it lists one graph, on one thread.
 class ListedExample {
  public:
-  ListedExample(Engine& engine, int64_t example) { enter_scope(engine, example, this); }
-  ~ListedExample() { leave_scope(this); }
+  ListedExample(Engine& engine, int64_t example) : token_(enter_scope(engine, example)) {}
+  ~ListedExample() { leave_scope(token_); }
   ListedExample(const ListedExample&) = delete;
   ListedExample& operator=(const ListedExample&) = delete;
+
+ private:
+  uint64_t token_;
 };
 
 // The scopes in force now, the innermost of each graph other than `except`
@@ -72,7 +77,7 @@ class ResumedScopes {
   ResumedScopes& operator=(const ResumedScopes&) = delete;
 
  private:
-  std::vector<Engine*> entered_;
+  std::vector<uint64_t> entered_;  // tokens
 };
 
 }  // namespace sheaf::detail

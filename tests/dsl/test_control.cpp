@@ -6,6 +6,8 @@
 #include <coroutine>
 #include <future>
 #include <map>
+#include <new>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -899,6 +901,45 @@ TEST_CASE("tasks: a scope that ended on another thread is forgotten when its gra
   c.forward();
   REQUIRE(second->done());
   CHECK(recorded.example() == 0);
+}
+
+// A scope that ended on another thread stays listed on its own (above); a
+// later scope made at its address there, whose listing is dropped while it
+// lives (its graph cleared, then a task suspends), must end only itself. A
+// scope named by its address ended the older listing instead, and set its
+// graph's example back.
+TEST_CASE("tasks: a scope ends its own listing, not an older one left at its address by another thread",
+          "[dsl][control][task]") {
+  Graph g, h, c;
+  Expr cx = c.input(at::ones({1}));
+  struct Held {
+    Graph::ExampleScope scope;
+    Held(Graph& graph, int64_t id) : scope(graph.example(id)) {}
+  };
+  alignas(Held) unsigned char at[sizeof(Held)];  // both scopes live here: one address
+  std::optional<Task<int>> waits;
+  int64_t after = -1;
+  std::promise<void> made, ended;
+  std::thread other([&] {
+    new (at) Held(g, 5);
+    made.set_value();
+    ended.get_future().wait();  // ended on the main thread: its listing stays here
+    Held* second = new (at) Held(h, 7);
+    h.clear();
+    waits = [](Expr cx) -> Task<int> {  // suspends: the cleared graph's listing is dropped
+      co_await fetch_item(cx);
+      co_return 0;
+    }(cx);
+    second->~Held();
+    after = g.current_example();
+  });
+  made.get_future().wait();
+  std::launder(reinterpret_cast<Held*>(at))->~Held();
+  ended.set_value();
+  other.join();
+  CHECK(after == 5);  // the first scope's, in force until g's next clear()
+  c.forward();
+  CHECK(waits->done());
 }
 
 TEST_CASE("a graph destroyed by a callback of its own forward is a UserError and not a use after free",
