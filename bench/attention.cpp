@@ -119,7 +119,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
       for (size_t q = 0; q < added.size(); ++q) {
         if (&m == &model_by_sequence) systems[added[q]].strategy += "/seq";
         systems[added[q]].max_abs_diff =
-            max_diff(sheaf_stacked_outputs(spec->graph(o.device), *spec->strategies[q],
+            max_diff(sheaf_stacked_outputs(spec->graph(o.device), *spec->strategies[q], spec->prefetch,
                                            [&](Graph& g) {
                                              std::vector<Expr> losses;
                                              for (size_t i = 0; i < first.size(); ++i) {

@@ -74,7 +74,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
           add_sheaf_systems(o, *spec, train, w.batches.size(), make_step, record, systems, owners);
       for (size_t q = 0; q < added.size(); ++q)
         systems[added[q]].max_abs_diff =
-            max_diff(sheaf_stacked_outputs(spec->graph(o.device), *spec->strategies[q],
+            max_diff(sheaf_stacked_outputs(spec->graph(o.device), *spec->strategies[q], spec->prefetch,
                                            [&](Graph& g) { return model.sheaf_batch_root_logits(g, w.batches[0]); }),
                      reference);
     } else {

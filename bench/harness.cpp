@@ -25,17 +25,37 @@ double median(std::vector<double> v) {
 
 double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a.cpu() - b.cpu()).abs().max().item<double>(); }
 
-at::Tensor sheaf_stacked_outputs(const GraphOptions& options, const Strategy& strategy,
+void sheaf_check_run(const GraphOptions& options, const Strategy& strategy, bool prefetch,
+                     const std::function<std::vector<Expr>(Graph&)>& record,
+                     const std::function<void(std::span<const Expr>)>& read) {
+  c10::NoGradGuard no_grad;  // (the worker records under it too: Prefetcher::take)
+  if (!prefetch) {
+    Graph g(options);
+    const std::vector<Expr> targets = record(g);
+    g.forward(targets, {.strategy = &strategy});
+    return read(targets);
+  }
+  Prefetcher batches(options, [&](Graph& g, size_t) { return record(g); }, ForwardOptions{.strategy = &strategy});
+  (void)batches.take(0, 0);  // recorded here; the worker records the same batch again...
+  Prefetcher::Batch batch = batches.take(0);  // ...and this is the worker's
+  batch.graph.forward(batch.targets, {.strategy = &strategy});
+  read(batch.targets);
+}
+
+at::Tensor sheaf_stacked_outputs(const GraphOptions& options, const Strategy& strategy, bool prefetch,
                                  const std::function<std::vector<Expr>(Graph&)>& record,
                                  const std::function<at::Tensor(std::span<const Expr>)>& join) {
-  c10::NoGradGuard no_grad;
-  Graph g(options);
-  const std::vector<Expr> outputs = record(g);
-  g.forward(outputs, {.strategy = &strategy});
-  if (join) return join(outputs);
-  std::vector<at::Tensor> rows;
-  for (const Expr& e : outputs) rows.push_back(e.value());
-  return at::stack(rows);
+  at::Tensor out;
+  sheaf_check_run(options, strategy, prefetch, record, [&](std::span<const Expr> targets) {
+    if (join) {
+      out = join(targets);
+      return;
+    }
+    std::vector<at::Tensor> rows;
+    for (const Expr& e : targets) rows.push_back(e.value());
+    out = at::stack(rows);
+  });
+  return out;
 }
 
 std::optional<SheafSystem> parse_sheaf_system(const std::string& name) {

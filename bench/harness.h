@@ -217,10 +217,17 @@ System per_example_system(StepMaker& make_step, bool train, const std::vector<st
 
 // max |a - b| over all elements, on the host.
 double max_diff(const at::Tensor& a, const at::Tensor& b);
+// Runs the batch `record` records under `strategy` without gradients, and
+// hands its computed targets to `read` while their graph lives. With
+// `prefetch`, a Prefetcher's worker records and prepares the batch, as it
+// does a +prefetch system's: its check covers that path too.
+void sheaf_check_run(const GraphOptions& options, const Strategy& strategy, bool prefetch,
+                     const std::function<std::vector<Expr>(Graph&)>& record,
+                     const std::function<void(std::span<const Expr>)>& read);
 // What a Sheaf system's agreement check compares with the reference: the
-// values `record` returns, run under `strategy` without gradients, stacked
-// (or joined by `join`, given the computed outputs: a workload's own layout).
-at::Tensor sheaf_stacked_outputs(const GraphOptions& options, const Strategy& strategy,
+// values `record` returns (sheaf_check_run), stacked (or joined by `join`,
+// given the computed outputs: a workload's own layout).
+at::Tensor sheaf_stacked_outputs(const GraphOptions& options, const Strategy& strategy, bool prefetch,
                                  const std::function<std::vector<Expr>(Graph&)>& record,
                                  const std::function<at::Tensor(std::span<const Expr>)>& join = {});
 

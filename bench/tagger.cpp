@@ -126,7 +126,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const T
       for (size_t q = 0; q < added.size(); ++q) {
         if (&m == &model_by_sequence) systems[added[q]].strategy += "/seq";
         systems[added[q]].max_abs_diff =
-            max_diff(sheaf_stacked_outputs(spec->graph(o.device), *spec->strategies[q],
+            max_diff(sheaf_stacked_outputs(spec->graph(o.device), *spec->strategies[q], spec->prefetch,
                                            [&](Graph& g) { return m.sheaf_batch_logits(g, c.batches[0]); },
                                            Tagger::logit_rows),
                      reference);

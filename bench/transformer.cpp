@@ -88,7 +88,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t d, const Taggin
           return at::cat(rows);
         };
         systems[added[q]].max_abs_diff =
-            max_diff(sheaf_stacked_outputs(spec->graph(o.device), *spec->strategies[q],
+            max_diff(sheaf_stacked_outputs(spec->graph(o.device), *spec->strategies[q], spec->prefetch,
                                            [&](Graph& g) { return m.sheaf_batch_logits(g, c.batches[0]); }, cat),
                      reference);
       }

@@ -50,15 +50,20 @@ double diff(const Outputs& a, const Outputs& b) {
 
 // A Sheaf run of `batch` with these options: its loss and each tree's root logits.
 Outputs sheaf_outputs(const TreeLSTM& m, std::span<const Tree* const> batch, const GraphOptions& options,
-                      const Strategy& strategy) {
-  c10::NoGradGuard no_grad;
-  Graph g(options);
-  std::vector<Expr> roots;
-  Expr loss = m.sheaf_batch_loss(g, batch, &roots);
-  g.forward(loss, {.strategy = &strategy});
-  std::vector<at::Tensor> logits;
-  for (const Expr& e : roots) logits.push_back(e.value());
-  return {at::stack(logits).cpu(), loss.item() / labelled_nodes(m, batch)};
+                      const Strategy& strategy, bool prefetch) {
+  Outputs out;
+  auto record = [&](Graph& g) {  // the loss, then each root
+    std::vector<Expr> roots;
+    Expr loss = m.sheaf_batch_loss(g, batch, &roots);
+    roots.insert(roots.begin(), loss);
+    return roots;
+  };
+  sheaf_check_run(options, strategy, prefetch, record, [&](std::span<const Expr> targets) {
+    std::vector<at::Tensor> logits;
+    for (const Expr& e : targets.subspan(1)) logits.push_back(e.value());
+    out = {at::stack(logits).cpu(), targets[0].item() / labelled_nodes(m, batch)};
+  });
+  return out;
 }
 
 void run_mode(const Options& o, const std::string& mode, int64_t hidden, const Workload& w) {
@@ -120,7 +125,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
           add_sheaf_systems(o, *spec, train, w.batches.size(), make_step, record, systems, owners);
       for (size_t q = 0; q < added.size(); ++q)
         systems[added[q]].max_abs_diff = diff(
-            sheaf_outputs(model, w.batches[0], spec->graph(o.device), *spec->strategies[q]), reference);
+            sheaf_outputs(model, w.batches[0], spec->graph(o.device), *spec->strategies[q], spec->prefetch), reference);
     } else {
       throw UserError("unknown system '" + name + "' (per-example, hand, hand:sheaf-gemm, sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline][/unpacked])");
     }
