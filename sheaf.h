@@ -11,5 +11,6 @@
 #include "distributed/data_parallel.h"  // IWYU pragma: export
 #include "dsl/task.h"             // IWYU pragma: export
 #include "engine/graph.h"         // IWYU pragma: export
+#include "engine/overlap.h"       // IWYU pragma: export
 #include "engine/prefetch.h"      // IWYU pragma: export
 #include "scheduler/strategy.h"   // IWYU pragma: export

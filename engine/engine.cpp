@@ -156,9 +156,10 @@ void Engine::throw_in_delivery(std::string_view what, Loc loc) const {
 void Engine::expect_not_reading(std::string_view what, Loc loc) const {
   if (const uint64_t t = lent_to_.load(std::memory_order_acquire); t != 0 && t != this_thread_tag()) [[unlikely]]
     throw_user(Site{what, kSharedExample, loc},
-               "this graph is a sheaf::Prefetcher's, and its worker is recording the next batch into it: a "
-               "Prefetcher::Batch's graph is valid until the next take() (use the graph of the batch take() "
-               "returned last)");
+               "this graph is lent to another thread: a sheaf::Prefetcher's worker recording the next batch "
+               "into it (a Prefetcher::Batch's graph is valid until the next take(): use the graph of the batch "
+               "take() returned last), or a sheaf::Overlap's thread running its part (the parts' graphs are "
+               "the caller's again when run() returns)");
   expect_open(what, loc);
   if (recording_body_) throw_in_body(what, loc);
   // (Its own flag, not the thread's innermost delivery: another graph's
@@ -212,9 +213,9 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
         scheduler_.replan(trace_);
         ++stats_.replans;
       }
-      execute_round();
+      execute_in_turn();
     } else if (schedule_round(strategy, validate, defer)) {
-      execute_round();
+      execute_in_turn();
     }
     bool delivered = false;
     try {
@@ -322,6 +323,12 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate, bool defer)
     }
   }
   return true;
+}
+
+void Engine::execute_in_turn() {
+  std::unique_lock<ExecutionTurns> turn;
+  if (turns_) turn = std::unique_lock(*turns_);
+  execute_round();
 }
 
 void Engine::execute_round() {

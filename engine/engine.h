@@ -36,6 +36,7 @@
 #include "functions.h"
 #include "graph.h"
 #include "host_value.h"
+#include "turns.h"
 
 namespace sheaf::detail {
 
@@ -148,10 +149,14 @@ class Engine {
   // worker frees the last batch; the caller's kept Exprs fail, not race).
   void retire();
   // A Prefetcher lends its next batch's graph to its worker (the thread
-  // numbered `thread`, handles.h) until its next take(); 0: not lent.
-  // Meanwhile forward, prepare and clear from another thread are a UserError
-  // (a Batch kept past the next take()), not a race with the worker.
+  // numbered `thread`, handles.h) until its next take(), an Overlap its
+  // parts' graphs to its threads during run(); 0: not lent. Meanwhile
+  // forward, prepare and clear from another thread are a UserError (a Batch
+  // kept past the next take()), not a race with the worker.
   void lend(uint64_t thread) { lent_to_.store(thread, std::memory_order_release); }
+  // Graphs run on several threads at once (an Overlap's parts) run their
+  // rounds' kernels one at a time, under `turns`; null: no turns.
+  void take_turns(ExecutionTurns* turns) { turns_ = turns; }
 
   // ---- State for Graph's accessors.
   GraphOptions& options() { return options_; }
@@ -174,6 +179,7 @@ class Engine {
   const Strategy& strategy_for(const ForwardOptions& options) const;
   bool schedule_round(const Strategy& strategy, bool validate, bool defer);
   void execute_round();
+  void execute_in_turn();  // execute_round, holding turns_ if set
   void finish_aliases();
   bool deliver_waiters();
   void call_inline(const FunctionDef& def, std::span<const NodeId> args, std::vector<Expr>& results, const Site& site);
@@ -231,6 +237,7 @@ class Engine {
   uint64_t next_order_ = 0;
   uint64_t stuck_reported_ = 0;  // waiters below this order were reported as stuck (forward's end)
   std::atomic<uint64_t> lent_to_{0};  // lend()
+  ExecutionTurns* turns_ = nullptr;   // take_turns()
   bool retired_ = false;         // retire() bumped the generation: the next clear() does not
   std::vector<Failure> failures_;
   std::vector<at::Tensor> fetched_;  // what the current delivery's HostValues point into

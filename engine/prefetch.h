@@ -31,6 +31,10 @@
 
 namespace sheaf {
 
+namespace detail {
+class Worker;
+}
+
 class Prefetcher {
  public:
   using Record = std::function<std::vector<Expr>(Graph&, size_t batch)>;
@@ -68,10 +72,11 @@ class Prefetcher {
   std::array<std::unique_ptr<Graph>, 2> graphs_;
   std::array<std::vector<Expr>, 2> targets_;
   int current_ = 0;
+  bool in_flight_ = false;  // a batch posted to the worker, not taken yet
+  size_t posted_ = 0;       // that batch
   // One worker thread for the Prefetcher's life (not one per batch): its
   // scheduling scratch stays warm, so a batch allocates nothing there either.
-  struct Worker;
-  std::unique_ptr<Worker> worker_;  // last: started once the rest exists
+  std::unique_ptr<detail::Worker> worker_;  // last: started once the rest exists
 };
 
 }  // namespace sheaf

@@ -1,0 +1,47 @@
+// Turns at running kernels, for graphs run on several threads at once
+// (sheaf::Overlap): one round's kernels at a time, each thread's host work
+// (recording, control flow, scheduling) meanwhile.
+#pragma once
+
+#include <atomic>
+#include <thread>
+
+namespace sheaf::detail {
+
+inline void cpu_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Spins while busy() for at most `spins` pauses; whether it stopped being busy.
+template <class Busy>
+bool spin_while(Busy busy, int spins) {
+  for (int i = 0; i < spins; ++i) {
+    if (!busy()) return true;
+    cpu_pause();
+  }
+  return !busy();
+}
+
+// A lock that waits by spinning, then by yielding its core: a round's
+// kernels take tens of microseconds, less than a thread put to sleep takes
+// to wake on a virtual machine (a mutex's sleeping waiter made two parts
+// slower than one: measured in docs/benchmarks.md).
+class ExecutionTurns {
+ public:
+  void lock() {
+    while (busy_.exchange(true, std::memory_order_acquire))
+      if (!spin_while([&] { return busy_.load(std::memory_order_relaxed); }, kSpins))
+        while (busy_.load(std::memory_order_relaxed)) std::this_thread::yield();
+  }
+  void unlock() { busy_.store(false, std::memory_order_release); }
+
+ private:
+  static constexpr int kSpins = 1 << 14;  // ~1 ms of pauses
+  std::atomic<bool> busy_{false};
+};
+
+}  // namespace sheaf::detail

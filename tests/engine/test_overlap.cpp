@@ -1,0 +1,192 @@
+// sheaf::Overlap: a batch run as parts on threads of their own, whose rounds
+// take turns at the kernels. Each part's values and gradients are one
+// graph's; kernels never run on two threads at once; a part's error is thrown
+// by run() once every part is done; misuse is a UserError.
+#include <ATen/ATen.h>
+
+#include <sheaf/ops/user_op.h>
+#include <sheaf/scheduler/strategy.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "../support.h"
+
+using namespace sheaf;
+using Catch::Matchers::Contains;
+using sheaf::test::data;
+using sheaf::test::param;
+
+namespace {
+
+constexpr int64_t kD = 6;
+constexpr int kExamples = 8;
+
+// Inputs made up front: data() seeds LibTorch's one generator, which record
+// functions on several threads would race for.
+const std::vector<at::Tensor>& inputs() {
+  static const std::vector<at::Tensor> x = [] {
+    std::vector<at::Tensor> v;
+    for (int i = 0; i < kExamples; ++i) v.push_back(data({kD}, i));
+    return v;
+  }();
+  return x;
+}
+
+// A chain of conds per example: each round waits for the last decision.
+Expr chain(Graph& g, int i, const at::Tensor& W) {
+  auto scope = g.example(i);
+  Expr h = g.input(inputs()[static_cast<size_t>(i)]);
+  for (int k = 0; k < 2 + i % 3; ++k)
+    h = dsl::cond(dsl::sum(h) > 0.0, [=] { return dsl::tanh(dsl::matmul(W, h)); },
+                  [=] { return dsl::sigmoid(h) - 0.4; });
+  return h;
+}
+
+// Part p of two: examples [p * 4, p * 4 + 4).
+std::vector<Expr> half(Graph& g, size_t p, const at::Tensor& W) {
+  std::vector<Expr> out;
+  for (int i = static_cast<int>(p) * kExamples / 2; i < static_cast<int>(p + 1) * kExamples / 2; ++i)
+    out.push_back(chain(g, i, W));
+  return out;
+}
+
+// Elementwise identity that notes how many of its launches run at once, and
+// on which threads.
+std::atomic<int> g_running{0}, g_most{0};
+std::mutex g_threads_mu;
+std::set<std::thread::id> g_threads;
+struct Probe {
+  static constexpr std::string_view name = "test_overlap_probe";
+  static constexpr OpTraits traits{.arity = 1};
+  static Shape infer(const InferCtx& c) { return c.shape(0); }
+  static at::Tensor run(RunCtx& c) {
+    const int now = ++g_running;
+    int most = g_most.load();
+    while (now > most && !g_most.compare_exchange_weak(most, now)) {}
+    {
+      std::lock_guard lock(g_threads_mu);
+      g_threads.insert(std::this_thread::get_id());
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(300));  // long enough for another to come in
+    --g_running;
+    return c.in(0) * 1.0;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("overlap: each part's values are those of one graph of the whole batch, under every strategy",
+          "[engine][overlap]") {
+  const at::Tensor W = param({kD, kD}, 3);
+  (void)inputs();
+  c10::NoGradGuard no_grad;
+  Graph whole;
+  std::vector<Expr> all;
+  for (int i = 0; i < kExamples; ++i) all.push_back(chain(whole, i, W));
+  whole.forward(all);
+  for (const Strategy* strategy : all_strategies()) {
+    INFO("strategy " << strategy->name());
+    Overlap parts({}, 2);
+    for (int pass = 0; pass < 2; ++pass) {  // a second run clears and reuses the parts' graphs
+      parts.run([&](Graph& g, size_t p) { return half(g, p, W); }, {.strategy = strategy});
+      for (size_t p = 0; p < 2; ++p) {
+        REQUIRE(parts.targets(p).size() == kExamples / 2);
+        for (size_t k = 0; k < kExamples / 2; ++k) {
+          const Expr& e = parts.targets(p)[k];
+          CHECK(e.example() == static_cast<int64_t>(p * kExamples / 2 + k));
+          CHECK(at::allclose(e.value(), all[p * kExamples / 2 + k].value(), 1e-5, 1e-6));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("overlap: gradients through both parts are one graph's", "[engine][overlap]") {
+  const at::Tensor W = param({kD, kD}, 4);
+  auto loss_of = [&](std::span<const Expr> outs) {
+    at::Tensor l = at::zeros({});
+    for (const Expr& e : outs) l = l + e.value().square().sum();
+    return l;
+  };
+  const std::vector<at::Tensor> want = test::gradients_of({W}, [&] {
+    Graph g;
+    std::vector<Expr> all;
+    for (int i = 0; i < kExamples; ++i) all.push_back(chain(g, i, W));
+    g.forward(all);
+    return loss_of(all);
+  });
+  Overlap parts({}, 2);
+  const std::vector<at::Tensor> got = test::gradients_of({W}, [&] {
+    parts.run([&](Graph& g, size_t p) { return half(g, p, W); });
+    return loss_of(parts.targets(0)) + loss_of(parts.targets(1));
+  });
+  test::require_all_close(got, want);
+}
+
+TEST_CASE("overlap: the parts' kernels take turns, their host work does not wait", "[engine][overlap]") {
+  g_running = 0;
+  g_most = 0;
+  g_threads.clear();
+  const at::Tensor W = param({kD, kD}, 5);
+  c10::NoGradGuard no_grad;
+  Overlap parts({.fuse = false}, 3);
+  parts.run([&](Graph& g, size_t p) {
+    std::vector<Expr> out;
+    for (int i = 0; i < 3; ++i) {
+      auto scope = g.example(i);
+      Expr h = g.input(inputs()[p * 2 + static_cast<size_t>(i)]);
+      for (int k = 0; k < 4; ++k)  // a round a step, each with a probe launch
+        h = dsl::cond(dsl::sum(h) > 0.0, [=] { return dsl::call(user_op<Probe>(), {dsl::tanh(dsl::matmul(W, h))}); },
+                      [=] { return dsl::call(user_op<Probe>(), {h * 0.5}); });
+      out.push_back(h);
+    }
+    return out;
+  });
+  CHECK(g_threads.size() == 3);  // every part ran its own kernels, on its own thread
+  CHECK(g_most.load() == 1);     // never two at once
+}
+
+TEST_CASE("overlap: a part's error is thrown by run() once every part is done", "[engine][overlap][errors]") {
+  const at::Tensor W = param({kD, kD}, 6);
+  Overlap parts({}, 2);
+  REQUIRE_THROWS_WITH(parts.run([&](Graph& g, size_t p) {
+    std::vector<Expr> out = half(g, p, W);
+    if (p == 1) out.push_back(dsl::matmul(W, g.input(at::ones({kD + 1}))));  // a shape mistake on the worker
+    return out;
+  }),
+                      Contains("op 'matmul'") && Contains("test_overlap.cpp"));
+  // Part 0 ran to the end meanwhile; the Overlap works on.
+  REQUIRE(parts.targets(0).size() == kExamples / 2);
+  CHECK(parts.targets(0)[0].value().defined());
+  parts.run([&](Graph& g, size_t p) { return half(g, p, W); });
+  CHECK(parts.targets(1).size() == kExamples / 2);
+}
+
+TEST_CASE("overlap: misuse is a UserError", "[engine][overlap][errors]") {
+  const at::Tensor W = param({kD, kD}, 7);
+  REQUIRE_THROWS_WITH(Overlap({}, 0), Contains("parts must be >= 1"));
+  Overlap parts({}, 2);
+  REQUIRE_THROWS_WITH(parts.graph(2), Contains("part 2 of 2"));
+  REQUIRE_THROWS_WITH(parts.targets(5), Contains("part 5 of 2"));
+  // From a part's own record function: its run would wait for itself.
+  REQUIRE_THROWS_WITH(parts.run([&](Graph& g, size_t p) {
+    if (p == 1) parts.run([&](Graph& h, size_t q) { return half(h, q, W); });
+    return half(g, p, W);
+  }),
+                      Contains("called from its own record function"));
+  // Part 1's graph belongs to its thread while run() runs.
+  REQUIRE_THROWS_WITH(parts.run([&](Graph& g, size_t p) {
+    if (p == 0) parts.graph(1).clear();
+    return half(g, p, W);
+  }),
+                      Contains("lent to another thread") && Contains("sheaf::Overlap"));
+  // One part: run on this thread alone.
+  Overlap one({}, 1);
+  one.run([&](Graph& g, size_t) { return half(g, 0, W); });
+  CHECK(one.targets(0).size() == kExamples / 2);
+}
