@@ -13,6 +13,8 @@
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
+#include <array>
+
 #include <memory>
 
 #include <attention/model.h>
@@ -113,6 +115,10 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
                              : count_different(hand.greedy(first), reference_outputs);
       systems.push_back(std::move(s));
     } else if (auto spec = parse_sheaf_system(strip_suffix(name, "/seq")); spec && train) {
+      if (spec->overlap) {  // (a teacher-forced batch records whole before forward: a Prefetcher's case)
+        std::fprintf(stderr, "sheaf-bench: %s skipped in train mode (+overlap is for decoding)\n", name.c_str());
+        continue;
+      }
       auto record = [&](Graph& g, size_t b) { return std::vector<Expr>{m.sheaf_batch_loss(g, batches[b])}; };
       const std::vector<size_t> added =
           add_sheaf_systems(o, *spec, train, batches.size(), sheaf_step, record, systems, owners);
@@ -129,6 +135,36 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
                                              return losses;
                                            }),
                      reference_losses);
+      }
+    } else if (spec && spec->overlap) {
+      // Greedy decoding as two parts (halves, in order) on two threads: one
+      // part's host work while the other's kernels run (sheaf::Overlap).
+      for (const Strategy* strategy : spec->strategies) {
+        owners.overlaps.push_back(std::make_unique<Overlap>(spec->graph(o.device, o.profile), 2));
+        Overlap* parts = owners.overlaps.back().get();
+        const size_t index = systems.size();
+        System s{"sheaf", spec->label(*strategy) + (&m == &model_by_sequence ? "/seq" : "")};
+        auto decode = [&, parts, strategy](const Batch& batch) {
+          std::array<std::vector<std::vector<int64_t>>, 2> out;
+          parts->run(
+              [&](Graph& g, size_t p) {
+                const std::span<const DigitPair* const> all(batch);
+                const size_t begin = all.size() * p / 2, end = all.size() * (p + 1) / 2;
+                out[p] = m.sheaf_decode(g, all.subspan(begin, end - begin), strategy);
+                return std::vector<Expr>{};
+              },
+              {.strategy = strategy});
+          out[0].insert(out[0].end(), out[1].begin(), out[1].end());
+          return out[0];
+        };
+        s.step = sheaf_step(s, [&, parts, index, decode](size_t b) {
+          decode(batches[b]);
+          for (size_t p = 0; p < parts->parts(); ++p) systems[index].counters.add(parts->graph(p).stats(), p);
+          return at::Tensor();
+        });
+        c10::NoGradGuard no_grad;
+        s.max_abs_diff = count_different(decode(first), reference_outputs);
+        systems.push_back(std::move(s));
       }
     } else if (spec) {
       // Greedy decoding records as it runs (each step waits for the last
@@ -152,7 +188,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
         systems.push_back(std::move(s));
       }
     } else {
-      throw UserError("unknown system '" + name + "' for attention (per-example, hand, hand:bmm, hand:mulsum, hand:at-lstm, sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline][/seq])");
+      throw UserError("unknown system '" + name + "' for attention (per-example, hand, hand:bmm, hand:mulsum, hand:at-lstm, sheaf[:<strategy>][+prefetch|+overlap][/unfused][/eager][/inline][/seq])");
     }
   }
   const double items = static_cast<double>(batches.size() * static_cast<size_t>(o.batch));

@@ -65,6 +65,46 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
       c10::NoGradGuard no_grad;
       s.max_abs_diff = max_diff(HandGatedRvNN(model, branches).root_logits(w.batches[0]), reference);
       systems.push_back(std::move(s));
+    } else if (auto spec = parse_sheaf_system(name); spec && spec->overlap) {
+      // The batch as two parts (halves, in order) on two threads: one part's
+      // host work while the other's kernels run (sheaf::Overlap).
+      auto part = [&, train](Graph& g, std::span<const Tree* const> trees, size_t p) {
+        const size_t begin = trees.size() * p / 2, end = trees.size() * (p + 1) / 2;
+        const std::span<const Tree* const> half = trees.subspan(begin, end - begin);
+        if (train) return std::vector<Expr>{model.sheaf_batch_loss(g, half)};
+        return model.sheaf_batch_root_logits(g, half);
+      };
+      for (const Strategy* strategy : spec->strategies) {
+        owners.overlaps.push_back(std::make_unique<Overlap>(spec->graph(o.device, o.profile), 2));
+        Overlap* parts = owners.overlaps.back().get();
+        const size_t index = systems.size();
+        System s{"sheaf", spec->label(*strategy)};
+        s.step = make_step(s, [&, parts, strategy, index, part](size_t b) {
+          parts->run([&](Graph& g, size_t p) { return part(g, w.batches[b], p); }, {.strategy = strategy});
+          at::Tensor loss;
+          for (size_t p = 0; p < parts->parts(); ++p) {
+            systems[index].counters.add(parts->graph(p).stats(), p);
+            if (train) loss = loss.defined() ? loss + parts->targets(p)[0].value() : parts->targets(p)[0].value();
+          }
+          return loss;
+        });
+        {  // the root logits of batch 0, run so
+          c10::NoGradGuard no_grad;
+          Overlap check(spec->graph(o.device), 2);
+          check.run(
+              [&](Graph& g, size_t p) {
+                const std::span<const Tree* const> trees(w.batches[0]);
+                const size_t begin = trees.size() * p / 2, end = trees.size() * (p + 1) / 2;
+                return model.sheaf_batch_root_logits(g, trees.subspan(begin, end - begin));
+              },
+              {.strategy = strategy});
+          std::vector<at::Tensor> rows;
+          for (size_t p = 0; p < check.parts(); ++p)
+            for (const Expr& e : check.targets(p)) rows.push_back(e.value());
+          s.max_abs_diff = max_diff(at::stack(rows), reference);
+        }
+        systems.push_back(std::move(s));
+      }
     } else if (auto spec = parse_sheaf_system(name)) {
       auto record = [&, train](Graph& g, size_t b) {
         if (train) return std::vector<Expr>{model.sheaf_batch_loss(g, w.batches[b])};
@@ -78,7 +118,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
                                            [&](Graph& g) { return model.sheaf_batch_root_logits(g, w.batches[0]); }),
                      reference);
     } else {
-      throw UserError("unknown system '" + name + "' for gated_rvnn (per-example, hand, hand:mask, sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline])");
+      throw UserError("unknown system '" + name + "' for gated_rvnn (per-example, hand, hand:mask, sheaf[:<strategy>][+prefetch|+overlap][/unfused][/eager][/inline])");
     }
   }
   const double items = static_cast<double>(w.batches.size() * static_cast<size_t>(o.batch));

@@ -73,13 +73,14 @@ std::optional<SheafSystem> parse_sheaf_system(const std::string& name) {
   s.defer = !take_suffix("/eager");
   s.fuse = !take_suffix("/unfused");
   s.prefetch = take_suffix("+prefetch");
+  s.overlap = !s.prefetch && take_suffix("+overlap");
   if (rest == "sheaf") s.strategies.assign(all_strategies().begin(), all_strategies().end());
   else s.strategies.push_back(&strategy_named(rest.substr(6)));
   return s;
 }
 
 std::string SheafSystem::label(const Strategy& s) const {
-  return std::string(s.name()) + (prefetch ? "+prefetch" : "") + (fuse ? "" : "/unfused") + (defer ? "" : "/eager") +
+  return std::string(s.name()) + (prefetch ? "+prefetch" : "") + (overlap ? "+overlap" : "") + (fuse ? "" : "/unfused") + (defer ? "" : "/eager") +
          (inline_functions ? "/inline" : "") + (pack_weights ? "" : "/unpacked");
 }
 
@@ -92,7 +93,7 @@ GraphOptions SheafSystem::graph(const std::string& device, bool profile) const {
                       .inline_functions = inline_functions};
 }
 
-void System::Counters::add(const Stats& s) {
+void System::Counters::add(const Stats& s, size_t part) {
   launches += static_cast<double>(s.batches);
   trace_ms += s.trace_ms;
   sched_ms += s.schedule_ms;
@@ -104,7 +105,7 @@ void System::Counters::add(const Stats& s) {
   gathered_inputs += static_cast<double>(s.gathered_inputs);
   in_place_inputs += static_cast<double>(s.in_place_inputs);
   zero_copy_inputs += static_cast<double>(s.zero_copy_inputs);
-  if (!s.strategy_used.empty()) ++strategy_used[std::string(s.strategy_used)];
+  if (!s.strategy_used.empty() && part == 0) ++strategy_used[std::string(s.strategy_used)];
   for (const Stats::Candidate& c : s.compared) {
     std::array<double, 5>& sum = compared[std::string(c.name)];
     sum[0] += static_cast<double>(c.launches);
@@ -113,7 +114,7 @@ void System::Counters::add(const Stats& s) {
     sum[3] += c.cost_us;
     sum[4] += 1;
   }
-  steps += 1;
+  if (part == 0) steps += 1;
   for (const auto& [op, t] : s.by_op) {
     ExecCounters::OpTime& mine = by_op[op];
     mine.launches += t.launches;
@@ -171,6 +172,8 @@ std::function<void(size_t)> StepMaker::operator()(System& s, std::function<at::T
 std::vector<size_t> add_sheaf_systems(const Options& o, const SheafSystem& spec, bool train, size_t n_batches,
                                       StepMaker& make_step, const Prefetcher::Record& record,
                                       std::vector<System>& systems, SheafOwners& owners) {
+  if (spec.overlap)  // (the batch split in parts: a workload that can split its batches runs it itself)
+    throw UserError("sheaf-bench: +overlap systems are for gated_rvnn, shift_reduce and attention's inference");
   const GraphOptions graph = spec.graph(o.device, o.profile);
   std::vector<size_t> added;
   for (const Strategy* strategy : spec.strategies) {

@@ -58,7 +58,8 @@ struct System {
     // gathered bytes and cost of the plans it compared, and how many.
     std::map<std::string, std::array<double, 5>> compared;
     std::map<std::string, ExecCounters::OpTime> by_op;  // with --profile
-    void add(const Stats& s);  // one batch of a Sheaf graph
+    // One batch of a Sheaf graph; `part` > 0: another part of the same batch (sheaf::Overlap's).
+    void add(const Stats& s, size_t part = 0);
   } counters;
   // With --profile: ms in each phase of a step, summed over steps.
   struct Phases {
@@ -159,6 +160,7 @@ double median_ms(c10::Device device, int repeat, F&& body) {
 struct SheafSystem {
   std::vector<const Strategy*> strategies;
   bool prefetch = false;
+  bool overlap = false;  // +overlap: the batch in two parts on two threads (sheaf::Overlap); a workload's own path
   bool fuse = true;
   bool defer = true;
   bool inline_functions = false;
@@ -235,6 +237,7 @@ at::Tensor sheaf_stacked_outputs(const GraphOptions& options, const Strategy& st
 struct SheafOwners {
   std::vector<std::unique_ptr<Graph>> graphs;
   std::vector<std::unique_ptr<Prefetcher>> prefetchers;
+  std::vector<std::unique_ptr<Overlap>> overlaps;
 };
 // For each strategy of `spec`, appends a System whose step records batch b with
 // `record` (train: its first target is the loss to back-propagate), runs it

@@ -34,7 +34,9 @@ int main(int argc, char** argv) {
   app.add_option("--trees", o.trees, "trees (taggers: sentences; attention: pairs) per timed pass (a multiple of --batch is used)")->check(CLI::PositiveNumber);
   app.add_option("--repeat", o.repeat, "timed passes per system (the median is reported)")->check(CLI::PositiveNumber);
   app.add_option("--systems", o.systems, "per-example, sheaf (every strategy), sheaf:<strategy>, hand; treelstm, the taggers and training on shift_reduce and attention also "
-                 "sheaf[:<strategy>]+prefetch (records the next batch on a second host thread); suffixes /unfused, /eager, /inline, "
+                 "sheaf[:<strategy>]+prefetch (records the next batch on a second host thread); gated_rvnn, shift_reduce and "
+                 "attention's inference also sheaf[:<strategy>]+overlap (the batch as two parts on two threads whose kernels "
+                 "take turns: sheaf::Overlap); suffixes /unfused, /eager, /inline, "
                  "/unpacked (bench/harness.h); treelstm also hand:sheaf-gemm (hand with Sheaf's packed-weight product kernel)")->delimiter(',');
   app.add_option("--modes", o.modes, "train, infer")->delimiter(',');
   app.add_option("--threads", o.threads, sheaf::models::kThreadsHelp)->check(CLI::PositiveNumber);

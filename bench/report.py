@@ -174,13 +174,15 @@ class Row:
             parts.append("t%s" % self.threads)
         return " ".join(parts)
 
-    def best_sheaf(self, prefetch=False):
+    def best_sheaf(self, helper=None):
         """(strategy, record) with the highest trees/s, or (None, None). A "+prefetch"
-        strategy records the next batch on a second host thread, so it is ranked
-        apart (prefetch=True) from the one-thread strategies."""
+        strategy records the next batch on a second host thread, and a "+overlap" one
+        runs the batch as two parts on two threads (their kernels one at a time), so
+        each is ranked apart (helper="+prefetch" or "+overlap") from the one-thread
+        strategies."""
         best = (None, None)
         for strategy, rec in self.sheaf.items():
-            if is_prefetch(strategy) != prefetch:
+            if helper_of(strategy) != helper:
                 continue
             tps = num(rec, "trees_per_sec")
             if tps is None or math.isnan(tps):
@@ -357,8 +359,16 @@ def tps_of(rec):
     return None if rec is None else num(rec, "trees_per_sec")
 
 
-def is_prefetch(strategy):
-    return str(strategy).endswith("+prefetch")
+HELPERS = ("+prefetch", "+overlap")
+
+
+def helper_of(strategy):
+    """"+prefetch" or "+overlap" for a system with a second host thread (its
+    label "auto+prefetch", "auto+overlap/seq"), else None."""
+    for h in HELPERS:
+        if h in str(strategy):
+            return h
+    return None
 
 
 def safe_div(a, b):
@@ -377,7 +387,7 @@ def table_markdown(table):
         head.append("steps")
     head.append("per-example trees/s")
     head += ["sheaf %s trees/s" % s for s in table.strategies]
-    prefetch_col = any(is_prefetch(s) for s in table.strategies)
+    helper_cols = [h for h in HELPERS if any(helper_of(s) == h for s in table.strategies)]
     head += ["hand trees/s"]
     head += ["hand:%s trees/s" % v for v in table.hand_alts]
     head += ["best sheaf", "best sheaf / hand"]
@@ -386,8 +396,7 @@ def table_markdown(table):
         head.append("auto / hand")
     head += ["best sheaf / hand:%s" % v for v in table.hand_alts]
     head += ["best sheaf / per-example"]
-    if prefetch_col:
-        head.append("best +prefetch / hand")
+    head += ["best %s / hand" % h for h in helper_cols]
     head += ["launches / batch", "trace+sched ms / batch", "trace+sched % of wall", "max \\|diff\\| vs per-example",
              "train: max \\|grad diff\\| / max \\|grad\\|"]
     align = ["---"] * (3 + threads_col + steps_col) + ["---:"] * (len(head) - 3 - threads_col - steps_col)
@@ -419,8 +428,8 @@ def table_markdown(table):
         for v in table.hand_alts:
             cells.append(fmt_ratio(safe_div(best_tps, tps_of(row.hand_alt.get(v)))))
         cells.append(fmt_ratio(safe_div(best_tps, pe)))
-        if prefetch_col:
-            cells.append(fmt_ratio(safe_div(tps_of(row.best_sheaf(prefetch=True)[1]), hand)))
+        for h in helper_cols:
+            cells.append(fmt_ratio(safe_div(tps_of(row.best_sheaf(helper=h)[1]), hand)))
         if best is not None:
             launches = num(best, "launches_per_batch")
             trace, sched = num(best, "trace_ms_per_batch"), num(best, "sched_ms_per_batch")
@@ -485,6 +494,9 @@ def write_markdown(path, tables, args, plot_written):
         "Sheaf's default strategy, chosen before the run. "
         "A *+prefetch* system records and schedules the next batch on a second host thread while the "
         "current one runs (sheaf::Prefetcher); it is ranked apart in *best +prefetch / hand*. "
+        "A *+overlap* system runs the batch as two parts on two threads whose kernels take turns: one "
+        "part's host work (recording, control flow, scheduling) while the other's kernels run "
+        "(sheaf::Overlap); it is ranked apart in *best +overlap / hand*. "
         "A strategy ending in */seq* runs the same model written with Sheaf's sequence ops "
         "(dsl::lstm over a sentence's rows, dsl::attention) instead of cell by cell; */inline* records "
         "its sheaf::Functions op by op; */eager* runs every node as soon as it can, also while control "

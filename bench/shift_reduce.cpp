@@ -7,6 +7,8 @@
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
+#include <array>
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -49,11 +51,13 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
 
   StepMaker make_step(o, train, model.parameters(), scale);
 
-  // Records batch b into g, runs it (every round), returns the loss and the root logits.
-  auto run_sheaf = [&](Graph& g, const Strategy& strategy, size_t b, std::vector<at::Tensor>* logits) {
+  // Records sentences [begin, end) of batch b into g, runs them (every round),
+  // returns the loss and the root logits.
+  auto run_sheaf_part = [&](Graph& g, const Strategy& strategy, size_t b, size_t begin, size_t end,
+                            std::vector<at::Tensor>* logits) {
     g.clear();
     std::vector<Task<ParseResult>> tasks;
-    for (size_t i = 0; i < batches[b].size(); ++i) {
+    for (size_t i = begin; i < end; ++i) {
       auto scope = g.example(static_cast<int>(i));
       tasks.push_back(model.parse(g, *batches[b][i], !train));
     }
@@ -64,7 +68,10 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
     g.forward(total, {.strategy = &strategy});
     if (logits)
       for (auto& t : tasks) logits->push_back(t.result().logits.value().detach().cpu());
-    return total.value();
+    return total;
+  };
+  auto run_sheaf = [&](Graph& g, const Strategy& strategy, size_t b, std::vector<at::Tensor>* logits) {
+    return run_sheaf_part(g, strategy, b, 0, batches[b].size(), logits).value();
   };
 
   std::vector<std::unique_ptr<Graph>> graphs;
@@ -87,6 +94,40 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
       });
       s.extra["steps"] = transitions / static_cast<double>(batches.size());
       systems.push_back(std::move(s));
+    } else if (auto spec = parse_sheaf_system(name); spec && spec->overlap) {
+      // The batch as two parts (halves, in order) on two threads: one part's
+      // host work while the other's kernels run (sheaf::Overlap).
+      for (const Strategy* strategy : spec->strategies) {
+        owners.overlaps.push_back(std::make_unique<Overlap>(spec->graph(o.device, o.profile), 2));
+        Overlap* parts = owners.overlaps.back().get();
+        const size_t index = systems.size();
+        System s{"sheaf", spec->label(*strategy)};
+        auto run_parts = [&, parts, strategy](size_t b, std::vector<at::Tensor>* logits) {
+          std::array<std::vector<at::Tensor>, 2> part_logits;
+          const size_t n = batches[b].size();
+          parts->run(
+              [&](Graph& g, size_t p) {
+                return std::vector<Expr>{run_sheaf_part(g, *strategy, b, n * p / 2, n * (p + 1) / 2,
+                                                        logits ? &part_logits[p] : nullptr)};
+              },
+              {.strategy = strategy});
+          if (logits)
+            for (const auto& v : part_logits) logits->insert(logits->end(), v.begin(), v.end());
+          return parts->targets(0)[0].value() + parts->targets(1)[0].value();
+        };
+        s.step = make_step(s, [&, parts, index, run_parts](size_t b) {
+          at::Tensor loss = run_parts(b, nullptr);
+          for (size_t p = 0; p < parts->parts(); ++p) systems[index].counters.add(parts->graph(p).stats(), p);
+          return loss;
+        });
+        {
+          c10::NoGradGuard no_grad;
+          std::vector<at::Tensor> logits;
+          run_parts(0, &logits);
+          s.max_abs_diff = diff_to_reference(logits);
+        }
+        systems.push_back(std::move(s));
+      }
     } else if (auto spec = parse_sheaf_system(name); spec && !spec->prefetch) {
       for (const Strategy* strategy : spec->strategies) {
         graphs.push_back(std::make_unique<Graph>(spec->graph(o.device, o.profile)));
@@ -155,7 +196,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
       }
       systems.push_back(std::move(s));
     } else {
-      throw UserError("unknown system '" + name + "' for shift_reduce (per-example, hand, sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline])");
+      throw UserError("unknown system '" + name + "' for shift_reduce (per-example, hand, sheaf[:<strategy>][+prefetch|+overlap][/unfused][/eager][/inline])");
     }
   }
 

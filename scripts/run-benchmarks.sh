@@ -14,6 +14,9 @@ out=docs/results-$device.jsonl
 {
   # auto+prefetch: Sheaf with sheaf::Prefetcher, which records and schedules the
   # next batch on a second host thread (ranked apart in the report).
+  # auto+overlap: Sheaf with sheaf::Overlap, the batch as two parts on two
+  # threads whose kernels take turns (control flow that decides as it runs:
+  # the gated net, greedy parsing and decoding; ranked apart in the report).
   # /inline: the same model with its sheaf::Functions recorded op by op (GraphOptions::inline_functions).
   # /unpacked: every product through OpenBLAS (GraphOptions::pack_weights off),
   # to show what the weights laid out once (ops/packed_gemm.h) bring;
@@ -24,12 +27,12 @@ out=docs/results-$device.jsonl
   # /eager: every node as soon as it can run, also while control flow waits
   # (GraphOptions::defer_unawaited off): the step losses of greedy parsing run a step at a time.
   "$bench" --workload shift_reduce --hidden 128 --batch 64 --trees 512 "${args[@]}" \
-    --systems per-example,sheaf,sheaf:auto/inline,sheaf:auto/eager,sheaf:auto/unpacked,sheaf:auto+prefetch,hand
+    --systems per-example,sheaf,sheaf:auto/inline,sheaf:auto/eager,sheaf:auto/unpacked,sheaf:auto+prefetch,sheaf:auto+overlap,hand
   # hand: each cell on its own rows (gates read on the host); hand:mask: both
   # cells on every row and a 0/1 mask (the masked baseline; no wait
   # for the gates, which may win on a GPU).
   "$bench" --workload gated_rvnn --hidden 128 --batch 64 --trees 512 "${args[@]}" \
-    --systems per-example,sheaf,sheaf:auto/inline,sheaf:auto/eager,hand,hand:mask
+    --systems per-example,sheaf,sheaf:auto/inline,sheaf:auto/eager,sheaf:auto+overlap,hand,hand:mask
   # DyNet's tagger workloads, on synthetic sentences with DyNet's sizes (SST has
   # no tags). hand: one custom autograd node per LSTM direction (packed_lstm, its
   # cell in ATen ops); hand:lstm runs LibTorch's at::lstm on the packed batch
@@ -45,7 +48,7 @@ out=docs/results-$device.jsonl
   # hand decodes with broadcast multiply + sum, hand:bmm with bmm). /seq: the encoder as
   # dsl::lstm and, in training, the decoder as one dsl::lstm and one dsl::attention.
   "$bench" --workload attention --hidden 128 --batch 64 --trees 512 --device "$device" --threads 1 --repeat 5 --json \
-    --systems per-example,sheaf:auto,sheaf:auto/seq,sheaf:auto+prefetch,hand,hand:bmm
+    --systems per-example,sheaf:auto,sheaf:auto/seq,sheaf:auto+prefetch,sheaf:auto+overlap,sheaf:auto+overlap/seq,hand,hand:bmm
   # One Transformer encoder layer tagging sentences of 5-40 words (--hidden: its width).
   # hand: attention in 4 length buckets; hand:pad: padded to the batch's longest.
   "$bench" --workload transformer --hidden 64,128 --batch 64 --trees 512 --device "$device" --threads 1 --repeat 5 \
