@@ -137,25 +137,30 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
                      reference_losses);
       }
     } else if (spec && spec->overlap) {
-      // Greedy decoding as two parts (halves, in order) on two threads: one
-      // part's host work while the other's kernels run (sheaf::Overlap).
+      // Greedy decoding as two parts of about equal lengths on two threads:
+      // one part's host work while the other's kernels run (sheaf::Overlap).
       for (const Strategy* strategy : spec->strategies) {
         owners.overlaps.push_back(std::make_unique<Overlap>(spec->graph(o.device, o.profile), 2));
         Overlap* parts = owners.overlaps.back().get();
         const size_t index = systems.size();
         System s{"sheaf", spec->label(*strategy) + (&m == &model_by_sequence ? "/seq" : "")};
         auto decode = [&, parts, strategy](const Batch& batch) {
+          // (A source's length is its answer's: the steps it decodes.)
+          const auto halves = balanced_halves(batch.size(), [&](size_t i) { return batch[i]->source.size(); });
+          std::array<Batch, 2> mine;
+          for (size_t p = 0; p < 2; ++p)
+            for (size_t i : halves[p]) mine[p].push_back(batch[i]);
           std::array<std::vector<std::vector<int64_t>>, 2> out;
           parts->run(
               [&](Graph& g, size_t p) {
-                const std::span<const DigitPair* const> all(batch);
-                const size_t begin = all.size() * p / 2, end = all.size() * (p + 1) / 2;
-                out[p] = m.sheaf_decode(g, all.subspan(begin, end - begin), strategy);
+                out[p] = m.sheaf_decode(g, mine[p], strategy);
                 return std::vector<Expr>{};
               },
               {.strategy = strategy});
-          out[0].insert(out[0].end(), out[1].begin(), out[1].end());
-          return out[0];
+          std::vector<std::vector<int64_t>> all(batch.size());  // back in the batch's order
+          for (size_t p = 0; p < 2; ++p)
+            for (size_t k = 0; k < halves[p].size(); ++k) all[halves[p][k]] = std::move(out[p][k]);
+          return all;
         };
         s.step = sheaf_step(s, [&, parts, index, decode](size_t b) {
           decode(batches[b]);

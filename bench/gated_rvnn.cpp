@@ -6,6 +6,10 @@
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
+#include <array>
+#include <memory>
+#include <utility>
+
 
 #include <baselines/gated_rvnn_hand.h>
 #include <data/trees.h>
@@ -66,21 +70,30 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
       s.max_abs_diff = max_diff(HandGatedRvNN(model, branches).root_logits(w.batches[0]), reference);
       systems.push_back(std::move(s));
     } else if (auto spec = parse_sheaf_system(name); spec && spec->overlap) {
-      // The batch as two parts (halves, in order) on two threads: one part's
+      // The batch as two parts on two threads, about equally high: one part's
       // host work while the other's kernels run (sheaf::Overlap).
-      auto part = [&, train](Graph& g, std::span<const Tree* const> trees, size_t p) {
-        const size_t begin = trees.size() * p / 2, end = trees.size() * (p + 1) / 2;
-        const std::span<const Tree* const> half = trees.subspan(begin, end - begin);
-        if (train) return std::vector<Expr>{model.sheaf_batch_loss(g, half)};
-        return model.sheaf_batch_root_logits(g, half);
+      auto split = [](const std::vector<const Tree*>& trees) {
+        const auto halves = balanced_halves(trees.size(), [&](size_t i) { return trees[i]->height(); });
+        std::array<std::vector<const Tree*>, 2> out;
+        for (size_t p = 0; p < 2; ++p)
+          for (size_t i : halves[p]) out[p].push_back(trees[i]);
+        return std::pair(halves, out);
       };
+      auto parts_of = std::make_shared<std::vector<std::array<std::vector<const Tree*>, 2>>>();
+      for (const auto& batch : w.batches) parts_of->push_back(split(batch).second);
       for (const Strategy* strategy : spec->strategies) {
         owners.overlaps.push_back(std::make_unique<Overlap>(spec->graph(o.device, o.profile), 2));
         Overlap* parts = owners.overlaps.back().get();
         const size_t index = systems.size();
         System s{"sheaf", spec->label(*strategy)};
-        s.step = make_step(s, [&, parts, strategy, index, part](size_t b) {
-          parts->run([&](Graph& g, size_t p) { return part(g, w.batches[b], p); }, {.strategy = strategy});
+        s.step = make_step(s, [&, parts, parts_of, strategy, index, train](size_t b) {
+          parts->run(
+              [&](Graph& g, size_t p) {
+                const std::vector<const Tree*>& mine = (*parts_of)[b][p];
+                if (train) return std::vector<Expr>{model.sheaf_batch_loss(g, mine)};
+                return model.sheaf_batch_root_logits(g, mine);
+              },
+              {.strategy = strategy});
           at::Tensor loss;
           for (size_t p = 0; p < parts->parts(); ++p) {
             systems[index].counters.add(parts->graph(p).stats(), p);
@@ -88,19 +101,15 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
           }
           return loss;
         });
-        {  // the root logits of batch 0, run so
+        {  // the root logits of batch 0, run so, back in the batch's order
           c10::NoGradGuard no_grad;
           Overlap check(spec->graph(o.device), 2);
-          check.run(
-              [&](Graph& g, size_t p) {
-                const std::span<const Tree* const> trees(w.batches[0]);
-                const size_t begin = trees.size() * p / 2, end = trees.size() * (p + 1) / 2;
-                return model.sheaf_batch_root_logits(g, trees.subspan(begin, end - begin));
-              },
-              {.strategy = strategy});
-          std::vector<at::Tensor> rows;
+          const auto [halves, trees] = split(w.batches[0]);
+          check.run([&](Graph& g, size_t p) { return model.sheaf_batch_root_logits(g, trees[p]); },
+                    {.strategy = strategy});
+          std::vector<at::Tensor> rows(w.batches[0].size());
           for (size_t p = 0; p < check.parts(); ++p)
-            for (const Expr& e : check.targets(p)) rows.push_back(e.value());
+            for (size_t k = 0; k < halves[p].size(); ++k) rows[halves[p][k]] = check.targets(p)[k].value();
           s.max_abs_diff = max_diff(at::stack(rows), reference);
         }
         systems.push_back(std::move(s));

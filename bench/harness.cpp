@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
+#include <span>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -58,6 +59,16 @@ at::Tensor sheaf_stacked_outputs(const GraphOptions& options, const Strategy& st
   return out;
 }
 
+std::array<std::vector<size_t>, 2> balanced_halves(size_t n, const std::function<double(size_t)>& rounds) {
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rounds(a) > rounds(b); });
+  std::array<std::vector<size_t>, 2> parts;
+  for (size_t k = 0; k < n; ++k) parts[(k + 1) / 2 % 2].push_back(order[k]);  // 0, 1, 1, 0, 0, 1, ...
+  for (auto& p : parts) std::sort(p.begin(), p.end());
+  return parts;
+}
+
 std::optional<SheafSystem> parse_sheaf_system(const std::string& name) {
   std::string rest = name;
   if (rest != "sheaf" && rest.rfind("sheaf:", 0) != 0 && rest.rfind("sheaf+", 0) != 0 && rest.rfind("sheaf/", 0) != 0)
@@ -100,13 +111,21 @@ void System::Counters::add(const Stats& s, size_t part) {
   exec_ms += s.execute_ms;
   gather_ms += s.gather_ms;
   op_ms += s.op_ms;
-  rounds += static_cast<double>(s.rounds);
+  // The parts of a batch run side by side: its rounds are its longest part's.
+  const double r = static_cast<double>(s.rounds);
+  if (part == 0) {
+    rounds += r;
+    batch_rounds = r;
+  } else if (r > batch_rounds) {
+    rounds += r - batch_rounds;
+    batch_rounds = r;
+  }
   gathered_bytes += static_cast<double>(s.gathered_bytes);
   gathered_inputs += static_cast<double>(s.gathered_inputs);
   in_place_inputs += static_cast<double>(s.in_place_inputs);
   zero_copy_inputs += static_cast<double>(s.zero_copy_inputs);
   if (!s.strategy_used.empty() && part == 0) ++strategy_used[std::string(s.strategy_used)];
-  for (const Stats::Candidate& c : s.compared) {
+  for (const Stats::Candidate& c : std::span(s.compared).first(part == 0 ? s.compared.size() : 0)) {  // (part 0's: one a batch)
     std::array<double, 5>& sum = compared[std::string(c.name)];
     sum[0] += static_cast<double>(c.launches);
     sum[1] += static_cast<double>(c.gathers);

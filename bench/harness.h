@@ -58,8 +58,10 @@ struct System {
     // gathered bytes and cost of the plans it compared, and how many.
     std::map<std::string, std::array<double, 5>> compared;
     std::map<std::string, ExecCounters::OpTime> by_op;  // with --profile
-    // One batch of a Sheaf graph; `part` > 0: another part of the same batch (sheaf::Overlap's).
+    // One batch of a Sheaf graph; `part` > 0: another part of the same batch
+    // (sheaf::Overlap's): its work adds up, its rounds run beside part 0's.
     void add(const Stats& s, size_t part = 0);
+    double batch_rounds = 0;  // add()'s: the current batch's rounds so far
   } counters;
   // With --profile: ms in each phase of a step, summed over steps.
   struct Phases {
@@ -170,6 +172,11 @@ struct SheafSystem {
 };
 // Nothing for a name that is not a Sheaf system; UserError for a bad strategy.
 std::optional<SheafSystem> parse_sheaf_system(const std::string& name);
+// A +overlap system's two parts of a batch of n items, about equal in rounds:
+// items by `rounds` (a tree's height, a sentence's steps), longest first,
+// dealt to parts 0, 1, 1, 0, 0, 1, ... (a part that ends first leaves the
+// other's host work with no kernels to hide behind). Each part in item order.
+std::array<std::vector<size_t>, 2> balanced_halves(size_t n, const std::function<double(size_t)>& rounds);
 // A workload's own system suffix (the model variant: "/matmul", "/seq") taken off.
 inline std::string strip_suffix(const std::string& s, std::string_view suffix) {
   return s.ends_with(suffix) ? s.substr(0, s.size() - suffix.size()) : s;

@@ -7,12 +7,12 @@
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
-#include <array>
-
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <ranges>
 
 #include <data/trees.h>
 #include <baselines/shift_reduce_hand.h>
@@ -51,13 +51,13 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
 
   StepMaker make_step(o, train, model.parameters(), scale);
 
-  // Records sentences [begin, end) of batch b into g, runs them (every round),
-  // returns the loss and the root logits.
-  auto run_sheaf_part = [&](Graph& g, const Strategy& strategy, size_t b, size_t begin, size_t end,
+  // Records sentences `items` (indices) of batch b into g, runs them (every
+  // round), returns the loss and the root logits.
+  auto run_sheaf_part = [&](Graph& g, const Strategy& strategy, size_t b, const auto& items,
                             std::vector<at::Tensor>* logits) {
     g.clear();
     std::vector<Task<ParseResult>> tasks;
-    for (size_t i = begin; i < end; ++i) {
+    for (size_t i : items) {
       auto scope = g.example(static_cast<int>(i));
       tasks.push_back(model.parse(g, *batches[b][i], !train));
     }
@@ -71,7 +71,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
     return total;
   };
   auto run_sheaf = [&](Graph& g, const Strategy& strategy, size_t b, std::vector<at::Tensor>* logits) {
-    return run_sheaf_part(g, strategy, b, 0, batches[b].size(), logits).value();
+    return run_sheaf_part(g, strategy, b, std::views::iota(size_t{0}, batches[b].size()), logits).value();
   };
 
   std::vector<std::unique_ptr<Graph>> graphs;
@@ -95,24 +95,29 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
       s.extra["steps"] = transitions / static_cast<double>(batches.size());
       systems.push_back(std::move(s));
     } else if (auto spec = parse_sheaf_system(name); spec && spec->overlap) {
-      // The batch as two parts (halves, in order) on two threads: one part's
-      // host work while the other's kernels run (sheaf::Overlap).
+      // The batch as two parts of about equal steps on two threads: one
+      // part's host work while the other's kernels run (sheaf::Overlap).
+      auto halves = std::make_shared<std::vector<std::array<std::vector<size_t>, 2>>>();
+      for (const auto& batch : batches)
+        halves->push_back(balanced_halves(batch.size(), [&](size_t i) { return batch[i]->num_words(); }));
       for (const Strategy* strategy : spec->strategies) {
         owners.overlaps.push_back(std::make_unique<Overlap>(spec->graph(o.device, o.profile), 2));
         Overlap* parts = owners.overlaps.back().get();
         const size_t index = systems.size();
         System s{"sheaf", spec->label(*strategy)};
-        auto run_parts = [&, parts, strategy](size_t b, std::vector<at::Tensor>* logits) {
+        auto run_parts = [&, parts, halves, strategy](size_t b, std::vector<at::Tensor>* logits) {
           std::array<std::vector<at::Tensor>, 2> part_logits;
-          const size_t n = batches[b].size();
           parts->run(
               [&](Graph& g, size_t p) {
-                return std::vector<Expr>{run_sheaf_part(g, *strategy, b, n * p / 2, n * (p + 1) / 2,
-                                                        logits ? &part_logits[p] : nullptr)};
+                return std::vector<Expr>{
+                    run_sheaf_part(g, *strategy, b, (*halves)[b][p], logits ? &part_logits[p] : nullptr)};
               },
               {.strategy = strategy});
-          if (logits)
-            for (const auto& v : part_logits) logits->insert(logits->end(), v.begin(), v.end());
+          if (logits) {  // back in the batch's order
+            logits->resize(batches[b].size());
+            for (size_t p = 0; p < 2; ++p)
+              for (size_t k = 0; k < part_logits[p].size(); ++k) (*logits)[(*halves)[b][p][k]] = part_logits[p][k];
+          }
           return parts->targets(0)[0].value() + parts->targets(1)[0].value();
         };
         s.step = make_step(s, [&, parts, index, run_parts](size_t b) {

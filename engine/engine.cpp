@@ -325,9 +325,12 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate, bool defer)
   return true;
 }
 
+std::unique_lock<ExecutionTurns> Engine::take_turn() {
+  return turns_ ? std::unique_lock(*turns_) : std::unique_lock<ExecutionTurns>();
+}
+
 void Engine::execute_in_turn() {
-  std::unique_lock<ExecutionTurns> turn;
-  if (turns_) turn = std::unique_lock(*turns_);
+  const std::unique_lock<ExecutionTurns> turn = take_turn();
   execute_round();
 }
 
@@ -760,7 +763,12 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
       const uint32_t b = s.value_at[r].batch;
       auto it = std::find_if(seen.begin(), seen.end(), [b](const auto& x) { return x.first == b; });
       if (it == seen.end()) {
-        const at::Tensor& t = lazy_.get(s, b);
+        // A value its fused kernel kept inside is made now: a kernel, run in
+        // turn (an Overlap's parts); a value at hand is read without waiting.
+        const at::Tensor& t = s.batch_out[b].defined() ? s.batch_out[b] : [&]() -> const at::Tensor& {
+          const std::unique_lock<ExecutionTurns> turn = take_turn();
+          return lazy_.get(s, b);
+        }();
         // Only its data is read (under no_grad: a copy records no history); a
         // detach() per batch cost a dispatch and a TensorImpl for nothing.
         it = seen.emplace(seen.end(), b, fetched_.emplace_back(t.is_contiguous() ? t : t.contiguous()).data_ptr<float>());
@@ -774,6 +782,8 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
     }
     return host;
   }
+  // On a device: gathers, a copy to the host, all in turn (an Overlap's parts).
+  const std::unique_lock<ExecutionTurns> turn = take_turn();
   // (batch, whole), position in nodes: a parameter's batch holds both the
   // tensor itself (a whole value) and rows of it (lookups read from their
   // table), fetched apart.

@@ -20,6 +20,7 @@
 #include <functional>
 #include <iosfwd>
 #include <memory>
+#include <mutex>
 #include <source_location>
 #include <span>
 #include <string>
@@ -149,10 +150,11 @@ class Engine {
   // worker frees the last batch; the caller's kept Exprs fail, not race).
   void retire();
   // A Prefetcher lends its next batch's graph to its worker (the thread
-  // numbered `thread`, handles.h) until its next take(), an Overlap its
-  // parts' graphs to its threads during run(); 0: not lent. Meanwhile
-  // forward, prepare and clear from another thread are a UserError (a Batch
-  // kept past the next take()), not a race with the worker.
+  // numbered `thread`, handles.h) until its next take(), an Overlap each
+  // part's graph to the thread that runs it during run(); 0: not lent.
+  // Meanwhile forward, prepare and clear from another thread (a Batch kept
+  // past the next take(), another part's control flow) are a UserError, not
+  // a race.
   void lend(uint64_t thread) { lent_to_.store(thread, std::memory_order_release); }
   // Graphs run on several threads at once (an Overlap's parts) run their
   // rounds' kernels one at a time, under `turns`; null: no turns.
@@ -180,6 +182,7 @@ class Engine {
   bool schedule_round(const Strategy& strategy, bool validate, bool defer);
   void execute_round();
   void execute_in_turn();  // execute_round, holding turns_ if set
+  std::unique_lock<ExecutionTurns> take_turn();  // held: turns_ (if set) is this thread's
   void finish_aliases();
   bool deliver_waiters();
   void call_inline(const FunctionDef& def, std::span<const NodeId> args, std::vector<Expr>& results, const Site& site);

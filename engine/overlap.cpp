@@ -1,10 +1,13 @@
 #include "overlap.h"
 
+#include <ATen/ops/zeros.h>
+
 #include <exception>
 #include <string>
 #include <utility>
 
 #include "engine.h"
+#include "handles.h"
 #include "turns.h"
 #include "worker.h"
 
@@ -26,42 +29,66 @@ Overlap::Overlap(GraphOptions graph, size_t parts) : turns_(std::make_unique<det
 
 Overlap::~Overlap() = default;  // (the workers first: each finishes its part)
 
+namespace {
+std::string out_of_range(const char* what, size_t part, size_t parts) {
+  return std::string("sheaf::Overlap::") + what + ": part " + std::to_string(part) + " is out of range: this Overlap has " +
+         std::to_string(parts) + " parts (0.." + std::to_string(parts - 1) + ")";
+}
+}  // namespace
+
 Graph& Overlap::graph(size_t part) {
-  if (part >= graphs_.size())
-    throw UserError("sheaf::Overlap::graph: part " + std::to_string(part) + " of " + std::to_string(graphs_.size()));
+  if (part >= graphs_.size()) throw UserError(out_of_range("graph", part, graphs_.size()));
   return *graphs_[part];
 }
 
 const std::vector<Expr>& Overlap::targets(size_t part) const {
-  if (part >= targets_.size())
-    throw UserError("sheaf::Overlap::targets: part " + std::to_string(part) + " of " +
-                    std::to_string(targets_.size()));
+  if (part >= targets_.size()) throw UserError(out_of_range("targets", part, targets_.size()));
   return targets_[part];
 }
 
 void Overlap::run_part(const Record& record, const ForwardOptions& forward, size_t part) {
   Graph& g = *graphs_[part];
-  targets_[part].clear();
+  // A thread's first kernel may be one of ours, launched through the CUDA
+  // driver (backend/nvrtc.h), which needs the context current on the thread:
+  // a LibTorch op first, which makes it so. (Not checked on a GPU yet.)
+  thread_local bool device_touched = false;
+  if (!device_touched && !g.options().device.is_cpu()) {
+    (void)at::zeros({1}, at::TensorOptions().device(g.options().device));
+    device_touched = true;
+  }
   g.clear();
   targets_[part] = record(g, part);
   g.forward(targets_[part], forward);
 }
 
 void Overlap::run(const Record& record, const ForwardOptions& forward) {
-  for (const auto& w : workers_)
-    if (w->on_this_thread())  // (it would wait for the part this very call runs)
-      throw UserError("sheaf::Overlap::run called from its own record function, or from control flow of a "
-                      "part (which run on the Overlap's threads): call run from the thread that made it");
-  // The other parts first, each lent to its thread while it runs.
+  // One run at a time: another from a part's record function or control flow
+  // (on any of the parts' threads) or from a second thread would clear graphs
+  // in use and post to busy threads.
+  if (running_.exchange(true))
+    throw UserError("sheaf::Overlap::run called while a run of it is under way (from a part's record function or "
+                    "control flow, or from another thread): one run at a time");
+  struct Done {
+    std::atomic<bool>& running;
+    ~Done() { running.store(false); }
+  } done{running_};
+  // Every part's last targets go first (a part not run this time shows none,
+  // not the last batch's), and its Exprs go stale here, on the caller's
+  // thread: one still held fails as cleared instead of racing with the
+  // worker's clear() (as a Prefetcher's batch does).
+  for (size_t p = 0; p < graphs_.size(); ++p) {
+    targets_[p].clear();
+    if (p > 0) detail::engine_of(*graphs_[p]).retire();
+  }
+  // Each part's graph is lent to the thread that runs it: forward, prepare
+  // and clear from elsewhere (another part's control flow) are a UserError.
+  const uint64_t here = detail::this_thread_tag();
+  detail::engine_of(*graphs_[0]).lend(here);
   size_t posted = 0;
   std::exception_ptr error;
   try {
     for (; posted < workers_.size(); ++posted) {
       const size_t part = posted + 1;
-      // The last run's Exprs of this part go stale here, on the caller's
-      // thread: one still held fails as cleared instead of racing with the
-      // worker's clear() (as a Prefetcher's batch does).
-      detail::engine_of(*graphs_[part]).retire();
       detail::engine_of(*graphs_[part]).lend(workers_[posted]->tag());
       workers_[posted]->post([this, &record, &forward, part] { run_part(record, forward, part); });
     }
@@ -77,6 +104,7 @@ void Overlap::run(const Record& record, const ForwardOptions& forward) {
     }
     detail::engine_of(*graphs_[k + 1]).lend(0);
   }
+  detail::engine_of(*graphs_[0]).lend(0);
   if (error) std::rethrow_exception(error);
 }
 

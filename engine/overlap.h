@@ -6,10 +6,14 @@
 // node, greedy decoding): there a Prefetcher, which records the next batch
 // ahead, cannot help, as the rounds after each decision run inside forward.
 //
-// Kernels never run on two threads at once: a one-thread run keeps one core
-// of math and uses a second for host work only, as a Prefetcher does. Each
-// part is a smaller batch (each launch has fewer rows), so it pays where host
-// work is a large share of the time; measure (docs/benchmarks.md).
+// Kernels never run on two threads at once (each round's launches, and the
+// reads that hand computed values to control flow, hold the turn; control
+// flow's callbacks do not): a one-thread run keeps one core of math and uses
+// a second for host work only, as a Prefetcher does. Each part is a smaller
+// batch (each launch has fewer rows), so it pays where host work is a large
+// share of the time, in inference (docs/benchmarks.md, stop 73: training's
+// backward passes do not overlap). A user op whose kernel runs a forward of
+// one of the same Overlap's graphs would wait for its own turn: do not.
 //
 //   sheaf::Overlap parts({.device = device});  // two parts
 //   parts.run([&](sheaf::Graph& g, size_t p) {  // part 1 on the Overlap's thread
@@ -18,11 +22,17 @@
 //   for (size_t p = 0; p < parts.parts(); ++p) use(parts.targets(p));
 //
 // The record function runs on several threads at once, one per part: it may
-// read what no part changes (the parameters, the data), and must record only
-// into the graph it is given. Branches, loop bodies and coroutines that
-// forward runs follow the same rule.
+// read what no part changes (the parameters, the data; sheaf::Functions, which
+// several parts may record at once), and must record only into the graph it
+// is given. Branches, loop bodies and coroutines that forward runs follow the
+// same rule. It may run forward itself (a decoder that reads its own
+// outputs): the forward after it then finds nothing left to run. As with a
+// Prefetcher, a part's graph is lent to its thread during run(): its forward,
+// prepare and clear from elsewhere are a UserError; its recording calls,
+// example(), set_strategy and stats() are not checked: do not.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -50,8 +60,8 @@ class Overlap {
   // Overlap's threads, under this thread's autograd mode, InferenceMode and
   // (for a device graph) current stream. Returns once every part is done; an
   // error of a part (recording it or running it) is thrown then, the lowest
-  // part's. Meanwhile the other parts' graphs are lent to their threads:
-  // their forward, prepare and clear from elsewhere are a UserError.
+  // part's. One run at a time: another while one is under way (from a part,
+  // or from another thread) is a UserError.
   void run(const Record& record, const ForwardOptions& forward = {});
 
   size_t parts() const { return graphs_.size(); }
@@ -64,6 +74,7 @@ class Overlap {
   std::vector<std::unique_ptr<Graph>> graphs_;
   std::vector<std::vector<Expr>> targets_;
   std::unique_ptr<detail::ExecutionTurns> turns_;
+  std::atomic<bool> running_{false};  // a run() under way
   std::vector<std::unique_ptr<detail::Worker>> workers_;  // part p >= 1 runs on workers_[p - 1]
 };
 

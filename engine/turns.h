@@ -28,8 +28,8 @@ bool spin_while(Busy busy, int spins) {
 
 // A lock that waits by spinning, then by yielding its core: a round's
 // kernels take tens of microseconds, less than a thread put to sleep takes
-// to wake on a virtual machine (a mutex's sleeping waiter made two parts
-// slower than one: measured in docs/benchmarks.md).
+// to wake on a virtual machine (with a std::mutex, two parts of the gated
+// net's batch ran slower than one graph: docs/benchmarks.md, stop 73).
 class ExecutionTurns {
  public:
   void lock() {
@@ -40,7 +40,7 @@ class ExecutionTurns {
   void unlock() { busy_.store(false, std::memory_order_release); }
 
  private:
-  static constexpr int kSpins = 1 << 14;  // ~1 ms of pauses
+  static constexpr int kSpins = 1 << 14;  // 0.05-1 ms of pauses (10-140 cycles each, by CPU)
   std::atomic<bool> busy_{false};
 };
 

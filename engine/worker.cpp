@@ -1,5 +1,6 @@
 #include "worker.h"
 
+#include <ATen/ThreadLocalState.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/StreamGuard.h>
@@ -10,6 +11,8 @@
 #include <mutex>
 #include <optional>
 #include <utility>
+
+#include <sheaf/core/error.h>
 
 #include "handles.h"
 #include "turns.h"
@@ -22,7 +25,10 @@ struct Worker::State {
   bool posted = false, stop = false;
   std::atomic<bool> done{true};  // (read without the lock by wait()'s spin)
   std::function<void()> job;
-  // The poster's modes, which the job runs under (for a device graph, its current stream too).
+  // The poster's thread-local LibTorch state (autograd and inference modes,
+  // autocast, dispatch settings, saved-tensor hooks, profiler callbacks),
+  // which the job runs under; for a device graph, its current stream too.
+  std::optional<at::ThreadLocalState> state;
   bool grad = true, inference = false;
   std::optional<c10::Stream> stream;
   std::exception_ptr error;
@@ -55,9 +61,11 @@ void Worker::loop() {
     std::function<void()> job = std::move(s.job);
     const bool grad = s.grad, inference = s.inference;
     const std::optional<c10::Stream> stream = s.stream;
+    const std::optional<at::ThreadLocalState> state = std::move(s.state);
     lock.unlock();
     std::exception_ptr error;
     try {
+      const at::ThreadLocalStateGuard thread_state(*state);
       std::optional<c10::StreamGuard> on_stream;
       if (stream) on_stream.emplace(*stream);
       const c10::InferenceMode inference_mode(inference);  // (sets grad mode too: first)
@@ -78,9 +86,12 @@ void Worker::post(std::function<void()> job) {
   State& s = *state_;
   std::optional<c10::Stream> stream;  // (what may throw, before anything is posted)
   if (!device_.is_cpu()) stream = c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_);
+  at::ThreadLocalState state;
   {
     std::lock_guard lock(s.mu);
+    SHEAF_ASSERT(s.done.load(std::memory_order_relaxed) && !s.posted, "a job posted to a busy worker thread");
     s.job = std::move(job);
+    s.state = std::move(state);
     s.grad = c10::GradMode::is_enabled();
     s.inference = c10::InferenceMode::is_enabled();
     s.stream = stream;

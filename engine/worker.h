@@ -1,8 +1,8 @@
 // A thread of the library's own (a Prefetcher's, an Overlap's) that runs one
-// posted job at a time, each under the autograd mode, InferenceMode and
-// device stream of the thread that posted it: what the job records and plans
-// is what that thread would have (a plan depends on the autograd mode:
-// scheduler/plan.h, Plan::grad).
+// posted job at a time, each under the LibTorch thread-local state (autograd
+// mode, InferenceMode, autocast, ...) and device stream of the thread that
+// posted it: what the job records, plans and runs is what that thread would
+// have (a plan depends on the autograd mode: scheduler/plan.h, Plan::grad).
 #pragma once
 
 #include <c10/core/Device.h>
@@ -22,7 +22,7 @@ class Worker {
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  // Starts `job` on the thread (none may be in flight).
+  // Starts `job` on the thread (none may be in flight: an internal error).
   void post(std::function<void()> job);
   // Waits for the job posted last; returns what it threw (null if nothing).
   // A short job is waited for by spinning first: a thread put to sleep on a

@@ -32,7 +32,7 @@ out=docs/results-$device.jsonl
   # cells on every row and a 0/1 mask (the masked baseline; no wait
   # for the gates, which may win on a GPU).
   "$bench" --workload gated_rvnn --hidden 128 --batch 64 --trees 512 "${args[@]}" \
-    --systems per-example,sheaf,sheaf:auto/inline,sheaf:auto/eager,sheaf:auto+overlap,hand,hand:mask
+    --systems per-example,sheaf,sheaf:auto/inline,sheaf:auto/eager,sheaf:auto+overlap,sheaf:depth+overlap,hand,hand:mask
   # DyNet's tagger workloads, on synthetic sentences with DyNet's sizes (SST has
   # no tags). hand: one custom autograd node per LSTM direction (packed_lstm, its
   # cell in ATen ops); hand:lstm runs LibTorch's at::lstm on the packed batch

@@ -171,20 +171,30 @@ TEST_CASE("overlap: misuse is a UserError", "[engine][overlap][errors]") {
   const at::Tensor W = param({kD, kD}, 7);
   REQUIRE_THROWS_WITH(Overlap({}, 0), Contains("parts must be >= 1"));
   Overlap parts({}, 2);
-  REQUIRE_THROWS_WITH(parts.graph(2), Contains("part 2 of 2"));
-  REQUIRE_THROWS_WITH(parts.targets(5), Contains("part 5 of 2"));
-  // From a part's own record function: its run would wait for itself.
-  REQUIRE_THROWS_WITH(parts.run([&](Graph& g, size_t p) {
-    if (p == 1) parts.run([&](Graph& h, size_t q) { return half(h, q, W); });
-    return half(g, p, W);
-  }),
-                      Contains("called from its own record function"));
-  // Part 1's graph belongs to its thread while run() runs.
-  REQUIRE_THROWS_WITH(parts.run([&](Graph& g, size_t p) {
-    if (p == 0) parts.graph(1).clear();
-    return half(g, p, W);
-  }),
-                      Contains("lent to another thread") && Contains("sheaf::Overlap"));
+  REQUIRE_THROWS_WITH(parts.graph(2), Contains("part 2 is out of range") && Contains("2 parts (0..1)"));
+  REQUIRE_THROWS_WITH(parts.targets(5), Contains("part 5 is out of range"));
+  // From a part's own record function, on either thread: one run at a time
+  // (it would clear graphs in use, and wait for itself).
+  for (size_t from : {0, 1}) {
+    INFO("run from part " << from);
+    REQUIRE_THROWS_WITH(parts.run([&](Graph& g, size_t p) {
+      if (p == from) parts.run([&](Graph& h, size_t q) { return half(h, q, W); });
+      return half(g, p, W);
+    }),
+                        Contains("while a run of it is under way"));
+  }
+  // Each part's graph belongs to its thread while run() runs.
+  for (size_t from : {0, 1}) {
+    INFO("part " << from << " uses the other's graph");
+    REQUIRE_THROWS_WITH(parts.run([&](Graph& g, size_t p) {
+      if (p == from) parts.graph(1 - from).clear();
+      return half(g, p, W);
+    }),
+                        Contains("lent to another thread") && Contains("sheaf::Overlap"));
+  }
+  // After those errors it runs as before.
+  parts.run([&](Graph& g, size_t p) { return half(g, p, W); });
+  CHECK(parts.targets(1).size() == kExamples / 2);
   // One part: run on this thread alone.
   Overlap one({}, 1);
   one.run([&](Graph& g, size_t) { return half(g, 0, W); });
