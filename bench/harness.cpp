@@ -60,6 +60,7 @@ at::Tensor sheaf_stacked_outputs(const GraphOptions& options, const Strategy& st
 }
 
 std::array<std::vector<size_t>, 2> balanced_halves(size_t n, const std::function<double(size_t)>& rounds) {
+  if (n < 2) throw UserError("sheaf-bench: a +overlap system needs batches of 2 or more (--batch)");
   std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rounds(a) > rounds(b); });

@@ -2,6 +2,7 @@
 
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <exception>
 #include <string>
 #include <utility>
@@ -51,14 +52,20 @@ void Overlap::run_part(const Record& record, const ForwardOptions& forward, size
   // A thread's first kernel may be one of ours, launched through the CUDA
   // driver (backend/nvrtc.h), which needs the context current on the thread:
   // a LibTorch op first, which makes it so. (Not checked on a GPU yet.)
-  thread_local bool device_touched = false;
-  if (!device_touched && !g.options().device.is_cpu()) {
-    (void)at::zeros({1}, at::TensorOptions().device(g.options().device));
-    device_touched = true;
+  const c10::Device device = g.options().device;
+  thread_local std::vector<c10::Device> touched;  // (per device: part 0 runs on the caller's thread)
+  if (!device.is_cpu() && std::find(touched.begin(), touched.end(), device) == touched.end()) {
+    (void)at::zeros({1}, at::TensorOptions().device(device));
+    touched.push_back(device);
   }
   g.clear();
-  targets_[part] = record(g, part);
-  g.forward(targets_[part], forward);
+  try {
+    targets_[part] = record(g, part);
+    g.forward(targets_[part], forward);
+  } catch (...) {
+    targets_[part].clear();  // (targets() holds computed values only)
+    throw;
+  }
 }
 
 void Overlap::run(const Record& record, const ForwardOptions& forward) {

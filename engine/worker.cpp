@@ -1,8 +1,6 @@
 #include "worker.h"
 
 #include <ATen/ThreadLocalState.h>
-#include <c10/core/GradMode.h>
-#include <c10/core/InferenceMode.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -29,7 +27,6 @@ struct Worker::State {
   // autocast, dispatch settings, saved-tensor hooks, profiler callbacks),
   // which the job runs under; for a device graph, its current stream too.
   std::optional<at::ThreadLocalState> state;
-  bool grad = true, inference = false;
   std::optional<c10::Stream> stream;
   std::exception_ptr error;
 };
@@ -59,17 +56,16 @@ void Worker::loop() {
     if (!s.posted) return;  // stopped with nothing to do
     s.posted = false;
     std::function<void()> job = std::move(s.job);
-    const bool grad = s.grad, inference = s.inference;
     const std::optional<c10::Stream> stream = s.stream;
     const std::optional<at::ThreadLocalState> state = std::move(s.state);
     lock.unlock();
     std::exception_ptr error;
     try {
+      // (Grad and inference modes included: at::ThreadLocalState carries
+      // the autograd state and the dispatch keys InferenceMode sets.)
       const at::ThreadLocalStateGuard thread_state(*state);
       std::optional<c10::StreamGuard> on_stream;
       if (stream) on_stream.emplace(*stream);
-      const c10::InferenceMode inference_mode(inference);  // (sets grad mode too: first)
-      const c10::AutoGradMode mode(grad);
       job();
     } catch (...) {
       error = std::current_exception();
@@ -92,8 +88,6 @@ void Worker::post(std::function<void()> job) {
     SHEAF_ASSERT(s.done.load(std::memory_order_relaxed) && !s.posted, "a job posted to a busy worker thread");
     s.job = std::move(job);
     s.state = std::move(state);
-    s.grad = c10::GradMode::is_enabled();
-    s.inference = c10::InferenceMode::is_enabled();
     s.stream = stream;
     s.done.store(false, std::memory_order_relaxed);
     s.posted = true;

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 
 #include "../support.h"
@@ -154,15 +155,19 @@ TEST_CASE("overlap: the parts' kernels take turns, their host work does not wait
 TEST_CASE("overlap: a part's error is thrown by run() once every part is done", "[engine][overlap][errors]") {
   const at::Tensor W = param({kD, kD}, 6);
   Overlap parts({}, 2);
+  parts.run([&](Graph& g, size_t p) { return half(g, p, W); });
+  REQUIRE(parts.targets(1).size() == kExamples / 2);
   REQUIRE_THROWS_WITH(parts.run([&](Graph& g, size_t p) {
     std::vector<Expr> out = half(g, p, W);
     if (p == 1) out.push_back(dsl::matmul(W, g.input(at::ones({kD + 1}))));  // a shape mistake on the worker
     return out;
   }),
                       Contains("op 'matmul'") && Contains("test_overlap.cpp"));
-  // Part 0 ran to the end meanwhile; the Overlap works on.
+  // Part 0 ran to the end meanwhile; the failed part shows no targets (not
+  // the last run's); the Overlap works on.
   REQUIRE(parts.targets(0).size() == kExamples / 2);
   CHECK(parts.targets(0)[0].value().defined());
+  CHECK(parts.targets(1).empty());
   parts.run([&](Graph& g, size_t p) { return half(g, p, W); });
   CHECK(parts.targets(1).size() == kExamples / 2);
 }
@@ -183,6 +188,22 @@ TEST_CASE("overlap: misuse is a UserError", "[engine][overlap][errors]") {
     }),
                         Contains("while a run of it is under way"));
   }
+  // From another thread while a run is under way.
+  std::string other_error;
+  parts.run([&](Graph& g, size_t p) {
+    if (p == 0) {
+      std::thread other([&] {
+        try {
+          parts.run([&](Graph& h, size_t q) { return half(h, q, W); });
+        } catch (const UserError& e) {
+          other_error = e.what();
+        }
+      });
+      other.join();
+    }
+    return half(g, p, W);
+  });
+  CHECK_THAT(other_error, Contains("while a run of it is under way"));
   // Each part's graph belongs to its thread while run() runs.
   for (size_t from : {0, 1}) {
     INFO("part " << from << " uses the other's graph");
@@ -199,4 +220,24 @@ TEST_CASE("overlap: misuse is a UserError", "[engine][overlap][errors]") {
   Overlap one({}, 1);
   one.run([&](Graph& g, size_t) { return half(g, 0, W); });
   CHECK(one.targets(0).size() == kExamples / 2);
+}
+
+TEST_CASE("overlap: every part runs under the caller's autograd and inference modes", "[engine][overlap]") {
+  const at::Tensor W = param({kD, kD}, 8);
+  Overlap parts({}, 2);
+  {
+    c10::InferenceMode inference;
+    parts.run([&](Graph& g, size_t p) { return half(g, p, W); });
+    for (size_t p = 0; p < 2; ++p) CHECK(parts.targets(p)[0].value().is_inference());
+  }
+  {
+    c10::NoGradGuard no_grad;
+    parts.run([&](Graph& g, size_t p) { return half(g, p, W); });
+    for (size_t p = 0; p < 2; ++p) CHECK_FALSE(parts.targets(p)[0].value().requires_grad());
+  }
+  parts.run([&](Graph& g, size_t p) { return half(g, p, W); });
+  for (size_t p = 0; p < 2; ++p) {
+    CHECK(parts.targets(p)[0].value().requires_grad());
+    CHECK_FALSE(parts.targets(p)[0].value().is_inference());
+  }
 }
