@@ -3,6 +3,8 @@
 // graph's; kernels never run on two threads at once; a part's error is thrown
 // by run() once every part is done; misuse is a UserError.
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 
 #include <sheaf/ops/user_op.h>
 #include <sheaf/scheduler/strategy.h>
