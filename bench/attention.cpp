@@ -146,10 +146,8 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
         System s{"sheaf", spec->label(*strategy) + (&m == &model_by_sequence ? "/seq" : "")};
         auto decode = [&, parts, strategy](const Batch& batch) {
           // (A source's length is its answer's: the steps it decodes.)
-          const auto halves = balanced_halves(batch.size(), [&](size_t i) { return batch[i]->source.size(); });
-          std::array<Batch, 2> mine;
-          for (size_t p = 0; p < 2; ++p)
-            for (size_t i : halves[p]) mine[p].push_back(batch[i]);
+          const Halves halves = balanced_halves(batch.size(), [&](size_t i) { return batch[i]->source.size(); });
+          const std::array<Batch, 2> mine = deal(batch, halves);
           std::array<std::vector<std::vector<int64_t>>, 2> out;
           parts->run(
               [&](Graph& g, size_t p) {
@@ -157,10 +155,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
                 return std::vector<Expr>{};
               },
               {.strategy = strategy});
-          std::vector<std::vector<int64_t>> all(batch.size());  // back in the batch's order
-          for (size_t p = 0; p < 2; ++p)
-            for (size_t k = 0; k < halves[p].size(); ++k) all[halves[p][k]] = std::move(out[p][k]);
-          return all;
+          return in_batch_order(halves, std::move(out));
         };
         s.step = sheaf_step(s, [&, parts, index, decode](size_t b) {
           decode(batches[b]);

@@ -72,15 +72,12 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
     } else if (auto spec = parse_sheaf_system(name); spec && spec->overlap) {
       // The batch as two parts on two threads, about equally high: one part's
       // host work while the other's kernels run (sheaf::Overlap).
-      auto split = [](const std::vector<const Tree*>& trees) {
-        const auto halves = balanced_halves(trees.size(), [&](size_t i) { return trees[i]->height(); });
-        std::array<std::vector<const Tree*>, 2> out;
-        for (size_t p = 0; p < 2; ++p)
-          for (size_t i : halves[p]) out[p].push_back(trees[i]);
-        return std::pair(halves, out);
-      };
+      auto halves = std::make_shared<std::vector<Halves>>();
       auto parts_of = std::make_shared<std::vector<std::array<std::vector<const Tree*>, 2>>>();
-      for (const auto& batch : w.batches) parts_of->push_back(split(batch).second);
+      for (const auto& batch : w.batches) {
+        halves->push_back(balanced_halves(batch.size(), [&](size_t i) { return batch[i]->height(); }));
+        parts_of->push_back(deal(batch, halves->back()));
+      }
       for (const Strategy* strategy : spec->strategies) {
         owners.overlaps.push_back(std::make_unique<Overlap>(spec->graph(o.device, o.profile), 2));
         Overlap* parts = owners.overlaps.back().get();
@@ -103,14 +100,12 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
         });
         {  // the root logits of batch 0, run so, back in the batch's order
           c10::NoGradGuard no_grad;
-          Overlap check(spec->graph(o.device), 2);
-          const auto [halves, trees] = split(w.batches[0]);
-          check.run([&](Graph& g, size_t p) { return model.sheaf_batch_root_logits(g, trees[p]); },
-                    {.strategy = strategy});
-          std::vector<at::Tensor> rows(w.batches[0].size());
-          for (size_t p = 0; p < check.parts(); ++p)
-            for (size_t k = 0; k < halves[p].size(); ++k) rows[halves[p][k]] = check.targets(p)[k].value();
-          s.max_abs_diff = max_diff(at::stack(rows), reference);
+          parts->run([&](Graph& g, size_t p) { return model.sheaf_batch_root_logits(g, (*parts_of)[0][p]); },
+                     {.strategy = strategy});
+          std::array<std::vector<at::Tensor>, 2> logits;
+          for (size_t p = 0; p < 2; ++p)
+            for (const Expr& e : parts->targets(p)) logits[p].push_back(e.value());
+          s.max_abs_diff = max_diff(at::stack(in_batch_order((*halves)[0], std::move(logits))), reference);
         }
         systems.push_back(std::move(s));
       }

@@ -97,7 +97,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
     } else if (auto spec = parse_sheaf_system(name); spec && spec->overlap) {
       // The batch as two parts of about equal steps on two threads: one
       // part's host work while the other's kernels run (sheaf::Overlap).
-      auto halves = std::make_shared<std::vector<std::array<std::vector<size_t>, 2>>>();
+      auto halves = std::make_shared<std::vector<Halves>>();
       for (const auto& batch : batches)
         halves->push_back(balanced_halves(batch.size(), [&](size_t i) { return batch[i]->num_words(); }));
       for (const Strategy* strategy : spec->strategies) {
@@ -113,11 +113,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
                     run_sheaf_part(g, *strategy, b, (*halves)[b][p], logits ? &part_logits[p] : nullptr)};
               },
               {.strategy = strategy});
-          if (logits) {  // back in the batch's order
-            logits->resize(batches[b].size());
-            for (size_t p = 0; p < 2; ++p)
-              for (size_t k = 0; k < part_logits[p].size(); ++k) (*logits)[(*halves)[b][p][k]] = part_logits[p][k];
-          }
+          if (logits) *logits = in_batch_order((*halves)[b], std::move(part_logits));
           return parts->targets(0)[0].value() + parts->targets(1)[0].value();
         };
         s.step = make_step(s, [&, parts, index, run_parts](size_t b) {
