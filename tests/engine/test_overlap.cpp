@@ -1,6 +1,7 @@
 // sheaf::Overlap: a batch run as parts on threads of their own, whose rounds
 // take turns at the kernels. Each part's values and gradients are one
-// graph's; kernels never run on two threads at once; a part's error is thrown
+// graph's; kernels never run on two threads at once, and one part's host work
+// runs while another's kernel does; a part's error is thrown
 // by run() once every part is done; misuse is a UserError.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -77,6 +78,31 @@ struct Probe {
     }
     std::this_thread::sleep_for(std::chrono::microseconds(300));  // long enough for another to come in
     --g_running;
+    return c.in(0) * 1.0;
+  }
+};
+
+// Waits up to 5 s for `flag`: a test that finds the parts serialised fails
+// instead of hanging.
+bool wait_for(const std::atomic<bool>& flag) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!flag.load()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+// An identity whose launch stays in its turn until part 0's host work (a
+// branch being recorded) has seen it running.
+std::atomic<bool> g_branch_started{false}, g_holder_running{false}, g_host_seen{false};
+struct Holder {
+  static constexpr std::string_view name = "test_overlap_holder";
+  static constexpr OpTraits traits{.arity = 1};
+  static Shape infer(const InferCtx& c) { return c.shape(0); }
+  static at::Tensor run(RunCtx& c) {
+    g_holder_running = true;
+    (void)wait_for(g_host_seen);
     return c.in(0) * 1.0;
   }
 };
@@ -242,4 +268,46 @@ TEST_CASE("overlap: every part runs under the caller's autograd and inference mo
     CHECK(parts.targets(p)[0].value().requires_grad());
     CHECK_FALSE(parts.targets(p)[0].value().is_inference());
   }
+}
+
+// What Overlap is for: one part's host work between rounds (here, recording a
+// cond's branch) runs while the other part's kernel holds the turn. If host
+// work waited for the turn (or a part held it for its whole forward), part
+// 0's branch would never see the holder running, and the holder would time
+// out waiting for it.
+TEST_CASE("overlap: one part's host work runs while the other part's kernel runs", "[engine][overlap]") {
+  g_branch_started = false;
+  g_holder_running = false;
+  g_host_seen = false;
+  const at::Tensor W = param({kD, kD}, 9);
+  c10::NoGradGuard no_grad;
+  Overlap parts({.fuse = false}, 2);
+  bool saw_holder = false;
+  parts.run([&](Graph& g, size_t p) {
+    auto scope = g.example(static_cast<int64_t>(p));
+    Expr h = g.input(inputs()[p]);
+    if (p == 0) {
+      // Part 0's predicate is computed in its first round; its branch is
+      // recorded on its thread after that, between rounds.
+      h = dsl::cond(
+          dsl::sum(h) > -1e9,
+          [&, h] {
+            g_branch_started = true;
+            saw_holder = wait_for(g_holder_running);
+            g_host_seen = saw_holder;
+            return dsl::tanh(dsl::matmul(W, h));
+          },
+          [=] { return h; });
+    } else {
+      // Part 1 launches the holder only once part 0 is in its branch (so
+      // part 0's first round never waits behind it).
+      (void)wait_for(g_branch_started);
+      h = dsl::call(user_op<Holder>(), {dsl::tanh(h)});
+    }
+    return std::vector<Expr>{h};
+  });
+  CHECK(g_branch_started.load());
+  CHECK(saw_holder);
+  CHECK(g_host_seen.load());
+  CHECK(at::allclose(parts.targets(1)[0].value(), at::tanh(inputs()[1])));
 }
