@@ -146,16 +146,16 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const P
         System s{"sheaf", spec->label(*strategy) + (&m == &model_by_sequence ? "/seq" : "")};
         auto decode = [&, parts, strategy](const Batch& batch) {
           // (A source's length is its answer's: the steps it decodes.)
-          const Halves halves = balanced_halves(batch.size(), [&](size_t i) { return batch[i]->source.size(); });
-          const std::array<Batch, 2> mine = deal(batch, halves);
-          std::array<std::vector<std::vector<int64_t>>, 2> out;
+          const Parts halves = balanced_halves(batch.size(), [&](size_t i) { return batch[i]->source.size(); });
+          const std::vector<Batch> mine = deal(batch, halves);
+          std::vector<std::vector<std::vector<int64_t>>> out(2);
           parts->run(
               [&](Graph& g, size_t p) {
                 out[p] = m.sheaf_decode(g, mine[p], strategy);
                 return std::vector<Expr>{};
               },
               {.strategy = strategy});
-          return in_batch_order(halves, std::move(out));
+          return in_item_order(halves, std::move(out));
         };
         s.step = sheaf_step(s, [&, parts, index, decode](size_t b) {
           decode(batches[b]);

@@ -72,8 +72,8 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
     } else if (auto spec = parse_sheaf_system(name); spec && spec->overlap) {
       // The batch as two parts on two threads, about equally high: one part's
       // host work while the other's kernels run (sheaf::Overlap).
-      auto halves = std::make_shared<std::vector<Halves>>();
-      auto parts_of = std::make_shared<std::vector<std::array<std::vector<const Tree*>, 2>>>();
+      auto halves = std::make_shared<std::vector<Parts>>();
+      auto parts_of = std::make_shared<std::vector<std::vector<std::vector<const Tree*>>>>();
       for (const auto& batch : w.batches) {
         halves->push_back(balanced_halves(batch.size(), [&](size_t i) { return batch[i]->height(); }));
         parts_of->push_back(deal(batch, halves->back()));
@@ -102,10 +102,10 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const W
           c10::NoGradGuard no_grad;
           parts->run([&](Graph& g, size_t p) { return model.sheaf_batch_root_logits(g, (*parts_of)[0][p]); },
                      {.strategy = strategy});
-          std::array<std::vector<at::Tensor>, 2> logits;
+          std::vector<std::vector<at::Tensor>> logits(2);
           for (size_t p = 0; p < 2; ++p)
             for (const Expr& e : parts->targets(p)) logits[p].push_back(e.value());
-          s.max_abs_diff = max_diff(at::stack(in_batch_order((*halves)[0], std::move(logits))), reference);
+          s.max_abs_diff = max_diff(at::stack(in_item_order((*halves)[0], std::move(logits))), reference);
         }
         systems.push_back(std::move(s));
       }

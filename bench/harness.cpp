@@ -59,15 +59,9 @@ at::Tensor sheaf_stacked_outputs(const GraphOptions& options, const Strategy& st
   return out;
 }
 
-Halves balanced_halves(size_t n, const std::function<double(size_t)>& rounds) {
+Parts balanced_halves(size_t n, const std::function<double(size_t)>& rounds) {
   if (n < 2) throw UserError("sheaf-bench: a +overlap system needs batches of 2 or more (--batch)");
-  std::vector<size_t> order(n);
-  for (size_t i = 0; i < n; ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rounds(a) > rounds(b); });
-  Halves parts;
-  for (size_t k = 0; k < n; ++k) parts[(k + 1) / 2 % 2].push_back(order[k]);  // 0, 1, 1, 0, 0, 1, ...
-  for (auto& p : parts) std::sort(p.begin(), p.end());
-  return parts;
+  return balanced_parts(n, 2, rounds);
 }
 
 std::optional<SheafSystem> parse_sheaf_system(const std::string& name) {

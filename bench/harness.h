@@ -172,31 +172,9 @@ struct SheafSystem {
 };
 // Nothing for a name that is not a Sheaf system; UserError for a bad strategy.
 std::optional<SheafSystem> parse_sheaf_system(const std::string& name);
-// A +overlap system's two parts of a batch of n items, about equal in rounds:
-// items by `rounds` (a tree's height, a sentence's steps), longest first,
-// dealt to parts 0, 1, 1, 0, 0, 1, ... (a part that ends first leaves the
-// other's host work with no kernels to hide behind). Each part in item order.
-using Halves = std::array<std::vector<size_t>, 2>;
-Halves balanced_halves(size_t n, const std::function<double(size_t)>& rounds);
-// The items of each part, in item order.
-template <class T>
-std::array<std::vector<T>, 2> deal(const std::vector<T>& items, const Halves& halves) {
-  std::array<std::vector<T>, 2> parts;
-  for (size_t p = 0; p < 2; ++p)
-    for (size_t i : halves[p]) parts[p].push_back(items[i]);
-  return parts;
-}
-// The parts' outputs (one per item) back in the batch's order.
-template <class T>
-std::vector<T> in_batch_order(const Halves& halves, std::array<std::vector<T>, 2> outputs) {
-  std::vector<T> all(halves[0].size() + halves[1].size());
-  for (size_t p = 0; p < 2; ++p) {
-    SHEAF_ASSERT(outputs[p].size() == halves[p].size(), "part ", p, " gave ", outputs[p].size(), " outputs for ",
-                 halves[p].size(), " items");
-    for (size_t k = 0; k < halves[p].size(); ++k) all[halves[p][k]] = std::move(outputs[p][k]);
-  }
-  return all;
-}
+// A +overlap system's two parts of a batch of n items, about equal in rounds
+// (sheaf::balanced_parts); a UserError for a batch under 2.
+Parts balanced_halves(size_t n, const std::function<double(size_t)>& rounds);
 // A workload's own system suffix (the model variant: "/matmul", "/seq") taken off.
 inline std::string strip_suffix(const std::string& s, std::string_view suffix) {
   return s.ends_with(suffix) ? s.substr(0, s.size() - suffix.size()) : s;

@@ -97,7 +97,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
     } else if (auto spec = parse_sheaf_system(name); spec && spec->overlap) {
       // The batch as two parts of about equal steps on two threads: one
       // part's host work while the other's kernels run (sheaf::Overlap).
-      auto halves = std::make_shared<std::vector<Halves>>();
+      auto halves = std::make_shared<std::vector<Parts>>();
       for (const auto& batch : batches)
         halves->push_back(balanced_halves(batch.size(), [&](size_t i) { return batch[i]->num_words(); }));
       for (const Strategy* strategy : spec->strategies) {
@@ -106,14 +106,14 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
         const size_t index = systems.size();
         System s{"sheaf", spec->label(*strategy)};
         auto run_parts = [&, parts, halves, strategy](size_t b, std::vector<at::Tensor>* logits) {
-          std::array<std::vector<at::Tensor>, 2> part_logits;
+          std::vector<std::vector<at::Tensor>> part_logits(2);
           parts->run(
               [&](Graph& g, size_t p) {
                 return std::vector<Expr>{
                     run_sheaf_part(g, *strategy, b, (*halves)[b][p], logits ? &part_logits[p] : nullptr)};
               },
               {.strategy = strategy});
-          if (logits) *logits = in_batch_order((*halves)[b], std::move(part_logits));
+          if (logits) *logits = in_item_order((*halves)[b], std::move(part_logits));
           return parts->targets(0)[0].value() + parts->targets(1)[0].value();
         };
         s.step = make_step(s, [&, parts, index, run_parts](size_t b) {

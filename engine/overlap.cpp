@@ -28,6 +28,22 @@ Overlap::Overlap(GraphOptions graph, size_t parts) : turns_(std::make_unique<det
   for (size_t p = 1; p < parts; ++p) workers_.push_back(std::make_unique<detail::Worker>(device));
 }
 
+Parts balanced_parts(size_t n, size_t parts, const std::function<double(size_t)>& weight) {
+  if (parts < 1) throw UserError("sheaf::balanced_parts: parts must be >= 1, got 0");
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::vector<double> w(n);
+  for (size_t i = 0; i < n; ++i) w[i] = weight(i);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return w[a] > w[b]; });
+  Parts out(parts);
+  for (size_t k = 0; k < n; ++k) {
+    const size_t lap = k / parts, at = k % parts;
+    out[lap % 2 == 0 ? at : parts - 1 - at].push_back(order[k]);  // there and back: 0, 1, 1, 0, ...
+  }
+  for (auto& p : out) std::sort(p.begin(), p.end());
+  return out;
+}
+
 Overlap::~Overlap() = default;  // (the workers first: each finishes its part)
 
 namespace {

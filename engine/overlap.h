@@ -16,11 +16,15 @@
 // backward passes do not overlap). A user op whose kernel runs a forward of
 // one of the same Overlap's graphs would wait for its own turn: do not.
 //
-//   sheaf::Overlap parts({.device = device});  // two parts
-//   parts.run([&](sheaf::Graph& g, size_t p) {  // part 1 on the Overlap's thread
-//     return model.logits(g, half_of_the_batch[p]);
+//   sheaf::Overlap overlap({.device = device});  // two parts
+//   const sheaf::Parts parts = sheaf::balanced_parts(batch.size(), 2, [&](size_t i) { return batch[i].length(); });
+//   const auto mine = sheaf::deal(batch, parts);
+//   overlap.run([&](sheaf::Graph& g, size_t p) {  // part 1 on the Overlap's thread
+//     return model.logits(g, mine[p]);
 //   });
-//   for (size_t p = 0; p < parts.parts(); ++p) use(parts.targets(p));
+//   std::vector<std::vector<sheaf::Expr>> out;
+//   for (size_t p = 0; p < overlap.parts(); ++p) out.push_back(overlap.targets(p));
+//   use(sheaf::in_item_order(parts, std::move(out)));  // the batch's order again
 //
 // The record function runs on several threads at once, one per part: it may
 // read what no part changes (the parameters, the data; sheaf::Functions, which
@@ -37,11 +41,64 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
+
+#include <sheaf/core/error.h>
 
 #include "graph.h"
 
 namespace sheaf {
+
+// A batch's items dealt to parts: part p's item indices, in item order.
+using Parts = std::vector<std::vector<size_t>>;
+
+// n items in `parts` parts about equal in rounds: items by `weight` (what
+// sets how many rounds an item runs: a tree's height, a sentence's length),
+// heaviest first, dealt to parts 0, 1, .., P-1, P-1, .., 0, 0, 1, .. Parts
+// that end far apart waste the overlap: once one part is done, the others'
+// host work has no kernels to hide behind. Parts may be empty (n < parts).
+Parts balanced_parts(size_t n, size_t parts, const std::function<double(size_t)>& weight);
+
+// Each part's items, in item order.
+template <class T>
+std::vector<std::vector<T>> deal(const std::vector<T>& items, const Parts& parts) {
+  std::vector<std::vector<T>> out(parts.size());
+  for (size_t p = 0; p < parts.size(); ++p)
+    for (size_t i : parts[p]) {
+      if (i >= items.size())
+        throw UserError(detail::cat("sheaf::deal: part ", p, " lists item ", i, ", but there are ", items.size()));
+      out[p].push_back(items[i]);
+    }
+  return out;
+}
+
+// The parts' outputs, one per item of each part, back in the items' order.
+template <class T>
+std::vector<T> in_item_order(const Parts& parts, std::vector<std::vector<T>> outputs) {
+  if (outputs.size() != parts.size())
+    throw UserError(detail::cat("sheaf::in_item_order: ", outputs.size(), " parts' outputs for ", parts.size(), " parts"));
+  size_t n = 0;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    if (outputs[p].size() != parts[p].size())
+      throw UserError(detail::cat("sheaf::in_item_order: part ", p, " has ", parts[p].size(), " items but ",
+                                  outputs[p].size(), " outputs"));
+    n += parts[p].size();
+  }
+  std::vector<T> all(n);
+  std::vector<bool> seen(n, false);
+  for (size_t p = 0; p < parts.size(); ++p)
+    for (size_t k = 0; k < parts[p].size(); ++k) {
+      const size_t i = parts[p][k];
+      if (i >= n || seen[i])
+        throw UserError(detail::cat("sheaf::in_item_order: item ", i, " of part ", p,
+                                    i >= n ? " is out of range: the parts list " : " is listed twice: the parts list ",
+                                    n, " items"));
+      seen[i] = true;
+      all[i] = std::move(outputs[p][k]);
+    }
+  return all;
+}
 
 namespace detail {
 class ExecutionTurns;

@@ -31,26 +31,45 @@ struct Eval {
   double accuracy = 0, transition_accuracy = 0, trees_per_sec = 0, steps_per_batch = 0, fetches_per_batch = 0;
 };
 
-// Parses `trees` in batches following the model's own transitions.
-Eval evaluate(const ShiftReduce& m, const std::vector<data::Tree>& trees, size_t batch) {
+// Parses `trees` in batches following the model's own transitions. Each
+// batch runs as `parts` parts of about equal length, one a thread, whose
+// rounds take turns at the kernels (sheaf::Overlap): while one part's
+// transitions run, another records what its predictions decided. One part:
+// one graph on this thread.
+Eval evaluate(const ShiftReduce& m, const std::vector<data::Tree>& trees, size_t batch, size_t parts) {
   c10::NoGradGuard no_grad;
-  Graph g({.device = m.E.device()});
+  Overlap overlap({.device = m.E.device()}, parts);
   Eval e;
   size_t right = 0, transitions_right = 0, transitions = 0, batches = 0;
   const auto t0 = Clock::now();
   for (size_t start = 0; start < trees.size(); start += batch, ++batches) {
-    g.clear();
-    std::vector<Task<ParseResult>> tasks;
     const size_t end = std::min(trees.size(), start + batch);
-    for (size_t i = start; i < end; ++i) {
-      auto scope = g.example(static_cast<int>(i - start));
-      tasks.push_back(m.parse(g, trees[i], /*predict=*/true));
+    const Parts dealt =
+        balanced_parts(end - start, parts, [&](size_t i) { return static_cast<double>(trees[start + i].num_words()); });
+    std::vector<std::vector<ParseResult>> results(parts);
+    overlap.run([&](Graph& g, size_t p) {
+      std::vector<Task<ParseResult>> tasks;
+      for (size_t i : dealt[p]) {
+        auto scope = g.example(static_cast<int>(i));
+        tasks.push_back(m.parse(g, trees[start + i], /*predict=*/true));
+      }
+      g.forward();  // the parses run to their ends (each step waits for its prediction)
+      std::vector<Expr> logits;
+      for (auto& t : tasks) {
+        results[p].push_back(t.result());
+        logits.push_back(results[p].back().logits);
+      }
+      return logits;
+    });
+    double rounds = 0;
+    for (size_t p = 0; p < parts; ++p) {
+      rounds = std::max(rounds, static_cast<double>(overlap.graph(p).stats().rounds));  // the parts run side by side
+      e.fetches_per_batch += static_cast<double>(overlap.graph(p).stats().fetches);
     }
-    g.forward();
-    e.steps_per_batch += static_cast<double>(g.stats().rounds);
-    e.fetches_per_batch += static_cast<double>(g.stats().fetches);
+    e.steps_per_batch += rounds;
+    const std::vector<ParseResult> in_order = in_item_order(dealt, std::move(results));
     for (size_t i = start; i < end; ++i) {
-      ParseResult& r = tasks[i - start].result();
+      const ParseResult& r = in_order[i - start];
       right += r.logits.value().argmax().item<int64_t>() == trees[i].label.back();
       std::vector<int> gold = models::gold_transitions(trees[i]);
       for (size_t k = 0; k < gold.size(); ++k) transitions_right += gold[k] == r.transitions[k];
@@ -77,7 +96,7 @@ double eager_trees_per_sec(const ShiftReduce& m, const std::vector<data::Tree>& 
 int main(int argc, char** argv) {
   std::string data_dir, device = "cpu";
   int epochs = 2, threads = 1;
-  int64_t hidden = 128, tracking = 32, batch = 32, train_trees = 2000;
+  int64_t hidden = 128, tracking = 32, batch = 32, train_trees = 2000, eval_batch = 256, parts = 2;
   CLI::App app{"shift_reduce: SPINN-style parser; gold transitions to train, its own predictions to parse"};
   app.add_option("--data", data_dir, "SST directory (default: synthetic trees)");
   app.add_option("--epochs", epochs)->check(CLI::NonNegativeNumber);
@@ -88,6 +107,11 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, models::kThreadsHelp)
       ->check(CLI::PositiveNumber);
   app.add_option("--device", device, "cpu or cuda");
+  app.add_option("--eval-batch", eval_batch, "dev sentences parsed together")->check(CLI::PositiveNumber);
+  app.add_option("--parts", parts,
+                 "parse each dev batch as this many parts, one a thread, whose kernels take turns (sheaf::Overlap: "
+                 "one part's host work while another's kernels run; it needs a core a part); 1: one graph")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -134,17 +158,20 @@ int main(int argc, char** argv) {
         loss += total.item();
       }
       const double secs = seconds_since(t0);
-      Eval e = evaluate(m, dev, static_cast<size_t>(batch));
+      Eval e = evaluate(m, dev, static_cast<size_t>(eval_batch), static_cast<size_t>(parts));
       std::printf("epoch %d: loss/tree %.3f, train %.0f trees/s (gold transitions); dev: sentiment %.1f%%, "
                   "transitions %.1f%% like gold, %.0f trees/s parsing with its own predictions\n",
                   epoch, loss / static_cast<double>(train.size()), static_cast<double>(train.size()) / secs,
                   100 * e.accuracy, 100 * e.transition_accuracy, e.trees_per_sec);
     }
-    Eval e = evaluate(m, dev, static_cast<size_t>(batch));
+    Eval e = evaluate(m, dev, static_cast<size_t>(eval_batch), static_cast<size_t>(parts));
     std::printf("predicted-transition parsing, batch %lld: %.1f batched steps and %.1f host fetches per batch; "
                 "%.0f trees/s vs %.0f trees/s one sentence at a time\n",
-                static_cast<long long>(batch), e.steps_per_batch, e.fetches_per_batch, e.trees_per_sec,
+                static_cast<long long>(eval_batch), e.steps_per_batch, e.fetches_per_batch, e.trees_per_sec,
                 eager_trees_per_sec(m, dev, std::min<size_t>(dev.size(), 200)));
+    if (parts > 1)
+      std::printf("  in %lld parts (sheaf::Overlap) against one graph: %.0f against %.0f trees/s\n",
+                  static_cast<long long>(parts), e.trees_per_sec, evaluate(m, dev, static_cast<size_t>(eval_batch), 1).trees_per_sec);
     return 0;
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "shift_reduce: %s\n", ex.what());

@@ -311,3 +311,48 @@ TEST_CASE("overlap: one part's host work runs while the other part's kernel runs
   CHECK(g_host_seen.load());
   CHECK(at::allclose(parts.targets(1)[0].value(), at::tanh(inputs()[1])));
 }
+
+TEST_CASE("overlap: balanced_parts deals heaviest first, there and back, and deal and in_item_order undo each other",
+          "[engine][overlap]") {
+  // Weights 9..0 of items 0..9 (item i weighs 9 - i): dealt 0 1 2 2 1 0 0 1 2 2.
+  const Parts three = balanced_parts(10, 3, [](size_t i) { return 9.0 - static_cast<double>(i); });
+  CHECK(three == Parts{{0, 5, 6}, {1, 4, 7}, {2, 3, 8, 9}});
+  // Two parts: 0 1 1 0 0 1 ..., each part in item order; ties keep item order.
+  const Parts two = balanced_parts(5, 2, [](size_t i) { return i == 3 ? 10.0 : 1.0; });
+  CHECK(two == Parts{{2, 3, 4}, {0, 1}});  // by weight: 3, then 0, 1, 2, 4
+  // Fewer items than parts: the rest are empty.
+  CHECK(balanced_parts(1, 3, [](size_t) { return 1.0; }) == Parts{{0}, {}, {}});
+  REQUIRE_THROWS_WITH(balanced_parts(4, 0, [](size_t) { return 1.0; }), Contains("parts must be >= 1"));
+
+  const std::vector<std::string> items{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"};
+  const std::vector<std::vector<std::string>> dealt = deal(items, three);
+  CHECK(dealt[2] == std::vector<std::string>{"c", "d", "i", "j"});
+  CHECK(in_item_order(three, dealt) == items);
+  // Mistakes: outputs that do not match the parts, parts that are not a deal.
+  std::vector<std::vector<std::string>> short_part = dealt;
+  short_part[1].pop_back();
+  REQUIRE_THROWS_WITH(in_item_order(three, short_part), Contains("part 1 has 3 items but 2 outputs"));
+  REQUIRE_THROWS_WITH(in_item_order(three, std::vector<std::vector<std::string>>(2)),
+                      Contains("2 parts' outputs for 3 parts"));
+  REQUIRE_THROWS_WITH(in_item_order(Parts{{0, 1}, {1}}, std::vector<std::vector<int>>{{1, 2}, {3}}),
+                      Contains("item 1 of part 1 is listed twice"));
+  REQUIRE_THROWS_WITH(deal(items, Parts{{0, 12}}), Contains("part 0 lists item 12, but there are 10"));
+}
+
+TEST_CASE("overlap: a part with no items runs nothing and shows no targets", "[engine][overlap]") {
+  const at::Tensor W = param({kD, kD}, 10);
+  c10::NoGradGuard no_grad;
+  const Parts parts = balanced_parts(1, 2, [](size_t) { return 1.0; });
+  Overlap overlap({}, 2);
+  overlap.run([&](Graph& g, size_t p) {
+    std::vector<Expr> out;
+    for (size_t i : parts[p]) out.push_back(chain(g, static_cast<int>(i), W));
+    return out;
+  });
+  CHECK(overlap.targets(0).size() == 1);
+  CHECK(overlap.targets(1).empty());
+  Graph alone;
+  const Expr want = chain(alone, 0, W);
+  alone.forward({want});
+  CHECK(at::allclose(overlap.targets(0)[0].value(), want.value(), 1e-5, 1e-6));
+}
