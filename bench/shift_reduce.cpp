@@ -167,12 +167,23 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
       };
       const std::vector<size_t> added =
           add_sheaf_systems(o, *spec, train, batches.size(), make_step, record, systems, owners);
+      // Checked as it runs: batch 0 recorded and prepared by a Prefetcher's worker.
+      auto record_logits = [&](Graph& g) {
+        std::vector<Expr> logits;
+        for (size_t i = 0; i < batches[0].size(); ++i) {
+          auto scope = g.example(static_cast<int>(i));
+          Task<ParseResult> t = model.parse(g, *batches[0][i], /*predict=*/false);
+          logits.push_back(t.result().logits);
+        }
+        return logits;
+      };
       for (size_t q = 0; q < added.size(); ++q) {
-        c10::NoGradGuard no_grad;
-        Graph check(spec->graph(o.device));
-        std::vector<at::Tensor> logits;
-        run_sheaf(check, *spec->strategies[q], 0, &logits);
-        systems[added[q]].max_abs_diff = diff_to_reference(logits);
+        sheaf_check_run(spec->graph(o.device), *spec->strategies[q], true, record_logits,
+                        [&](std::span<const Expr> targets) {
+                          std::vector<at::Tensor> logits;
+                          for (const Expr& e : targets) logits.push_back(e.value().detach().cpu());
+                          systems[added[q]].max_abs_diff = diff_to_reference(logits);
+                        });
       }
     } else if (name == "hand") {
       const HandShiftReduce hand(model);
