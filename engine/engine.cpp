@@ -139,6 +139,18 @@ void Engine::throw_frozen(std::string_view what, Loc loc) const {
              "was used after the call (keep only the results the function returns)");
 }
 
+void Engine::throw_closed(std::string_view what, Loc loc) const {
+  if (closed_ & kExecuting) throw_in_kernel(what, loc);
+  throw_frozen(what, loc);
+}
+
+void Engine::throw_in_kernel(std::string_view what, Loc loc) const {
+  throw_user(Site{what, kSharedExample, loc},
+             "called from inside one of this graph's own kernels (a user op's run()) while its round runs: a "
+             "kernel may not record into, run, clear or read the values of the graph that launched it; do that "
+             "work outside the user op (pass what it needs as arguments), or on another graph");
+}
+
 void Engine::throw_in_body(std::string_view what, Loc loc) const {
   throw_user(Site{what, kSharedExample, loc},
              "called inside a sheaf::Function's body: a body is recorded once, on stand-ins for its arguments, "
@@ -336,6 +348,11 @@ void Engine::execute_in_turn() {
 
 void Engine::execute_round() {
   const auto t0 = Clock::now();
+  struct Executing {
+    uint8_t& closed;
+    explicit Executing(uint8_t& c) : closed(c) { closed |= kExecuting; }
+    ~Executing() { closed &= static_cast<uint8_t>(~kExecuting); }
+  } executing{closed_};
   exec_config_ = ExecConfig{options_.device, options_.seed, options_.train, options_.profile,
                             options_.batch_weight_grads, &functions_, &transposed_, &index_buffer_,
                             &row_gathers_};
@@ -391,6 +408,7 @@ void Engine::finish_aliases() {
 
 at::Tensor Engine::value(NodeId n, Loc loc) {
   if (recording_body_) throw_in_body("value", loc);
+  if (closed_ & kExecuting) throw_in_kernel("value", loc);
   NodeStore& s = trace_.store();
   const NodeId r = s.resolve(n);
   if (!s.has(r, NodeStore::kComputed)) {
@@ -439,7 +457,7 @@ void Engine::clear() {
   stats_.compared = std::move(compared);
   prepared_ = false;
   recording_ = false;
-  frozen_ = false;
+  closed_ &= static_cast<uint8_t>(~kFrozen);
   if (!retired_) generation_ = bump_generation(slot_);
   retired_ = false;
   functions_.trim(generation_);

@@ -87,11 +87,12 @@ class Engine {
   // A frozen function body refuses `what` (engine/functions.h); before
   // anything is added for it (a shared node for a tensor operand included),
   // so that it leaves no node behind.
+  // Also refused while one of its rounds runs (from a kernel: a user op's run()).
   void expect_open(OpCode op, Loc loc) const {
-    if (frozen_) [[unlikely]] throw_frozen(op_info(op).name, loc);
+    if (closed_ != 0) [[unlikely]] throw_closed(op_info(op).name, loc);
   }
   void expect_open(std::string_view what, Loc loc) const {
-    if (frozen_) [[unlikely]] throw_frozen(what, loc);
+    if (closed_ != 0) [[unlikely]] throw_closed(what, loc);
   }
   Expr record(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload, Loc loc) {
     expect_open(op, loc);
@@ -105,7 +106,7 @@ class Engine {
   }
   // This graph holds a compiled function body (engine/functions.h): until its
   // next clear(), recording on it or running it is a UserError.
-  void freeze_body() { frozen_ = true; }
+  void freeze_body() { closed_ |= kFrozen; }
   // While a sheaf::Function's body records on this graph (on stand-ins for
   // its arguments, once per argument shapes): nothing of it may be computed.
   void set_recording_body(bool on) { recording_body_ = on; }
@@ -259,9 +260,18 @@ class Engine {
   std::vector<Delivery>* delivering_ = nullptr;
   bool prepared_ = false;  // the scheduler holds a planned round that forward() runs first
   bool recording_ = false; // a node was recorded since the last forward()/prepare()/clear()
-  bool frozen_ = false;    // a compiled function body (freeze_body)
+  // Why recording is refused (one byte: recording's check is one test).
+  // kFrozen: a compiled function body (freeze_body). kExecuting: a round's
+  // kernels run (execute_round): what a kernel (a user op's run()) would do
+  // to this graph, record, run it or read its values, is a UserError.
+  // Recording would grow the store the round reads; a forward would wait
+  // for its own turn at an Overlap's kernels, or plan over the round that runs.
+  enum : uint8_t { kFrozen = 1, kExecuting = 2 };
+  uint8_t closed_ = 0;
   bool recording_body_ = false;  // a function body being recorded (set_recording_body)
+  [[noreturn]] void throw_closed(std::string_view what, Loc loc) const;  // closed_'s reason
   [[noreturn]] void throw_frozen(std::string_view what, Loc loc) const;
+  [[noreturn]] void throw_in_kernel(std::string_view what, Loc loc) const;
   [[noreturn]] void throw_in_body(std::string_view what, Loc loc) const;
   [[noreturn]] void throw_in_delivery(std::string_view what, Loc loc) const;
   // Not while this graph's nodes are being read: a frozen body, a body

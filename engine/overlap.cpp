@@ -3,6 +3,7 @@
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <string>
 #include <utility>
@@ -33,7 +34,11 @@ Parts balanced_parts(size_t n, size_t parts, const std::function<double(size_t)>
   std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = i;
   std::vector<double> w(n);
-  for (size_t i = 0; i < n; ++i) w[i] = weight(i);
+  for (size_t i = 0; i < n; ++i) {
+    w[i] = weight(i);
+    if (!std::isfinite(w[i]))  // (NaN would break the sort's ordering)
+      throw UserError(detail::cat("sheaf::balanced_parts: item ", i, "'s weight is ", w[i], ", not a finite number"));
+  }
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return w[a] > w[b]; });
   Parts out(parts);
   for (size_t k = 0; k < n; ++k) {

@@ -14,7 +14,9 @@
 // batch (each launch has fewer rows), so it pays where host work is a large
 // share of the time, in inference (docs/benchmarks.md, stop 73: training's
 // backward passes do not overlap). A user op whose kernel runs a forward of
-// one of the same Overlap's graphs would wait for its own turn: do not.
+// one of the same Overlap's graphs is a UserError (its own graph's, as for
+// any graph; another part's, lent to that part's thread), not a kernel
+// waiting for its own turn.
 //
 //   sheaf::Overlap overlap({.device = device});  // two parts
 //   const sheaf::Parts parts = sheaf::balanced_parts(batch.size(), 2, [&](size_t i) { return batch[i].length(); });
@@ -57,7 +59,8 @@ using Parts = std::vector<std::vector<size_t>>;
 // sets how many rounds an item runs: a tree's height, a sentence's length),
 // heaviest first, dealt to parts 0, 1, .., P-1, P-1, .., 0, 0, 1, .. Parts
 // that end far apart waste the overlap: once one part is done, the others'
-// host work has no kernels to hide behind. Parts may be empty (n < parts).
+// host work has no kernels to hide behind. Parts may be empty (n < parts);
+// a weight that is not finite is a UserError.
 Parts balanced_parts(size_t n, size_t parts, const std::function<double(size_t)>& weight);
 
 // Each part's items, in item order.
@@ -67,7 +70,8 @@ std::vector<std::vector<T>> deal(const std::vector<T>& items, const Parts& parts
   for (size_t p = 0; p < parts.size(); ++p)
     for (size_t i : parts[p]) {
       if (i >= items.size())
-        throw UserError(detail::cat("sheaf::deal: part ", p, " lists item ", i, ", but there are ", items.size()));
+        throw UserError(detail::cat("sheaf::deal: part ", p, " lists item ", i, ", but there are only ", items.size(),
+                                    " items"));
       out[p].push_back(items[i]);
     }
   return out;
@@ -90,10 +94,10 @@ std::vector<T> in_item_order(const Parts& parts, std::vector<std::vector<T>> out
   for (size_t p = 0; p < parts.size(); ++p)
     for (size_t k = 0; k < parts[p].size(); ++k) {
       const size_t i = parts[p][k];
-      if (i >= n || seen[i])
+      if (i >= n)
         throw UserError(detail::cat("sheaf::in_item_order: item ", i, " of part ", p,
-                                    i >= n ? " is out of range: the parts list " : " is listed twice: the parts list ",
-                                    n, " items"));
+                                    " is out of range: the parts list ", n, " items"));
+      if (seen[i]) throw UserError(detail::cat("sheaf::in_item_order: item ", i, " of part ", p, " is listed twice"));
       seen[i] = true;
       all[i] = std::move(outputs[p][k]);
     }

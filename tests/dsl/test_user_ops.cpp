@@ -85,6 +85,29 @@ struct WrongRun {
   static at::Tensor run(RunCtx& c) { return c.in(0).sum(-1); }
 };
 
+// A kernel that reaches back into a graph: records into it, runs it, or
+// reads one of its values (g_reach_into, g_reach_value), as a user might from
+// a user op.
+Graph* g_reach_into = nullptr;
+Expr g_reach_value;
+enum class Reach { kRecord, kForward, kValue };
+Reach g_reach = Reach::kRecord;
+struct ReachBack {
+  static constexpr std::string_view name = "test_reach_back";
+  static constexpr OpTraits traits{.arity = 1};
+  static Shape infer(const InferCtx& c) { return c.shape(0); }
+  static at::Tensor run(RunCtx& c) {
+    if (g_reach_into != nullptr) {
+      switch (g_reach) {
+        case Reach::kRecord: (void)g_reach_into->input(at::ones({2})); break;
+        case Reach::kForward: g_reach_into->forward(); break;
+        case Reach::kValue: (void)g_reach_value.value(); break;
+      }
+    }
+    return c.in(0) * 2.0;
+  }
+};
+
 constexpr int64_t kD = 6;
 
 }  // namespace
@@ -187,4 +210,35 @@ TEST_CASE("user ops: mistakes are UserErrors at the user's line", "[dsl][user-op
   Expr y = dsl::call(user_op<Swish>(), {x});
   g.forward(y);
   CHECK(y.value().size(0) == kD);
+}
+
+TEST_CASE("user ops: a kernel that records into, runs or reads its own graph is a UserError", "[dsl][user-ops][errors]") {
+  // Recording grew the store the round was reading, and a forward planned
+  // over the running round ("batch output slot mismatch", an internal error).
+  for (Reach reach : {Reach::kRecord, Reach::kForward, Reach::kValue}) {
+    INFO("reach " << static_cast<int>(reach));
+    Graph g;
+    Expr x = g.input(data({kD}, 0));
+    g.forward(x);
+    g_reach_into = &g;
+    g_reach = reach;
+    g_reach_value = x;
+    Expr y = dsl::call(user_op<ReachBack>(), {dsl::tanh(x)});
+    // Named: what the kernel called, at its line.
+    const char* called = reach == Reach::kRecord ? "op 'input'" : reach == Reach::kForward ? "op 'forward'" : "op 'value'";
+    CHECK_THROWS_WITH(g.forward(y), Catch::Contains(called) &&
+                                        Catch::Contains("from inside one of this graph's own kernels") &&
+                                        Catch::Contains("test_user_ops.cpp") && !Catch::Contains("internal"));
+    g_reach_into = nullptr;
+    // The graph works on, and its kernels may use another graph.
+    Graph other;
+    g_reach_into = &other;
+    g_reach = Reach::kRecord;
+    Expr z = dsl::call(user_op<ReachBack>(), {x});
+    g.forward(z);
+    g_reach_into = nullptr;
+    CHECK(at::allclose(z.value(), x.value() * 2.0));
+    other.forward();
+    CHECK(other.stats().nodes == 1);  // what the kernel recorded there
+  }
 }

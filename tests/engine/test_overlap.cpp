@@ -11,6 +11,7 @@
 #include <sheaf/scheduler/strategy.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -103,6 +104,18 @@ struct Holder {
   static at::Tensor run(RunCtx& c) {
     g_holder_running = true;
     (void)wait_for(g_host_seen);
+    return c.in(0) * 1.0;
+  }
+};
+
+// A kernel that runs a forward of the graph that launched it.
+Graph* g_run_from_kernel = nullptr;
+struct RunsItsGraph {
+  static constexpr std::string_view name = "test_overlap_runs_its_graph";
+  static constexpr OpTraits traits{.arity = 1};
+  static Shape infer(const InferCtx& c) { return c.shape(0); }
+  static at::Tensor run(RunCtx& c) {
+    if (g_run_from_kernel != nullptr) g_run_from_kernel->forward();
     return c.in(0) * 1.0;
   }
 };
@@ -241,6 +254,18 @@ TEST_CASE("overlap: misuse is a UserError", "[engine][overlap][errors]") {
     }),
                         Contains("lent to another thread") && Contains("sheaf::Overlap"));
   }
+  // A part's kernel that runs its own graph: it waited for its own turn
+  // forever; now a UserError (the other part's graph: lent, as above).
+  REQUIRE_THROWS_WITH(parts.run([&](Graph& g, size_t p) {
+    std::vector<Expr> out = half(g, p, W);
+    if (p == 0) {
+      g_run_from_kernel = &g;
+      out.push_back(dsl::call(user_op<RunsItsGraph>(), {dsl::tanh(out[0])}));
+    }
+    return out;
+  }),
+                      Contains("op 'forward'") && Contains("from inside one of this graph's own kernels"));
+  g_run_from_kernel = nullptr;
   // After those errors it runs as before.
   parts.run([&](Graph& g, size_t p) { return half(g, p, W); });
   CHECK(parts.targets(1).size() == kExamples / 2);
@@ -309,6 +334,7 @@ TEST_CASE("overlap: one part's host work runs while the other part's kernel runs
   CHECK(g_branch_started.load());
   CHECK(saw_holder);
   CHECK(g_host_seen.load());
+  CHECK(at::allclose(parts.targets(0)[0].value(), at::tanh(at::mv(W, inputs()[0])), 1e-5, 1e-6));
   CHECK(at::allclose(parts.targets(1)[0].value(), at::tanh(inputs()[1])));
 }
 
@@ -336,7 +362,11 @@ TEST_CASE("overlap: balanced_parts deals heaviest first, there and back, and dea
                       Contains("2 parts' outputs for 3 parts"));
   REQUIRE_THROWS_WITH(in_item_order(Parts{{0, 1}, {1}}, std::vector<std::vector<int>>{{1, 2}, {3}}),
                       Contains("item 1 of part 1 is listed twice"));
-  REQUIRE_THROWS_WITH(deal(items, Parts{{0, 12}}), Contains("part 0 lists item 12, but there are 10"));
+  REQUIRE_THROWS_WITH(in_item_order(Parts{{0, 5}, {1}}, std::vector<std::vector<int>>{{1, 2}, {3}}),
+                      Contains("item 5 of part 0 is out of range: the parts list 3 items"));
+  REQUIRE_THROWS_WITH(deal(items, Parts{{0, 12}}), Contains("part 0 lists item 12, but there are only 10 items"));
+  REQUIRE_THROWS_WITH(balanced_parts(3, 2, [](size_t i) { return i == 1 ? std::nan("") : 1.0; }),
+                      Contains("item 1's weight is nan, not a finite number"));
 }
 
 TEST_CASE("overlap: a part with no items runs nothing and shows no targets", "[engine][overlap]") {
