@@ -166,17 +166,21 @@ void Engine::throw_in_delivery(std::string_view what, Loc loc) const {
 }
 
 void Engine::expect_not_reading(std::string_view what, Loc loc) const {
+  expect_not_lent(what, loc);
+  expect_open(what, loc);
+  if (recording_body_) throw_in_body(what, loc);
+  // (Its own flag, not the thread's innermost delivery: another graph's
+  // forward inside this one's delivery may call back into this graph.)
+  if (delivering_ != nullptr) throw_in_delivery(what, loc);
+}
+
+void Engine::expect_not_lent(std::string_view what, Loc loc) const {
   if (const uint64_t t = lent_to_.load(std::memory_order_acquire); t != 0 && t != this_thread_tag()) [[unlikely]]
     throw_user(Site{what, kSharedExample, loc},
                "this graph is lent to another thread: a sheaf::Prefetcher's worker recording the next batch "
                "into it (a Prefetcher::Batch's graph is valid until the next take(): use the graph of the batch "
                "take() returned last), or a sheaf::Overlap's thread running its part (the parts' graphs are "
                "the caller's again when run() returns)");
-  expect_open(what, loc);
-  if (recording_body_) throw_in_body(what, loc);
-  // (Its own flag, not the thread's innermost delivery: another graph's
-  // forward inside this one's delivery may call back into this graph.)
-  if (delivering_ != nullptr) throw_in_delivery(what, loc);
 }
 
 void Engine::expect_can_run(std::string_view what, Loc loc) const {
@@ -407,6 +411,8 @@ void Engine::finish_aliases() {
 }
 
 at::Tensor Engine::value(NodeId n, Loc loc) {
+  // (A value is made on first read, and its thread may be running the graph.)
+  expect_not_lent("value", loc);
   if (recording_body_) throw_in_body("value", loc);
   if (closed_ & kExecuting) throw_in_kernel("value", loc);
   NodeStore& s = trace_.store();

@@ -277,6 +277,7 @@ class Engine {
   // Not while this graph's nodes are being read: a frozen body, a body
   // recording, or inside a delivery of this graph's own forward.
   void expect_not_reading(std::string_view what, Loc loc) const;
+  void expect_not_lent(std::string_view what, Loc loc) const;  // lent to another thread: a UserError
   // forward/prepare (`what`) may run: not while reading, and no parameter
   // changed since it was recorded.
   void expect_can_run(std::string_view what, Loc loc) const;

@@ -35,8 +35,8 @@
 // same rule. It may run forward itself (a decoder that reads its own
 // outputs): the forward after it then finds nothing left to run. As with a
 // Prefetcher, a part's graph is lent to its thread during run(): its forward,
-// prepare and clear from elsewhere are a UserError; its recording calls,
-// example(), set_strategy and stats() are not checked: do not.
+// prepare, clear and its Exprs' value() from elsewhere are a UserError; its
+// recording calls, example(), set_strategy and stats() are not checked: do not.
 #pragma once
 
 #include <atomic>

@@ -266,6 +266,30 @@ TEST_CASE("overlap: misuse is a UserError", "[engine][overlap][errors]") {
   }),
                       Contains("op 'forward'") && Contains("from inside one of this graph's own kernels"));
   g_run_from_kernel = nullptr;
+  // A value of the other part's graph, computed, read while its thread may
+  // be running that graph (making a value changes the graph).
+  {
+    std::atomic<bool> computed{false}, read{false};
+    Expr theirs;
+    REQUIRE_THROWS_WITH(parts.run([&](Graph& g, size_t p) {
+      std::vector<Expr> out = half(g, p, W);
+      if (p == 1) {
+        theirs = out[0];
+        g.forward(out);
+        computed = true;
+        (void)wait_for(read);  // the graph stays lent while part 0 reads
+        return out;
+      }
+      struct Done {
+        std::atomic<bool>& read;
+        ~Done() { read = true; }
+      } done{read};
+      REQUIRE(wait_for(computed));
+      (void)theirs.value();
+      return out;
+    }),
+                        Contains("op 'value'") && Contains("lent to another thread"));
+  }
   // After those errors it runs as before.
   parts.run([&](Graph& g, size_t p) { return half(g, p, W); });
   CHECK(parts.targets(1).size() == kExamples / 2);
