@@ -146,9 +146,10 @@ void Engine::throw_closed(std::string_view what, Loc loc) const {
 
 void Engine::throw_in_kernel(std::string_view what, Loc loc) const {
   throw_user(Site{what, kSharedExample, loc},
-             "called from inside one of this graph's own kernels (a user op's run()) while its round runs: a "
-             "kernel may not record into, run, clear or read the values of the graph that launched it; do that "
-             "work outside the user op (pass what it needs as arguments), or on another graph");
+             "called while one of this graph's rounds runs, from inside one of its own kernels (a user op's "
+             "run()) or from another thread: a kernel may not record into, run, clear or read the values of the "
+             "graph that launched it; do that work outside the user op (pass what it needs as arguments), or on "
+             "another graph");
 }
 
 void Engine::throw_in_body(std::string_view what, Loc loc) const {

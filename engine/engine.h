@@ -153,9 +153,9 @@ class Engine {
   // A Prefetcher lends its next batch's graph to its worker (the thread
   // numbered `thread`, handles.h) until its next take(), an Overlap each
   // part's graph to the thread that runs it during run(); 0: not lent.
-  // Meanwhile forward, prepare and clear from another thread (a Batch kept
-  // past the next take(), another part's control flow) are a UserError, not
-  // a race.
+  // Meanwhile forward, prepare, clear and value() from another thread (a
+  // Batch kept past the next take(), another part's control flow) are a
+  // UserError, not a race.
   void lend(uint64_t thread) { lent_to_.store(thread, std::memory_order_release); }
   // Graphs run on several threads at once (an Overlap's parts) run their
   // rounds' kernels one at a time, under `turns`; null: no turns.
@@ -274,7 +274,8 @@ class Engine {
   [[noreturn]] void throw_in_kernel(std::string_view what, Loc loc) const;
   [[noreturn]] void throw_in_body(std::string_view what, Loc loc) const;
   [[noreturn]] void throw_in_delivery(std::string_view what, Loc loc) const;
-  // Not while this graph's nodes are being read: a frozen body, a body
+  // Not while this graph's nodes are being read: lent to another thread, a
+  // frozen body, one of its rounds running (from a kernel), a body
   // recording, or inside a delivery of this graph's own forward.
   void expect_not_reading(std::string_view what, Loc loc) const;
   void expect_not_lent(std::string_view what, Loc loc) const;  // lent to another thread: a UserError

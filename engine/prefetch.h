@@ -59,7 +59,8 @@ class Prefetcher {
   // batch's graph and targets stay valid until the next take(). A take()
   // with `next` makes them stale and lends the graph to the worker, which
   // records that batch into it, until the take() after: meanwhile its
-  // forward, prepare, clear and its Exprs' value() are a UserError. Its other calls (recording,
+  // forward, prepare and clear are a UserError (and its Exprs are stale:
+  // the next take() retires the graph first). Its other calls (recording,
   // example(), set_strategy, set_train, stats()) are not checked: do not.
   Batch take(size_t i, std::optional<size_t> next = std::nullopt);
 

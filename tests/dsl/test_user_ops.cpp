@@ -90,7 +90,7 @@ struct WrongRun {
 // a user op.
 Graph* g_reach_into = nullptr;
 Expr g_reach_value;
-enum class Reach { kRecord, kForward, kValue };
+enum class Reach { kRecord, kForward, kValue, kClear, kPrepare };
 Reach g_reach = Reach::kRecord;
 struct ReachBack {
   static constexpr std::string_view name = "test_reach_back";
@@ -102,6 +102,8 @@ struct ReachBack {
         case Reach::kRecord: (void)g_reach_into->input(at::ones({2})); break;
         case Reach::kForward: g_reach_into->forward(); break;
         case Reach::kValue: (void)g_reach_value.value(); break;
+        case Reach::kClear: g_reach_into->clear(); break;
+        case Reach::kPrepare: g_reach_into->prepare(); break;
       }
     }
     return c.in(0) * 2.0;
@@ -212,10 +214,10 @@ TEST_CASE("user ops: mistakes are UserErrors at the user's line", "[dsl][user-op
   CHECK(y.value().size(0) == kD);
 }
 
-TEST_CASE("user ops: a kernel that records into, runs or reads its own graph is a UserError", "[dsl][user-ops][errors]") {
+TEST_CASE("user ops: a kernel that records into, runs, clears or reads its own graph is a UserError", "[dsl][user-ops][errors]") {
   // Recording grew the store the round was reading, and a forward planned
   // over the running round ("batch output slot mismatch", an internal error).
-  for (Reach reach : {Reach::kRecord, Reach::kForward, Reach::kValue}) {
+  for (Reach reach : {Reach::kRecord, Reach::kForward, Reach::kValue, Reach::kClear, Reach::kPrepare}) {
     INFO("reach " << static_cast<int>(reach));
     Graph g;
     Expr x = g.input(data({kD}, 0));
@@ -225,9 +227,10 @@ TEST_CASE("user ops: a kernel that records into, runs or reads its own graph is 
     g_reach_value = x;
     Expr y = dsl::call(user_op<ReachBack>(), {dsl::tanh(x)});
     // Named: what the kernel called, at its line.
-    const char* called = reach == Reach::kRecord ? "op 'input'" : reach == Reach::kForward ? "op 'forward'" : "op 'value'";
+    const char* const names[] = {"op 'input'", "op 'forward'", "op 'value'", "op 'clear'", "op 'prepare'"};
+    const char* called = names[static_cast<int>(reach)];
     CHECK_THROWS_WITH(g.forward(y), Catch::Contains(called) &&
-                                        Catch::Contains("from inside one of this graph's own kernels") &&
+                                        Catch::Contains("from inside one of its own kernels") &&
                                         Catch::Contains("test_user_ops.cpp") && !Catch::Contains("internal"));
     g_reach_into = nullptr;
     // The graph works on, and its kernels may use another graph.

@@ -264,7 +264,7 @@ TEST_CASE("overlap: misuse is a UserError", "[engine][overlap][errors]") {
     }
     return out;
   }),
-                      Contains("op 'forward'") && Contains("from inside one of this graph's own kernels"));
+                      Contains("op 'forward'") && Contains("from inside one of its own kernels"));
   g_run_from_kernel = nullptr;
   // A value of the other part's graph, computed, read while its thread may
   // be running that graph (making a value changes the graph).
