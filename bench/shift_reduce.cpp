@@ -156,13 +156,18 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
         std::fprintf(stderr, "sheaf-bench: %s skipped in infer mode (a parse records as it runs)\n", name.c_str());
         continue;
       }
-      auto record = [&](Graph& g, size_t b) {
-        std::vector<Expr> losses;
+      // Batch b's parses with gold transitions: done once recorded (they never wait).
+      auto gold_parses = [&](Graph& g, size_t b) {
+        std::vector<ParseResult> parses;
         for (size_t i = 0; i < batches[b].size(); ++i) {
           auto scope = g.example(static_cast<int>(i));
-          Task<ParseResult> t = model.parse(g, *batches[b][i], /*predict=*/false);
-          losses.push_back(t.result().loss);  // done: gold transitions never wait
+          parses.push_back(model.parse(g, *batches[b][i], /*predict=*/false).result());
         }
+        return parses;
+      };
+      auto record = [&](Graph& g, size_t b) {
+        std::vector<Expr> losses;
+        for (const ParseResult& r : gold_parses(g, b)) losses.push_back(r.loss);
         return std::vector<Expr>{dsl::sum(losses)};
       };
       const std::vector<size_t> added =
@@ -170,11 +175,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
       // Checked as it runs: batch 0 recorded and prepared by a Prefetcher's worker.
       auto record_logits = [&](Graph& g) {
         std::vector<Expr> logits;
-        for (size_t i = 0; i < batches[0].size(); ++i) {
-          auto scope = g.example(static_cast<int>(i));
-          Task<ParseResult> t = model.parse(g, *batches[0][i], /*predict=*/false);
-          logits.push_back(t.result().logits);
-        }
+        for (const ParseResult& r : gold_parses(g, 0)) logits.push_back(r.logits);
         return logits;
       };
       for (size_t q = 0; q < added.size(); ++q) {
