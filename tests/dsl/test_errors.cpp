@@ -1,5 +1,6 @@
 // User mistakes give a UserError naming the op, the example and the user's line;
 // the graph and the process stay usable afterwards.
+#include <sheaf/engine/engine.h>
 #include <sheaf/ops/user_op.h>
 
 #include <optional>
@@ -269,17 +270,21 @@ TEST_CASE("Exprs from a cleared or destroyed graph, or from another graph", "[ds
   REQUIRE_THROWS_WITH(x.value(), Contains("was cleared since it was made"));
 
   Expr dead;
+  uint32_t dead_slot = 0;
   {
     Graph tmp;
     dead = tmp.input(at::randn({4}));
+    dead_slot = sheaf::detail::engine_of(tmp).slot();
   }
   REQUIRE_THROWS_WITH(dsl::sigmoid(dead), Contains("was destroyed since it was made"));
   REQUIRE_THROWS_WITH(dsl::sigmoid(Expr()), Contains("empty Expr"));
   {
     // A graph made after `dead`'s was destroyed takes its slot (the free
     // slots are reused last freed first): `dead` is not from before this
-    // graph's clear(), nor from a live graph.
+    // graph's clear(), nor from a live graph. Checked, not assumed: with
+    // another reuse order this block would test a graph of another slot.
     Graph heir;
+    REQUIRE(sheaf::detail::engine_of(heir).slot() == dead_slot);
     Expr mine = heir.input(at::randn({4}));
     REQUIRE_THROWS_WITH(mine + dead, Contains("op 'add'") && Contains("was destroyed since it was made") &&
                                          !Contains("clear()"));
