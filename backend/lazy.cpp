@@ -32,6 +32,7 @@ const at::Tensor& LazyValues::get(NodeStore& store, uint32_t slot) {
   }
   r.program->read_later[slot - r.first] = 1;  // keep it in this pattern's next batches
   std::vector<at::Tensor> values = run_fused(r.program, r.inputs, r.n);
+  ++remade_;
   for (size_t k = 0; k < values.size(); ++k)
     if (!store.batch_out[r.first + k].defined()) store.batch_out[r.first + k] = std::move(values[k]);
   return value;
@@ -40,6 +41,7 @@ const at::Tensor& LazyValues::get(NodeStore& store, uint32_t slot) {
 void LazyValues::clear() {
   records_.clear();
   record_of_slot_.clear();
+  remade_ = 0;
 }
 
 }  // namespace sheaf

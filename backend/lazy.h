@@ -28,6 +28,8 @@ class LazyValues {
   // inputs as forward read them (a UserError if one was changed in place since).
   const at::Tensor& get(NodeStore& store, uint32_t slot);
   void clear();
+  // Fused batches run again by get() since the last clear().
+  uint64_t remade() const { return remade_; }
 
  private:
   struct Record {
@@ -40,6 +42,7 @@ class LazyValues {
   };
   std::vector<Record> records_;
   std::vector<int32_t> record_of_slot_;
+  uint64_t remade_ = 0;
 };
 
 }  // namespace sheaf

@@ -346,6 +346,12 @@ std::unique_lock<ExecutionTurns> Engine::take_turn() {
   return turns_ ? std::unique_lock(*turns_) : std::unique_lock<ExecutionTurns>();
 }
 
+const at::Tensor& Engine::fetched_value(NodeStore& s, uint32_t batch) {
+  SHEAF_ASSERT(turns_ == nullptr || turns_->held_here(), "batch ", batch,
+               "'s value fetched outside this graph's execution turn (it may launch a kernel)");
+  return lazy_.get(s, batch);
+}
+
 void Engine::execute_in_turn() {
   const std::unique_lock<ExecutionTurns> turn = take_turn();
   execute_round();
@@ -792,7 +798,7 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
         // turn (an Overlap's parts); a value at hand is read without waiting.
         const at::Tensor& t = s.batch_out[b].defined() ? s.batch_out[b] : [&]() -> const at::Tensor& {
           const std::unique_lock<ExecutionTurns> turn = take_turn();
-          return lazy_.get(s, b);
+          return fetched_value(s, b);
         }();
         // Only its data is read (under no_grad: a copy records no history); a
         // detach() per batch cost a dispatch and a TensorImpl for nothing.
@@ -834,7 +840,7 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
       }
       order.push_back(by_batch[j].second);
     }
-    const at::Tensor& t = lazy_.get(s, b);
+    const at::Tensor& t = fetched_value(s, b);
     if (rows[0] < 0) {
       for (size_t q = k; q < j; ++q) flat.push_back(t.detach().reshape({-1}));
     } else {

@@ -166,6 +166,9 @@ class Engine {
   const GraphOptions& options() const { return options_; }
   const Stats& stats() const { return stats_; }
   const Plan* last_plan() const;  // nullptr before the first round that launched or placed something
+  // Fused batches run again since clear() for a value their kernel kept
+  // inside (backend/lazy.h): read by a fetch, value() or a later round.
+  uint64_t remade() const { return lazy_.remade(); }
 
  private:
   struct Waiter {
@@ -184,6 +187,9 @@ class Engine {
   void execute_round();
   void execute_in_turn();  // execute_round, holding turns_ if set
   std::unique_lock<ExecutionTurns> take_turn();  // held: turns_ (if set) is this thread's
+  // A batch's value for a fetch, made now if its fused kernel kept it inside
+  // (a launch): the caller holds the turn (checked).
+  const at::Tensor& fetched_value(NodeStore& s, uint32_t batch);
   void finish_aliases();
   bool deliver_waiters();
   void call_inline(const FunctionDef& def, std::span<const NodeId> args, std::vector<Expr>& results, const Site& site);

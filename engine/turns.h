@@ -36,12 +36,20 @@ class ExecutionTurns {
     while (busy_.exchange(true, std::memory_order_acquire))
       if (!spin_while([&] { return busy_.load(std::memory_order_relaxed); }, kSpins))
         while (busy_.load(std::memory_order_relaxed)) std::this_thread::yield();
+    holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
   }
-  void unlock() { busy_.store(false, std::memory_order_release); }
+  void unlock() {
+    holder_.store(std::thread::id(), std::memory_order_relaxed);
+    busy_.store(false, std::memory_order_release);
+  }
+  // Whether this thread holds the turn (what launches kernels outside a
+  // round, a value made at a fetch, checks: engine.cpp).
+  bool held_here() const { return holder_.load(std::memory_order_relaxed) == std::this_thread::get_id(); }
 
  private:
   static constexpr int kSpins = 1 << 14;  // 0.05-1 ms of pauses (10-140 cycles each, by CPU)
   std::atomic<bool> busy_{false};
+  std::atomic<std::thread::id> holder_{};
 };
 
 }  // namespace sheaf::detail

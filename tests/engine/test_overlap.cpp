@@ -7,6 +7,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 
+#include <sheaf/engine/engine.h>
 #include <sheaf/ops/user_op.h>
 #include <sheaf/scheduler/strategy.h>
 
@@ -360,6 +361,37 @@ TEST_CASE("overlap: one part's host work runs while the other part's kernel runs
   CHECK(g_host_seen.load());
   CHECK(at::allclose(parts.targets(0)[0].value(), at::tanh(at::mv(W, inputs()[0])), 1e-5, 1e-6));
   CHECK(at::allclose(parts.targets(1)[0].value(), at::tanh(inputs()[1])));
+}
+
+// A cond's predicate that its fused kernel kept inside (read in the graph
+// only by the next member of its region) is made when its part fetches it:
+// a launch, so in that part's turn (engine.cpp checks it there: an
+// InternalError otherwise). The values are those of one graph of the batch.
+TEST_CASE("overlap: a predicate its fused kernel kept inside is made at fetch, in the part's turn", "[engine][overlap]") {
+  c10::NoGradGuard no_grad;
+  Overlap parts({}, 2);
+  auto record = [](Graph& g, int first, int count) {
+    std::vector<Expr> out;
+    for (int i = first; i < first + count; ++i) {
+      auto scope = g.example(i);
+      const Expr h = g.input(inputs()[static_cast<size_t>(i)]);
+      // One region: the product, the sum, the comparison and the value that
+      // leaves the kernel (a target), which reads the comparison inside it.
+      const Expr open = dsl::sum(h) * 2.0 + 0.5 > 0.0;
+      out.push_back(open * 4.0 + 1.0);
+      out.push_back(dsl::cond(open, [=] { return h * 3.0; }, [=] { return h - 1.0; }));
+    }
+    return out;
+  };
+  parts.run([&](Graph& g, size_t p) { return record(g, static_cast<int>(p) * 2, 2); });
+  uint64_t remade = 0;
+  for (size_t p = 0; p < parts.parts(); ++p) remade += sheaf::detail::engine_of(parts.graph(p)).remade();
+  CHECK(remade == parts.parts());  // the path this case is for ran: once a part (the batch holds both its predicates)
+  Graph whole;
+  const std::vector<Expr> want = record(whole, 0, 4);
+  whole.forward(want);
+  for (size_t p = 0; p < parts.parts(); ++p)
+    for (size_t k = 0; k < 4; ++k) CHECK(at::allclose(parts.targets(p)[k].value(), want[p * 4 + k].value()));
 }
 
 TEST_CASE("overlap: balanced_parts deals heaviest first, there and back, and deal and in_item_order undo each other",
