@@ -348,7 +348,7 @@ std::unique_lock<ExecutionTurns> Engine::take_turn() {
 
 const at::Tensor& Engine::fetched_value(NodeStore& s, uint32_t batch) {
   SHEAF_ASSERT(turns_ == nullptr || turns_->held_here(), "batch ", batch,
-               "'s value fetched outside this graph's execution turn (it may launch a kernel)");
+               "'s value read outside this graph's execution turn (it may launch a kernel)");
   return lazy_.get(s, batch);
 }
 
@@ -434,7 +434,15 @@ at::Tensor Engine::value(NodeId n, Loc loc) {
     throw_user_at(loc, "value() of a node that has not been computed (op '", trace_.site_of(n).op, "' recorded at ",
                   format_loc(s.loc[n]), ")", hint);
   }
-  const at::Tensor& t = lazy_.get(s, s.value_at[r].batch);
+  // A value its fused kernel kept inside is made now, a launch: in this
+  // graph's turn when it has one (an Overlap part's record function reading
+  // what its own forward computed). Never held here already: a kernel's
+  // value() was refused above, and nothing else calls this in a round.
+  const uint32_t b = s.value_at[r].batch;
+  const at::Tensor& t = s.batch_out[b].defined() ? s.batch_out[b] : [&]() -> const at::Tensor& {
+    const std::unique_lock<ExecutionTurns> turn = take_turn();
+    return fetched_value(s, b);
+  }();
   const uint32_t row = s.value_at[r].row;
   if (s.has(r, NodeStore::kPacked)) return t.narrow(0, row, s.shape_of(r)[0]);  // its rows of a packed batch
   if (row == kWholeRow) return t;

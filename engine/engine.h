@@ -187,8 +187,8 @@ class Engine {
   void execute_round();
   void execute_in_turn();  // execute_round, holding turns_ if set
   std::unique_lock<ExecutionTurns> take_turn();  // held: turns_ (if set) is this thread's
-  // A batch's value for a fetch, made now if its fused kernel kept it inside
-  // (a launch): the caller holds the turn (checked).
+  // A batch's value for a fetch or value(), made now if its fused kernel kept
+  // it inside (a launch): the caller holds the turn (checked).
   const at::Tensor& fetched_value(NodeStore& s, uint32_t batch);
   void finish_aliases();
   bool deliver_waiters();

@@ -7,10 +7,10 @@
 // ahead, cannot help, as the rounds after each decision run inside forward.
 //
 // Each round's kernels take a turn, one part at a time (so do values made
-// when control flow reads them, and a device's fetch for it; control flow's
-// callbacks do not, nor does what a record function computes itself, such as
-// Expr::value()): a one-thread run keeps one core of math and uses a second
-// for host work, as a Prefetcher does. Each part is a smaller
+// when control flow or Expr::value() reads them, and a device's fetch for
+// control flow; control flow's callbacks do not, nor does what a record
+// function computes itself with ATen): a one-thread run keeps one core of
+// math and uses a second for host work, as a Prefetcher does. Each part is a smaller
 // batch (each launch has fewer rows), so it pays where host work is a large
 // share of the time, in inference (docs/benchmarks.md, stop 73: training's
 // backward passes do not overlap). A user op whose kernel runs a forward of

@@ -394,6 +394,29 @@ TEST_CASE("overlap: a predicate its fused kernel kept inside is made at fetch, i
     for (size_t k = 0; k < 4; ++k) CHECK(at::allclose(parts.targets(p)[k].value(), want[p * 4 + k].value()));
 }
 
+// The same for value() in a record function that runs its own forward (a
+// decoder reading its outputs): a value its fused kernel kept inside is made
+// in the part's turn.
+TEST_CASE("overlap: value() of a value its fused kernel kept inside is made in the part's turn", "[engine][overlap]") {
+  c10::NoGradGuard no_grad;
+  Overlap parts({}, 2);
+  std::vector<at::Tensor> read(parts.parts());
+  parts.run([&](Graph& g, size_t p) {
+    auto scope = g.example(static_cast<int64_t>(p));
+    const Expr h = g.input(inputs()[p]);
+    const Expr inside = dsl::tanh(h) * 2.0;  // read only by the next member of its region
+    const Expr out = inside + 1.0;
+    g.forward({out});
+    read[p] = inside.value();
+    return std::vector<Expr>{out};
+  });
+  for (size_t p = 0; p < parts.parts(); ++p) {
+    CHECK(sheaf::detail::engine_of(parts.graph(p)).remade() == 1);  // the path this case is for ran
+    CHECK(at::allclose(read[p], at::tanh(inputs()[p]) * 2.0));
+    CHECK(at::allclose(parts.targets(p)[0].value(), at::tanh(inputs()[p]) * 2.0 + 1.0));
+  }
+}
+
 TEST_CASE("overlap: balanced_parts deals heaviest first, there and back, and deal and in_item_order undo each other",
           "[engine][overlap]") {
   // Weights 9..0 of items 0..9 (item i weighs 9 - i): dealt 0 1 2 2 1 0 0 1 2 2.
