@@ -234,6 +234,7 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
     } else if (schedule_round(strategy, validate, defer)) {
       execute_in_turn();
     }
+    if (orphan_) throw_orphaned(loc);  // a kernel destroyed the graph: no callback runs on it
     bool delivered = false;
     try {
       delivered = deliver_waiters();
@@ -278,9 +279,11 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
 // touched after `self` goes.
 void Engine::throw_orphaned(Loc loc) {
   std::unique_ptr<Engine> self = std::move(orphan_);
-  throw_user(Site{"forward", kSharedExample, loc},
-             "the graph was destroyed by a callback of its own forward() (a dsl::cond branch, a dsl::loop body or "
-             "a task it resumed): the rest of that forward is dropped; destroy a graph after its forward() returns");
+  throw_user(Site{"forward", kSharedExample, loc}, "the graph was destroyed by ",
+             orphaned_in_kernel_ ? "a kernel of one of its own rounds (a user op's run())"
+                                 : "a callback of its own forward() (a dsl::cond branch, a dsl::loop body or a task it "
+                                   "resumed)",
+             ": the rest of that forward is dropped; destroy a graph after its forward() returns");
 }
 
 void Engine::prepare(std::span<const Expr> targets, const ForwardOptions& options, Loc loc) {

@@ -54,11 +54,16 @@ class Engine {
   ~Engine();
 
   Graph& graph() const { return graph_; }
-  // ---- Its Graph destroyed by a callback of this engine's own forward(): the
-  // engine keeps itself until that forward ends, then frees itself as it
-  // throws a UserError (before, the rest of the forward ran on freed memory).
+  // ---- Its Graph destroyed by a callback of this engine's own forward(), or
+  // by a kernel of one of its rounds: the engine keeps itself until that
+  // forward ends, then frees itself as it throws a UserError (before, the
+  // rest of the forward ran on freed memory).
   bool delivering_now() const { return delivering_ != nullptr; }
-  void orphan(std::unique_ptr<Engine> self) { orphan_ = std::move(self); }
+  bool executing_now() const { return (closed_ & kExecuting) != 0; }
+  void orphan(std::unique_ptr<Engine> self) {
+    orphaned_in_kernel_ = executing_now();
+    orphan_ = std::move(self);
+  }
   Trace& trace() { return trace_; }
   const Trace& trace() const { return trace_; }
   const NodeStore& store() const { return trace_.store(); }
@@ -207,6 +212,7 @@ class Engine {
 
   Graph& graph_;
   std::unique_ptr<Engine> orphan_;  // this engine, once its Graph is gone (orphan)
+  bool orphaned_in_kernel_ = false;  // by a kernel, not a callback (the message says which)
   GraphOptions options_;
   Trace trace_;
   Scheduler scheduler_;

@@ -17,11 +17,11 @@ Engine& engine_of(Graph& g) { return *g.engine_; }
 
 Graph::Graph(GraphOptions options) : engine_(std::make_unique<detail::Engine>(*this, options)) {}
 Graph::~Graph() {
-  // Inside its own forward() (a callback destroys it): that forward still runs
-  // on the engine, which keeps itself until the forward ends (Engine::orphan).
-  // Its Exprs go stale now, and say their graph was destroyed: none reaches
-  // the freed Graph through Expr::graph() meanwhile.
-  if (engine_ && engine_->delivering_now()) {
+  // Inside its own forward() (a callback or a kernel destroys it): that
+  // forward still runs on the engine, which keeps itself until the forward
+  // ends (Engine::orphan). Its Exprs go stale now, and say their graph was
+  // destroyed: none reaches the freed Graph through Expr::graph() meanwhile.
+  if (engine_ && (engine_->delivering_now() || engine_->executing_now())) {
     engine_->retire();
     detail::disown(engine_->slot());
     engine_->orphan(std::move(engine_));

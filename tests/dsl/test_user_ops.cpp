@@ -6,6 +6,8 @@
 #include <sheaf/engine/engine.h>
 #include <sheaf/ops/user_op.h>
 
+#include <memory>
+
 #include "../support.h"
 
 using namespace sheaf;
@@ -106,6 +108,18 @@ struct ReachBack {
         case Reach::kPrepare: g_reach_into->prepare(); break;
       }
     }
+    return c.in(0) * 2.0;
+  }
+};
+
+// A kernel that destroys the graph whose round launched it (g_destroy).
+std::unique_ptr<Graph>* g_destroy = nullptr;
+struct DestroysItsGraph {
+  static constexpr std::string_view name = "test_destroys_its_graph";
+  static constexpr OpTraits traits{.arity = 1};
+  static Shape infer(const InferCtx& c) { return c.shape(0); }
+  static at::Tensor run(RunCtx& c) {
+    if (g_destroy != nullptr) g_destroy->reset();
     return c.in(0) * 2.0;
   }
 };
@@ -244,4 +258,27 @@ TEST_CASE("user ops: a kernel that records into, runs, clears or reads its own g
     other.forward();
     CHECK(other.stats().nodes == 1);  // what the kernel recorded there
   }
+}
+
+TEST_CASE("user ops: a kernel that destroys its own graph ends that forward with a UserError, not a use after free",
+          "[dsl][user-ops][errors]") {
+  auto g = std::make_unique<Graph>();
+  Expr x = g->input(data({kD}, 0));
+  Expr y = dsl::call(user_op<DestroysItsGraph>(), {dsl::tanh(x)});
+  Expr z = dsl::sum(y) * 3.0;  // a later round's, dropped with the rest of the forward
+  bool branch_ran = false;
+  Expr w = dsl::cond(dsl::sum(y) > -1e9, [&, y] { branch_ran = true; return y; }, [y] { return y * 0.0; });
+  Graph* raw = g.get();
+  g_destroy = &g;
+  REQUIRE_THROWS_WITH(raw->forward({z, w}), Catch::Contains("destroyed by a kernel of one of its own rounds") &&
+                                              Catch::Contains("test_user_ops.cpp") && !Catch::Contains("internal"));
+  g_destroy = nullptr;
+  CHECK(g == nullptr);
+  CHECK_FALSE(branch_ran);  // no callback ran on the destroyed graph
+  CHECK_THROWS_WITH(x.value(), Catch::Contains("was destroyed since it was made"));
+  // Graphs made afterwards work.
+  Graph h;
+  Expr t = dsl::tanh(h.input(data({kD}, 1)));
+  h.forward(t);
+  CHECK(at::allclose(t.value(), at::tanh(data({kD}, 1))));
 }
