@@ -346,7 +346,25 @@ bool Engine::schedule_round(const Strategy& strategy, bool validate, bool defer)
 }
 
 std::unique_lock<ExecutionTurns> Engine::take_turn() {
-  return turns_ ? std::unique_lock(*turns_) : std::unique_lock<ExecutionTurns>();
+  // Held by this thread already: a kernel of another graph of the same
+  // turns (an Overlap's, used after run()) reads a value of this one or runs
+  // it. That work is in turn as it is; waiting would be for itself.
+  if (turns_ == nullptr || turns_->held_here()) return {};
+  return std::unique_lock(*turns_);
+}
+
+void Engine::execute_in_turn() {
+  try {
+    const std::unique_lock<ExecutionTurns> turn = take_turn();
+    execute_round();
+  } catch (...) {
+    // A kernel destroyed the graph, then a launch of the round threw: the
+    // engine, which kept itself for this forward, is freed on the way out.
+    if (orphan_) {
+      const std::unique_ptr<Engine> self = std::move(orphan_);
+    }
+    throw;
+  }
 }
 
 const at::Tensor& Engine::fetched_value(NodeStore& s, uint32_t batch) {
@@ -355,10 +373,6 @@ const at::Tensor& Engine::fetched_value(NodeStore& s, uint32_t batch) {
   return lazy_.get(s, batch);
 }
 
-void Engine::execute_in_turn() {
-  const std::unique_lock<ExecutionTurns> turn = take_turn();
-  execute_round();
-}
 
 void Engine::execute_round() {
   const auto t0 = Clock::now();
@@ -439,8 +453,9 @@ at::Tensor Engine::value(NodeId n, Loc loc) {
   }
   // A value its fused kernel kept inside is made now, a launch: in this
   // graph's turn when it has one (an Overlap part's record function reading
-  // what its own forward computed). Never held here already: a kernel's
-  // value() was refused above, and nothing else calls this in a round.
+  // what its own forward computed). Held here already only by a kernel of
+  // another graph of the same turns (this graph's own kernels were refused
+  // above): take_turn() then takes nothing.
   const uint32_t b = s.value_at[r].batch;
   const at::Tensor& t = s.batch_out[b].defined() ? s.batch_out[b] : [&]() -> const at::Tensor& {
     const std::unique_lock<ExecutionTurns> turn = take_turn();

@@ -15,8 +15,9 @@
 // share of the time, in inference (docs/benchmarks.md, stop 73: training's
 // backward passes do not overlap). A user op whose kernel runs a forward of
 // one of the same Overlap's graphs is a UserError (its own graph's, as for
-// any graph; another part's, lent to that part's thread), not a kernel
-// waiting for its own turn.
+// any graph; during run(), another part's, lent to that part's thread), not
+// a kernel waiting for its own turn; after run(), another part's forward or
+// value() from a kernel runs in the turn that kernel holds.
 //
 //   sheaf::Overlap overlap({.device = device});  // two parts
 //   const sheaf::Parts parts = sheaf::balanced_parts(batch.size(), 2, [&](size_t i) { return batch[i].length(); });

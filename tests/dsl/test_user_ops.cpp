@@ -7,6 +7,7 @@
 #include <sheaf/ops/user_op.h>
 
 #include <memory>
+#include <stdexcept>
 
 #include "../support.h"
 
@@ -112,14 +113,17 @@ struct ReachBack {
   }
 };
 
-// A kernel that destroys the graph whose round launched it (g_destroy).
+// A kernel that destroys the graph whose round launched it (g_destroy), and
+// then throws if g_destroy_throws.
 std::unique_ptr<Graph>* g_destroy = nullptr;
+bool g_destroy_throws = false;
 struct DestroysItsGraph {
   static constexpr std::string_view name = "test_destroys_its_graph";
   static constexpr OpTraits traits{.arity = 1};
   static Shape infer(const InferCtx& c) { return c.shape(0); }
   static at::Tensor run(RunCtx& c) {
     if (g_destroy != nullptr) g_destroy->reset();
+    if (g_destroy_throws) throw std::runtime_error("test_destroys_its_graph: thrown after the reset");
     return c.in(0) * 2.0;
   }
 };
@@ -281,4 +285,21 @@ TEST_CASE("user ops: a kernel that destroys its own graph ends that forward with
   Expr t = dsl::tanh(h.input(data({kD}, 1)));
   h.forward(t);
   CHECK(at::allclose(t.value(), at::tanh(data({kD}, 1))));
+
+  // A kernel that destroys its graph and then throws: that error, and the
+  // engine freed (its slot is free again: the next graph takes it, the free
+  // slots being reused last freed first).
+  auto doomed = std::make_unique<Graph>();
+  const uint32_t slot = sheaf::detail::engine_of(*doomed).slot();
+  Expr in = doomed->input(data({kD}, 2));
+  Expr out = dsl::call(user_op<DestroysItsGraph>(), {in});
+  Graph* doomed_raw = doomed.get();
+  g_destroy = &doomed;
+  g_destroy_throws = true;
+  CHECK_THROWS_WITH(doomed_raw->forward(out), Catch::Contains("thrown after the reset"));
+  g_destroy = nullptr;
+  g_destroy_throws = false;
+  CHECK(doomed == nullptr);
+  Graph next;
+  CHECK(sheaf::detail::engine_of(next).slot() == slot);  // not kept by a leaked engine
 }

@@ -417,6 +417,50 @@ TEST_CASE("overlap: value() of a value its fused kernel kept inside is made in t
   }
 }
 
+// After run(), nothing is lent: a kernel of one part's graph may read a value
+// of another part's graph that its fused kernel kept inside, and run that
+// graph's forward. Both want the turn the kernel's round holds: they run in
+// it (before, each waited for it forever).
+Graph* g_sibling = nullptr;
+Expr g_sibling_inside;
+at::Tensor g_sibling_read;
+struct ReadsSibling {
+  static constexpr std::string_view name = "test_overlap_reads_sibling";
+  static constexpr OpTraits traits{.arity = 1};
+  static Shape infer(const InferCtx& c) { return c.shape(0); }
+  static at::Tensor run(RunCtx& c) {
+    g_sibling_read = g_sibling_inside.value();
+    g_sibling->forward();
+    return c.in(0) * 1.0;
+  }
+};
+
+TEST_CASE("overlap: after run(), a kernel of one part runs and reads another part's graph", "[engine][overlap]") {
+  c10::NoGradGuard no_grad;
+  Overlap parts({}, 2);
+  parts.run([&](Graph& g, size_t p) {
+    auto scope = g.example(static_cast<int64_t>(p));
+    const Expr h = g.input(inputs()[p]);
+    const Expr inside = dsl::tanh(h) * 2.0;  // read only by the next member of its region
+    if (p == 1) g_sibling_inside = inside;
+    return std::vector<Expr>{inside + 1.0};
+  });
+  Graph& one = parts.graph(1);
+  const Expr later = dsl::tanh(g_sibling_inside) * 0.5;  // recorded on part 1's graph, run by part 0's kernel
+  g_sibling = &one;
+  Graph& zero = parts.graph(0);
+  const Expr x = zero.input(inputs()[2]);
+  const Expr y = dsl::call(user_op<ReadsSibling>(), {x});
+  zero.forward(y);
+  g_sibling = nullptr;
+  CHECK(at::allclose(y.value(), inputs()[2]));
+  CHECK(at::allclose(g_sibling_read, at::tanh(inputs()[1]) * 2.0));
+  CHECK(sheaf::detail::engine_of(one).remade() == 1);  // the kept-inside value was made, in the kernel's turn
+  CHECK(at::allclose(later.value(), at::tanh(at::tanh(inputs()[1]) * 2.0) * 0.5));
+  g_sibling_inside = Expr();
+  g_sibling_read = at::Tensor();
+}
+
 TEST_CASE("overlap: balanced_parts deals heaviest first, there and back, and deal and in_item_order undo each other",
           "[engine][overlap]") {
   // Weights 9..0 of items 0..9 (item i weighs 9 - i): dealt 0 1 2 2 1 0 0 1 2 2.
