@@ -373,6 +373,11 @@ const at::Tensor& Engine::fetched_value(NodeStore& s, uint32_t batch) {
   return lazy_.get(s, batch);
 }
 
+const at::Tensor& Engine::value_in_turn(NodeStore& s, uint32_t batch) {
+  if (s.batch_out[batch].defined()) return s.batch_out[batch];  // at hand: read without waiting
+  const std::unique_lock<ExecutionTurns> turn = take_turn();
+  return fetched_value(s, batch);
+}
 
 void Engine::execute_round() {
   const auto t0 = Clock::now();
@@ -456,11 +461,7 @@ at::Tensor Engine::value(NodeId n, Loc loc) {
   // what its own forward computed). Held here already only by a kernel of
   // another graph of the same turns (this graph's own kernels were refused
   // above): take_turn() then takes nothing.
-  const uint32_t b = s.value_at[r].batch;
-  const at::Tensor& t = s.batch_out[b].defined() ? s.batch_out[b] : [&]() -> const at::Tensor& {
-    const std::unique_lock<ExecutionTurns> turn = take_turn();
-    return fetched_value(s, b);
-  }();
+  const at::Tensor& t = value_in_turn(s, s.value_at[r].batch);
   const uint32_t row = s.value_at[r].row;
   if (s.has(r, NodeStore::kPacked)) return t.narrow(0, row, s.shape_of(r)[0]);  // its rows of a packed batch
   if (row == kWholeRow) return t;
@@ -822,10 +823,7 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
       if (it == seen.end()) {
         // A value its fused kernel kept inside is made now: a kernel, run in
         // turn (an Overlap's parts); a value at hand is read without waiting.
-        const at::Tensor& t = s.batch_out[b].defined() ? s.batch_out[b] : [&]() -> const at::Tensor& {
-          const std::unique_lock<ExecutionTurns> turn = take_turn();
-          return fetched_value(s, b);
-        }();
+        const at::Tensor& t = value_in_turn(s, b);
         // Only its data is read (under no_grad: a copy records no history); a
         // detach() per batch cost a dispatch and a TensorImpl for nothing.
         it = seen.emplace(seen.end(), b, fetched_.emplace_back(t.is_contiguous() ? t : t.contiguous()).data_ptr<float>());

@@ -195,6 +195,9 @@ class Engine {
   // A batch's value for a fetch or value(), made now if its fused kernel kept
   // it inside (a launch): the caller holds the turn (checked).
   const at::Tensor& fetched_value(NodeStore& s, uint32_t batch);
+  // The same, taking the turn first where the value has to be made (fetches
+  // on the CPU, value()).
+  const at::Tensor& value_in_turn(NodeStore& s, uint32_t batch);
   void finish_aliases();
   bool deliver_waiters();
   void call_inline(const FunctionDef& def, std::span<const NodeId> args, std::vector<Expr>& results, const Site& site);
