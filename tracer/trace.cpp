@@ -52,18 +52,6 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
   const OpInfo& info = op_info(op);
   if (info.traits.arity != OpTraits::kVariadic && args.size() != static_cast<size_t>(info.traits.arity))
     throw_internal("op ", info.name, " recorded with ", args.size(), " arguments, expects ", info.traits.arity);
-  // The inferer's view of the arguments: on the stack for the usual few.
-  constexpr size_t kInline = 8;
-  std::array<const Shape*, kInline> shapes_inline;
-  std::array<uint8_t, kInline> shared_inline;
-  const Shape** shapes = shapes_inline.data();
-  uint8_t* shared = shared_inline.data();
-  if (args.size() > kInline) {
-    arg_shapes_.resize(args.size());
-    arg_shared_.resize(args.size());
-    shapes = arg_shapes_.data();
-    shared = arg_shared_.data();
-  }
   // The key of what this node's shape and signature depend on; empty when
   // too long to keep (or unknown shapes: inferred later). Its words for the
   // arguments are written in the same pass that reads them for inference.
@@ -75,10 +63,8 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
   for (size_t i = 0; i < args.size(); ++i) {
     const NodeId a = args[i];
     const bool is_shared = s_.has(a, NodeStore::kShared);
-    shared[i] = is_shared;
     const ShapeId sh = s_.shape[a];
     unknown = unknown || sh == kUnknownShape;
-    shapes[i] = sh == kUnknownShape ? nullptr : &s_.shapes[sh];
     // (Whether a per-example argument is packed, or a placeholder that may
     // become packed, decides whether this node packs: Trace::by_rows.)
     if (keyed) {
@@ -105,8 +91,9 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
   // An index payload is checked against its range below, not keyed: a lookup
   // per word, a label per example would otherwise each infer anew.
   const bool index_payload = info.traits.payload_index;
-  // (Read before inference: interning its result may move the shapes `shapes` points at.)
-  const int64_t bound = index_payload && !unknown && !args.empty() && shapes[0]->rank() > 0 ? (*shapes[0])[0] : 0;
+  // (Read before inference: interning its result may move the shapes.)
+  const int64_t bound =
+      index_payload && !unknown && !args.empty() && s_.shape_of(args[0]).rank() > 0 ? s_.shape_of(args[0])[0] : 0;
   if (!unknown) {
     if (keyed) {
       key[0] = op;
@@ -126,6 +113,23 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
     if (hit) {
       shape = hit->shape;  // the same inputs passed the same checks
     } else {
+      // The inferer's view of the arguments, made only here: a hit (most
+      // nodes) needs none of it. On the stack for the usual few.
+      constexpr size_t kInline = 8;
+      std::array<const Shape*, kInline> shapes_inline;
+      std::array<uint8_t, kInline> shared_inline;
+      const Shape** shapes = shapes_inline.data();
+      uint8_t* shared = shared_inline.data();
+      if (args.size() > kInline) {
+        arg_shapes_.resize(args.size());
+        arg_shared_.resize(args.size());
+        shapes = arg_shapes_.data();
+        shared = arg_shared_.data();
+      }
+      for (size_t i = 0; i < args.size(); ++i) {
+        shapes[i] = &s_.shape_of(args[i]);
+        shared[i] = s_.has(args[i], NodeStore::kShared);
+      }
       const Site site{info.name, example, loc};
       const InferCtx ctx(std::span(shapes, args.size()), std::span(shared, args.size()), attrs, payload, site);
       shape = s_.shapes.intern(info.infer(ctx));
