@@ -38,7 +38,9 @@ void need_from(const NodeStore& s, ReadyQueue& q, std::span<const NodeId> awaite
       if (s.alias[n] != kNoNode) stack.push_back(s.alias[n]);
       continue;
     }
-    for (NodeId a : s.args_of(n)) stack.push_back(a);
+    // (A computed argument, a parameter, needs nothing: not pushed to be popped and skipped.)
+    for (NodeId a : s.args_of(n))
+      if (!s.has(a, NodeStore::kComputed)) stack.push_back(a);
   }
 }
 
