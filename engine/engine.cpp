@@ -763,13 +763,18 @@ bool Engine::deliver_waiters() {
   const auto t0 = Clock::now();
   ready_nodes_.clear();
   for (const auto& [order, i] : ready_) ready_nodes_.push_back(waiters_[i].node);
-  const std::vector<HostValue> host = fetch_to_host(ready_nodes_);
+  // The values and the callbacks live in buffers kept between deliveries
+  // (an allocation each, per round, before), taken out while in use: a
+  // callback's own delivery then finds none and makes its own.
+  std::vector<HostValue> host = std::exchange(host_scratch_, {});
+  fetch_to_host(ready_nodes_, host);
   stats_.fetch_ms += ms_since(t0);
   for (NodeId n : due_) watch_head_[n] = kNone32;
   due_.clear();
 
   // Take the callbacks out first: they register new waiters (slots get reused).
-  std::vector<Delivery> calls;
+  std::vector<Delivery> calls = std::exchange(calls_scratch_, {});
+  calls.clear();
   calls.reserve(ready_.size());
   for (const auto& [order, i] : ready_) {
     calls.push_back(Delivery{std::move(waiters_[i].callback), waiters_[i].node, WaiterId{i, waiters_[i].generation}});
@@ -778,26 +783,31 @@ bool Engine::deliver_waiters() {
     --live_waiters_;
   }
   const auto t1 = Clock::now();
-  // Both restored on the way out, also if report_failure throws: no pointer to
-  // a gone vector, and no engine named as delivering after its delivery.
-  struct Restore {
-    Engine& e;
-    Engine* outer_engine;
-    std::vector<Delivery>* outer_calls;
-    ~Restore() {
-      t_delivering = outer_engine;
-      e.delivering_ = outer_calls;
+  {
+    // Both restored on the way out, also if report_failure throws: no pointer to
+    // a gone vector, and no engine named as delivering after its delivery.
+    struct Restore {
+      Engine& e;
+      Engine* outer_engine;
+      std::vector<Delivery>* outer_calls;
+      ~Restore() {
+        t_delivering = outer_engine;
+        e.delivering_ = outer_calls;
+      }
+    } restore{*this, std::exchange(t_delivering, this), std::exchange(delivering_, &calls)};
+    for (size_t k = 0; k < calls.size(); ++k) {
+      if (calls[k].cancelled) continue;
+      try {
+        calls[k].callback(host[k]);
+      } catch (...) {
+        report_failure(trace_.store().example[calls[k].node], std::current_exception());
+      }
+      if (orphan_) break;  // the callback destroyed the graph: nothing more runs (forward() says so)
     }
-  } restore{*this, std::exchange(t_delivering, this), std::exchange(delivering_, &calls)};
-  for (size_t k = 0; k < calls.size(); ++k) {
-    if (calls[k].cancelled) continue;
-    try {
-      calls[k].callback(host[k]);
-    } catch (...) {
-      report_failure(trace_.store().example[calls[k].node], std::current_exception());
-    }
-    if (orphan_) break;  // the callback destroyed the graph: nothing more runs (forward() says so)
   }
+  calls.clear();  // (destroys the callbacks, as the end of a local vector did)
+  calls_scratch_ = std::move(calls);
+  host_scratch_ = std::move(host);
   fetched_.clear();
   stats_.trace_ms += ms_since(t1);
   recording_ = false;  // what the callbacks recorded is timed above, not until the next forward()
@@ -807,15 +817,17 @@ bool Engine::deliver_waiters() {
 // On the CPU the values are read where they are (a batch made contiguous at
 // most once). On a device, rows are grouped by the batch that holds them: one
 // index_select per batch, one cat, one copy to the host for the whole round.
-std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
+void Engine::fetch_to_host(std::span<const NodeId> nodes, std::vector<HostValue>& host) {
   NodeStore& s = trace_.store();
   c10::NoGradGuard no_grad;
   ++stats_.fetches;
-  std::vector<HostValue> host(nodes.size());
+  host.clear();
   fetched_.clear();
   if (options_.device.is_cpu()) {
+    host.reserve(nodes.size());  // (filled in order below: no value-initialised entries to overwrite)
     // Batch -> its contiguous tensor's data (kept alive in fetched_).
-    std::vector<std::pair<uint32_t, const float*>> seen;
+    std::vector<std::pair<uint32_t, const float*>> seen = std::exchange(fetch_seen_, {});
+    seen.clear();
     for (size_t i = 0; i < nodes.size(); ++i) {
       const NodeId r = s.resolve(nodes[i]);
       const uint32_t b = s.value_at[r].batch;
@@ -833,10 +845,12 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
       const uint32_t row = s.value_at[r].row;
       // A packed value starts at row `row` of rows of its shape less the first axis.
       const int64_t per_row = s.has(r, NodeStore::kPacked) ? shape.numel() / std::max<int64_t>(shape[0], 1) : shape.numel();
-      host[i] = HostValue{data + (row == kWholeRow ? 0 : row * per_row), shape, trace_.site_of(nodes[i])};
+      host.push_back(HostValue{data + (row == kWholeRow ? 0 : row * per_row), shape, trace_.site_of(nodes[i])});
     }
-    return host;
+    fetch_seen_ = std::move(seen);
+    return;
   }
+  host.resize(nodes.size());  // (filled in batch order below)
   // On a device: gathers, a copy to the host, all in turn (an Overlap's parts).
   const std::unique_lock<ExecutionTurns> turn = take_turn();
   // (batch, whole), position in nodes: a parameter's batch holds both the
@@ -881,7 +895,6 @@ std::vector<HostValue> Engine::fetch_to_host(std::span<const NodeId> nodes) {
     host[order[q]] = HostValue{all + off, shape, trace_.site_of(nodes[order[q]])};
     off += shape.numel();
   }
-  return host;
 }
 
 }  // namespace sheaf::detail

@@ -203,7 +203,8 @@ class Engine {
   void call_inline(const FunctionDef& def, std::span<const NodeId> args, std::vector<Expr>& results, const Site& site);
   void call_later(const std::shared_ptr<const FunctionDef>& def, std::span<const NodeId> args, size_t expected,
                   std::vector<Expr>& results, const Site& site);
-  std::vector<HostValue> fetch_to_host(std::span<const NodeId> nodes);
+  // The nodes' values on the host, into `host` (cleared first).
+  void fetch_to_host(std::span<const NodeId> nodes, std::vector<HostValue>& host);
   void check_targets(std::span<const Expr> targets, Loc loc) const;
   [[noreturn]] void throw_runaway(int max_rounds, Loc loc) const;
   [[noreturn]] void throw_stuck(Loc loc) const;
@@ -273,6 +274,11 @@ class Engine {
     bool cancelled = false;
   };
   std::vector<Delivery>* delivering_ = nullptr;
+  // Buffers a delivery takes out while in use and puts back (deliver_waiters),
+  // and fetch_to_host's list of the batches it has read.
+  std::vector<HostValue> host_scratch_;
+  std::vector<Delivery> calls_scratch_;
+  std::vector<std::pair<uint32_t, const float*>> fetch_seen_;
   bool prepared_ = false;  // the scheduler holds a planned round that forward() runs first
   bool recording_ = false; // a node was recorded since the last forward()/prepare()/clear()
   // Why recording is refused (one byte: recording's check is one test).
