@@ -31,19 +31,28 @@ uint64_t enter_scope(Engine& engine, int64_t example) {
 }
 
 void leave_scope(uint64_t token) {
-  size_t i = t_scopes.size();
-  while (i-- > 0)  // usually the last one
-    if (t_scopes[i].token == token) break;
+  std::vector<Listed>& scopes = t_scopes;
+  // Usually the innermost (a cond's branch, recorded per tree node): no later
+  // scope to hand its previous example to, nothing to move up.
+  if (!scopes.empty() && scopes.back().token == token) {
+    const Listed l = scopes.back();
+    scopes.pop_back();
+    if (engine_at(l.slot, l.generation) == l.engine) l.engine->trace().set_current_example(l.previous);
+    return;  // (else cleared, its example reset, or destroyed since)
+  }
+  size_t i = scopes.size();
+  while (i-- > 0)
+    if (scopes[i].token == token) break;
   // Not listed: dropped (held_scopes, forget_scopes) because its graph is cleared or gone.
   if (i == static_cast<size_t>(-1)) return;
-  const Listed l = t_scopes[i];
-  t_scopes.erase(t_scopes.begin() + static_cast<std::ptrdiff_t>(i));
+  const Listed l = scopes[i];
+  scopes.erase(scopes.begin() + static_cast<std::ptrdiff_t>(i));
   if (engine_at(l.slot, l.generation) != l.engine) return;  // cleared (its example reset) or destroyed since
   // A later scope of this graph still in force keeps its example, and sets
   // back this one's previous when it ends (scopes that end out of order).
-  for (size_t j = i; j < t_scopes.size(); ++j)
-    if (t_scopes[j].engine == l.engine && t_scopes[j].slot == l.slot && t_scopes[j].generation == l.generation) {
-      t_scopes[j].previous = l.previous;
+  for (size_t j = i; j < scopes.size(); ++j)
+    if (scopes[j].engine == l.engine && scopes[j].slot == l.slot && scopes[j].generation == l.generation) {
+      scopes[j].previous = l.previous;
       return;
     }
   l.engine->trace().set_current_example(l.previous);
