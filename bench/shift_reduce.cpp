@@ -165,7 +165,11 @@ void run_mode(const Options& o, const std::string& mode, int64_t hidden, const s
         }
         return parses;
       };
-      auto record = [&](Graph& g, size_t b) {
+      // gold_parses by value: this record outlives the block (a Prefetcher's
+      // systems keep it), and a reference to the lambda here dangled, a crash
+      // once later systems' code reused its stack slot (`--systems
+      // sheaf:auto+prefetch,hand`).
+      auto record = [gold_parses](Graph& g, size_t b) {
         std::vector<Expr> losses;
         for (const ParseResult& r : gold_parses(g, b)) losses.push_back(r.loss);
         return std::vector<Expr>{dsl::sum(losses)};
