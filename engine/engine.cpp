@@ -764,8 +764,9 @@ bool Engine::deliver_waiters() {
   ready_nodes_.clear();
   for (const auto& [order, i] : ready_) ready_nodes_.push_back(waiters_[i].node);
   // The values and the callbacks live in buffers kept between deliveries
-  // (an allocation each, per round, before), taken out while in use: a
-  // callback's own delivery then finds none and makes its own.
+  // (an allocation each, per round, before), taken out while in use. (A
+  // delivery on this graph from a callback is refused, expect_not_reading;
+  // were one allowed, it would find none here and make its own.)
   std::vector<HostValue> host = std::exchange(host_scratch_, {});
   fetch_to_host(ready_nodes_, host);
   stats_.fetch_ms += ms_since(t0);

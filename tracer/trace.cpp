@@ -54,7 +54,7 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
     throw_internal("op ", info.name, " recorded with ", args.size(), " arguments, expects ", info.traits.arity);
   // The key of what this node's shape and signature depend on; empty when
   // too long to keep (or unknown shapes: inferred later). Its words for the
-  // arguments are written in the same pass that reads them for inference.
+  // arguments are written in the same pass that checks their shapes are known.
   std::array<int64_t, std::tuple_size_v<decltype(LastRecord::key)>> key;
   constexpr size_t kHead = 3;  // op, payload, arity and sharedness
   const bool keyed = kHead + args.size() + attrs.size() <= key.size();
@@ -91,7 +91,7 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
   // An index payload is checked against its range below, not keyed: a lookup
   // per word, a label per example would otherwise each infer anew.
   const bool index_payload = info.traits.payload_index;
-  // (Read before inference: interning its result may move the shapes.)
+  // The range the index is checked against: the first argument's rows (a table's, a row of scores').
   const int64_t bound =
       index_payload && !unknown && !args.empty() && s_.shape_of(args[0]).rank() > 0 ? s_.shape_of(args[0])[0] : 0;
   if (!unknown) {
