@@ -17,10 +17,25 @@ namespace sheaf {
 
 namespace {
 
-// Where a value lives: a row of a batch output (kWholeRow: the whole tensor).
-struct RowRef {
-  uint32_t batch, row;
-  bool flatten = false;  // a row of a row: Read::flatten
+// Rows of an input that lie in one place: `len` consecutive rows of a batch
+// output from `row` on, or one row `len` times (`repeat`), or (row kWholeRow,
+// len 1) a whole tensor. An input is planned run by run, not row by row: a
+// packed value's L rows are one run, and so are the values of a batch that
+// reads the one before it in order.
+struct Run {
+  uint32_t batch, row, len;
+  bool flatten;  // rows of a row: Read::flatten
+  bool repeat;   // (only with len > 1)
+};
+
+// A batch an input reads rows of (read_by_source): its first row and the row
+// after its last run so far, its rows, where they start in the input and
+// where their row numbers go in plan.indices.
+constexpr int64_t kNoIndex = -1;  // a range: no row numbers
+struct Source {
+  uint32_t batch, first, next, rows, at;
+  bool consecutive, flatten;
+  int64_t index = kNoIndex;
 };
 
 // A slice batch reading a whole batch in place: (source, axis) is its key;
@@ -46,20 +61,18 @@ struct PlanScratch {
   std::vector<uint8_t> batch_reads;  // per batch: whether it is a reader for order_rows
   std::vector<uint32_t> height;    // local entry -> longest path to what nothing in the round reads
   std::vector<uint32_t> reader;     // local entry -> its first reader (order_rows)
-  Column<RowRef> sources;
+  Column<Run> runs;
+  Column<uint32_t> run_at;  // read_by_source: each run's first row in the gathered order
   Column<NodeId> src_nodes;  // the values an input is made of, before fill_sources
   std::vector<uint32_t> src_rows;
-  std::vector<uint32_t> srcs;
-  Column<uint32_t> rows_of_src;
-  std::vector<uint8_t> src_flat;
-  Column<int64_t> pos;
+  std::vector<Source> srcs;
   std::vector<std::pair<uint32_t, uint32_t>> partial;
   std::vector<SliceRead> slices;
   std::vector<std::pair<uint32_t, uint32_t>> ranges;  // (first row, read)
-  // read_by_source: each row's source slot, each slot's start; per batch id its
-  // slot, valid where its stamp is the current one.
+  // read_by_source: each run's source slot; per batch id its slot, valid
+  // where its stamp is the current one.
   Column<uint32_t> slot;
-  std::vector<uint32_t> start, src_slot, src_stamp;
+  std::vector<uint32_t> src_slot, src_stamp;
   uint32_t stamp = 1;
 };
 thread_local PlanScratch t_scratch;
@@ -613,66 +626,84 @@ class Planner {
       if (s_.has(s_.resolve(a), NodeStore::kShared) || s_.shape[a] != s_.shape[args[0]]) return false;
     return true;
   }
-  // sources_ from the values src_nodes_: a row each, or, where the batch is
+  // runs_ from the values src_nodes_: a row each, or, where the batch is
   // packed (`packed`) or a value is (kPacked), each value's rows (its length
   // L of them): rows of a packed batch in place, rows of a row of another
   // batch through a flattened read; the batch's input is then unpacked to
-  // [-1, shape...] unless the batch itself is packed.
+  // [-1, shape...] unless the batch itself is packed. A value whose rows
+  // follow the run before it joins that run.
   void fill_sources(bool packed) {
-    sources_.clear();
+    runs_.clear();
     SHEAF_ASSERT(!packed || src_rows_.size() == src_nodes_.size(), "a packed batch's inputs without their lengths");
     unpack_ = kNone32;
-    range_ = false;
-    scanned_ = false;
+    whole_ = false;
     if (!packed) {
-      // The usual case, no value packed: each row's place and whether the rows
-      // are one range (add_input's question), in one pass.
-      bool contiguous = true, whole = false;
+      // The usual case, no value packed: a row each, written by count (at
+      // most a run a value).
       const size_t n = src_nodes_.size();
-      sources_.resize(n);
-      RowRef* const out = sources_.data();
-      size_t i = 0;
+      runs_.resize(n);
+      Run* const out = runs_.data();
+      size_t i = 0, k = 0;
+      uint32_t next_batch = kNone32, next_row = 0;  // what would extend the last run
       for (; i < n; ++i) {
         const NodeId r = s_.resolve(src_nodes_[i]);
         if (s_.has(r, NodeStore::kPacked)) break;
-        const RowRef at{s_.value_at[r].batch, s_.value_at[r].row};
-        whole = whole || at.row == kWholeRow;
-        if (i > 0)
-          contiguous = contiguous && at.batch == out[0].batch && at.row == out[0].row + i && out[0].row != kWholeRow;
-        out[i] = at;
+        const uint32_t batch = s_.value_at[r].batch, row = s_.value_at[r].row;
+        if (batch == next_batch && row == next_row) {
+          ++out[k - 1].len;
+        } else {
+          out[k++] = Run{batch, row, 1, false, false};
+          whole_ = whole_ || row == kWholeRow;
+          next_batch = row == kWholeRow ? kNone32 : batch;  // a whole tensor is a run of its own
+        }
+        next_row = row + 1;
       }
       if (i == n) {
+        runs_.resize(k);
         expanded_ = false;
-        scanned_ = true;
-        contiguous_ = contiguous;
-        whole_ = whole;
+        rows_in_ = static_cast<uint32_t>(n);
         return;
       }
-      sources_.clear();
+      runs_.clear();
+      whole_ = false;
     }
     expanded_ = true;
+    rows_in_ = 0;
     if (!packed && !src_nodes_.empty()) unpack_ = s_.shape[s_.resolve(src_nodes_[0])];
     if (one_range()) return;
     for (size_t i = 0; i < src_nodes_.size(); ++i) {
       const NodeId r = s_.resolve(src_nodes_[i]);
-      const RowRef at = row_of(r);
-      if (at.row == kWholeRow) {  // a shared value in a list: all its rows
-        sources_.push_back(RowRef{at.batch, kWholeRow, true});
+      const uint32_t batch = s_.value_at[r].batch, row = s_.value_at[r].row;
+      if (row == kWholeRow) {  // a shared value in a list: all its rows
+        whole_ = true;
+        add_run(Run{batch, kWholeRow, 1, true, false});
         continue;
       }
       if (packed && s_.shape_of(r).rank() < packed_rank_) {  // one row's shape: repeated on each row
-        for (uint32_t j = 0; j < src_rows_[i]; ++j) sources_.push_back(at);
+        add_run(Run{batch, row, src_rows_[i], false, src_rows_[i] > 1});
         continue;
       }
       const uint32_t len = length_of(r);
       const bool in_place = s_.has(r, NodeStore::kPacked);
-      const uint32_t first = in_place ? at.row : at.row * len;
-      for (uint32_t j = 0; j < len; ++j) sources_.push_back(RowRef{at.batch, first + j, !in_place});
+      add_run(Run{batch, in_place ? row : row * len, len, !in_place, false});
     }
   }
+  void add_run(const Run& r) {
+    if (r.len == 0) return;
+    rows_in_ += r.len;
+    if (!runs_.empty()) {
+      Run& last = runs_.back();
+      if (!r.repeat && !last.repeat && last.row != kWholeRow && r.row != kWholeRow && last.batch == r.batch &&
+          last.flatten == r.flatten && last.row + last.len == r.row) {
+        last.len += r.len;
+        return;
+      }
+    }
+    runs_.push_back(r);
+  }
   // Whether the values' rows are one range of one packed batch, in order (a
-  // packed batch reading the one before it): then range_read_ is that read,
-  // found value by value instead of row by row.
+  // packed batch reading the one before it): then that range is the one run,
+  // found without looking at the values' shapes.
   bool one_range() {
     uint32_t batch = kNone32, next = 0, first = 0;
     for (NodeId a : src_nodes_) {
@@ -687,15 +718,11 @@ class Planner {
       next += length_of(r);
     }
     if (batch == kNone32) return false;
-    range_ = true;
-    range_read_ = Read{batch, first, next - first};
+    runs_.push_back(Run{batch, first, next - first, false, false});
+    rows_in_ = next - first;
     return true;
   }
   uint32_t length_of(NodeId n) const { return static_cast<uint32_t>(s_.shape_of(n)[0]); }
-  RowRef row_of(NodeId a) const {
-    NodeId r = s_.resolve(a);
-    return {s_.value_at[r].batch, s_.value_at[r].row};
-  }
   uint32_t rows(uint32_t batch) const {
     return batch >= base_ ? rows_[batch - base_] : s_.batch_rows[batch];
   }
@@ -704,65 +731,53 @@ class Planner {
     return static_cast<uint32_t>(p_.reads.size() - 1);
   }
 
-  // Plans one batched input from the (batch, row) of each of its rows: one read
-  // when they are contiguous, else one read per source batch (a range or an index
+  // Plans one batched input from the runs of its rows (fill_sources): one read
+  // when they are one run, else one read per source batch (a range or an index
   // list), concatenated, then permuted into row order if the sources interleave.
   // A row kWholeRow is a shared value (only in the list of a shared sum).
   // `like`: a node whose shape every row has (for the bytes a gather copies;
   // kNoNode: no rows).
   void add_input(NodeId like) {
     BatchArg arg{BatchArg::kGather, static_cast<uint32_t>(p_.reads.size()), 0};
-    if (range_) {  // fill_sources found one range (one_range)
+    arg.unpack = unpack_;
+    if (runs_.size() == 1 && !whole_ && !runs_[0].repeat) {
       arg.kind = BatchArg::kView;
-      arg.unpack = unpack_;
-      read(range_read_);
-      arg.reads_end = static_cast<uint32_t>(p_.reads.size());
-      p_.args.push_back(arg);
-      range_ = false;
-      return;
-    }
-    bool contiguous = !scanned_ || contiguous_, whole = scanned_ && whole_;
-    for (size_t j = 0; !scanned_ && j < sources_.size(); ++j) {
-      whole = whole || sources_[j].row == kWholeRow;
-      if (j > 0)
-        contiguous = contiguous && sources_[j].batch == sources_[0].batch && sources_[j].flatten == sources_[0].flatten &&
-                     sources_[j].row == sources_[0].row + j && sources_[0].row != kWholeRow;
-    }
-    scanned_ = false;
-    if (contiguous) {
-      arg.kind = BatchArg::kView;
-      Read r{sources_[0].batch, sources_[0].row, static_cast<uint32_t>(sources_.size())};
-      r.flatten = sources_[0].flatten;
+      Read r{runs_[0].batch, runs_[0].row, runs_[0].len};
+      r.flatten = runs_[0].flatten;
       read(r);
-    } else if (whole) {
-      for (const RowRef& l : sources_) {
-        Read r{l.batch, l.row, 1};
-        r.flatten = l.flatten;
-        read(r);
-      }
+    } else if (whole_) {
+      for (const Run& run : runs_)
+        for (uint32_t t = 0; t < run.len; ++t) {
+          Read r{run.batch, run.row == kWholeRow || run.repeat ? run.row : run.row + t, 1};
+          r.flatten = run.flatten;
+          read(r);
+        }
     } else {
       read_by_source(arg);
       ++p_.gathers;
       if (like != kNoNode) {
         const Shape& shape = s_.shape_of(s_.resolve(like));
         const int64_t per_row = expanded_ && shape.rank() > 0 && shape[0] > 0 ? shape.numel() / shape[0] : shape.numel();
-        p_.gathered_bytes += sources_.size() * static_cast<uint64_t>(per_row) * sizeof(float);
+        p_.gathered_bytes += rows_in_ * static_cast<uint64_t>(per_row) * sizeof(float);
       }
     }
-    arg.unpack = unpack_;
     arg.reads_end = static_cast<uint32_t>(p_.reads.size());
     p_.args.push_back(arg);
   }
 
   // One read per source batch, in the order sources first appear; rows of a
-  // source keep their order. A counting sort by source: linear in the rows,
-  // whatever the number of sources (a loss over every tree level reads dozens).
+  // source keep their order. A counting sort of the runs by source: linear in
+  // the runs, whatever the number of sources (a loss over every tree level
+  // reads dozens); rows are written one by one only as indices.
   void read_by_source(BatchArg& arg) {
     srcs_.clear();
-    src_flat_.clear();
-    slot_.resize(sources_.size());
-    for (size_t j = 0; j < sources_.size(); ++j) {
-      const uint32_t b = sources_[j].batch;
+    const size_t runs = runs_.size();
+    slot_.resize(runs);
+    // Each run's source; per source its rows, and whether its runs follow
+    // one another (then its read is a range).
+    for (size_t j = 0; j < runs; ++j) {
+      const Run& run = runs_[j];
+      const uint32_t b = run.batch;
       if (b >= src_slot_.size()) {
         src_slot_.resize(b + 1, kNone32);
         src_stamp_.resize(b + 1, 0);
@@ -770,46 +785,64 @@ class Planner {
       if (src_stamp_[b] != stamp_) {
         src_stamp_[b] = stamp_;
         src_slot_[b] = static_cast<uint32_t>(srcs_.size());
-        srcs_.push_back(b);
-        src_flat_.push_back(sources_[j].flatten);  // the same for every row of one batch
+        // (flatten: the same for every row of one batch)
+        srcs_.push_back(Source{b, run.row, run.row, 0, 0, true, run.flatten});
       }
-      slot_[j] = src_slot_[b];
+      const uint32_t k = src_slot_[b];
+      slot_[j] = k;
+      Source& src = srcs_[k];
+      src.rows += run.len;
+      src.consecutive = src.consecutive && !run.repeat && run.row == src.next;
+      src.next = run.row + run.len;
     }
     if (++stamp_ == 0) {  // wrapped: forget every old stamp
       std::fill(src_stamp_.begin(), src_stamp_.end(), 0);
       stamp_ = 1;
     }
-    // Where each source's rows start, then every row's place.
-    start_.assign(srcs_.size() + 1, 0);
-    for (uint32_t k : slot_) ++start_[k + 1];
-    for (size_t k = 0; k < srcs_.size(); ++k) start_[k + 1] += start_[k];
-    Column<int64_t>& pos = pos_;
-    pos.resize(sources_.size());
-    rows_of_src_.resize(sources_.size());
-    bool in_order = true;
-    for (size_t j = 0; j < sources_.size(); ++j) {
-      const uint32_t at = start_[slot_[j]]++;
-      pos[j] = at;
-      rows_of_src_[at] = sources_[j].row;
-      in_order = in_order && at == j;
-    }
-    uint32_t begin = 0;
-    for (size_t k = 0; k < srcs_.size(); ++k) {
-      const uint32_t end = start_[k];  // advanced to the next source's start above
-      const uint32_t len = end - begin;
-      const uint32_t* rows = rows_of_src_.data() + begin;
-      bool consecutive = true;
-      for (uint32_t q = 1; q < len && consecutive; ++q) consecutive = rows[q] == rows[0] + q;
-      Read r = consecutive ? Read{srcs_[k], rows[0], len} : Read{srcs_[k], 0, len, static_cast<int64_t>(p_.indices.size())};
-      r.flatten = src_flat_[k] != 0;
+    // The reads; `at` becomes where each source's rows start, `index` where
+    // its row numbers go (kNoIndex: a range needs none).
+    uint32_t rows = 0;
+    for (Source& src : srcs_) {
+      src.at = rows;
+      rows += src.rows;
+      src.index = src.consecutive ? kNoIndex : static_cast<int64_t>(p_.indices.size());
+      Read r = src.consecutive ? Read{src.batch, src.first, src.rows} : Read{src.batch, 0, src.rows, src.index};
+      r.flatten = src.flatten;
       read(r);
-      if (!consecutive) p_.indices.insert(p_.indices.end(), rows, rows + len);
-      begin = end;
+      if (!src.consecutive) grow_indices(src.rows);
+    }
+    // Every run's place, and its row numbers where its source needs them.
+    run_at_.resize(runs);
+    bool in_order = true;
+    uint32_t row = 0;
+    for (size_t j = 0; j < runs; ++j) {
+      const Run& run = runs_[j];
+      Source& src = srcs_[slot_[j]];
+      run_at_[j] = src.at;
+      in_order = in_order && src.at == row;
+      src.at += run.len;
+      row += run.len;
+      if (src.index == kNoIndex) continue;
+      // (The first row apart: most runs of a gather are a row long.)
+      int64_t* index = p_.indices.data() + src.index;
+      index[0] = run.row;
+      for (uint32_t t = 1; t < run.len; ++t) index[t] = run.row + (run.repeat ? 0 : t);
+      src.index += run.len;
     }
     if (!in_order) {
       arg.perm = static_cast<int64_t>(p_.indices.size());
-      p_.indices.insert(p_.indices.end(), pos.begin(), pos.end());
+      int64_t* pos = grow_indices(row);
+      for (size_t j = 0; j < runs; ++j) {
+        pos[0] = run_at_[j];
+        for (uint32_t t = 1; t < runs_[j].len; ++t) pos[t] = run_at_[j] + t;
+        pos += runs_[j].len;
+      }
     }
+  }
+  // n more entries at the end of plan.indices, to be written in full.
+  int64_t* grow_indices(size_t n) {
+    p_.indices.resize(p_.indices.size() + n);
+    return p_.indices.data() + p_.indices.size() - n;
   }
 
   NodeStore& s_;
@@ -824,26 +857,22 @@ class Planner {
   std::vector<uint8_t>& batch_reads_ = x_.batch_reads;
   std::vector<uint32_t>& height_ = x_.height;
   std::vector<uint32_t>& reader_ = x_.reader;
-  Column<RowRef>& sources_ = x_.sources;
+  Column<Run>& runs_ = x_.runs;
   Column<NodeId>& src_nodes_ = x_.src_nodes;
   std::vector<uint32_t>& src_rows_ = x_.src_rows;  // packed: each source's reader's length
   int packed_rank_ = 0;                            // packed: the reader's rank
-  std::vector<uint8_t>& src_flat_ = x_.src_flat;
-  uint32_t unpack_ = kNone32;  // fill_sources' verdict for add_input
-  bool expanded_ = false;
-  bool range_ = false;  // one_range() found the input: range_read_
-  // fill_sources found whether the rows are one range (contiguous_) and
-  // whether any is a whole shared value (whole_); else add_input looks.
-  bool scanned_ = false, contiguous_ = true, whole_ = false;
-  Read range_read_{0, 0, 0};
-  std::vector<uint32_t>& srcs_ = x_.srcs;
-  Column<uint32_t>& rows_of_src_ = x_.rows_of_src;
-  Column<int64_t>& pos_ = x_.pos;
+  // fill_sources' verdict for add_input: how to view the rows, whether they
+  // are each a value's rows (expanded_), how many, and whether any is a whole
+  // shared value.
+  uint32_t unpack_ = kNone32;
+  bool expanded_ = false, whole_ = false;
+  uint32_t rows_in_ = 0;
+  std::vector<Source>& srcs_ = x_.srcs;
+  Column<uint32_t>& run_at_ = x_.run_at;
   std::vector<std::pair<uint32_t, uint32_t>>& partial_ = x_.partial;
   std::vector<SliceRead>& slices_ = x_.slices;
   std::vector<std::pair<uint32_t, uint32_t>>& ranges_ = x_.ranges;
   Column<uint32_t>& slot_ = x_.slot;
-  std::vector<uint32_t>& start_ = x_.start;
   std::vector<uint32_t>& src_slot_ = x_.src_slot;
   std::vector<uint32_t>& src_stamp_ = x_.src_stamp;
   uint32_t& stamp_ = x_.stamp;

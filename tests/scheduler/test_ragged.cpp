@@ -456,3 +456,60 @@ TEST_CASE("ragged: an LSTM over sequences of different lengths is one launch a d
     }
   }
 }
+
+TEST_CASE("ragged: a packed batch's gathered input is each value's rows in row order, planned by runs",
+          "[scheduler][ragged][planner]") {
+  // The mul's rows follow its first argument (tanh rows for odd examples,
+  // then sigmoid rows for even ones); its second argument's rows lie in two
+  // other batches (relu where i % 3 == 0, abs elsewhere) in another order: a
+  // gather of one read per source, a value's L rows at a time, then
+  // permuted. The add reads a per-example vector once per row of its
+  // example (a repeated row).
+  const auto program = [](Graph& g, int i) {
+    const Expr X = g.input(test::data({length_of(i), 3}, i));
+    const Expr Y = i % 2 ? dsl::tanh(X) : dsl::sigmoid(X);
+    const Expr V = i % 3 ? dsl::abs(X) : dsl::relu(X);
+    return Y * V + dsl::tanh(g.input(test::data({3}, i, 1)));
+  };
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(9, program));
+  Graph g({.fuse = false});
+  test::forward_examples(g, 9, program);
+  const Plan& plan = *sheaf::detail::engine_of(g).last_plan();
+  const NodeStore& s = sheaf::detail::engine_of(g).store();
+  // Rows (batch, row) an input gets, decoded from its reads, indices and permutation.
+  auto decode = [&](const BatchArg& a) {
+    std::vector<std::pair<uint32_t, int64_t>> rows;
+    for (uint32_t q = a.reads_begin; q < a.reads_end; ++q) {
+      const Read& r = plan.reads[q];
+      for (uint32_t j = 0; j < r.len; ++j)
+        rows.emplace_back(r.batch, r.index >= 0 ? plan.indices[static_cast<size_t>(r.index + j)] : r.start + j);
+    }
+    if (a.perm < 0) return rows;
+    std::vector<std::pair<uint32_t, int64_t>> permuted;
+    for (size_t j = 0; j < rows.size(); ++j) permuted.push_back(rows[static_cast<size_t>(plan.indices[a.perm + j])]);
+    return permuted;
+  };
+  int gathered = 0, repeated = 0;
+  for (const PlannedBatch& b : plan.batches) {
+    const std::string_view name = op_name(b.op);
+    if (b.rows == 0 || (name != "mul" && name != "add")) continue;
+    for (uint32_t k = 0; k < b.arity; ++k) {
+      // What row by row planning would list: each node's argument's rows in
+      // turn (L rows of a packed value; a vector once per row of its reader).
+      std::vector<std::pair<uint32_t, int64_t>> expected;
+      for (uint32_t i = 0; i < b.n; ++i) {
+        const NodeId node = plan.nodes[b.nodes_begin + i];
+        const NodeId a = s.resolve(s.args_of(node)[k]);
+        const auto length = static_cast<uint32_t>(s.shape_of(node)[0]);
+        const bool packed = s.has(a, NodeStore::kPacked);
+        for (uint32_t j = 0; j < length; ++j) expected.emplace_back(s.value_at[a].batch, s.value_at[a].row + (packed ? j : 0));
+      }
+      const BatchArg& arg = plan.args[b.args_begin + k];
+      CHECK(decode(arg) == expected);
+      gathered += arg.kind == BatchArg::kGather && arg.perm >= 0 && arg.reads_end - arg.reads_begin == 2;
+      repeated += name == "add" && k == 1;
+    }
+  }
+  CHECK(gathered == 1);  // the mul's second input: two sources, permuted
+  CHECK(repeated == 1);
+}
