@@ -374,7 +374,8 @@ int rows_rank(const NodeStore& s, NodeId n, const OpTraits& traits) {
 int Trace::by_rows(NodeId n, const OpTraits& traits) const {
   if (!traits.rowwise) return 0;
   const Shape& out = s_.shape_of(n);
-  if (out.rank() == 0) return 0;
+  // (A value without rows batches by its shape: a packed batch's rows are its values' rows.)
+  if (out.rank() == 0 || out[0] == 0) return 0;
   if (traits.axis_attr >= 0 && out.axis(static_cast<int>(s_.attrs_of(n)[static_cast<size_t>(traits.axis_attr)])) <= 0)
     return 0;  // along the length itself
   auto args = s_.args_of(n);
@@ -425,7 +426,7 @@ bool Trace::reduces_rows(NodeId n, const OpTraits& traits) const {
   for (size_t i = 0; i < args.size(); ++i) {
     const NodeId r = s_.resolve(args[i]);
     const Shape& in = s_.shape_of(args[i]);
-    if (s_.has(r, NodeStore::kShared) || in.rank() < 1 || in[0] != s_.shape_of(args[0])[0]) return false;
+    if (s_.has(r, NodeStore::kShared) || in.rank() < 1 || in[0] == 0 || in[0] != s_.shape_of(args[0])[0]) return false;
     if (i + 1 < args.size() && in.rank() != 1) return false;  // leading arguments weigh the rows (x B)
     rank = std::max(rank, in.rank());
     packed_vector = packed_vector || (in.rank() == 1 && s_.has(r, NodeStore::kRowwise));

@@ -513,3 +513,21 @@ TEST_CASE("ragged: a packed batch's gathered input is each value's rows in row o
   CHECK(gathered == 1);  // the mul's second input: two sources, permuted
   CHECK(repeated == 1);
 }
+
+TEST_CASE("ragged: values of length 0 batch by their shape, beside values of other lengths", "[scheduler][ragged]") {
+  // A packed batch's rows are its values' rows: values without any are not
+  // packed (a batch of them once ran as rows that did not exist, or reshaped
+  // an empty input to [-1, 0, 3]).
+  const auto some_empty = [](Graph& g, int i) {
+    const Expr X = g.input(test::data({i % 2 ? 0 : length_of(i), 3}, i));
+    const Expr Y = i % 2 ? dsl::tanh(X) : dsl::sigmoid(X);
+    return dsl::sum(dsl::exp(Y) * Y) + dsl::sum(dsl::sum_dim(Y, 0) * 2.0);
+  };
+  const auto all_empty = [](Graph& g, int i) {
+    const Expr X = g.input(test::data({0, 3}, i));
+    const Expr Y = i % 2 ? dsl::tanh(X) : dsl::sigmoid(X);
+    return dsl::sum(dsl::exp(Y) * Y) + dsl::sum(dsl::sum_dim(Y, 0) * 2.0);
+  };
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(6, some_empty));
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(4, all_empty));
+}
