@@ -72,16 +72,20 @@ c10::Device device_of(std::span<const FusedInput> inputs) {
 }
 
 // The device's kernels; nullptr where this device has none (the ops run instead).
-// The CPU's read rows in place; CUDA's read tensors.
+// The CPU's read rows in place; CUDA's read tensors. A batch of values of length
+// 0 has nothing to compute (and its rows' data pointers may be null: no copy of
+// zero floats from them); input gradients are already zeros.
 struct Kernels {
   bool cpu;
   void forward(const FusedProgram& p, std::span<const FusedInput> in, std::span<const at::Tensor> out,
                int64_t n) const {
+    if (n * p.numel == 0) return;
     if (cpu) return fused_cpu::forward(p, in, out, n);
     fused_cuda::forward(p, tensors_of(in), out, n);
   }
   void backward(const FusedProgram& p, std::span<const FusedInput> in, std::span<const at::Tensor> g_out,
                 std::span<at::Tensor> g_in, std::span<float* const* const> g_rows, int64_t n) const {
+    if (n * p.numel == 0) return;
     if (cpu) return fused_cpu::backward(p, in, g_out, g_in, g_rows, n);
     fused_cuda::backward(p, tensors_of(in), g_out, g_in, n);
   }
