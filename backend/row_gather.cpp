@@ -208,8 +208,8 @@ at::Tensor RowGathers::gather(std::span<const at::Tensor* const> sources, std::s
     const at::Tensor& s = *sources[k];
     SHEAF_ASSERT(readable(s), "row gather source ", k, " is not readable by rows: ", s.sizes(), " ", s.strides());
     base[k] = s.data_ptr<float>();
-    stride[k] = s.stride(0);
     width[k] = row_numel(s);
+    stride[k] = width[k] == 0 ? 0 : s.stride(0);  // rows of no floats: a null base plus nothing
     needs_grad = needs_grad || s.requires_grad();
   }
   at::Tensor out =
@@ -280,8 +280,8 @@ std::shared_ptr<const InPlaceRows> RowGathers::in_place(std::span<const at::Tens
     const at::Tensor& s = *sources[k];
     SHEAF_ASSERT(readable(s) && s.device().is_cpu(), "in-place source ", k, " is not readable by rows: ", s.sizes(), " ", s.strides());
     base[k] = s.data_ptr<float>();
-    stride[k] = s.stride(0);
     impl->width.push_back(row_numel(s));
+    stride[k] = impl->width.back() == 0 ? 0 : s.stride(0);  // rows of no floats: a null base plus nothing
     SHEAF_ASSERT(impl->width.back() == impl->width[0], "in-place rows of ", impl->width[0], " and ",
                  impl->width.back(), " floats");
     impl->sources.push_back(s);
@@ -375,7 +375,7 @@ at::Tensor InPlaceRows::materialize(std::span<const int64_t> sizes) const {
   SHEAF_ASSERT(out.numel() == static_cast<int64_t>(data_.size()) * width_, "in-place rows of ", data_.size(),
                " x ", width_, " into ", out.sizes());
   float* o = out.data_ptr<float>();
-  for (size_t i = 0; i < data_.size(); ++i)
+  for (size_t i = 0; i < data_.size() && width_ > 0; ++i)  // rows of no floats may be null pointers
     std::memcpy(o + static_cast<int64_t>(i) * width_, data_[i], static_cast<size_t>(width_) * sizeof(float));
   if (needs_grad() && at::GradMode::is_enabled())
     attach_reader(out, impl_->hubs, impl_->picks, impl_->width, 1, impl_->dummies);

@@ -530,4 +530,13 @@ TEST_CASE("ragged: values of length 0 batch by their shape, beside values of oth
   };
   REQUIRE_BATCHED_EQUALS_ALONE(check_batched(6, some_empty));
   REQUIRE_BATCHED_EQUALS_ALONE(check_batched(4, all_empty));
+  // Rows of no floats (their data pointers may be null), read in place by a
+  // product when no gradient is wanted, and packed by length.
+  const at::Tensor W = test::param({3, 0}, 1).detach(), b = test::param({3}, 2).detach();
+  const auto no_columns = [&](Graph& g, int i) {
+    const Expr X = g.input(test::data({length_of(i), 0}, i));
+    const Expr v = g.input(test::data({0}, i));
+    return dsl::sum(dsl::tanh(dsl::affine(W, X, b))) + dsl::sum(dsl::affine(W, v, b) * 2.0);
+  };
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(6, no_columns));
 }
