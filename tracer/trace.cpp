@@ -388,8 +388,9 @@ int Trace::by_rows(NodeId n, const OpTraits& traits) const {
   for (size_t i = 0; i < args.size(); ++i) {
     const NodeId r = s_.resolve(args[i]);
     const Shape& a = s_.shape_of(args[i]);
-    if (traits.own_rows_arg(i) && (s_.has(r, NodeStore::kShared) || a.rank() != rank))
-      return 0;  // own rows need the rows' rank (and per-example values): by shape otherwise
+    // Own rows need the rows' rank, per-example values, and rows (none: the
+    // packed input would read nothing): by shape otherwise.
+    if (traits.own_rows_arg(i) && (s_.has(r, NodeStore::kShared) || a.rank() != rank || a[0] == 0)) return 0;
     if (s_.has(r, NodeStore::kShared)) {
       if (!traits.weight(i) && a.rank() >= rank) return 0;
     } else if (traits.row_arg(i) && a.rank() == rank) {

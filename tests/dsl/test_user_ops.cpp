@@ -60,6 +60,33 @@ struct RowNormalise {
   static at::Tensor run(RunCtx& c) { return c.in(0) / (c.in(0).norm(2, -1, /*keepdim=*/true) + 1.0); }
 };
 
+// Per value, with rows of its own (OpTraits::own_rows): each row of x [Lq, d]
+// plus the sum of k's rows [Lk, d], Lk any length, 0 included. Packed, k's
+// rows arrive end to end, c.own_counts() rows a value.
+struct KeySum {
+  static constexpr std::string_view name = "test_key_sum";
+  static constexpr OpTraits traits{.arity = 2, .rowwise = true, .per_value = true, .own_rows = 0b10};
+  static Shape infer(const InferCtx& c) {
+    c.expect_batched(0, "x");
+    c.expect_batched(1, "k");
+    c.expect_rank(0, 2, "x");
+    c.expect_rank(1, 2, "k");
+    if (c.shape(0)[1] != c.shape(1)[1]) c.fail("x has shape ", c.shape(0).str(), " and k ", c.shape(1).str());
+    return c.shape(0);
+  }
+  static at::Tensor run(RunCtx& c) {
+    if (!c.packed()) return c.in(0) + c.in(1).sum(1, /*keepdim=*/true);  // [n, Lq, d] + [n, 1, d]
+    const std::span<const int64_t> counts = c.own_counts();
+    std::vector<int64_t> owner;  // each row of k: its value
+    for (size_t v = 0; v < counts.size(); ++v)
+      owner.insert(owner.end(), static_cast<size_t>(counts[v]), static_cast<int64_t>(v));
+    const at::Tensor ids = at::tensor(owner, at::TensorOptions().dtype(at::kLong)).to(c.in(1).device());
+    const at::Tensor sums = at::zeros({static_cast<int64_t>(counts.size()), c.in(1).size(1)}, c.in(1).options())
+                                .index_add(0, ids, c.in(1));
+    return c.in(0) + sums.index_select(0, c.segment_ids());
+  }
+};
+
 // A complete descriptor whose name is taken.
 struct Tanh2 {
   static constexpr std::string_view name = "tanh";  // taken by the built-in op
@@ -160,6 +187,35 @@ TEST_CASE("a row-by-row user op packs values of different lengths into one launc
   int launches = 0;
   for (const PlannedBatch& b : sheaf::detail::engine_of(g).last_plan()->batches) launches += b.op == user_op<RowNormalise>();
   CHECK(launches == 1);
+}
+
+TEST_CASE("a per-value user op with rows of its own: of different lengths, of none, or none at all",
+          "[dsl][user-ops][ragged]") {
+  // A value whose own rows number 0 batches by its shape (a packed batch of
+  // them once planned an input with nothing to read).
+  const at::Tensor W = param({3, 3}, 1), b = param({3}, 2);
+  const auto with_keys = [&](int64_t (*keys)(int)) {
+    return [&, keys](Graph& g, int i) {
+      const Expr X = dsl::tanh(dsl::affine(W, g.input(data({1 + i % 3, 3}, i)), b));
+      const Expr K = dsl::affine(W, g.input(data({keys(i), 3}, i, 1)), b);
+      return dsl::sum(dsl::call(user_op<KeySum>(), {X, K}) * X);
+    };
+  };
+  const auto some = [](int i) -> int64_t { return 1 + i % 4; };
+  const auto some_none = [](int i) -> int64_t { return i % 3; };
+  const auto none = [](int) -> int64_t { return 0; };
+  for (auto keys : {+some, +some_none, +none})
+    REQUIRE_BATCHED_EQUALS_ALONE(check_batched(7, with_keys(keys), {.params = {W, b}}));
+  // Keys of several lengths: one launch. Some of none (examples 0, 3 and 6,
+  // whose x are all [1, 3]): those are one more launch, by their shape.
+  for (auto [keys, want] : {std::pair{+some, 1}, std::pair{+some_none, 2}}) {
+    Graph g({.fuse = false});
+    test::forward_examples(g, 7, with_keys(keys));
+    int launches = 0;
+    for (const PlannedBatch& pb : sheaf::detail::engine_of(g).last_plan()->batches)
+      launches += pb.op == user_op<KeySum>();
+    CHECK(launches == want);
+  }
 }
 
 TEST_CASE("a user op computes what its LibTorch call computes", "[dsl][user-ops]") {
