@@ -55,9 +55,8 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
   // The key of what this node's shape and signature depend on; empty when
   // too long to keep (or unknown shapes: inferred later). Its words for the
   // arguments are written in the same pass that checks their shapes are known.
-  std::array<int64_t, std::tuple_size_v<decltype(LastRecord::key)>> key;
-  constexpr size_t kHead = 3;  // op, payload, arity and sharedness
-  const bool keyed = kHead + args.size() + attrs.size() <= key.size();
+  RecordKey key;
+  const bool keyed = RecordKey::kHead + args.size() + attrs.size() <= key.words.size();
   bool unknown = false;
   int64_t example = kSharedExample;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -70,9 +69,9 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
     if (keyed) {
       const NodeId r = s_.resolve(a);
       const uint8_t f = s_.flags[r];
-      key[kHead + i] = is_shared ? (int64_t{1} << 40) | r
-                                 : sh | ((f & NodeStore::kRowwise) ? int64_t{1} << 41 : 0) |
-                                       ((f & NodeStore::kPlaceholder) ? int64_t{1} << 42 : 0);
+      key.words[RecordKey::kHead + i] = is_shared ? (int64_t{1} << 40) | r
+                                                  : sh | ((f & NodeStore::kRowwise) ? int64_t{1} << 41 : 0) |
+                                                        ((f & NodeStore::kPlaceholder) ? int64_t{1} << 42 : 0);
     }
     if (is_shared) {
       if (a < param_uses_.size()) ++param_uses_[a];
@@ -83,58 +82,75 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
   }
   if (info.traits.source) example = current_example_;
   const bool is_shared = example == kSharedExample;
-
-  ShapeId shape = kUnknownShape;
-  size_t len = 0;
-  std::array<LastRecord, kRecordWays>& ways = last_record_[op % last_record_.size()];
-  const LastRecord* hit = nullptr;
-  // An index payload is checked against its range below, not keyed: a lookup
-  // per word, a label per example would otherwise each infer anew.
+  // An index payload is checked against its range, not keyed: a lookup per
+  // word, a label per example would otherwise each infer anew.
   const bool index_payload = info.traits.payload_index;
-  // The range the index is checked against: the first argument's rows (a table's, a row of scores').
-  const int64_t bound =
-      index_payload && !unknown && !args.empty() && s_.shape_of(args[0]).rank() > 0 ? s_.shape_of(args[0])[0] : 0;
-  if (!unknown) {
-    if (keyed) {
-      key[0] = op;
-      key[1] = index_payload ? 0 : payload;
-      key[2] = static_cast<int64_t>(args.size()) << 1 | is_shared;
-      len = kHead + args.size();
-      for (int64_t a : attrs) key[len++] = a;
-      for (const LastRecord& w : ways) {
-        bool same = w.len == len && (!index_payload || (payload >= 0 && payload < w.bound));
-        for (size_t i = 0; i < len && same; ++i) same = w.key[i] == key[i];  // a few words: no memcmp call
-        if (same) {
-          hit = &w;
-          break;
-        }
-      }
-    }
-    if (hit) {
-      shape = hit->shape;  // the same inputs passed the same checks
-    } else {
-      // The inferer's view of the arguments, made only here: a hit (most
-      // nodes) needs none of it. On the stack for the usual few.
-      constexpr size_t kInline = 8;
-      std::array<const Shape*, kInline> shapes_inline;
-      std::array<uint8_t, kInline> shared_inline;
-      const Shape** shapes = shapes_inline.data();
-      uint8_t* shared = shared_inline.data();
-      if (args.size() > kInline) {
-        arg_shapes_.resize(args.size());
-        arg_shared_.resize(args.size());
-        shapes = arg_shapes_.data();
-        shared = arg_shared_.data();
-      }
-      for (size_t i = 0; i < args.size(); ++i) {
-        shapes[i] = &s_.shape_of(args[i]);
-        shared[i] = s_.has(args[i], NodeStore::kShared);
-      }
-      const Site site{info.name, example, loc};
-      const InferCtx ctx(std::span(shapes, args.size()), std::span(shared, args.size()), attrs, payload, site);
-      shape = s_.shapes.intern(info.infer(ctx));
+  if (unknown || !keyed) [[unlikely]]
+    return record_miss(op, args, attrs, payload, loc, example, unknown, nullptr);
+  key.words[0] = op;
+  key.words[1] = index_payload ? 0 : payload;
+  key.words[2] = static_cast<int64_t>(args.size()) << 1 | is_shared;
+  size_t len = RecordKey::kHead + args.size();
+  for (int64_t a : attrs) key.words[len++] = a;
+  key.len = len;
+  const std::array<LastRecord, kRecordWays>& ways = last_record_[op % last_record_.size()];
+  const LastRecord* hit = nullptr;
+  for (const LastRecord& w : ways) {
+    bool same = w.len == len && (!index_payload || (payload >= 0 && payload < w.bound));
+    for (size_t i = 0; i < len && same; ++i) same = w.key[i] == key.words[i];  // a few words: no memcmp call
+    if (same) {
+      hit = &w;
+      break;
     }
   }
+  // A miss (a new kind of node: a few per model) infers, interns and signs
+  // out of line, so that a hit (most nodes) keeps a small frame.
+  if (hit == nullptr) [[unlikely]]
+    return record_miss(op, args, attrs, payload, loc, example, false, &key);
+  // The same inputs passed the same checks. From here on nothing throws.
+  if (info.traits.keyed && example >= 0) payload = static_cast<int64_t>(next_key(example));
+  const NodeId n = s_.append(op, hit->shape, args, attrs, payload, example, loc,
+                             is_shared ? uint8_t{NodeStore::kShared} : uint8_t{0});
+  s_.sig[n] = hit->sig;
+  s_.flags[n] |= hit->flags;  // kRowwise, kRowReduce: the same shapes, the same verdict
+  ready_.add(n);
+  return n;
+}
+
+// record() for a node its memo does not know: arguments of unknown shape
+// (inferred later), a key too long to keep (`key` null, with `unknown`
+// false), or a new kind (`key` given: kept in the memo once inferred).
+NodeId Trace::record_miss(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload,
+                          std::source_location loc, int64_t example, bool unknown, const RecordKey* key) {
+  const OpInfo& info = op_info(op);
+  const bool is_shared = example == kSharedExample;
+  ShapeId shape = kUnknownShape;
+  if (!unknown) {
+    // The inferer's view of the arguments. On the stack for the usual few.
+    constexpr size_t kInline = 8;
+    std::array<const Shape*, kInline> shapes_inline;
+    std::array<uint8_t, kInline> shared_inline;
+    const Shape** shapes = shapes_inline.data();
+    uint8_t* shared = shared_inline.data();
+    if (args.size() > kInline) {
+      arg_shapes_.resize(args.size());
+      arg_shared_.resize(args.size());
+      shapes = arg_shapes_.data();
+      shared = arg_shared_.data();
+    }
+    for (size_t i = 0; i < args.size(); ++i) {
+      shapes[i] = &s_.shape_of(args[i]);
+      shared[i] = s_.has(args[i], NodeStore::kShared);
+    }
+    const Site site{info.name, example, loc};
+    const InferCtx ctx(std::span(shapes, args.size()), std::span(shared, args.size()), attrs, payload, site);
+    shape = s_.shapes.intern(info.infer(ctx));
+  }
+  // The range an index payload is checked against on a hit: the first
+  // argument's rows (a table's, a row of scores').
+  const int64_t bound = info.traits.payload_index && !unknown && !args.empty() && s_.shape_of(args[0]).rank() > 0
+                            ? s_.shape_of(args[0])[0]
+                            : 0;
 
   // Checks passed: from here on nothing throws a UserError, so a failed op records nothing.
   if (info.traits.keyed && example >= 0) payload = static_cast<int64_t>(next_key(example));
@@ -142,15 +158,12 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
       s_.append(op, shape, args, attrs, payload, example, loc, is_shared ? uint8_t{NodeStore::kShared} : uint8_t{0});
   if (unknown) {
     wait_for_shapes(n);
-  } else if (hit) {
-    s_.sig[n] = hit->sig;
-    s_.flags[n] |= hit->flags;  // kRowwise, kRowReduce: the same shapes, the same verdict
   } else {
     if (!is_shared) s_.sig[n] = signature(n, info.traits);
-    if (len > 0) {  // round robin over the op's ways: a model alternates a few kinds of call, lookup, ...
-      LastRecord& last = ways[next_way_[op % next_way_.size()]++ % kRecordWays];
-      std::copy(key.begin(), key.begin() + static_cast<std::ptrdiff_t>(len), last.key.begin());
-      last.len = len;
+    if (key != nullptr) {  // round robin over the op's ways: a model alternates a few kinds of call, lookup, ...
+      LastRecord& last = last_record_[op % last_record_.size()][next_way_[op % next_way_.size()]++ % kRecordWays];
+      std::copy(key->words.begin(), key->words.begin() + static_cast<std::ptrdiff_t>(key->len), last.key.begin());
+      last.len = key->len;
       last.shape = shape;
       last.sig = is_shared ? kNoSig : s_.sig[n];
       last.flags = static_cast<uint8_t>(s_.flags[n] & (NodeStore::kRowwise | NodeStore::kRowReduce));

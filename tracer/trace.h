@@ -126,6 +126,16 @@ class Trace {
 
  private:
   SigId signature(NodeId n, const OpTraits& traits);
+  // record()'s memo key (see last_record_): op, payload, arity and
+  // sharedness, then a word per argument, then the attributes.
+  struct RecordKey {
+    static constexpr size_t kHead = 3;
+    std::array<int64_t, 16> words;
+    size_t len = 0;
+  };
+  [[gnu::noinline]] NodeId record_miss(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs,
+                                       int64_t payload, std::source_location loc, int64_t example, bool unknown,
+                                       const RecordKey* key);
   NodeId append_known(OpCode op, ShapeId shape, std::span<const NodeId> args, std::span<const int64_t> attrs,
                       int64_t payload, int64_t example, SigId sig, std::source_location loc);
   int by_rows(NodeId n, const OpTraits& traits) const;
