@@ -57,6 +57,11 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
   // arguments are written in the same pass that checks their shapes are known.
   RecordKey key;
   const bool keyed = RecordKey::kHead + args.size() + attrs.size() <= key.words.size();
+  // Each word is also compared with the op's first way as it is made (where
+  // most nodes hit): no second pass over the key for them.
+  const std::array<LastRecord, kRecordWays>& ways = last_record_[op % last_record_.size()];
+  const LastRecord& first_way = ways[0];
+  bool same_first = true;
   bool unknown = false;
   int64_t example = kSharedExample;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -69,9 +74,11 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
     if (keyed) {
       const NodeId r = s_.resolve(a);
       const uint8_t f = s_.flags[r];
-      key.words[RecordKey::kHead + i] = is_shared ? (int64_t{1} << 40) | r
-                                                  : sh | ((f & NodeStore::kRowwise) ? int64_t{1} << 41 : 0) |
-                                                        ((f & NodeStore::kPlaceholder) ? int64_t{1} << 42 : 0);
+      const int64_t word = is_shared ? (int64_t{1} << 40) | r
+                                     : sh | ((f & NodeStore::kRowwise) ? int64_t{1} << 41 : 0) |
+                                           ((f & NodeStore::kPlaceholder) ? int64_t{1} << 42 : 0);
+      key.words[RecordKey::kHead + i] = word;
+      same_first = same_first && first_way.key[RecordKey::kHead + i] == word;
     }
     if (is_shared) {
       if (a < param_uses_.size()) ++param_uses_[a];
@@ -91,16 +98,22 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
   key.words[1] = index_payload ? 0 : payload;
   key.words[2] = static_cast<int64_t>(args.size()) << 1 | is_shared;
   size_t len = RecordKey::kHead + args.size();
-  for (int64_t a : attrs) key.words[len++] = a;
+  for (int64_t a : attrs) {
+    same_first = same_first && first_way.key[len] == a;
+    key.words[len++] = a;
+  }
   key.len = len;
-  const std::array<LastRecord, kRecordWays>& ways = last_record_[op % last_record_.size()];
+  auto in_bound = [&](const LastRecord& w) { return !index_payload || (payload >= 0 && payload < w.bound); };
   const LastRecord* hit = nullptr;
-  for (const LastRecord& w : ways) {
-    bool same = w.len == len && (!index_payload || (payload >= 0 && payload < w.bound));
-    for (size_t i = 0; i < len && same; ++i) same = w.key[i] == key.words[i];  // a few words: no memcmp call
-    if (same) {
-      hit = &w;
-      break;
+  if (same_first && first_way.len == len && first_way.key[0] == key.words[0] && first_way.key[1] == key.words[1] &&
+      first_way.key[2] == key.words[2] && in_bound(first_way)) [[likely]] {
+    hit = &first_way;
+  } else {
+    for (size_t k = 1; k < kRecordWays && hit == nullptr; ++k) {
+      const LastRecord& w = ways[k];
+      bool same = w.len == len && in_bound(w);
+      for (size_t i = 0; i < len && same; ++i) same = w.key[i] == key.words[i];  // a few words: no memcmp call
+      if (same) hit = &w;
     }
   }
   // A miss (a new kind of node: a few per model) infers, interns and signs
