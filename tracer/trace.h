@@ -205,6 +205,8 @@ class Trace {
   };
   static constexpr size_t kRecordWays = 4;  // a TreeLSTM's leaf and inner calls, a gated net's gate and two cells
   std::array<std::array<LastRecord, kRecordWays>, 64> last_record_{};
+  static_assert(std::tuple_size_v<decltype(LastRecord::key)> == std::tuple_size_v<decltype(RecordKey::words)>,
+                "record() compares and copies a RecordKey's words into a LastRecord's key word for word");
   std::array<uint8_t, 64> next_way_{};
   // The last signature key of each op (by op code): most nodes repeat it.
   struct LastSig {
