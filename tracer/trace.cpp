@@ -159,11 +159,6 @@ NodeId Trace::record_miss(OpCode op, std::span<const NodeId> args, std::span<con
     const InferCtx ctx(std::span(shapes, args.size()), std::span(shared, args.size()), attrs, payload, site);
     shape = s_.shapes.intern(info.infer(ctx));
   }
-  // The range an index payload is checked against on a hit: the first
-  // argument's rows (a table's, a row of scores').
-  const int64_t bound = info.traits.payload_index && !unknown && !args.empty() && s_.shape_of(args[0]).rank() > 0
-                            ? s_.shape_of(args[0])[0]
-                            : 0;
 
   // Checks passed: from here on nothing throws a UserError, so a failed op records nothing.
   if (info.traits.keyed && example >= 0) payload = static_cast<int64_t>(next_key(example));
@@ -180,7 +175,11 @@ NodeId Trace::record_miss(OpCode op, std::span<const NodeId> args, std::span<con
       last.shape = shape;
       last.sig = is_shared ? kNoSig : s_.sig[n];
       last.flags = static_cast<uint8_t>(s_.flags[n] & (NodeStore::kRowwise | NodeStore::kRowReduce));
-      last.bound = bound;
+      // The range an index payload is checked against on a hit: the first
+      // argument's rows (a table's, a row of scores').
+      last.bound = info.traits.payload_index && !args.empty() && s_.shape_of(args[0]).rank() > 0
+                       ? s_.shape_of(args[0])[0]
+                       : 0;
     }
   }
   ready_.add(n);

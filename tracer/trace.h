@@ -128,9 +128,10 @@ class Trace {
   SigId signature(NodeId n, const OpTraits& traits);
   // record()'s memo key (see last_record_): op, payload, arity and
   // sharedness, then a word per argument, then the attributes.
+  static constexpr size_t kRecordKeyWords = 16;  // (LastRecord::key has as many: compared and copied word for word)
   struct RecordKey {
     static constexpr size_t kHead = 3;
-    std::array<int64_t, 16> words;
+    std::array<int64_t, kRecordKeyWords> words;
     size_t len = 0;
   };
   [[gnu::noinline]] NodeId record_miss(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs,
@@ -196,7 +197,7 @@ class Trace {
   // index: OpTraits::payload_index): most nodes repeat one of them, and a hit
   // skips inference, interning and the signature's key.
   struct LastRecord {
-    std::array<int64_t, 16> key{};
+    std::array<int64_t, kRecordKeyWords> key{};
     size_t len = 0;
     ShapeId shape = kUnknownShape;
     SigId sig = kNoSig;
@@ -205,8 +206,6 @@ class Trace {
   };
   static constexpr size_t kRecordWays = 4;  // a TreeLSTM's leaf and inner calls, a gated net's gate and two cells
   std::array<std::array<LastRecord, kRecordWays>, 64> last_record_{};
-  static_assert(std::tuple_size_v<decltype(LastRecord::key)> == std::tuple_size_v<decltype(RecordKey::words)>,
-                "record() compares and copies a RecordKey's words into a LastRecord's key word for word");
   std::array<uint8_t, 64> next_way_{};
   // The last signature key of each op (by op code): most nodes repeat it.
   struct LastSig {
