@@ -126,13 +126,6 @@ class Planner {
     place_rows(b);
     if (b.op == code_of<op::Call>) place_results(b);
     plan_inputs(b, op_info(b.op).traits);
-    b.payload = static_cast<int64_t>(p_.indices.size());
-    // Per-row buffers here are sized once and written by count: a push_back's
-    // capacity check per row was a tenth of planning's instructions.
-    p_.indices.resize(p_.indices.size() + b.n);
-    int64_t* const payload = p_.indices.data() + b.payload;
-    const NodeId* const rows = p_.nodes.data() + b.nodes_begin;
-    for (uint32_t i = 0; i < b.n; ++i) payload[i] = s_.payload[rows[i]];
     p_.batches.push_back(b);
   }
 
@@ -447,7 +440,25 @@ class Planner {
   void order_rows(const RoundDag& dag, std::span<const uint32_t> locals) {
     const bool packed = !locals.empty() && s_.has(dag.node[locals[0]], NodeStore::kRowwise) &&
                         !s_.has(dag.node[locals[0]], NodeStore::kShared);
-    uint32_t distinct[3] = {kNone32, kNone32, kNone32};  // the first three readers seen
+    // Key 1 counts where the rows have three readers or more: looked for
+    // first (most batches with that many show them within a few rows), so
+    // that each key is written once, with or without its reader.
+    bool by_reader = false;
+    if (!packed) {
+      uint32_t seen[2] = {kNone32, kNone32};
+      for (uint32_t l : locals) {
+        const uint32_t r = reader_[l];
+        if (r == kNone32 || r == seen[0] || r == seen[1]) continue;
+        if (seen[0] == kNone32) {
+          seen[0] = r;
+        } else if (seen[1] == kNone32) {
+          seen[1] = r;
+        } else {
+          by_reader = true;
+          break;
+        }
+      }
+    }
     order_.resize(locals.size());
     RowKey* out = order_.data();
     for (uint32_t l : locals) {
@@ -461,33 +472,30 @@ class Planner {
         fed = true;
         break;
       }
-      const uint32_t reader = reader_[l];
       const uint32_t h = packed ? (fed ? 0 : length_of(node)) : height_[l];
-      *out++ = {first_key(reader, h), key, node};
-      for (uint32_t& d : distinct) {
-        if (d == reader) break;
-        if (d == kNone32) {
-          d = reader;
-          break;
-        }
-      }
+      // Without key 1: reader 0, height (packed: length) kept.
+      *out++ = {by_reader ? first_key(reader_[l], h) : first_key(0, h), key, node};
     }
-    if (distinct[2] == kNone32 || packed)
-      for (RowKey& o : order_) o.first &= 0xffffffffu;  // reader 0, height (packed: length) kept
     sort_rows(order_, x_.sort);
   }
 
   // Row i of the batch is order_[i]: the node's value lives there.
   // A packed batch (OpTraits::rowwise) puts node i's L rows after node i-1's.
+  // Each row's payload goes to plan.indices in the same pass (b.payload).
   void place_rows(PlannedBatch& b) {
     b.nodes_begin = static_cast<uint32_t>(p_.nodes.size());
     const bool packed = !b.shared && s_.has(order_[0].id, NodeStore::kRowwise);
     uint32_t at = 0;
+    // Per-row buffers here are sized once and written by count: a push_back's
+    // capacity check per row was a tenth of planning's instructions.
     p_.nodes.resize(p_.nodes.size() + b.n);
     NodeId* const rows = p_.nodes.data() + b.nodes_begin;
+    b.payload = static_cast<int64_t>(p_.indices.size());
+    int64_t* const payload = grow_indices(b.n);
     for (uint32_t i = 0; i < b.n; ++i) {
       const NodeId node = order_[i].id;
       rows[i] = node;
+      payload[i] = s_.payload[node];
       s_.value_at[node] = {b.out, b.shared ? kWholeRow : packed ? at : i};
       if (packed) {
         s_.flags[node] |= NodeStore::kPacked;
@@ -581,13 +589,19 @@ class Planner {
         p_.args.push_back(BatchArg{BatchArg::kShared, r, r + 1});
         continue;
       }
+      // A row per node, read from the nodes' argument lists directly: the
+      // usual case (no value packed) needs no list of the values first.
+      if (b.rows == 0 && fill_rows(nodes.size(), [&](size_t i) { return s_.args_of(nodes[i])[k]; })) {
+        add_input(a0);
+        continue;
+      }
       src_nodes_.resize(nodes.size());
       for (size_t i = 0; i < nodes.size(); ++i) src_nodes_[i] = s_.args_of(nodes[i])[k];
       src_rows_.clear();
       if (b.rows > 0)
         for (NodeId node : nodes) src_rows_.push_back(length_of(node));
       packed_rank_ = rows_rank(s_, first, traits);
-      fill_sources(b.rows > 0);
+      fill_expanded(b.rows > 0);
       add_input(a0);
     }
     // Across the elements of packed vectors (softmax of scores), or each value
@@ -633,40 +647,49 @@ class Planner {
   // [-1, shape...] unless the batch itself is packed. A value whose rows
   // follow the run before it joins that run.
   void fill_sources(bool packed) {
-    runs_.clear();
     SHEAF_ASSERT(!packed || src_rows_.size() == src_nodes_.size(), "a packed batch's inputs without their lengths");
+    if (!packed && fill_rows(src_nodes_.size(), [&](size_t i) { return src_nodes_[i]; })) return;
+    fill_expanded(packed);
+  }
+  // The usual case, no value packed: runs_ of a row each from the n values
+  // value(0 .. n-1), written by count (at most a run a value). False, with
+  // runs_ empty, at the first packed value: fill_expanded's case.
+  template <class Value>
+  bool fill_rows(size_t n, Value value) {
     unpack_ = kNone32;
     whole_ = false;
-    if (!packed) {
-      // The usual case, no value packed: a row each, written by count (at
-      // most a run a value).
-      const size_t n = src_nodes_.size();
-      runs_.resize(n);
-      Run* const out = runs_.data();
-      size_t i = 0, k = 0;
-      uint32_t next_batch = kNone32, next_row = 0;  // what would extend the last run
-      for (; i < n; ++i) {
-        const NodeId r = s_.resolve(src_nodes_[i]);
-        if (s_.has(r, NodeStore::kPacked)) break;
-        const uint32_t batch = s_.value_at[r].batch, row = s_.value_at[r].row;
-        if (batch == next_batch && row == next_row) {
-          ++out[k - 1].len;
-        } else {
-          out[k++] = Run{batch, row, 1, false, false};
-          whole_ = whole_ || row == kWholeRow;
-          next_batch = row == kWholeRow ? kNone32 : batch;  // a whole tensor is a run of its own
-        }
-        next_row = row + 1;
+    runs_.resize(n);
+    Run* const out = runs_.data();
+    size_t k = 0;
+    uint32_t next_batch = kNone32, next_row = 0;  // what would extend the last run
+    for (size_t i = 0; i < n; ++i) {
+      const NodeId r = s_.resolve(value(i));
+      if (s_.has(r, NodeStore::kPacked)) {
+        runs_.clear();
+        whole_ = false;
+        return false;
       }
-      if (i == n) {
-        runs_.resize(k);
-        expanded_ = false;
-        rows_in_ = static_cast<uint32_t>(n);
-        return;
+      const uint32_t batch = s_.value_at[r].batch, row = s_.value_at[r].row;
+      if (batch == next_batch && row == next_row) {
+        ++out[k - 1].len;
+      } else {
+        out[k++] = Run{batch, row, 1, false, false};
+        whole_ = whole_ || row == kWholeRow;
+        next_batch = row == kWholeRow ? kNone32 : batch;  // a whole tensor is a run of its own
       }
-      runs_.clear();
-      whole_ = false;
+      next_row = row + 1;
     }
+    runs_.resize(k);
+    expanded_ = false;
+    rows_in_ = static_cast<uint32_t>(n);
+    return true;
+  }
+  // fill_sources where the batch or a value is packed (src_nodes_; with
+  // src_rows_ where `packed`).
+  void fill_expanded(bool packed) {
+    runs_.clear();
+    unpack_ = kNone32;
+    whole_ = false;
     expanded_ = true;
     rows_in_ = 0;
     if (!packed && !src_nodes_.empty()) unpack_ = s_.shape[s_.resolve(src_nodes_[0])];
