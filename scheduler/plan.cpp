@@ -796,15 +796,19 @@ class Planner {
     srcs_.clear();
     const size_t runs = runs_.size();
     slot_.resize(runs);
+    // Rows are read from batches planned before this one (earlier rounds',
+    // or this round's, in order: every argument's batch comes first), so a
+    // slot for each batch up to the last planned covers every run. Sized
+    // once here: a check per run cost 8 instructions a node.
+    if (const size_t batches = base_ + rows_.size(); src_slot_.size() < batches) {
+      src_slot_.resize(batches, kNone32);
+      src_stamp_.resize(batches, 0);
+    }
     // Each run's source; per source its rows, and whether its runs follow
     // one another (then its read is a range).
     for (size_t j = 0; j < runs; ++j) {
       const Run& run = runs_[j];
       const uint32_t b = run.batch;
-      if (b >= src_slot_.size()) {
-        src_slot_.resize(b + 1, kNone32);
-        src_stamp_.resize(b + 1, 0);
-      }
       if (src_stamp_[b] != stamp_) {
         src_stamp_[b] = stamp_;
         src_slot_[b] = static_cast<uint32_t>(srcs_.size());
