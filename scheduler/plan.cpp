@@ -57,8 +57,7 @@ struct PlanScratch {
   // (first reader, ~height, where the first input lives, node or region): see order_rows
   Column<RowKey> order;
   SortScratch sort;
-  std::vector<uint32_t> batch_of;  // local entry -> the batch of the round that runs it
-  std::vector<uint8_t> batch_reads;  // per batch: whether it is a reader for order_rows
+  std::vector<uint32_t> reader_of;  // local entry -> its batch if that counts as a reader (index_batches)
   std::vector<uint32_t> height;    // local entry -> longest path to what nothing in the round reads
   std::vector<uint32_t> reader;     // local entry -> its first reader (order_rows)
   Column<Run> runs;
@@ -87,15 +86,15 @@ class Planner {
 
   void index_batches(const RoundDag& dag, const Batches& batches) {
     batches_ = &batches;
-    batch_of_.assign(dag.size(), kNone32);
-    // Whether each batch counts as a reader for the order: list ops gather from
-    // several places anyway. Known per batch (one op), not looked up per entry.
-    batch_reads_.resize(batches.size());
+    // Each entry's batch where that batch counts as a reader for the order
+    // (list ops gather from several places anyway: kNone32, as for entries
+    // in no batch). Known per batch (one op), not looked up per entry.
+    reader_of_.assign(dag.size(), kNone32);
     for (uint32_t k = 0; k < batches.size(); ++k) {
       const NodeId first = dag.node[batches[k][0]];
       const OpTraits* t = first != kNoNode ? &op_info(s_.op[first]).traits : nullptr;
-      batch_reads_[k] = t == nullptr || !(t->stackable || t->segmented);
-      for (uint32_t l : batches[k]) batch_of_[l] = static_cast<uint32_t>(k);
+      if (t == nullptr || !(t->stackable || t->segmented))
+        for (uint32_t l : batches[k]) reader_of_[l] = k;
     }
     // Each entry's first reader (order_rows' key 1) and its height (key 2), in
     // one pass over the round's edges, users last to first: an entry's users
@@ -103,11 +102,10 @@ class Planner {
     reader_.assign(dag.size(), kNone32);
     height_.assign(dag.size(), 0);
     for (uint32_t u = static_cast<uint32_t>(dag.size()); u-- > 0;) {
-      const uint32_t h = height_[u] + 1, b = batch_of_[u];
-      const bool reads = b != kNone32 && batch_reads_[b];
+      const uint32_t h = height_[u] + 1, b = reader_of_[u];
       for (uint32_t a : dag.args_of(u)) {
         height_[a] = std::max(height_[a], h);
-        if (reads) reader_[a] = std::min(reader_[a], b);
+        reader_[a] = std::min(reader_[a], b);  // (kNone32: no change)
       }
     }
   }
@@ -880,8 +878,7 @@ class Planner {
   PlanScratch& x_ = t_scratch;
   std::vector<uint32_t>& rows_ = x_.rows;
   Column<RowKey>& order_ = x_.order;
-  std::vector<uint32_t>& batch_of_ = x_.batch_of;
-  std::vector<uint8_t>& batch_reads_ = x_.batch_reads;
+  std::vector<uint32_t>& reader_of_ = x_.reader_of;
   std::vector<uint32_t>& height_ = x_.height;
   std::vector<uint32_t>& reader_ = x_.reader;
   Column<Run>& runs_ = x_.runs;
