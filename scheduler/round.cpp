@@ -57,7 +57,9 @@ void need_from(const NodeStore& s, ReadyQueue& q, std::span<const NodeId> awaite
 void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& aliases, RoundDag& dag, uint64_t& visits,
                    const Awaited* awaited) {
   const uint32_t round = next_round(s, dag);
-  dag.max_depth = 0;
+  // Kept in a local until the end: as a member, every store to the round's
+  // columns might change it, and it was reloaded and stored each node.
+  uint32_t max_depth = 0;
   auto& work = dag.undecided;
   work.clear();
   if (awaited) {
@@ -83,7 +85,6 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
   auto ready = [&](NodeId r) { return s.has(r, NodeStore::kComputed) || dag.stamp[r] == round; };
   for (size_t i = 0; i < work.size(); ++i) {
     const NodeId n = work[i];
-    ++visits;
     if (s.has(n, NodeStore::kComputed) || dag.stamp[n] == round) continue;  // done, or seen this round
     NodeId blocker = kNoNode;
     if (s.has(n, NodeStore::kPlaceholder)) {
@@ -141,7 +142,7 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
     dag.node[m] = n;
     dag.sig[m] = s.sig[n];
     dag.depth[m] = d;
-    dag.max_depth = std::max(dag.max_depth, d);
+    max_depth = std::max(max_depth, d);
     listed = w;
     dag.arg_begin[++m] = static_cast<uint32_t>(listed);
     q.wake(n, work);
@@ -165,6 +166,8 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
   dag.depth.resize(m);
   dag.arg_begin.resize(m + 1);
   dag.args.resize(listed);
+  dag.max_depth = max_depth;
+  visits += work.size();  // every entry of the work list, woken ones too, was looked at once
 }
 
 }  // namespace
