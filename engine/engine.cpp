@@ -133,6 +133,14 @@ const Strategy& Engine::strategy_for(const ForwardOptions& options) const {
   return options_.strategy ? *options_.strategy : default_strategy();
 }
 
+// Every round's schedule is checked when asked for, under SHEAF_DEBUG=1, and
+// always for a strategy of the user's own: the planner relies on
+// Strategy::schedule's contract without checking it, and a broken schedule
+// would plan reads of batches that have not run.
+bool Engine::validating(const ForwardOptions& options, const Strategy& strategy) const {
+  return options.validate || debug_enabled() || !built_in(strategy);
+}
+
 void Engine::throw_frozen(std::string_view what, Loc loc) const {
   throw_user(Site{what, kSharedExample, loc},
              "this graph holds a sheaf::Function's body, recorded once and run by its calls: an Expr of the body "
@@ -215,7 +223,7 @@ void Engine::forward(std::span<const Expr> targets, const ForwardOptions& option
                options.max_rounds);
   for (const Expr& t : targets) node_of(t, "forward", loc);
   const Strategy& strategy = strategy_for(options);
-  const bool validate = options.validate || debug_enabled();
+  const bool validate = validating(options, strategy);
   stop_trace_clock();
   if (debug_enabled()) std::cerr << "[sheaf] graph before forward:\n" << trace_.dump();
 
@@ -291,7 +299,8 @@ void Engine::prepare(std::span<const Expr> targets, const ForwardOptions& option
   for (const Expr& t : targets) node_of(t, "prepare", loc);
   if (prepared_) return;  // nothing recorded since can join that round
   stop_trace_clock();
-  prepared_ = schedule_round(strategy_for(options), options.validate || debug_enabled(), /*defer=*/false);
+  const Strategy& strategy = strategy_for(options);
+  prepared_ = schedule_round(strategy, validating(options, strategy), /*defer=*/false);
 }
 
 // Plans the pending nodes that can run. Returns false when there is nothing to

@@ -188,6 +188,7 @@ class Engine {
   };
 
   const Strategy& strategy_for(const ForwardOptions& options) const;
+  bool validating(const ForwardOptions& options, const Strategy& strategy) const;
   bool schedule_round(const Strategy& strategy, bool validate, bool defer);
   void execute_round();
   void execute_in_turn();  // execute_round, holding turns_ if set

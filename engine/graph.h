@@ -85,7 +85,7 @@ struct ForwardOptions {
   // Guards runaway control flow (a loop or coroutine that never finishes): each
   // round is one round trip of every example's control flow.
   int max_rounds = 100000;
-  bool validate = false;  // check the strategy's schedule (always on with SHEAF_DEBUG=1)
+  bool validate = false;  // check the strategy's schedule (always on with SHEAF_DEBUG=1, and for a strategy of your own)
 };
 
 class Graph {

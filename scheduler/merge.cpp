@@ -138,21 +138,29 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
   std::swap(schedule, out);  // both keep their buffers
 }
 
-void validate_batches(const RoundDag& dag, const Batches& b, std::string_view strategy) {
+void validate_batches(const RoundDag& dag, const Batches& b, std::string_view strategy, bool users_own) {
+  auto check = [&](bool ok, std::string_view what) {
+    if (ok) return;
+    if (users_own)
+      throw UserError(detail::cat("sheaf: scheduling strategy '", strategy, "' ", what,
+                                  " (Strategy::schedule must put every node of the round in exactly one batch, "
+                                  "one signature a batch, shared nodes alone, each batch after its nodes' arguments)"));
+    throw_internal("strategy ", strategy, " ", what);
+  };
   std::vector<uint32_t> batch_of(dag.size(), kNone32);
   for (uint32_t k = 0; k < b.size(); ++k) {
     auto nodes = b[k];
-    SHEAF_ASSERT(!nodes.empty(), "strategy ", strategy, " emitted an empty batch");
+    check(!nodes.empty(), "emitted an empty batch");
     for (uint32_t i : nodes) {
-      SHEAF_ASSERT(batch_of[i] == kNone32, "strategy ", strategy, " scheduled a node twice");
-      SHEAF_ASSERT(dag.sig[i] == dag.sig[nodes[0]], "strategy ", strategy, " mixed signatures in a batch");
-      SHEAF_ASSERT(dag.sig[i] != kNoSig || nodes.size() == 1, "strategy ", strategy, " batched shared nodes");
-      for (uint32_t a : dag.args_of(i))
-        SHEAF_ASSERT(batch_of[a] < k, "strategy ", strategy, " ran a node before its argument");
+      check(i < dag.size(), "scheduled a node that is not in the round");
+      check(batch_of[i] == kNone32, "scheduled a node twice");
+      check(dag.sig[i] == dag.sig[nodes[0]], "mixed signatures in a batch");
+      check(dag.sig[i] != kNoSig || nodes.size() == 1, "batched shared nodes");
+      for (uint32_t a : dag.args_of(i)) check(batch_of[a] < k, "ran a node before its argument");
       batch_of[i] = k;
     }
   }
-  for (uint32_t bo : batch_of) SHEAF_ASSERT(bo != kNone32, "strategy ", strategy, " left a node unscheduled");
+  for (uint32_t bo : batch_of) check(bo != kNone32, "left a node unscheduled");
 }
 
 }  // namespace sheaf

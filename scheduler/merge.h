@@ -14,8 +14,10 @@ namespace sheaf {
 // still runs before). Only removes launches; batch positions never change.
 void merge_batches(const RoundDag& dag, Batches& schedule);
 
-// Throws InternalError if `b` is not a valid schedule of `dag` (a node missing
-// or twice, mixed signatures, batched shared nodes, a node before its argument).
-void validate_batches(const RoundDag& dag, const Batches& b, std::string_view strategy);
+// Throws if `b` is not a valid schedule of `dag` (a node missing or twice,
+// mixed signatures, batched shared nodes, a node before its argument): an
+// InternalError for Sheaf's own strategies, a UserError naming Strategy's
+// contract for one of the user's (`users_own`).
+void validate_batches(const RoundDag& dag, const Batches& b, std::string_view strategy, bool users_own = false);
 
 }  // namespace sheaf

@@ -76,7 +76,7 @@ void Scheduler::plan_with(Trace& trace, const Strategy& strategy, StrategyMemo* 
   batches_.clear();
   if (memo) strategy.schedule(dag_, batches_, *memo);
   else strategy.schedule(dag_, batches_);
-  if (validate) validate_batches(dag_, batches_, label);
+  if (validate) validate_batches(dag_, batches_, label, !built_in(strategy));
   lap(t, times_.strategy_ms);
   make_plan(trace.store(), dag_, batches_, label, plan_, fuser);
   lap(t, times_.plan_ms);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <iterator>
 #include <string>
 
 #include <sheaf/core/error.h>
@@ -272,6 +273,7 @@ const Strategy& lazy_strategy() { return g_lazy; }
 const Strategy& auto_strategy() { return g_auto; }
 const Strategy& default_strategy() { return g_auto; }
 std::span<const Strategy* const> all_strategies() { return g_all; }
+bool built_in(const Strategy& s) { return std::find(std::begin(g_all), std::end(g_all), &s) != std::end(g_all); }
 
 const Strategy& strategy_named(std::string_view name) {
   std::string known;

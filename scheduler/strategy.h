@@ -51,6 +51,9 @@ const Strategy& auto_strategy();
 const Strategy& default_strategy();
 
 std::span<const Strategy* const> all_strategies();
+// Whether s is one of all_strategies() (Sheaf's own; any other is the user's,
+// whose schedules are always checked: the planner trusts the contract above).
+bool built_in(const Strategy& s);
 // Throws UserError listing the known names.
 const Strategy& strategy_named(std::string_view name);
 

@@ -6,6 +6,8 @@
 #include <set>
 
 #include <sheaf/engine/engine.h>
+#include <sheaf/scheduler/batches.h>
+#include <sheaf/scheduler/round.h>
 #include <sheaf/ops/op.h>
 
 #include "../support.h"
@@ -116,6 +118,45 @@ TEST_CASE("strategies are found by name and every one is valid on a mixed graph"
     g.forward(outs, {.strategy = strategy, .validate = true});  // throws InternalError if invalid
     CHECK_THAT(g.plan_str(), Contains(std::string("plan (") + std::string(strategy->name())));
   }
+}
+
+namespace {
+// A user's strategy: the depth schedule with its batches run last to first
+// (every node before its arguments), or with its last batch dropped.
+struct BrokenStrategy : Strategy {
+  bool drop = false;
+  std::string_view name() const override { return drop ? "drops-a-batch" : "backwards"; }
+  void schedule(const RoundDag& dag, Batches& out) const override {
+    Batches depth;
+    depth_strategy().schedule(dag, depth);
+    out.clear();
+    for (size_t i = 0; i + (drop ? 1 : 0) < depth.size(); ++i) {
+      const size_t k = drop ? i : depth.size() - 1 - i;
+      for (uint32_t n : depth[k]) out.nodes.push_back(n);
+      out.close();
+    }
+  }
+};
+}  // namespace
+
+TEST_CASE("a strategy of the user's own is checked every round, without validate", "[scheduler][errors]") {
+  for (bool drop : {false, true}) {
+    BrokenStrategy broken;
+    broken.drop = drop;
+    Graph g({.fuse = false});
+    std::vector<Expr> outs;
+    for (int i = 0; i < 4; ++i) {
+      auto s = g.example(i);
+      outs.push_back(dsl::tanh(dsl::sigmoid(g.input(at::randn({3})))));
+    }
+    CHECK_THROWS_WITH(g.forward(outs, {.strategy = &broken}),
+                      Contains(std::string("strategy '") + std::string(broken.name())) &&
+                          Contains(drop ? "left a node unscheduled" : "ran a node before its argument"));
+    CHECK_THROWS_AS(g.forward(outs, {.strategy = &broken}), UserError);
+  }
+  // Sheaf's own strategies are trusted (their checks are tests, and validate).
+  CHECK(built_in(strategy_named("auto")));
+  CHECK_FALSE(built_in(BrokenStrategy{}));
 }
 
 TEST_CASE("the plan prints its batches and how each input is obtained", "[scheduler]") {
