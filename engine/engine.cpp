@@ -76,8 +76,6 @@ Engine::~Engine() {
 // ---------------------------------------------------------------------------
 // Handles.
 
-Engine* Engine::find(const Expr& e) { return e.defined() ? engine_at(e.slot_, e.gen_) : nullptr; }
-
 Engine& Engine::of(const Expr& e, Loc loc) {
   Engine* g = find(e);
   if (g == nullptr) throw_user_at(loc, unusable(e, "this Expr"));

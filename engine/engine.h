@@ -36,6 +36,7 @@
 #include "expr.h"
 #include "functions.h"
 #include "graph.h"
+#include "handles.h"
 #include "host_value.h"
 #include "turns.h"
 
@@ -80,7 +81,7 @@ class Engine {
     bad_expr(e, op, loc);
   }
   // The engine of a live Expr; nullptr if the handle is empty or stale.
-  static Engine* find(const Expr& e);
+  static Engine* find(const Expr& e) { return e.defined() ? engine_at(e.slot_, e.gen_) : nullptr; }
   // The same, or a UserError naming the caller's line.
   static Engine& of(const Expr& e, Loc loc);
   // Why an Expr that find() did not find is unusable, as a message about

@@ -8,17 +8,10 @@
 
 namespace sheaf::detail {
 
+Slot g_slots[kSlots];
+
 namespace {
 
-constexpr uint32_t kSlots = 1u << 14;
-
-struct Slot {
-  std::atomic<Engine*> engine{nullptr};
-  std::atomic<uint32_t> generation{0};
-  std::atomic<uint32_t> owner_since{0};  // the generation the current owner started at
-};
-
-Slot g_slots[kSlots];
 std::mutex g_slots_mu;
 std::vector<uint32_t> g_free_slots;
 uint32_t g_slots_used = 0;
@@ -69,12 +62,6 @@ uint64_t this_thread_tag() {
   static std::atomic<uint64_t> next{1};
   thread_local const uint64_t tag = next.fetch_add(1);
   return tag;
-}
-
-Engine* engine_at(uint32_t s, uint32_t generation) {
-  if (s >= kSlots) return nullptr;
-  Engine* e = g_slots[s].engine.load();
-  return e != nullptr && g_slots[s].generation.load() == generation ? e : nullptr;
 }
 
 }  // namespace sheaf::detail

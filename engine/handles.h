@@ -2,6 +2,7 @@
 // its graph (or a clear()) is detected instead of dereferencing freed memory.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 namespace sheaf::detail {
@@ -14,8 +15,23 @@ void release_slot(uint32_t slot);
 // Starts a new generation of the slot (clear()): older handles become stale.
 uint32_t bump_generation(uint32_t slot);
 uint32_t generation_of(uint32_t slot);
+// The slots (handles.cpp). In this header so that engine_at is in line: every
+// Expr argument of every op recorded is looked up (two calls a lookup were 3%
+// of recording's instructions).
+inline constexpr uint32_t kSlots = 1u << 14;
+struct Slot {
+  std::atomic<Engine*> engine{nullptr};
+  std::atomic<uint32_t> generation{0};
+  std::atomic<uint32_t> owner_since{0};  // the generation the current owner started at
+};
+extern Slot g_slots[kSlots];
+
 // The engine of a handle, or nullptr if the slot is free or the generation stale.
-Engine* engine_at(uint32_t slot, uint32_t generation);
+inline Engine* engine_at(uint32_t slot, uint32_t generation) {
+  if (slot >= kSlots) return nullptr;
+  Engine* e = g_slots[slot].engine.load();
+  return e != nullptr && g_slots[slot].generation.load() == generation ? e : nullptr;
+}
 // Whether the graph that made a handle (slot, generation) is gone: the slot is
 // free, or a later graph took it (clear() keeps the owner; a new owner starts
 // at a later generation). False for a live graph's stale (cleared) handle.
