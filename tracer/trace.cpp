@@ -72,11 +72,7 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
     // (Whether a per-example argument is packed, or a placeholder that may
     // become packed, decides whether this node packs: Trace::by_rows.)
     if (keyed) {
-      const NodeId r = s_.resolve(a);
-      const uint8_t f = s_.flags[r];
-      const int64_t word = is_shared ? (int64_t{1} << 40) | r
-                                     : sh | ((f & NodeStore::kRowwise) ? int64_t{1} << 41 : 0) |
-                                           ((f & NodeStore::kPlaceholder) ? int64_t{1} << 42 : 0);
+      const int64_t word = key_word(a, is_shared, sh);
       key.words[RecordKey::kHead + i] = word;
       same_first = same_first && first_way.key[RecordKey::kHead + i] == word;
     }
@@ -130,15 +126,53 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
   return n;
 }
 
+// A list op's memo key (OpTraits::segmented: a sum of a list) when the list is
+// too long for a word per element: its shape is its elements' and its
+// signature leaves out their number, so when every element has one word (one
+// shape, or one shared value) that word once keys the list, whatever its
+// length. A loss per tree node, summed per tree, was otherwise inferred and
+// signed anew, a pass over its elements each. False where the elements differ.
+bool Trace::list_key(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload,
+                     bool is_shared, RecordKey& key) const {
+  if (args.empty() || RecordKey::kHead + 1 + attrs.size() > key.words.size()) return false;
+  auto word = [&](NodeId a) { return key_word(a, s_.has(a, NodeStore::kShared), s_.shape[a]); };
+  const int64_t first = word(args[0]);
+  for (size_t i = 1; i < args.size(); ++i)
+    if (word(args[i]) != first) return false;
+  key.words[0] = op;
+  key.words[1] = payload;
+  key.words[2] = -2 + is_shared;  // (record() puts the length here: never negative)
+  key.words[3] = first;
+  key.len = RecordKey::kHead + 1;
+  for (int64_t a : attrs) key.words[key.len++] = a;
+  return true;
+}
+
 // record() for a node its memo does not know: arguments of unknown shape
 // (inferred later), a key too long to keep (`key` null, with `unknown`
-// false), or a new kind (`key` given: kept in the memo once inferred).
+// false; a list op may still hit by one word, list_key), or a new kind (`key`
+// given: kept in the memo once inferred).
 NodeId Trace::record_miss(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload,
                           std::source_location loc, int64_t example, bool unknown, const RecordKey* key) {
   const OpInfo& info = op_info(op);
   const bool is_shared = example == kSharedExample;
-  ShapeId shape = kUnknownShape;
-  if (!unknown) {
+  // A list too long a key for record() may be keyed by one word (list_key).
+  RecordKey list;
+  const LastRecord* hit = nullptr;
+  if (key == nullptr && !unknown && info.traits.segmented && !info.traits.payload_index &&
+      list_key(op, args, attrs, payload, is_shared, list)) {
+    for (const LastRecord& w : last_record_[op % last_record_.size()]) {
+      bool same = w.len == list.len;
+      for (size_t i = 0; i < list.len && same; ++i) same = w.key[i] == list.words[i];
+      if (same) {
+        hit = &w;
+        break;
+      }
+    }
+    if (hit == nullptr) key = &list;
+  }
+  ShapeId shape = hit != nullptr ? hit->shape : kUnknownShape;
+  if (!unknown && hit == nullptr) {
     // The inferer's view of the arguments. On the stack for the usual few.
     constexpr size_t kInline = 8;
     std::array<const Shape*, kInline> shapes_inline;
@@ -166,6 +200,9 @@ NodeId Trace::record_miss(OpCode op, std::span<const NodeId> args, std::span<con
       s_.append(op, shape, args, attrs, payload, example, loc, is_shared ? uint8_t{NodeStore::kShared} : uint8_t{0});
   if (unknown) {
     wait_for_shapes(n);
+  } else if (hit != nullptr) {  // as record() on a hit
+    s_.sig[n] = hit->sig;
+    s_.flags[n] |= hit->flags;
   } else {
     if (!is_shared) s_.sig[n] = signature(n, info.traits);
     if (key != nullptr) {  // round robin over the op's ways: a model alternates a few kinds of call, lookup, ...

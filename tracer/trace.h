@@ -134,6 +134,18 @@ class Trace {
     std::array<int64_t, kRecordKeyWords> words;
     size_t len = 0;
   };
+  bool list_key(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload,
+                bool is_shared, RecordKey& key) const;
+  // An argument's word in record()'s key: a shared one's node; a per-example
+  // one's shape, and whether it is packed by rows or a placeholder (either
+  // decides whether the node packs: Trace::by_rows).
+  int64_t key_word(NodeId a, bool is_shared, ShapeId sh) const {
+    const NodeId r = s_.resolve(a);
+    const uint8_t f = s_.flags[r];
+    return is_shared ? (int64_t{1} << 40) | r
+                     : sh | ((f & NodeStore::kRowwise) ? int64_t{1} << 41 : 0) |
+                           ((f & NodeStore::kPlaceholder) ? int64_t{1} << 42 : 0);
+  }
   [[gnu::noinline]] NodeId record_miss(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs,
                                        int64_t payload, std::source_location loc, int64_t example, bool unknown,
                                        const RecordKey* key);

@@ -5,6 +5,7 @@
 
 #include <optional>
 
+#include "../scheduler/launches.h"
 #include "../support.h"
 
 using namespace sheaf;
@@ -260,6 +261,42 @@ TEST_CASE("an index out of range after the same op was recorded in range", "[dsl
   const size_t before = g.size();
   REQUIRE_NOTHROW(dsl::pick(v, 1));
   REQUIRE(g.size() == before + 1);
+}
+
+// A list too long for a word per element in the tracer's memo is keyed by one
+// word when its elements are alike (Trace::list_key): lists of any length hit
+// one entry, and a list that is not alike must still be checked.
+TEST_CASE("long lists: alike ones share one inference, an unlike one is still refused", "[dsl][errors]") {
+  Graph g;
+  std::vector<at::Tensor> totals;
+  std::vector<Expr> sums;
+  for (int e = 0; e < 3; ++e) {
+    auto scope = g.example(e);
+    std::vector<Expr> list;
+    totals.push_back(at::zeros({4}));
+    for (int i = 0; i < 20 + 7 * e; ++i) {
+      const at::Tensor x = at::randn({4});
+      list.push_back(g.input(x));
+      totals.back() += x;
+    }
+    sums.push_back(dsl::sum(list));
+    CHECK(sums.back().shape() == Shape{4});
+  }
+  {
+    auto scope = g.example(0);
+    std::vector<Expr> unlike;
+    for (int i = 0; i < 20; ++i) unlike.push_back(g.input(at::randn({4})));
+    unlike.push_back(g.input(at::randn({5})));
+    const size_t before = g.size();
+    REQUIRE_THROWS_WITH(dsl::sum(unlike), Contains("op 'sum_list'") && Contains("list element 20 has shape [5]"));
+    REQUIRE(g.size() == before);
+    unlike.back() = g.input(at::randn({4}));
+    unlike.push_back(g.param(param({4}, 4)));  // a shared element among per-example ones
+    REQUIRE_THROWS_WITH(dsl::sum(unlike), Contains("op 'sum_list'") && Contains("per-example values or all shared"));
+  }
+  g.forward(sums);
+  CHECK(test::launches_of(g, "sum_list") == 1);  // lists of 20, 27 and 34 elements: one signature
+  for (size_t e = 0; e < 3; ++e) CHECK(at::allclose(sums[e].value(), totals[e], 1e-5, 1e-5));
 }
 
 TEST_CASE("Exprs from a cleared or destroyed graph, or from another graph", "[dsl][errors]") {
