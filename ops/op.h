@@ -35,7 +35,7 @@ struct OpTraits {
   int arity = 1;           // number of Expr arguments, or kVariadic
   // Variadic args are a list reduced per node (sum of a list): lists of different
   // lengths batch together, so the arity is not part of the signature, and the
-  // result's shape is the elements' (Trace::record_list keys it by one element).
+  // result's shape is the elements' (Trace::list_key keys it by one element).
   bool segmented = false;
   // Makes a per-example value from its payload (input, constant, lookup), even
   // though its only arguments, if any, are shared.

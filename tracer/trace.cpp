@@ -107,9 +107,7 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
   } else {
     for (size_t k = 1; k < kRecordWays && hit == nullptr; ++k) {
       const LastRecord& w = ways[k];
-      bool same = w.len == len && in_bound(w);
-      for (size_t i = 0; i < len && same; ++i) same = w.key[i] == key.words[i];  // a few words: no memcmp call
-      if (same) hit = &w;
+      if (same_key(w, key) && in_bound(w)) hit = &w;
     }
   }
   // A miss (a new kind of node: a few per model) infers, interns and signs
@@ -161,14 +159,11 @@ NodeId Trace::record_miss(OpCode op, std::span<const NodeId> args, std::span<con
   const LastRecord* hit = nullptr;
   if (key == nullptr && !unknown && info.traits.segmented && !info.traits.payload_index &&
       list_key(op, args, attrs, payload, is_shared, list)) {
-    for (const LastRecord& w : last_record_[op % last_record_.size()]) {
-      bool same = w.len == list.len;
-      for (size_t i = 0; i < list.len && same; ++i) same = w.key[i] == list.words[i];
-      if (same) {
+    for (const LastRecord& w : last_record_[op % last_record_.size()])
+      if (same_key(w, list)) {
         hit = &w;
         break;
       }
-    }
     if (hit == nullptr) key = &list;
   }
   ShapeId shape = hit != nullptr ? hit->shape : kUnknownShape;

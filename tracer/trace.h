@@ -218,6 +218,11 @@ class Trace {
   };
   static constexpr size_t kRecordWays = 4;  // a TreeLSTM's leaf and inner calls, a gated net's gate and two cells
   std::array<std::array<LastRecord, kRecordWays>, 64> last_record_{};
+  static bool same_key(const LastRecord& w, const RecordKey& key) {
+    bool same = w.len == key.len;
+    for (size_t i = 0; i < key.len && same; ++i) same = w.key[i] == key.words[i];  // a few words: no memcmp call
+    return same;
+  }
   std::array<uint8_t, 64> next_way_{};
   // The last signature key of each op (by op code): most nodes repeat it.
   struct LastSig {
