@@ -524,6 +524,13 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
   if (args.size() != def.arity)
     throw_user(site, "function '", def.name, "' takes ", def.arity, " argument(s), got ", args.size());
   if (options_.inline_functions) return call_inline(def, args, out, site);
+  // A call site calls one body over and over: the variant this function
+  // found last, its arguments' signature and the verdict checked in one pass.
+  if (FunctionCache::Variant* v = functions_.last_recorded(def, generation_);
+      v != nullptr && v->result_ids.size() == v->results.size() && (expected == 0 || v->results.size() == expected))
+    if (const NodeId node = trace_.call_again(args, v->key, v->result_attrs(0), v->result_ids[0], v->verdict, loc);
+        node != kNoNode)
+      return call_results(*v, v->result_ids, node, out, loc);
   const NodeStore& s = trace_.store();
   for (NodeId a : args)
     if (s.shape[a] == kUnknownShape) return call_later(function, args, expected, out, site);
@@ -536,13 +543,17 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
   const size_t results = variant.results.size();
   if (expected != 0 && results != expected)
     throw_user(site, "function '", def.name, "' returned ", results, " results where the call takes ", expected);
-  // The call's value is its first result; each further result is a CallResult
-  // node recorded right after it, computed by the same batch (ops/call.h).
   const std::span<const ShapeId> ids = functions_.result_ids(index, trace_.store().shapes);
-  const NodeId node = trace_.call(args, variant.result_attrs(0), ids[0], variant.verdict, loc);
+  call_results(variant, ids, trace_.call(args, signature, variant.result_attrs(0), ids[0], variant.verdict, loc), out, loc);
+}
+
+// The call's value is its first result; each further result is a CallResult
+// node recorded right after it, computed by the same batch (ops/call.h).
+void Engine::call_results(const FunctionCache::Variant& variant, std::span<const ShapeId> ids, NodeId node,
+                          std::vector<Expr>& out, Loc loc) {
   out.clear();
   out.push_back(expr(node));
-  for (size_t k = 1; k < results; ++k) out.push_back(expr(trace_.call_result(node, variant.result_attrs(k), ids[k], loc)));
+  for (size_t k = 1; k < ids.size(); ++k) out.push_back(expr(trace_.call_result(node, variant.result_attrs(k), ids[k], loc)));
 }
 
 // Arguments downstream of a dsl::cond: the body's signature is not known yet.

@@ -202,6 +202,8 @@ class Engine {
   const at::Tensor& value_in_turn(NodeStore& s, uint32_t batch);
   void finish_aliases();
   bool deliver_waiters();
+  void call_results(const FunctionCache::Variant& variant, std::span<const ShapeId> ids, NodeId node,
+                    std::vector<Expr>& out, Loc loc);
   void call_inline(const FunctionDef& def, std::span<const NodeId> args, std::vector<Expr>& results, const Site& site);
   void call_later(const std::shared_ptr<const FunctionDef>& def, std::span<const NodeId> args, size_t expected,
                   std::vector<Expr>& results, const Site& site);

@@ -75,7 +75,7 @@ class FunctionCache final : public FunctionTable {
   // An argument's part of a signature: its shape's id in the calling graph's
   // shape table (which outlives clear(): ids name the same shape batch after
   // batch), and whether it is shared.
-  static uint32_t signature_word(ShapeId shape, bool shared) { return shape << 1 | uint32_t{shared}; }
+  static uint32_t signature_word(ShapeId shape, bool shared) { return Trace::call_word(shape, shared); }
 
   // The index of def's variant for the arguments whose signature_word()s are
   // `signature`, recorded for this generation of the calling graph (`epoch`).
@@ -92,6 +92,14 @@ class FunctionCache final : public FunctionTable {
       if (v.recorded && v.epoch == epoch && matches(v, def, signature)) return last;
     }
     return find_or_record(def, signature, epoch, options, site, caller);
+  }
+  // The variant def found last, if it is recorded for generation `epoch`;
+  // else nullptr. (Whether it fits a call's arguments is Trace::call_again's.)
+  Variant* last_recorded(const FunctionDef& def, uint32_t epoch) {
+    const uint32_t last = last_[def.id % last_.size()];
+    if (last >= variants_.size()) return nullptr;
+    Variant& v = *variants_[last];
+    return v.recorded && v.epoch == epoch && v.def_id == def.id ? &v : nullptr;
   }
   const Variant& variant(uint32_t index) const { return *variants_[index]; }
   Variant& variant(uint32_t index) { return *variants_[index]; }

@@ -26,7 +26,7 @@ uint32_t next_round(const NodeStore& s, RoundDag& dag) {
 // A node is marked once (needed stays needed), so rounds walk only what is new.
 // Deferred nodes found needed go to `work`.
 void need_from(const NodeStore& s, ReadyQueue& q, std::span<const NodeId> awaited, std::vector<NodeId>& stack,
-               std::vector<NodeId>& work) {
+               NodeList& work) {
   stack.assign(awaited.begin(), awaited.end());
   while (!stack.empty()) {
     const NodeId n = stack.back();
@@ -173,7 +173,7 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
 }  // namespace
 
 // A bit per node and a scan of the words, where that costs less than a comparison sort.
-void sort_unique(std::vector<NodeId>& v, size_t size, std::vector<uint64_t>& bits) {
+void sort_unique(NodeList& v, size_t size, std::vector<uint64_t>& bits) {
   const size_t words = (size + 63) / 64;
   // Strictly ascending (a round of nodes recorded in order): nothing to do.
   if (std::adjacent_find(v.begin(), v.end(), std::greater_equal<>()) == v.end()) return;

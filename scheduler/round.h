@@ -33,7 +33,7 @@ struct RoundDag {
   uint32_t round = 0;
   Column<uint32_t> local_of;  // graph node -> local id: valid where stamp[n] == round (unwritten elsewhere)
   std::vector<uint32_t> fill;
-  std::vector<NodeId> undecided;  // the round's work list
+  NodeList undecided;  // the round's work list
   std::vector<NodeId> stack;      // scratch: the walk from awaited nodes
   std::vector<uint64_t> bits;     // scratch: sorting the work list (a bit per node)
   size_t size() const { return node.size(); }
@@ -68,7 +68,7 @@ void build_round(const NodeStore& store, ReadyQueue& queue, std::vector<NodeId>&
 // Sorts node ids (each below `size`) and drops repeats: a round's work list,
 // which control flow hands over in callback order. Linear in the ids plus
 // size / 64 where that beats a comparison sort; `bits` is scratch.
-void sort_unique(std::vector<NodeId>& ids, size_t size, std::vector<uint64_t>& bits);
+void sort_unique(NodeList& ids, size_t size, std::vector<uint64_t>& bits);
 
 // A DAG built by hand (tests, tools): nodes 0..n-1 with the given signatures and
 // in-round arguments (each argument's id below its user's).

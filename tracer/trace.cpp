@@ -523,20 +523,9 @@ NodeId Trace::placeholder(ShapeId shape, int64_t example, std::string_view made_
                    static_cast<uint8_t>(NodeStore::kPlaceholder | (shared ? NodeStore::kShared : 0)));
 }
 
-NodeId Trace::call(std::span<const NodeId> args, std::span<const int64_t> attrs, ShapeId shape, CallVerdict& verdict,
-                   std::source_location loc) {
-  if (verdict.clears == clears_ && verdict.shared.size() == args.size()) {
-    int64_t example = kSharedExample;
-    bool same = true;
-    for (size_t i = 0; i < args.size() && same; ++i) {
-      const NodeId a = args[i], r = s_.resolve(a);
-      same = (s_.has(r, NodeStore::kShared) ? r : kNoNode) == verdict.shared[i];
-      if (s_.has(a, NodeStore::kShared)) continue;
-      const int64_t e = s_.example[a];
-      example = example == kSharedExample || example == e ? e : kMixedExample;
-    }
-    if (same) return append_known(code_of<op::Call>, shape, args, attrs, 0, example, verdict.sig, loc);
-  }
+NodeId Trace::call(std::span<const NodeId> args, std::span<const uint32_t> key, std::span<const int64_t> attrs,
+                   ShapeId shape, CallVerdict& verdict, std::source_location loc) {
+  if (const NodeId n = call_again(args, key, attrs, shape, verdict, loc); n != kNoNode) return n;
   const NodeId n = record(code_of<op::Call>, args, attrs, 0, loc);
   SHEAF_ASSERT(s_.shape[n] == shape && (s_.flags[n] & (NodeStore::kRowwise | NodeStore::kRowReduce)) == 0,
                "a call's shape is not its body's, or a call batches by rows");
@@ -548,6 +537,25 @@ NodeId Trace::call(std::span<const NodeId> args, std::span<const int64_t> attrs,
     verdict.shared[i] = s_.has(r, NodeStore::kShared) ? r : kNoNode;
   }
   return n;
+}
+
+NodeId Trace::call_again(std::span<const NodeId> args, std::span<const uint32_t> key, std::span<const int64_t> attrs,
+                         ShapeId shape, const CallVerdict& verdict, std::source_location loc) {
+  if (verdict.clears != clears_ || verdict.shared.size() != args.size() || key.size() != args.size()) return kNoNode;
+  int64_t example = kSharedExample;
+  bool same = true;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const NodeId a = args[i], r = s_.resolve(a);
+    const bool shared = s_.has(a, NodeStore::kShared);
+    const ShapeId sh = s_.shape[a];
+    same = same && sh != kUnknownShape && key[i] == call_word(sh, shared) &&
+           (s_.has(r, NodeStore::kShared) ? r : kNoNode) == verdict.shared[i];
+    if (shared) continue;
+    const int64_t e = s_.example[a];
+    example = example == kSharedExample || example == e ? e : kMixedExample;
+  }
+  if (!same) return kNoNode;
+  return append_known(code_of<op::Call>, shape, args, attrs, 0, example, verdict.sig, loc);
 }
 
 NodeId Trace::call_result(NodeId call, std::span<const int64_t> attrs, ShapeId shape, std::source_location loc) {

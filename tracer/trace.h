@@ -84,8 +84,19 @@ class Trace {
     SigId sig = kNoSig;
     std::vector<NodeId> shared;  // per argument: the shared node it reads (resolved), else kNoNode
   };
-  NodeId call(std::span<const NodeId> args, std::span<const int64_t> attrs, ShapeId shape, CallVerdict& verdict,
-              std::source_location loc);
+  // `key`: the body's signature (call_word per argument; the arguments have it).
+  NodeId call(std::span<const NodeId> args, std::span<const uint32_t> key, std::span<const int64_t> attrs,
+              ShapeId shape, CallVerdict& verdict, std::source_location loc);
+  // An argument as a function body's signature sees it: its shape and whether it is shared, in one word.
+  static uint32_t call_word(ShapeId shape, bool shared) { return shape << 1 | uint32_t{shared}; }
+  // The usual call, in one pass over its arguments: a call of the body whose
+  // signature (call_word per argument) is `key`, with `verdict`. When the
+  // arguments have that signature (every shape known) and the verdict holds
+  // for them, the call node, as call() would append it; otherwise kNoNode and
+  // nothing recorded (the caller takes the full path: call_later, the body
+  // for these shapes, call()).
+  NodeId call_again(std::span<const NodeId> args, std::span<const uint32_t> key, std::span<const int64_t> attrs,
+                    ShapeId shape, const CallVerdict& verdict, std::source_location loc);
 
   // Result k >= 1 of call node `call` (ops/call.h), recorded right after the
   // call with the shape its function's body gave (attrs: k, rank, dims): no

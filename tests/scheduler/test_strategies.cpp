@@ -280,12 +280,12 @@ TEST_CASE("a round's work list: sorted, without repeats, on both paths", "[sched
   // (ids, graph size): few ids, or few for a big graph (a comparison sort); many for the graph (a bit per node).
   for (auto [count, size] :
        {std::pair<size_t, size_t>{10, 1000}, {70, 100000}, {2000, 100000}, {500, 4000}, {5000, 5000}}) {
-    std::vector<NodeId> ids;
+    NodeList ids;
     std::uniform_int_distribution<NodeId> pick(0, static_cast<NodeId>(size - 1));
     for (size_t i = 0; i < count; ++i) ids.push_back(pick(rng));
     for (size_t i = 0; i < count / 5; ++i) ids.push_back(ids[i]);  // repeats
     ids.push_back(static_cast<NodeId>(size - 1));                   // the last id a graph has
-    std::vector<NodeId> want = ids;
+    NodeList want = ids;
     std::sort(want.begin(), want.end());
     want.erase(std::unique(want.begin(), want.end()), want.end());
     sort_unique(ids, size, bits);
@@ -293,7 +293,7 @@ TEST_CASE("a round's work list: sorted, without repeats, on both paths", "[sched
     sort_unique(ids, size, bits);  // already sorted: unchanged
     CHECK(ids == want);
   }
-  std::vector<NodeId> repeats{3, 3, 5, 5, 5, 9};
+  NodeList repeats{3, 3, 5, 5, 5, 9};
   sort_unique(repeats, 10, bits);
-  CHECK(repeats == std::vector<NodeId>{3, 5, 9});
+  CHECK(repeats == NodeList{3, 5, 9});
 }
