@@ -57,7 +57,6 @@ struct PlanScratch {
   // (first reader, ~height, where the first input lives, node or region): see order_rows
   Column<RowKey> order;
   SortScratch sort;
-  std::vector<uint32_t> reader_of;  // local entry -> its batch if that counts as a reader (index_batches)
   std::vector<uint32_t> height;    // local entry -> longest path to what nothing in the round reads
   std::vector<uint32_t> reader;     // local entry -> its first reader (order_rows)
   Column<Run> runs;
@@ -86,26 +85,24 @@ class Planner {
 
   void index_batches(const RoundDag& dag, const Batches& batches) {
     batches_ = &batches;
-    // Each entry's batch where that batch counts as a reader for the order
-    // (list ops gather from several places anyway: kNone32, as for entries
-    // in no batch). Known per batch (one op), not looked up per entry.
-    reader_of_.assign(dag.size(), kNone32);
-    for (uint32_t k = 0; k < batches.size(); ++k) {
-      const NodeId first = dag.node[batches[k][0]];
-      const OpTraits* t = first != kNoNode ? &op_info(s_.op[first]).traits : nullptr;
-      if (t == nullptr || !(t->stackable || t->segmented))
-        for (uint32_t l : batches[k]) reader_of_[l] = k;
-    }
     // Each entry's first reader (order_rows' key 1) and its height (key 2), in
-    // one pass over the round's edges, users last to first: an entry's users
-    // all come after it, so its height is final when its own turn comes.
+    // one pass over the round's edges, batch by batch from the last: a batch
+    // runs after its nodes' arguments' batches, so an entry's users have all
+    // been visited when its own turn comes, and its height is final. A batch
+    // counts as a reader for the order unless it is a list op's (those
+    // gather from several places anyway): known per batch (one op).
     reader_.assign(dag.size(), kNone32);
     height_.assign(dag.size(), 0);
-    for (uint32_t u = static_cast<uint32_t>(dag.size()); u-- > 0;) {
-      const uint32_t h = height_[u] + 1, b = reader_of_[u];
-      for (uint32_t a : dag.args_of(u)) {
-        height_[a] = std::max(height_[a], h);
-        reader_[a] = std::min(reader_[a], b);  // (kNone32: no change)
+    for (auto k = static_cast<uint32_t>(batches.size()); k-- > 0;) {
+      const NodeId first = dag.node[batches[k][0]];
+      const OpTraits* t = first != kNoNode ? &op_info(s_.op[first]).traits : nullptr;
+      const uint32_t b = t == nullptr || !(t->stackable || t->segmented) ? k : kNone32;
+      for (uint32_t u : batches[k]) {
+        const uint32_t h = height_[u] + 1;
+        for (uint32_t a : dag.args_of(u)) {
+          height_[a] = std::max(height_[a], h);
+          reader_[a] = std::min(reader_[a], b);  // (kNone32: no change)
+        }
       }
     }
   }
@@ -878,7 +875,6 @@ class Planner {
   PlanScratch& x_ = t_scratch;
   std::vector<uint32_t>& rows_ = x_.rows;
   Column<RowKey>& order_ = x_.order;
-  std::vector<uint32_t>& reader_of_ = x_.reader_of;
   std::vector<uint32_t>& height_ = x_.height;
   std::vector<uint32_t>& reader_ = x_.reader;
   Column<Run>& runs_ = x_.runs;
