@@ -37,6 +37,16 @@ void Function::call_into(std::span<const Operand> args, std::vector<Expr>& resul
   call_into(args, results, 0, loc);
 }
 
+bool Function::call_usual(std::span<const Expr> args, std::span<Expr> results, std::source_location loc) const {
+  if (args.empty() || args.size() > 8) return false;
+  detail::Engine* g = detail::Engine::find(args[0]);
+  if (g == nullptr) return false;
+  std::array<NodeId, 8> ids;
+  for (size_t i = 0; i < args.size(); ++i)
+    if ((ids[i] = g->node_or_none(args[i])) == kNoNode) return false;  // (call_into says what is wrong)
+  return g->call_usual(*def_, std::span(ids.data(), args.size()), results, loc);
+}
+
 void Function::call_into(std::span<const Operand> args, std::vector<Expr>& results, size_t expected,
                          std::source_location loc) const {
   const Site site{def_->name, kSharedExample, loc};

@@ -61,6 +61,12 @@ class Function {
   // placeholders until the call is recorded).
   void call_into(std::span<const Operand> args, std::vector<Expr>& results, size_t expected,
                  std::source_location loc) const;
+  // A call of Expr arguments only, with results.size() results, when it is
+  // the call its site makes over and over (its body found last, the same
+  // argument signature): recorded, its results written to `results`, true.
+  // Otherwise false, nothing recorded: call_into does the rest (a first call
+  // records the body; mistakes are its UserErrors). TypedFunction's calls.
+  bool call_usual(std::span<const Expr> args, std::span<Expr> results, std::source_location loc) const;
   const std::string& name() const;
   size_t arity() const;
 
@@ -91,7 +97,7 @@ template <>
 struct Results<Expr> {
   static constexpr size_t kCount = 1;
   static std::vector<Expr> to(const Expr& e) { return {e}; }
-  static Expr from(const std::vector<Expr>& v) { return v[0]; }
+  static Expr from(std::span<const Expr> v) { return v[0]; }
 };
 template <>
 struct Results<std::vector<Expr>> {
@@ -103,7 +109,7 @@ template <size_t K>
 struct Results<std::array<Expr, K>> {
   static constexpr size_t kCount = K;
   static std::vector<Expr> to(const std::array<Expr, K>& a) { return {a.begin(), a.end()}; }
-  static std::array<Expr, K> from(const std::vector<Expr>& v) {
+  static std::array<Expr, K> from(std::span<const Expr> v) {
     std::array<Expr, K> a;
     for (size_t k = 0; k < K; ++k) a[k] = v[k];
     return a;
@@ -116,7 +122,7 @@ struct Results<std::tuple<E...>> {
   static std::vector<Expr> to(const std::tuple<E...>& t) {
     return std::apply([](const auto&... e) { return std::vector<Expr>{e...}; }, t);
   }
-  static std::tuple<E...> from(const std::vector<Expr>& v) {
+  static std::tuple<E...> from(std::span<const Expr> v) {
     return [&]<size_t... I>(std::index_sequence<I...>) { return std::tuple<E...>{v[I]...}; }(
         std::index_sequence_for<E...>{});
   }
@@ -125,7 +131,7 @@ template <>
 struct Results<std::pair<Expr, Expr>> {
   static constexpr size_t kCount = 2;
   static std::vector<Expr> to(const std::pair<Expr, Expr>& p) { return {p.first, p.second}; }
-  static std::pair<Expr, Expr> from(const std::vector<Expr>& v) { return {v[0], v[1]}; }
+  static std::pair<Expr, Expr> from(std::span<const Expr> v) { return {v[0], v[1]}; }
 };
 
 // The parameter count and result type of a (non-generic) lambda.
@@ -161,6 +167,16 @@ class TypedFunction {
   template <class... A>
     requires(sizeof...(A) + 1 == kArity && (std::is_constructible_v<Operand, const A&> && ...))
   Result operator()(CallArg first, const A&... rest) const {
+    static constexpr size_t kCount = detail::Results<Result>::kCount;
+    if constexpr (kCount > 0 && (std::is_same_v<A, Expr> && ...)) {
+      // Exprs in, a fixed number of results out: the usual call without the
+      // lists a call of any kind goes through.
+      if (first.operand.is_expr()) {
+        const std::array<Expr, kArity> exprs{first.operand.expr(), rest...};
+        std::array<Expr, kCount> out;
+        if (fn_.call_usual(exprs, out, first.loc)) return detail::Results<Result>::from(out);
+      }
+    }
     const std::array<Operand, kArity> args{first.operand, Operand(rest)...};
     // One vector per thread for every call: filled at the end of the call (after
     // any call the body's recording makes), read right away.

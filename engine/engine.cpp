@@ -524,13 +524,9 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
   if (args.size() != def.arity)
     throw_user(site, "function '", def.name, "' takes ", def.arity, " argument(s), got ", args.size());
   if (options_.inline_functions) return call_inline(def, args, out, site);
-  // A call site calls one body over and over: the variant this function
-  // found last, its arguments' signature and the verdict checked in one pass.
-  if (FunctionCache::Variant* v = functions_.last_recorded(def, generation_);
-      v != nullptr && v->result_ids.size() == v->results.size() && (expected == 0 || v->results.size() == expected))
-    if (const NodeId node = trace_.call_again(args, v->key, v->result_attrs(0), v->result_ids[0], v->verdict, loc);
-        node != kNoNode)
-      return call_results(*v, v->result_ids, node, out, loc);
+  const FunctionCache::Variant* usual = nullptr;
+  if (const NodeId node = usual_call(def, args, expected, usual, loc); node != kNoNode)
+    return call_results(*usual, usual->result_ids, node, out, loc);
   const NodeStore& s = trace_.store();
   for (NodeId a : args)
     if (s.shape[a] == kUnknownShape) return call_later(function, args, expected, out, site);
@@ -545,6 +541,29 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
     throw_user(site, "function '", def.name, "' returned ", results, " results where the call takes ", expected);
   const std::span<const ShapeId> ids = functions_.result_ids(index, trace_.store().shapes);
   call_results(variant, ids, trace_.call(args, signature, variant.result_attrs(0), ids[0], variant.verdict, loc), out, loc);
+}
+
+// A call site calls one body over and over: the variant this function found
+// last, its arguments' signature and the verdict checked in one pass.
+NodeId Engine::usual_call(const FunctionDef& def, std::span<const NodeId> args, size_t expected,
+                          const FunctionCache::Variant*& variant, Loc loc) {
+  const FunctionCache::Variant* v = functions_.last_recorded(def, generation_);
+  if (v == nullptr || v->result_ids.size() != v->results.size() || (expected != 0 && v->results.size() != expected))
+    return kNoNode;
+  variant = v;
+  return trace_.call_again(args, v->key, v->result_attrs(0), v->result_ids[0], v->verdict, loc);
+}
+
+bool Engine::call_usual(const FunctionDef& def, std::span<const NodeId> args, std::span<Expr> results, Loc loc) {
+  if (closed_ != 0 || args.size() != def.arity || options_.inline_functions || results.empty()) return false;
+  if (!recording_) start_trace_clock();
+  const FunctionCache::Variant* v = nullptr;
+  const NodeId node = usual_call(def, args, results.size(), v, loc);
+  if (node == kNoNode) return false;
+  results[0] = expr(node);
+  for (size_t k = 1; k < results.size(); ++k)
+    results[k] = expr(trace_.call_result(node, v->result_attrs(k), v->result_ids[k], loc));
+  return true;
 }
 
 // The call's value is its first result; each further result is a CallResult

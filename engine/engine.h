@@ -80,6 +80,10 @@ class Engine {
       return e.node_;
     bad_expr(e, op, loc);
   }
+  // The same, or kNoNode where node_of would throw.
+  NodeId node_or_none(const Expr& e) const {
+    return e.defined() && e.slot_ == slot_ && e.gen_ == generation_ ? e.node_ : kNoNode;
+  }
   // The engine of a live Expr; nullptr if the handle is empty or stale.
   static Engine* find(const Expr& e) { return e.defined() ? engine_at(e.slot_, e.gen_) : nullptr; }
   // The same, or a UserError naming the caller's line.
@@ -126,6 +130,11 @@ class Engine {
   // `expected` to make them.
   void call(const std::shared_ptr<const FunctionDef>& def, std::span<const NodeId> args, size_t expected,
             std::vector<Expr>& results, Loc loc);
+  // The usual call, the one a call site makes over and over (the body this
+  // function found last, the same signature and verdict: Trace::call_again),
+  // with results.size() results: they are written there. False, with
+  // nothing recorded, for any other call: call() then does what it needs.
+  bool call_usual(const FunctionDef& def, std::span<const NodeId> args, std::span<Expr> results, Loc loc);
   FunctionCache& functions() { return functions_; }
 
   // ---- Control flow.
@@ -202,6 +211,9 @@ class Engine {
   const at::Tensor& value_in_turn(NodeStore& s, uint32_t batch);
   void finish_aliases();
   bool deliver_waiters();
+  // The usual call's node and its body (call_usual), or kNoNode.
+  NodeId usual_call(const FunctionDef& def, std::span<const NodeId> args, size_t expected,
+                    const FunctionCache::Variant*& variant, Loc loc);
   void call_results(const FunctionCache::Variant& variant, std::span<const ShapeId> ids, NodeId node,
                     std::vector<Expr>& out, Loc loc);
   void call_inline(const FunctionDef& def, std::span<const NodeId> args, std::vector<Expr>& results, const Site& site);

@@ -240,6 +240,38 @@ TEST_CASE("function: mistakes are UserErrors naming the function and the call", 
   CHECK(at::allclose(y.value(), at::tanh(at::ones({4}))));
 }
 
+TEST_CASE("function: a call site's repeated call takes a shortcut, every other call the full path",
+          "[dsl][function][errors]") {
+  // The body found last, its argument signature and verdict: one pass
+  // (Function::call_usual). Anything else falls back before recording
+  // anything, so its errors and its results are those of the full path.
+  auto f = function("twice", [](Expr a, Expr b) { return std::pair{a * 2.0, a + b}; });
+  Graph g, other;
+  Expr x = g.input(at::full({3}, 1.0)), y = g.input(at::full({3}, 2.0));
+  auto [a, b] = f(x, y);  // records the body
+  auto [c, d] = f(y, x);  // the usual call
+  const size_t nodes = g.size();
+  // An argument from another graph: the full path's error, and nothing recorded.
+  Expr z = other.input(at::ones({3}));
+  CHECK_THROWS_WITH(f(x, z), Contains("twice") && Contains("different sheaf::Graph"));
+  CHECK_THROWS_WITH(f(z, x), Contains("twice") && Contains("different sheaf::Graph"));
+  CHECK(g.size() == nodes);
+  // Another shape, a shared argument, a tensor: each its own body, then the usual call again.
+  auto [e, h] = f(g.input(at::full({2}, 3.0)), g.input(at::full({2}, 1.0)));
+  auto [k, m] = f(g.param(at::full({3}, 4.0)), x);
+  auto [p, q] = f(at::full({3}, 5.0), y);
+  auto [r, t] = f(x, x);
+  g.forward(std::vector<Expr>{a, b, c, d, e, h, k, m, p, q, r, t});
+  const std::pair<Expr, double> want[] = {{a, 2}, {b, 3}, {c, 4}, {d, 3}, {e, 6}, {h, 4},
+                                          {k, 8}, {m, 5}, {p, 10}, {q, 7}, {r, 2}, {t, 2}};
+  for (const auto& [value, all] : want) CHECK(at::allclose(value.value(), at::full_like(value.value(), all)));
+  CHECK(e.shape() == Shape({2}));
+  // After a clear(), an argument made before it is unusable: the full path says so.
+  g.clear();
+  CHECK_THROWS_WITH(f(x, y), Contains("twice"));
+  CHECK_THROWS_AS(f(x, y), UserError);
+}
+
 TEST_CASE("function: calls on values downstream of a dsl::cond are recorded when their shapes are known",
           "[dsl][function][control][checker]") {
   const at::Tensor W = param({4, 8}, 41), w = param({4}, 42);
