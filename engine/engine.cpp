@@ -516,6 +516,16 @@ void Engine::clear() {
 // ---------------------------------------------------------------------------
 // Function calls.
 
+// The call's value is its first result; each further result is a CallResult
+// node recorded right after it, computed by the same batch (ops/call.h).
+// `out`: one per result (the variant's result_ids, interned). In line: the
+// usual call's tail (an out-of-line call here cost 25 instructions a call).
+[[gnu::always_inline]] inline void Engine::write_results(const FunctionCache::Variant& variant, NodeId node, std::span<Expr> out, Loc loc) {
+  out[0] = expr(node);
+  for (size_t k = 1; k < out.size(); ++k)
+    out[k] = expr(trace_.call_result(node, variant.result_attrs(k), variant.result_ids[k], loc));
+}
+
 void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<const NodeId> args, size_t expected,
                   std::vector<Expr>& out, Loc loc) {
   const FunctionDef& def = *function;
@@ -526,7 +536,7 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
   if (options_.inline_functions) return call_inline(def, args, out, site);
   const FunctionCache::Variant* usual = nullptr;
   if (const NodeId node = usual_call(def, args, expected, usual, loc); node != kNoNode)
-    return call_results(*usual, usual->result_ids, node, out, loc);
+    return call_results(*usual, node, out, loc);
   const NodeStore& s = trace_.store();
   for (NodeId a : args)
     if (s.shape[a] == kUnknownShape) return call_later(function, args, expected, out, site);
@@ -540,7 +550,7 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
   if (expected != 0 && results != expected)
     throw_user(site, "function '", def.name, "' returned ", results, " results where the call takes ", expected);
   const std::span<const ShapeId> ids = functions_.result_ids(index, trace_.store().shapes);
-  call_results(variant, ids, trace_.call(args, signature, variant.result_attrs(0), ids[0], variant.verdict, loc), out, loc);
+  call_results(variant, trace_.call(args, signature, variant.result_attrs(0), ids[0], variant.verdict, loc), out, loc);
 }
 
 // A call site calls one body over and over: the variant this function found
@@ -560,19 +570,13 @@ bool Engine::call_usual(const FunctionDef& def, std::span<const NodeId> args, st
   const FunctionCache::Variant* v = nullptr;
   const NodeId node = usual_call(def, args, results.size(), v, loc);
   if (node == kNoNode) return false;
-  results[0] = expr(node);
-  for (size_t k = 1; k < results.size(); ++k)
-    results[k] = expr(trace_.call_result(node, v->result_attrs(k), v->result_ids[k], loc));
+  write_results(*v, node, results, loc);
   return true;
 }
 
-// The call's value is its first result; each further result is a CallResult
-// node recorded right after it, computed by the same batch (ops/call.h).
-void Engine::call_results(const FunctionCache::Variant& variant, std::span<const ShapeId> ids, NodeId node,
-                          std::vector<Expr>& out, Loc loc) {
-  out.clear();
-  out.push_back(expr(node));
-  for (size_t k = 1; k < ids.size(); ++k) out.push_back(expr(trace_.call_result(node, variant.result_attrs(k), ids[k], loc)));
+void Engine::call_results(const FunctionCache::Variant& variant, NodeId node, std::vector<Expr>& out, Loc loc) {
+  out.resize(variant.result_ids.size());
+  write_results(variant, node, out, loc);
 }
 
 // Arguments downstream of a dsl::cond: the body's signature is not known yet.

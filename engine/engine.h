@@ -214,8 +214,8 @@ class Engine {
   // The usual call's node and its body (call_usual), or kNoNode.
   NodeId usual_call(const FunctionDef& def, std::span<const NodeId> args, size_t expected,
                     const FunctionCache::Variant*& variant, Loc loc);
-  void call_results(const FunctionCache::Variant& variant, std::span<const ShapeId> ids, NodeId node,
-                    std::vector<Expr>& out, Loc loc);
+  void write_results(const FunctionCache::Variant& variant, NodeId node, std::span<Expr> out, Loc loc);
+  void call_results(const FunctionCache::Variant& variant, NodeId node, std::vector<Expr>& out, Loc loc);
   void call_inline(const FunctionDef& def, std::span<const NodeId> args, std::vector<Expr>& results, const Site& site);
   void call_later(const std::shared_ptr<const FunctionDef>& def, std::span<const NodeId> args, size_t expected,
                   std::vector<Expr>& results, const Site& site);

@@ -84,22 +84,16 @@ class FunctionCache final : public FunctionTable {
   uint32_t variant_for(const FunctionDef& def, std::span<const uint32_t> signature, uint32_t epoch,
                        const GraphOptions& options, const Site& site, const Trace& caller) {
     // A call site calls one variant over and over: the body this function
-    // found last, in line (a hint per function: models alternate functions,
-    // a gated net's gate and its two cells).
-    const uint32_t last = last_[def.id % last_.size()];
-    if (last < variants_.size()) {
-      const Variant& v = *variants_[last];
-      if (v.recorded && v.epoch == epoch && matches(v, def, signature)) return last;
-    }
+    // found last, in line.
+    if (const uint32_t last = last_of(def, epoch); last != kNone32 && matches(*variants_[last], def, signature))
+      return last;
     return find_or_record(def, signature, epoch, options, site, caller);
   }
   // The variant def found last, if it is recorded for generation `epoch`;
   // else nullptr. (Whether it fits a call's arguments is Trace::call_again's.)
   Variant* last_recorded(const FunctionDef& def, uint32_t epoch) {
-    const uint32_t last = last_[def.id % last_.size()];
-    if (last >= variants_.size()) return nullptr;
-    Variant& v = *variants_[last];
-    return v.recorded && v.epoch == epoch && v.def_id == def.id ? &v : nullptr;
+    const uint32_t last = last_of(def, epoch);
+    return last != kNone32 ? variants_[last].get() : nullptr;
   }
   const Variant& variant(uint32_t index) const { return *variants_[index]; }
   Variant& variant(uint32_t index) { return *variants_[index]; }
@@ -140,6 +134,15 @@ class FunctionCache final : public FunctionTable {
     for (size_t i = 0; i < signature.size(); ++i)
       if (v.key[i] != signature[i]) return false;
     return true;
+  }
+  // The index of the variant def found last (a hint per function: models
+  // alternate functions, a gated net's gate and its two cells), if it is
+  // recorded for generation `epoch`; else kNone32.
+  uint32_t last_of(const FunctionDef& def, uint32_t epoch) const {
+    const uint32_t last = last_[def.id % last_.size()];
+    if (last >= variants_.size()) return kNone32;
+    const Variant& v = *variants_[last];
+    return v.recorded && v.epoch == epoch && v.def_id == def.id ? last : kNone32;
   }
   uint32_t find_or_record(const FunctionDef& def, std::span<const uint32_t> signature, uint32_t epoch,
                           const GraphOptions& options, const Site& site, const Trace& caller);
