@@ -297,7 +297,7 @@ LaunchArgs Executor::launch_args(const Plan& plan, const PlannedBatch& b) {
     row_shape_ = a.out_shape->row();
     a.out_shape = &row_shape_;
   }
-  a.payload_host = std::span(plan.indices.data() + b.payload, b.n);
+  if (b.payload >= 0) a.payload_host = std::span(plan.indices.data() + b.payload, b.n);
   a.index = &index_;
   a.payload_off = b.payload;
   a.user_tensors = &s_.user_tensors;

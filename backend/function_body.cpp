@@ -18,10 +18,8 @@ namespace {
 // Ops that read their payload (an id, an index, a label, a user tensor's slot)
 // through RunCtx: the body's payload is handed to every call of the batch.
 bool reads_payload(const NodeStore& s, NodeId v) {
-  const OpCode op = s.op[v];
-  const OpInfo& info = op_info(op);
-  return s.payload[v] != 0 || info.traits.source || info.traits.segmented || op == code_of<op::Pick> ||
-         op == code_of<op::PickNegLogSoftmax> || op >= kNumOps;  // users' ops may read it too
+  // (A segmented op gets the same index for its segment ids.)
+  return sheaf::reads_payload(s.op[v]) || op_info(s.op[v]).traits.segmented;
 }
 
 }  // namespace
@@ -228,6 +226,7 @@ void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::span<
     index = a.options.device().is_cpu() ? host : host.to(a.options.device());
     la.payload_host = std::span(payload.data(), static_cast<size_t>(rows));
     la.index = &index;
+    la.payload_off = 0;
     if (info.traits.segmented) {
       counts.assign(static_cast<size_t>(rows), k);
       la.segments_off = rows;

@@ -113,6 +113,11 @@ struct OpTraits {
   constexpr bool row_arg(size_t i) const { return !weight(i) && (i >= 8 || ((row_args >> i) & 1) != 0); }
   constexpr bool own_rows_arg(size_t i) const { return i < 8 && ((own_rows >> i) & 1) != 0; }
   constexpr bool reads_in_place_arg(size_t i) const { return i < 8 && ((reads_in_place >> i) & 1) != 0; }
+  // Whether run() reads per-node payloads (RunCtx::payload, payload_host):
+  // only a source's (an id, a slot), a keyed op's (its key) or an index's.
+  // The planner hands payloads only to such batches (RunCtx::payload refuses
+  // the others'): a copy of every row's payload cost a scattered load a row.
+  constexpr bool reads_payload() const { return source || keyed || payload_index; }
 };
 
 class InferCtx {
@@ -159,7 +164,8 @@ struct LaunchArgs {
   bool packed = false;  // OpTraits::rowwise: n rows of out_shape, the nodes' values end to end
   std::span<const int64_t> payload_host;
   const at::Tensor* index = nullptr;  // the round's indices on the device
-  int64_t payload_off = 0, segments_off = 0, segments_len = 0;
+  int64_t payload_off = -1;  // < 0: no payloads (OpTraits::reads_payload)
+  int64_t segments_off = 0, segments_len = 0;
   std::span<const int64_t> segment_counts;
   std::span<const int64_t> own_counts;  // OpTraits::own_rows: rows per value of those arguments
   const std::vector<at::Tensor>* user_tensors = nullptr;
@@ -201,8 +207,15 @@ class RunCtx {
   double attr_f(size_t k) const;
   const Shape& out_shape() const { return *a_.out_shape; }
   // Per-node payloads (ids, labels, keys): host copy and device tensor [n] (int64).
-  std::span<const int64_t> payload_host() const { return a_.payload_host; }
-  at::Tensor payload() const { return a_.index->narrow(0, a_.payload_off, a_.n); }
+  // (Only for ops that say so: OpTraits::reads_payload.)
+  std::span<const int64_t> payload_host() const {
+    expect_payload();
+    return a_.payload_host;
+  }
+  at::Tensor payload() const {
+    expect_payload();
+    return a_.index->narrow(0, a_.payload_off, a_.n);
+  }
   // For segmented ops: in(0) holds every list element, [total, S...]; segment ids
   // [total] say which node each belongs to, counts [n] how many each node has.
   at::Tensor segment_ids() const { return a_.index->narrow(0, a_.segments_off, a_.segments_len); }
@@ -219,6 +232,9 @@ class RunCtx {
   TransposedWeights* transposed() const { return a_.transposed; }
 
  private:
+  void expect_payload() const {
+    SHEAF_ASSERT(a_.payload_off >= 0, "an op read payloads without OpTraits::reads_payload: its batch has none");
+  }
   const LaunchArgs& a_;
 };
 
@@ -267,6 +283,11 @@ inline const OpInfo& op_info(OpCode code) {
   return code < detail::g_builtin_ops.size() ? detail::g_builtin_ops[code] : detail::user_op_info(code);
 }
 std::string_view op_name(OpCode code);
+// OpTraits::reads_payload, and true for users' ops (ops/user_op.h: their
+// run() may read it).
+inline bool reads_payload(OpCode code) {
+  return code >= detail::g_builtin_ops.size() || detail::g_builtin_ops[code].traits.reads_payload();
+}
 
 // What every descriptor must have (ops/table.cpp checks the built-in ones,
 // ops/user_op.h the user's).

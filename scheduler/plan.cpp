@@ -239,7 +239,7 @@ class Planner {
       fill_sources(packed);
       add_input(in0);
     }
-    b.payload = static_cast<int64_t>(p_.indices.size());
+    b.payload = -1;  // (no fusible op reads one)
     p_.batches.push_back(b);
   }
 
@@ -476,7 +476,8 @@ class Planner {
 
   // Row i of the batch is order_[i]: the node's value lives there.
   // A packed batch (OpTraits::rowwise) puts node i's L rows after node i-1's.
-  // Each row's payload goes to plan.indices in the same pass (b.payload).
+  // Each row's payload, where the op reads one, goes to plan.indices in the
+  // same pass (b.payload; else -1).
   void place_rows(PlannedBatch& b) {
     b.nodes_begin = static_cast<uint32_t>(p_.nodes.size());
     const bool packed = !b.shared && s_.has(order_[0].id, NodeStore::kRowwise);
@@ -485,12 +486,13 @@ class Planner {
     // capacity check per row was a tenth of planning's instructions.
     p_.nodes.resize(p_.nodes.size() + b.n);
     NodeId* const rows = p_.nodes.data() + b.nodes_begin;
-    b.payload = static_cast<int64_t>(p_.indices.size());
-    int64_t* const payload = grow_indices(b.n);
+    const bool payloads = reads_payload(b.op);
+    b.payload = payloads ? static_cast<int64_t>(p_.indices.size()) : -1;
+    int64_t* const payload = payloads ? grow_indices(b.n) : nullptr;
     for (uint32_t i = 0; i < b.n; ++i) {
       const NodeId node = order_[i].id;
       rows[i] = node;
-      payload[i] = s_.payload[node];
+      if (payloads) payload[i] = s_.payload[node];
       s_.value_at[node] = {b.out, b.shared ? kWholeRow : packed ? at : i};
       if (packed) {
         s_.flags[node] |= NodeStore::kPacked;

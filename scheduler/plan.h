@@ -76,7 +76,7 @@ struct PlannedBatch {
   bool stacked = false; // all arguments in one input, node-major (OpTraits::stackable)
   int32_t split = -1;   // >= 0: a slice of plan.splits[split]: one split for all its slices
   uint32_t piece = 0;
-  int64_t payload;      // offset in plan.indices of n payloads
+  int64_t payload;      // offset in plan.indices of n payloads; -1: none (the op reads none: OpTraits::reads_payload)
   int64_t segments = -1;  // segmented ops: offset of `total` segment ids,
   int64_t counts = -1;    // then of n list lengths
   int64_t own_counts = -1;  // OpTraits::own_rows: offset of n lengths of those arguments

@@ -77,6 +77,29 @@ TEST_CASE("planner: rows follow their first argument, so a chain reads views", "
   CHECK(p.nodes[tanh.nodes_begin] == ys[3]);  // example 0's tanh is row 0
 }
 
+TEST_CASE("planner: payloads in row order for the ops that read them, none for the others", "[scheduler][planner]") {
+  Fixture f(3);
+  std::vector<NodeId> ys, picks;
+  for (size_t i = 3; i-- > 0;) ys.push_back(f.unary(code_of<op::Tanh>, f.xs[i]));  // listed in reverse: reordered
+  for (size_t i = 0; i < 3; ++i) {
+    const NodeId y = ys[2 - i];  // example i's
+    picks.push_back(f.t.record(code_of<op::Pick>, std::span(&y, 1), {}, static_cast<int64_t>(3 - i),
+                               std::source_location::current()));
+  }
+  const Plan p = f.plan({f.xs, ys, picks});
+  REQUIRE(p.batches.size() == 3);
+  CHECK(p.batches[0].payload >= 0);  // inputs: a slot each
+  CHECK(p.batches[1].payload == -1);  // tanh reads none: nothing copied
+  const PlannedBatch& pick = p.batches[2];
+  REQUIRE(pick.payload >= 0);
+  for (uint32_t i = 0; i < pick.n; ++i)
+    CHECK(p.indices[static_cast<size_t>(pick.payload) + i] == f.t.store().payload[p.nodes[pick.nodes_begin + i]]);
+  CHECK(std::vector<int64_t>(p.indices.begin() + pick.payload, p.indices.begin() + pick.payload + 3) ==
+        std::vector<int64_t>{3, 2, 1});  // rows in example order, as their argument's
+  CHECK_FALSE(reads_payload(code_of<op::Tanh>));
+  CHECK(reads_payload(code_of<op::Dropout>));  // its keys
+}
+
 TEST_CASE("planner: an input in another order is gathered with indices", "[scheduler][planner]") {
   Fixture f(4);
   std::vector<NodeId> ys;
