@@ -117,28 +117,40 @@ struct NodeStore {
   SigTable sigs;
 
   size_t size() const { return size_; }
-  // A new node with the given fields; the others start as: no signature, no
-  // alias, no value. Its arguments and attributes are appended to the CSR lists.
+  // A node's arguments or attributes: a few of each, copied by count in line
+  // (a range copy is an out-of-line call and a memmove per node; a loop's
+  // test per element cost more than the jump to the count's case).
+  template <class T>
+  [[gnu::always_inline]] static void copy_few(T* to, std::span<const T> from) {
+    switch (from.size()) {
+      case 4: to[3] = from[3]; [[fallthrough]];
+      case 3: to[2] = from[2]; [[fallthrough]];
+      case 2: to[1] = from[1]; [[fallthrough]];
+      case 1: to[0] = from[0]; [[fallthrough]];
+      case 0: return;
+      default:
+        for (size_t i = 0; i < from.size(); ++i) to[i] = from[i];
+    }
+  }
+  // A new node with the given fields (its signature, if known, too); the
+  // others start as: no alias, no value. Its arguments and attributes are appended to the CSR lists.
   [[gnu::always_inline]] NodeId append(OpCode o, ShapeId sh, std::span<const NodeId> a, std::span<const int64_t> at,
-                                       int64_t pay, int64_t ex, std::source_location where, uint8_t fl) {
+                                       int64_t pay, int64_t ex, std::source_location where, uint8_t fl,
+                                       SigId sg = kNoSig) {
     const auto n = static_cast<NodeId>(size_);
     if (size_ == capacity_) grow();
     op[n] = o;
     shape[n] = sh;
-    // Element by element: a node has a few of each, and a range copy is an
-    // out-of-line call and a memmove per node.
     const uint32_t a0 = arg_begin[n], t0 = attr_begin[n];
     if (a0 + a.size() > args.size() || t0 + at.size() > attrs.size()) grow_lists(a.size(), at.size());
-    NodeId* const to_args = args.data() + a0;
-    for (size_t i = 0; i < a.size(); ++i) to_args[i] = a[i];
+    copy_few(args.data() + a0, a);
     arg_begin[n + 1] = a0 + static_cast<uint32_t>(a.size());
-    int64_t* const to_attrs = attrs.data() + t0;
-    for (size_t i = 0; i < at.size(); ++i) to_attrs[i] = at[i];
+    copy_few(attrs.data() + t0, at);
     attr_begin[n + 1] = t0 + static_cast<uint32_t>(at.size());
     payload[n] = pay;
     example[n] = ex;
     loc[n] = where;
-    sig[n] = kNoSig;
+    sig[n] = sg;
     flags[n] = fl;
     alias[n] = kNoNode;
     value_at[n] = Place{0, 0};

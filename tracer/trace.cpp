@@ -116,10 +116,9 @@ NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const in
     return record_miss(op, args, attrs, payload, loc, example, false, &key);
   // The same inputs passed the same checks. From here on nothing throws.
   if (info.traits.keyed && example >= 0) payload = static_cast<int64_t>(next_key(example));
+  // (hit->flags: kRowwise, kRowReduce: the same shapes, the same verdict.)
   const NodeId n = s_.append(op, hit->shape, args, attrs, payload, example, loc,
-                             is_shared ? uint8_t{NodeStore::kShared} : uint8_t{0});
-  s_.sig[n] = hit->sig;
-  s_.flags[n] |= hit->flags;  // kRowwise, kRowReduce: the same shapes, the same verdict
+                             static_cast<uint8_t>((is_shared ? NodeStore::kShared : 0) | hit->flags), hit->sig);
   ready_.add(n);
   return n;
 }
@@ -297,9 +296,8 @@ inline NodeId Trace::append_known(OpCode op, ShapeId shape, std::span<const Node
   for (NodeId a : args)
     if (s_.has(a, NodeStore::kShared) && a < param_uses_.size()) ++param_uses_[a];
   const bool shared = example == kSharedExample;
-  const NodeId n =
-      s_.append(op, shape, args, attrs, payload, example, loc, shared ? uint8_t{NodeStore::kShared} : uint8_t{0});
-  if (!shared) s_.sig[n] = sig;
+  const NodeId n = s_.append(op, shape, args, attrs, payload, example, loc,
+                             shared ? uint8_t{NodeStore::kShared} : uint8_t{0}, shared ? kNoSig : sig);
   ready_.add(n);
   return n;
 }
