@@ -20,16 +20,26 @@ namespace {
 using detail::Engine;
 using Loc = std::source_location;
 
-// The engine of the first Expr operand. A tensor-only call has no graph to go to.
-Engine& engine_for(OpCode op, std::span<const Operand> args, Loc loc) {
-  for (const Operand& a : args) {
-    if (!a.is_expr()) continue;
-    if (Engine* e = Engine::find(a.expr())) return *e;
-    throw_user(Site{op_info(op).name, kSharedExample, loc}, Engine::unusable(a.expr(), "an argument"));
-  }
+// Why engine_for found no engine: the first Expr operand is unusable, or
+// there is none (a tensor-only call has no graph to go to).
+[[noreturn, gnu::noinline]] void no_engine(OpCode op, std::span<const Operand> args, Loc loc) {
+  for (const Operand& a : args)
+    if (a.is_expr())
+      throw_user(Site{op_info(op).name, kSharedExample, loc}, Engine::unusable(a.expr(), "an argument"));
   throw_user(Site{op_info(op).name, kSharedExample, loc},
              "every argument is a tensor, so there is no graph to record on; make one of them an Expr with "
              "g.param(tensor)");
+}
+
+// The engine of the first Expr operand. In line (apply's loops unroll per op).
+[[gnu::always_inline]] inline Engine& engine_for(OpCode op, std::span<const Operand> args, Loc loc) {
+  for (const Operand& a : args)
+    if (a.is_expr()) {
+      if (Engine* e = Engine::find(a.expr())) [[likely]]
+        return *e;
+      break;
+    }
+  no_engine(op, args, loc);
 }
 
 // An operand's node: its Expr's, or a tensor's shared node.
@@ -48,7 +58,10 @@ inline NodeId operand_node(Engine& g, const Operand& a, OpCode op, Loc loc) {
 }
 
 // Records `op` on the graph of the first Expr operand; tensors become shared nodes.
-Expr apply(OpCode op, std::initializer_list<Operand> args, std::span<const int64_t> attrs, int64_t payload, Loc loc) {
+// In line into each op's function, where the number of operands is known: the
+// loops over them unroll (an out-of-line loop tested each operand's count).
+[[gnu::always_inline]] inline Expr apply(OpCode op, std::initializer_list<Operand> args,
+                                         std::span<const int64_t> attrs, int64_t payload, Loc loc) {
   Engine& g = engine_for(op, std::span(args.begin(), args.size()), loc);
   if (args.size() > 8) [[unlikely]]  // a user op of many arguments (dsl::call)
     return apply_many(g, op, args, attrs, payload, loc);
