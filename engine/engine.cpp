@@ -526,6 +526,19 @@ void Engine::clear() {
     out[k] = expr(trace_.call_result(node, variant.result_attrs(k), variant.result_ids[k], loc));
 }
 
+// A call site calls one body over and over: the variant this function found
+// last, its arguments' signature and the verdict checked in one pass.
+// (In line into both callers: the usual call's path stays one call deep.)
+[[gnu::always_inline]] inline NodeId Engine::usual_call(const FunctionDef& def, std::span<const NodeId> args,
+                                                        size_t expected, const FunctionCache::Variant*& variant,
+                                                        Loc loc) {
+  const FunctionCache::Variant* v = functions_.last_recorded(def, generation_);
+  if (v == nullptr || v->result_ids.size() != v->results.size() || (expected != 0 && v->results.size() != expected))
+    return kNoNode;
+  variant = v;
+  return trace_.call_again(args, v->key, v->result_attrs(0), v->result_ids[0], v->verdict, loc);
+}
+
 void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<const NodeId> args, size_t expected,
                   std::vector<Expr>& out, Loc loc) {
   const FunctionDef& def = *function;
@@ -551,17 +564,6 @@ void Engine::call(const std::shared_ptr<const FunctionDef>& function, std::span<
     throw_user(site, "function '", def.name, "' returned ", results, " results where the call takes ", expected);
   const std::span<const ShapeId> ids = functions_.result_ids(index, trace_.store().shapes);
   call_results(variant, trace_.call(args, signature, variant.result_attrs(0), ids[0], variant.verdict, loc), out, loc);
-}
-
-// A call site calls one body over and over: the variant this function found
-// last, its arguments' signature and the verdict checked in one pass.
-NodeId Engine::usual_call(const FunctionDef& def, std::span<const NodeId> args, size_t expected,
-                          const FunctionCache::Variant*& variant, Loc loc) {
-  const FunctionCache::Variant* v = functions_.last_recorded(def, generation_);
-  if (v == nullptr || v->result_ids.size() != v->results.size() || (expected != 0 && v->results.size() != expected))
-    return kNoNode;
-  variant = v;
-  return trace_.call_again(args, v->key, v->result_attrs(0), v->result_ids[0], v->verdict, loc);
 }
 
 bool Engine::call_usual(const FunctionDef& def, std::span<const NodeId> args, std::span<Expr> results, Loc loc) {
