@@ -47,8 +47,21 @@ uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
 // ---------------------------------------------------------------------------
 // Recording.
 
+// Most ops take one to three arguments: a body for each count, where the
+// loops over them unroll (their tests cost as much as their work).
 NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload,
                      std::source_location loc) {
+  switch (args.size()) {
+    case 1: return record_of(op, args.first<1>(), attrs, payload, loc);
+    case 2: return record_of(op, args.first<2>(), attrs, payload, loc);
+    case 3: return record_of(op, args.first<3>(), attrs, payload, loc);
+    default: return record_of(op, args, attrs, payload, loc);
+  }
+}
+
+template <size_t N>
+NodeId Trace::record_of(OpCode op, std::span<const NodeId, N> args, std::span<const int64_t> attrs, int64_t payload,
+                        std::source_location loc) {
   const OpInfo& info = op_info(op);
   if (info.traits.arity != OpTraits::kVariadic && args.size() != static_cast<size_t>(info.traits.arity))
     throw_internal("op ", info.name, " recorded with ", args.size(), " arguments, expects ", info.traits.arity);

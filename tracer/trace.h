@@ -157,6 +157,10 @@ class Trace {
                      : sh | ((f & NodeStore::kRowwise) ? int64_t{1} << 41 : 0) |
                            ((f & NodeStore::kPlaceholder) ? int64_t{1} << 42 : 0);
   }
+  // record() for N arguments (std::dynamic_extent: any number).
+  template <size_t N>
+  NodeId record_of(OpCode op, std::span<const NodeId, N> args, std::span<const int64_t> attrs, int64_t payload,
+                   std::source_location loc);
   [[gnu::noinline]] NodeId record_miss(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs,
                                        int64_t payload, std::source_location loc, int64_t example, bool unknown,
                                        const RecordKey* key);
