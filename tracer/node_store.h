@@ -122,6 +122,7 @@ struct NodeStore {
   // test per element cost more than the jump to the count's case).
   template <class T>
   [[gnu::always_inline]] static void copy_few(T* to, std::span<const T> from) {
+    if (from.empty()) return;  // (most ops have no attributes: a test, not the jump)
     switch (from.size()) {
       case 4: to[3] = from[3]; [[fallthrough]];
       case 3: to[2] = from[2]; [[fallthrough]];
