@@ -128,13 +128,14 @@ struct NodeStore {
       case 3: to[2] = from[2]; [[fallthrough]];
       case 2: to[1] = from[1]; [[fallthrough]];
       case 1: to[0] = from[0]; [[fallthrough]];
-      case 0: return;
+      case 0: return;  // (where the cases end: an empty list returned above)
       default:
         for (size_t i = 0; i < from.size(); ++i) to[i] = from[i];
     }
   }
   // A new node with the given fields (its signature, if known, too); the
-  // others start as: no alias, no value. Its arguments and attributes are appended to the CSR lists.
+  // others start as: no alias, no value. Its arguments and attributes are
+  // appended to the CSR lists.
   [[gnu::always_inline]] NodeId append(OpCode o, ShapeId sh, std::span<const NodeId> a, std::span<const int64_t> at,
                                        int64_t pay, int64_t ex, std::source_location where, uint8_t fl,
                                        SigId sg = kNoSig) {
