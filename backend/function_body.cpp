@@ -15,11 +15,11 @@ namespace sheaf {
 
 namespace {
 
-// Ops that read their payload (an id, an index, a label, a user tensor's slot)
-// through RunCtx: the body's payload is handed to every call of the batch.
-bool reads_payload(const NodeStore& s, NodeId v) {
-  // (A segmented op gets the same index for its segment ids.)
-  return sheaf::reads_payload(s.op[v]) || op_info(s.op[v]).traits.segmented;
+// Whether a step gets an index of its own: for an op that reads its payload
+// (reads_payload: the body's payload is handed to every call of the batch),
+// or a segmented one (its segment ids go in the same index).
+bool step_index(const NodeStore& s, NodeId v) {
+  return reads_payload(s.op[v]) || op_info(s.op[v]).traits.segmented;
 }
 
 }  // namespace
@@ -73,7 +73,7 @@ void FunctionBody::compile(NodeStore& s, ReadyQueue& ready, std::span<const Node
       const NodeId v = dag.node[i];
       if (arg_of_[v] >= 0 || !live[v]) continue;
       Step step{v, nullptr, {}, {}, {}};
-      step.payload = reads_payload(s, v);
+      step.payload = step_index(s, v);
       if (s.op[v] == code_of<op::Call>)  // a call's results: the call and the nodes recorded after it
         for (int64_t k = 0; k < s.attrs_of(v)[1]; ++k) step.members.push_back(v + static_cast<NodeId>(k));
       steps_.push_back(std::move(step));
