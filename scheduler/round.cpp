@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <utility>
 
 #include <sheaf/core/error.h>
 #include <sheaf/ops/op_list.h>
@@ -170,6 +171,44 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
   visits += work.size();  // every entry of the work list, woken ones too, was looked at once
 }
 
+// The round recording listed (ReadyQueue::plain): every candidate, in
+// recording order, with the in-round arguments and depths found as each was
+// recorded (the columns are swapped in, not copied; the queue's list of
+// candidates is empty: ReadyQueue::plain). What is left is the
+// round's marks, which fusion and function bodies read: a call's further
+// results, as in mark_runnable, are marked with the call's local id.
+void take_recorded(const NodeStore& s, ReadyQueue& q, RoundDag& dag, uint64_t& visits) {
+  const uint32_t round = next_round(s, dag);
+  RecordedRound& r = q.recorded();
+  const uint32_t m = std::exchange(r.size, 0);
+  r.node.resize(m);
+  r.arg_begin.resize(m + 1);
+  r.args.resize(r.arg_begin[m]);
+  r.depth.resize(m);
+  dag.node.swap(r.node);
+  dag.arg_begin.swap(r.arg_begin);
+  dag.args.swap(r.args);
+  dag.depth.swap(r.depth);
+  dag.sig.resize(m);
+  uint32_t max_depth = 0;
+  for (uint32_t i = 0; i < m; ++i) {
+    const NodeId n = dag.node[i];
+    max_depth = std::max(max_depth, dag.depth[i]);
+    dag.sig[i] = s.sig[n];
+    dag.stamp[n] = round;
+    dag.local_of[n] = i;
+    if (s.op[n] == code_of<op::Call>) {
+      const auto results = static_cast<NodeId>(s.attrs_of(n)[1]);
+      for (NodeId k = 1; k < results; ++k) {
+        dag.stamp[n + k] = round;
+        dag.local_of[n + k] = i;
+      }
+    }
+  }
+  dag.max_depth = max_depth;
+  visits += m;
+}
+
 }  // namespace
 
 // A bit per node and a scan of the words, where that costs less than a comparison sort.
@@ -219,7 +258,9 @@ void link_dag(RoundDag& dag) {
 
 void build_round(const NodeStore& s, ReadyQueue& queue, std::vector<NodeId>& aliases, RoundDag& dag,
                  uint64_t& visits, const Awaited* awaited) {
-  mark_runnable(s, queue, aliases, dag, visits, awaited);
+  if (awaited == nullptr && queue.plain()) take_recorded(s, queue, dag, visits);
+  else mark_runnable(s, queue, aliases, dag, visits, awaited);
+  queue.restart(s.size());
   dag.region.assign(dag.size(), kNone32);
   link_uses(dag);
 }

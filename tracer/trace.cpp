@@ -132,7 +132,7 @@ NodeId Trace::record_of(OpCode op, std::span<const NodeId, N> args, std::span<co
   // (hit->flags: kRowwise, kRowReduce: the same shapes, the same verdict.)
   const NodeId n = s_.append(op, hit->shape, args, attrs, payload, example, loc,
                              static_cast<uint8_t>((is_shared ? NodeStore::kShared : 0) | hit->flags), hit->sig);
-  ready_.add(n);
+  ready_.add_recorded(s_, n, args);
   return n;
 }
 
@@ -226,7 +226,8 @@ NodeId Trace::record_miss(OpCode op, std::span<const NodeId> args, std::span<con
                        : 0;
     }
   }
-  ready_.add(n);
+  if (unknown) ready_.add(n);  // (the round drops it until its shape is inferred)
+  else ready_.add_recorded(s_, n, args);
   return n;
 }
 
@@ -280,7 +281,7 @@ NodeId Trace::param_lookup(const at::Tensor& w, std::source_location loc) {
   const NodeId n = record(code_of<op::Param>, {}, ShapeAttrs(w).span(), slot, loc);
   s_.user_tensors.push_back(w);
   // A parameter needs no launch: its value is the tensor itself.
-  ready_.candidates().pop_back();
+  ready_.drop_last();
   s_.flags[n] |= NodeStore::kShared | NodeStore::kComputed;
   s_.example[n] = kSharedExample;
   s_.value_at[n] = {static_cast<uint32_t>(s_.batch_out.size()), kWholeRow};
@@ -311,7 +312,7 @@ inline NodeId Trace::append_known(OpCode op, ShapeId shape, std::span<const Node
   const bool shared = example == kSharedExample;
   const NodeId n = s_.append(op, shape, args, attrs, payload, example, loc,
                              shared ? uint8_t{NodeStore::kShared} : uint8_t{0}, shared ? kNoSig : sig);
-  ready_.add(n);
+  ready_.add_recorded(s_, n, args);
   return n;
 }
 
@@ -572,8 +573,10 @@ NodeId Trace::call_again(std::span<const NodeId> args, std::span<const uint32_t>
 NodeId Trace::call_result(NodeId call, std::span<const int64_t> attrs, ShapeId shape, std::source_location loc) {
   SHEAF_ASSERT(s_.op[call] == code_of<op::Call> && shape != kUnknownShape, "node ", call,
                " is not a call, or a result's shape is unknown");
-  return s_.append(code_of<op::CallResult>, shape, std::span(&call, 1), attrs, 0, s_.example[call], loc,
-                   static_cast<uint8_t>(s_.flags[call] & NodeStore::kShared));
+  const NodeId n = s_.append(code_of<op::CallResult>, shape, std::span(&call, 1), attrs, 0, s_.example[call], loc,
+                             static_cast<uint8_t>(s_.flags[call] & NodeStore::kShared));
+  ready_.add_result(n, call);
+  return n;
 }
 
 void Trace::resolve(NodeId p, NodeId value) {

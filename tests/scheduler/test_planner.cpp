@@ -9,6 +9,9 @@
 #include <sheaf/scheduler/plan.h>
 #include <sheaf/scheduler/round.h>
 #include <sheaf/tracer/trace.h>
+#include <sheaf/engine/engine.h>
+#include <data/trees.h>
+#include <tree_lstm/model.h>
 
 #include "../support.h"
 
@@ -307,4 +310,63 @@ TEST_CASE("build_round: a node parked after listing some arguments leaves none b
     REQUIRE(dag.uses_of(y).size() == 1);
     CHECK(dag.uses_of(y)[0] == z);
   }
+}
+
+// Two graphs record the same batch (a Tree-LSTM: calls and their results,
+// lookups, parameters, a loss at every node, and a value of parameters only);
+// one takes the round recording listed (ReadyQueue::plain), the other builds
+// it the general way (mark_runnable): the same DAG, marks and visits.
+TEST_CASE("build_round: the round recording listed is the round built the general way", "[scheduler][round]") {
+  const std::vector<data::Tree> trees =
+      data::synthetic_trees({.count = 24, .min_words = 1, .max_words = 12, .vocab_size = 50, .seed = 5});
+  const models::TreeLSTM model({.vocab = 50, .hidden = 8}, 3);
+  const at::Tensor w = at::randn({8});
+  struct Round {
+    RoundDag dag;
+    uint64_t visits = 0;
+    size_t nodes = 0;
+  };
+  auto round_of = [&](Graph& g, bool general) {
+    Expr loss = model.sheaf_batch_loss(g, trees);
+    Expr shared = dsl::tanh(g.param(w));  // no example: a shared value
+    (void)(loss * dsl::sum(shared));
+    ReadyQueue& q = sheaf::detail::engine_of(g).trace().ready();
+    CHECK(q.plain());
+    if (general) q.forget_recorded();
+    CHECK(q.plain() == !general);
+    Round r;
+    std::vector<NodeId> aliases;
+    const NodeStore& s = sheaf::detail::engine_of(g).trace().store();
+    build_round(s, q, aliases, r.dag, r.visits);
+    CHECK(aliases.empty());
+    CHECK(q.candidates().empty());
+    r.nodes = s.size();
+    return r;
+  };
+  Graph g1, g2;
+  const Round a = round_of(g1, false), b = round_of(g2, true);
+  REQUIRE(a.nodes == b.nodes);
+  REQUIRE(a.dag.size() == b.dag.size());
+  CHECK(a.dag.size() > 24 * 4);
+  CHECK(a.visits == b.visits);
+  auto same = [](const auto& x, const auto& y) { return std::equal(x.begin(), x.end(), y.begin(), y.end()); };
+  CHECK(same(a.dag.node, b.dag.node));
+  CHECK(same(a.dag.sig, b.dag.sig));
+  CHECK(same(a.dag.arg_begin, b.dag.arg_begin));
+  CHECK(same(a.dag.args, b.dag.args));
+  CHECK(same(a.dag.depth, b.dag.depth));
+  CHECK(a.dag.max_depth == b.dag.max_depth);
+  CHECK(a.dag.max_depth > 2);
+  CHECK(same(a.dag.use_begin, b.dag.use_begin));
+  CHECK(same(a.dag.uses, b.dag.uses));
+  // Every node of the round (a call's results too) marked, with its local id.
+  size_t marked = 0;
+  for (NodeId n = 0; n < a.nodes; ++n) {
+    const bool in_a = a.dag.stamp[n] == a.dag.round, in_b = b.dag.stamp[n] == b.dag.round;
+    REQUIRE(in_a == in_b);
+    if (!in_a) continue;
+    ++marked;
+    CHECK(a.dag.local_of[n] == b.dag.local_of[n]);
+  }
+  CHECK(marked > a.dag.size());  // (the calls' further results)
 }
