@@ -260,7 +260,9 @@ void build_round(const NodeStore& s, ReadyQueue& queue, std::vector<NodeId>& ali
                  uint64_t& visits, const Awaited* awaited) {
   if (awaited == nullptr && queue.plain()) take_recorded(s, queue, dag, visits);
   else mark_runnable(s, queue, aliases, dag, visits, awaited);
-  queue.restart(s.size());
+  // (Rounds that follow one built for awaited values are most often built
+  // for awaited values too: what is recorded meanwhile is not listed.)
+  queue.restart(s.size(), awaited == nullptr);
   dag.region.assign(dag.size(), kNone32);
   link_uses(dag);
 }

@@ -133,11 +133,13 @@ class ReadyQueue {
   bool plain() const { return plain_ && waiting_ == 0 && live_deferred_ == 0; }
   RecordedRound& recorded() { return recorded_; }
   // A round took the candidates: what is recorded from here on (node ids
-  // from `size` on) makes the next.
-  void restart(size_t size) {
+  // from `size` on) makes the next. Without `list`, it is not listed as a
+  // round (while control flow waits, rounds are built the general way: the
+  // lists would cost recording without use).
+  void restart(size_t size, bool list = true) {
     if (recorded_.size > 0) unlist();  // (a round takes them all: none)
     start_ = static_cast<NodeId>(size);
-    plain_ = candidates_.empty();
+    plain_ = list && candidates_.empty();
     filled_ = 0;
     // (The columns may be a round's, swapped in: add_recorded's one capacity
     // check covers node, depth and arg_begin while they keep these sizes,
