@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <sheaf/core/column.h>
+#include <sheaf/core/error.h>
 #include <sheaf/core/ids.h>
 #include <sheaf/tracer/node_store.h>
 
@@ -126,6 +127,7 @@ class ReadyQueue {
   }
   // Takes back the last candidate, just recorded (a parameter: computed, no launch).
   void drop_last() {
+    SHEAF_ASSERT(recorded_.size > 0 || !candidates_.empty(), "no candidate to take back");
     if (recorded_.size == 0) return candidates_.pop_back();  // (add_recorded's add)
     --recorded_.size;  // (no arguments: the args list is unchanged)
     if (plain_) local_[--filled_] = kNone32;
@@ -238,7 +240,10 @@ class ReadyQueue {
   std::vector<NodeId> deferred_;    // deferred nodes (entries released by need() go stale)
   uint64_t deferred_count_ = 0;
   size_t live_deferred_ = 0;        // entries of deferred_ still deferred
-  size_t waiting_ = 0;              // parked nodes not woken yet
+  // Parked nodes not woken yet. (One parked on a node that never runs, a
+  // failed one, keeps rounds built the general way until clear(): a cost
+  // in time only.)
+  size_t waiting_ = 0;
   // The recorded round: whether it holds, the first node id it covers, and
   // per node id from there its candidate index (kNone32: none).
   bool plain_ = true;
@@ -249,22 +254,29 @@ class ReadyQueue {
   // Room for node id `at` and one more candidate with `args` arguments (out
   // of line: a round's columns grow a few times, then hold). Not plain: for
   // one more candidate only.
+  // local_ grows last: add_recorded's one check trusts the others to be
+  // longer, and a throw (out of memory) midway must leave them so.
   [[gnu::noinline]] void grow_recorded(uint32_t at, size_t args) {
     RecordedRound& r = recorded_;
     if (!plain_) return room(r.node, size_t{r.size} + 1);
-    room(local_, size_t{at} + 1);
-    if (local_.size() + 1 > r.depth.size()) {  // (node and arg_begin keep their sizes: restart)
-      room(r.depth, local_.size() + 1);
+    room(r.args, r.arg_begin[r.size] + args);
+    const size_t local = std::max(local_.size(), room_size(local_, size_t{at} + 1));
+    if (local + 1 > r.depth.size()) {  // (node and arg_begin keep their sizes: restart)
+      room(r.depth, local + 1);
       r.node.resize(r.depth.size());
       r.arg_begin.resize(r.depth.size() + 1);
     }
-    room(r.args, r.arg_begin[r.size] + args);
+    local_.resize(local);
   }
   // Makes c at least `need` long: to its capacity, or twice its length (no
   // allocation once both sets of the round's columns, swapped in turn, have grown).
   template <class T>
+  static size_t room_size(const Column<T>& c, size_t need) {
+    return need <= c.size() ? c.size() : need <= c.capacity() ? c.capacity() : std::max(2 * c.size(), need + 64);
+  }
+  template <class T>
   static void room(Column<T>& c, size_t need) {
-    if (need > c.size()) c.resize(need <= c.capacity() ? c.capacity() : std::max(2 * c.size(), need + 64));
+    c.resize(room_size(c, need));
   }
   // The recorded candidates go to the list of candidates, and the round
   // will be built the general way.
