@@ -375,7 +375,7 @@ TEST_CASE("build_round: the round recording listed is the round built the genera
 // that takes each round as recorded where it can plans and computes what its
 // twin, made to build every round the general way, does.
 TEST_CASE("build_round: rounds as recorded plan as the general way, round after round", "[scheduler][round]") {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const std::vector<data::Tree> trees =
       data::synthetic_trees({.count = 16, .min_words = 1, .max_words = 10, .vocab_size = 40, .seed = 9});
   const std::span<const data::Tree> first(trees.data(), 8), second(trees.data() + 8, 8);
