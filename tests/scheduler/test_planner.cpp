@@ -4,6 +4,7 @@
 // Trace (the layer below); nothing is launched.
 #include <span>
 
+#include <c10/core/GradMode.h>
 #include <sheaf/ops/op.h>
 #include <sheaf/ops/op_list.h>
 #include <sheaf/scheduler/plan.h>
