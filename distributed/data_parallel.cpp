@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <condition_variable>
 #include <exception>
@@ -44,6 +45,17 @@ std::string signature_of(std::span<const at::Tensor> params, const std::vector<b
   for (size_t i = 0; i < params.size(); ++i)
     os << "\nparameter " << i << ": " << params[i].sizes() << " " << params[i].dtype() << (sparse[i] ? " sparse" : "");
   return os.str();
+}
+
+// Gloo's TCP pairs write to their sockets without MSG_NOSIGNAL. When a peer
+// dies, the next write raises SIGPIPE, whose default action kills this
+// worker before the collective's error can name the dead rank (CI saw a
+// survivor exit 141). Python ignores SIGPIPE at start, so PyTorch never
+// shows this; a C++ worker must do the same. Only where the disposition is
+// still the default: a program's own handler stays.
+void ignore_sigpipe() {
+  struct sigaction now {};
+  if (sigaction(SIGPIPE, nullptr, &now) == 0 && now.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
 }
 
 std::string as_string(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
@@ -643,6 +655,7 @@ DataParallel::DataParallel(std::vector<at::Tensor> params, const Rendezvous& whe
   if (m.o.bucket_mb <= 0) throw UserError(m.who() + ": bucket_mb must be positive");
   m.plan();
   if (where.world_size == 1) return;
+  ignore_sigpipe();
   m.join();
   m.broadcast(m.params, false);  // (check_same_model has compared them)
   for (size_t i = 0; i < m.params.size(); ++i)
