@@ -28,7 +28,7 @@ class Operand {
  public:
   Operand(Expr e) {  // NOLINT: implicit by design
     uint32_t last;
-    std::memcpy(&first_, &e, 8);
+    std::memcpy(&first_, static_cast<const void*>(&e), 8);
     std::memcpy(&last, reinterpret_cast<const char*>(&e) + 8, 4);
     second_ = last;
   }
@@ -37,7 +37,9 @@ class Operand {
   Expr expr() const {
     Expr e;
     const auto last = static_cast<uint32_t>(second_);
-    std::memcpy(&e, &first_, 8);
+    // (Through void*: Expr is trivially copyable, but its default member
+    // initializers make -Wclass-memaccess warn on a typed pointer.)
+    std::memcpy(static_cast<void*>(&e), &first_, 8);
     std::memcpy(reinterpret_cast<char*>(&e) + 8, &last, 4);
     return e;
   }
