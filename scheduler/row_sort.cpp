@@ -89,25 +89,54 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
     return std::array<uint32_t, 4>{static_cast<uint32_t>(k.first >> 32), static_cast<uint32_t>(k.first),
                                    static_cast<uint32_t>(k.then >> 32), static_cast<uint32_t>(k.then)};
   };
-  uint32_t least[4], most[4];
-  const std::array<uint32_t, 4> h0 = halves(v[0]);
-  for (int f = 0; f < 4; ++f) least[f] = most[f] = h0[f];
+  // First the bits in which rows differ from row 0 (two XORs and ORs a row,
+  // where a least and most per half cost four times that): above its highest
+  // such bit a half is the same in every row, so its bits below order the
+  // rows as the whole half does, and the part above serves as its least.
+  // Only where these widths add up to more than 32 bits are the halves'
+  // spans measured (a half of values 255 and 256 differs in 9 bits, spans 1).
+  const uint64_t first0 = v[0].first, then0 = v[0].then;
+  uint64_t differ_first = 0, differ_then = 0;
   bool ascending = true;  // ids in position order: ties need no pass of their own
   for (size_t i = 1; i < n; ++i) {
-    const std::array<uint32_t, 4> h = halves(v[i]);
-    for (int f = 0; f < 4; ++f) {
-      least[f] = std::min(least[f], h[f]);
-      most[f] = std::max(most[f], h[f]);
-    }
+    differ_first |= v[i].first ^ first0;
+    differ_then |= v[i].then ^ then0;
     ascending = ascending && v[i].id > v[i - 1].id;
   }
+  const std::array<uint32_t, 4> h0 = halves(v[0]);
+  const std::array<uint32_t, 4> differ = halves(RowKey{differ_first, differ_then, 0});
+  uint32_t least[4];
   int width[4], total = 0;
   for (int f = 0; f < 4; ++f) {
-    const uint32_t span = most[f] - least[f];
-    width[f] = span == 0 ? 0 : 32 - __builtin_clz(span);
+    width[f] = differ[f] == 0 ? 0 : 32 - __builtin_clz(differ[f]);
+    least[f] = width[f] == 32 ? 0 : h0[f] & ~((uint32_t{1} << width[f]) - 1);
     total += width[f];
   }
-  if (total == width[3] && most[3] - least[3] == n - 1 && permute(v, x.rows, least[3])) return;
+  if (total == width[3]) {  // only the last half differs: rows placed where each reads once
+    uint32_t lo = h0[3], hi = h0[3];
+    for (const RowKey& k : v) {
+      lo = std::min(lo, static_cast<uint32_t>(k.then));
+      hi = std::max(hi, static_cast<uint32_t>(k.then));
+    }
+    if (hi - lo == n - 1 && permute(v, x.rows, lo)) return;
+  }
+  if (total > 32) {
+    uint32_t most[4];
+    for (int f = 0; f < 4; ++f) least[f] = most[f] = h0[f];
+    for (size_t i = 1; i < n; ++i) {
+      const std::array<uint32_t, 4> h = halves(v[i]);
+      for (int f = 0; f < 4; ++f) {
+        least[f] = std::min(least[f], h[f]);
+        most[f] = std::max(most[f], h[f]);
+      }
+    }
+    total = 0;
+    for (int f = 0; f < 4; ++f) {
+      const uint32_t span = most[f] - least[f];
+      width[f] = span == 0 ? 0 : 32 - __builtin_clz(span);
+      total += width[f];
+    }
+  }
   if (total <= 32) {
     Column<uint64_t>& w = x.words;
     w.resize(n);
@@ -129,17 +158,13 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
     return;
   }
   if (n < 128) return std::sort(v.begin(), v.end());
-  uint64_t differ[2] = {0, 0};  // then, first: the bits that are not the same in every row
-  for (const RowKey& k : v) {
-    differ[0] |= k.then ^ v[0].then;
-    differ[1] |= k.first ^ v[0].first;
-  }
+  const uint64_t differ_words[2] = {differ_then, differ_first};  // the bits that are not the same in every row
   Column<RowKey>& tmp = x.rows;
   tmp.resize(n);
   std::array<uint32_t, 257> count;
   for (int w = 0; w < 2; ++w)
     for (int shift = 0; shift < 64; shift += 8)
-      if (((differ[w] >> shift) & 0xFF) != 0)
+      if (((differ_words[w] >> shift) & 0xFF) != 0)
         counting_pass(v, tmp, count.data(), 256,
                       [&](const RowKey& k) { return ((w == 0 ? k.then : k.first) >> shift) & 0xFF; });
   sort_ties(v, [&](size_t i) { return v[i].first == v[i - 1].first && v[i].then == v[i - 1].then; });

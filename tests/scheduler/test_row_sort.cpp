@@ -1,7 +1,8 @@
 // The planner's row sort against std::sort, on each of its paths: few rows
 // (a comparison sort), rows that differ only in a source row read once each
 // (placed directly; with a row read twice, or rows of two sources, not), keys
-// whose spread fits 32 bits (one word per row, radix passes of 8 or 11 bits),
+// whose spread fits 32 bits (one word per row, radix passes of 8 or 11 bits;
+// also where the bits that differ between rows do not fit, but the spans do),
 // keys that do not (byte passes over the 24-byte keys), with and without ties
 // broken by id.
 #include <algorithm>
@@ -33,8 +34,23 @@ int spread_bits(const Column<RowKey>& v) {
   return total;
 }
 
-enum class Keys { kNarrow, kNarrowTies, kWide, kWideTies, kSpread32, kSpread33, kPermutation, kPermutationTie,
-                  kPermutationTwoSources };
+// The same from the bits in which rows differ from the first: the sort's
+// first measure, which can exceed the spread (255 and 256 differ in 9 bits).
+int differ_bits(const Column<RowKey>& v) {
+  int total = 0;
+  for (int f = 0; f < 4; ++f) {
+    uint32_t d = 0;
+    for (const RowKey& k : v) {
+      const uint64_t w = (f < 2 ? k.first ^ v[0].first : k.then ^ v[0].then);
+      d |= static_cast<uint32_t>(f % 2 == 0 ? w >> 32 : w);
+    }
+    total += d == 0 ? 0 : 32 - __builtin_clz(d);
+  }
+  return total;
+}
+
+enum class Keys { kNarrow, kNarrowTies, kWide, kWideTies, kSpread32, kSpread33, kStraddle, kPermutation,
+                  kPermutationTie, kPermutationTwoSources };
 
 Column<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64& rng) {
   Column<RowKey> v(n);
@@ -63,6 +79,10 @@ Column<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64
         k.first = first_key(static_cast<uint32_t>(i % 2 == 0 ? 0 : 0xFF), 0);  // 8 bits
         k.then = (uint64_t{i % 3 == 0 ? 0u : 0xFFFFu} << 32) |                    // 16 bits
                  ((i % 5 == 0 ? 1 : kind == Keys::kSpread32 ? 0xFF : 0x1FF) - rng() % 2);  // 8 or 9
+        break;
+      case Keys::kStraddle:  // halves of two values either side of a power of two: 9-14 bits differ, 1 spans
+        k.first = first_key(static_cast<uint32_t>(255 + rng() % 2), static_cast<uint32_t>(1023 + rng() % 2));
+        k.then = (uint64_t{16383 + rng() % 2} << 32) | (4095 + i % 2);
         break;
       case Keys::kPermutation:  // one reader and height, each row of one source batch once (placed directly)
       case Keys::kPermutationTie:  // the same with one source row read twice (another read by none)
@@ -102,7 +122,8 @@ TEST_CASE("row sort: the same order as std::sort on every path", "[scheduler][pl
   for (const size_t n : {size_t{0}, size_t{1}, size_t{5}, size_t{15}, size_t{16}, size_t{100}, size_t{127},
                          size_t{128}, size_t{700}, size_t{2047}, size_t{2048}, size_t{6000}})
     for (const Keys kind : {Keys::kNarrow, Keys::kNarrowTies, Keys::kWide, Keys::kWideTies, Keys::kSpread32,
-                            Keys::kSpread33, Keys::kPermutation, Keys::kPermutationTie, Keys::kPermutationTwoSources})
+                            Keys::kSpread33, Keys::kStraddle, Keys::kPermutation, Keys::kPermutationTie,
+                            Keys::kPermutationTwoSources})
       for (const bool shuffled_ids : {false, true}) {
         Column<RowKey> v = make_keys(n, kind, shuffled_ids, rng);
         if (n >= 16) {
@@ -111,6 +132,7 @@ TEST_CASE("row sort: the same order as std::sort on every path", "[scheduler][pl
           CHECK((spread_bits(v) <= 32) == narrow);  // the path this case means to take
           if (kind == Keys::kSpread32) CHECK(spread_bits(v) == 32);
           if (kind == Keys::kSpread33) CHECK(spread_bits(v) == 33);
+          if (kind == Keys::kStraddle) CHECK(differ_bits(v) > 32);  // the spans measured after all
         }
         Column<RowKey> want = v;
         std::sort(want.begin(), want.end());
