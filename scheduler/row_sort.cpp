@@ -21,16 +21,43 @@ void counting_pass(Column<T>& v, Column<T>& tmp, uint32_t* count, size_t buckets
 // LSD radix sort of 64-bit words by their bits [lo, lo + bits); stable, so
 // lower bits keep the order they came in. As few passes as digits of 8 bits
 // allow (the bits shared evenly between them), or of up to 11 where that
-// saves a pass and the rows outnumber the buckets.
+// saves a pass and the rows outnumber the buckets. Every pass's counts come
+// from one read of the words (Passes of them, independent increments: a
+// count per pass and read was a chain of increments to one bucket, each
+// waiting for the one before where neighbours share a digit).
+template <int Passes>
+void radix_passes(Column<uint64_t>& v, Column<uint64_t>& tmp, int lo, int digit) {
+  const uint32_t buckets = uint32_t{1} << digit;
+  const uint64_t mask = buckets - 1;
+  std::array<uint32_t, 6144> count;  // at most 4 passes of 256 buckets, or 3 of 2048
+  std::fill_n(count.data(), Passes * buckets, 0);
+  for (const uint64_t k : v)
+    for (int p = 0; p < Passes; ++p) ++count[p * buckets + ((k >> (lo + p * digit)) & mask)];
+  for (int p = 0; p < Passes; ++p) {
+    uint32_t* const at = count.data() + p * buckets;
+    uint32_t sum = 0;
+    for (uint32_t b = 0; b < buckets; ++b) {
+      const uint32_t c = at[b];
+      at[b] = sum;
+      sum += c;
+    }
+    const int shift = lo + p * digit;
+    for (const uint64_t k : v) tmp[at[(k >> shift) & mask]++] = k;
+    v.swap(tmp);
+  }
+}
 void radix_words(Column<uint64_t>& v, Column<uint64_t>& tmp, int lo, int bits) {
   int passes = (bits + 7) / 8;
   if (passes > 1 && v.size() >= 2048) passes = std::min(passes, (bits + 10) / 11);
-  const int digit = passes == 0 ? 0 : (bits + passes - 1) / passes;
-  const uint64_t mask = (uint64_t{1} << digit) - 1;
+  if (passes == 0) return;
+  const int digit = (bits + passes - 1) / passes;
   tmp.resize(v.size());
-  std::array<uint32_t, 2049> count;
-  for (int shift = lo; shift < lo + bits; shift += digit)
-    counting_pass(v, tmp, count.data(), mask + 1, [&](uint64_t k) { return (k >> shift) & mask; });
+  switch (passes) {
+    case 1: return radix_passes<1>(v, tmp, lo, digit);
+    case 2: return radix_passes<2>(v, tmp, lo, digit);
+    case 3: return radix_passes<3>(v, tmp, lo, digit);
+    default: return radix_passes<4>(v, tmp, lo, digit);
+  }
 }
 
 // Rows sorted by (first, then): each run that ties (tied(i): row i ties with
