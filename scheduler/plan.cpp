@@ -57,8 +57,12 @@ struct PlanScratch {
   // (first reader, ~height, where the first input lives, node or region): see order_rows
   Column<RowKey> order;
   SortScratch sort;
-  std::vector<uint32_t> height;    // local entry -> longest path to what nothing in the round reads
-  std::vector<uint32_t> reader;     // local entry -> its first reader (order_rows)
+  // local entry -> longest path to what nothing in the round reads, and its
+  // first reader (order_rows): side by side, as every edge updates both.
+  struct Ahead {
+    uint32_t height, reader;
+  };
+  std::vector<Ahead> ahead;
   Column<Run> runs;
   Column<uint32_t> run_at;  // read_by_source: each run's first row in the gathered order
   Column<NodeId> src_nodes;  // the values an input is made of, before fill_sources
@@ -91,17 +95,16 @@ class Planner {
     // been visited when its own turn comes, and its height is final. A batch
     // counts as a reader for the order unless it is a list op's (those
     // gather from several places anyway): known per batch (one op).
-    reader_.assign(dag.size(), kNone32);
-    height_.assign(dag.size(), 0);
+    ahead_.assign(dag.size(), PlanScratch::Ahead{0, kNone32});
     for (auto k = static_cast<uint32_t>(batches.size()); k-- > 0;) {
       const NodeId first = dag.node[batches[k][0]];
       const OpTraits* t = first != kNoNode ? &op_info(s_.op[first]).traits : nullptr;
       const uint32_t b = t == nullptr || !(t->stackable || t->segmented) ? k : kNone32;
       for (uint32_t u : batches[k]) {
-        const uint32_t h = height_[u] + 1;
+        const uint32_t h = ahead_[u].height + 1;
         for (uint32_t a : dag.args_of(u)) {
-          height_[a] = std::max(height_[a], h);
-          reader_[a] = std::min(reader_[a], b);  // (kNone32: no change)
+          ahead_[a].height = std::max(ahead_[a].height, h);
+          ahead_[a].reader = std::min(ahead_[a].reader, b);  // (kNone32: no change)
         }
       }
     }
@@ -143,7 +146,7 @@ class Planner {
     OpCode op = 0;
     bool two = false;
     for (uint32_t l : locals) {
-      const uint32_t rb = reader_[l];
+      const uint32_t rb = ahead_[l].reader;
       if (rb == kNone32) continue;
       const uint32_t entry = (*batches_)[rb][0];
       if (dag.region[entry] != kNone32) return false;
@@ -184,8 +187,8 @@ class Planner {
           fed = true;
           break;
         }
-      const uint32_t h = packed ? (fed ? 0 : length_of(fuser_->members(r)[0])) : height_[l];
-      order_.push_back({first_key(reader_[l], h), key, dag.region[l]});
+      const uint32_t h = packed ? (fed ? 0 : length_of(fuser_->members(r)[0])) : ahead_[l].height;
+      order_.push_back({first_key(ahead_[l].reader, h), key, dag.region[l]});
     }
     if (packed || !parallel_readers(dag, locals))
       for (RowKey& o : order_) o.first &= 0xffffffffu;  // reader 0, height (packed: length) kept
@@ -442,7 +445,7 @@ class Planner {
     if (!packed) {
       uint32_t seen[2] = {kNone32, kNone32};
       for (uint32_t l : locals) {
-        const uint32_t r = reader_[l];
+        const uint32_t r = ahead_[l].reader;
         if (r == kNone32 || r == seen[0] || r == seen[1]) continue;
         if (seen[0] == kNone32) {
           seen[0] = r;
@@ -467,9 +470,9 @@ class Planner {
         fed = true;
         break;
       }
-      const uint32_t h = packed ? (fed ? 0 : length_of(node)) : height_[l];
+      const uint32_t h = packed ? (fed ? 0 : length_of(node)) : ahead_[l].height;
       // Without key 1: reader 0, height (packed: length) kept.
-      *out++ = {by_reader ? first_key(reader_[l], h) : first_key(0, h), key, node};
+      *out++ = {by_reader ? first_key(ahead_[l].reader, h) : first_key(0, h), key, node};
     }
     sort_rows(order_, x_.sort);
   }
@@ -877,8 +880,7 @@ class Planner {
   PlanScratch& x_ = t_scratch;
   std::vector<uint32_t>& rows_ = x_.rows;
   Column<RowKey>& order_ = x_.order;
-  std::vector<uint32_t>& height_ = x_.height;
-  std::vector<uint32_t>& reader_ = x_.reader;
+  std::vector<PlanScratch::Ahead>& ahead_ = x_.ahead;
   Column<Run>& runs_ = x_.runs;
   Column<NodeId>& src_nodes_ = x_.src_nodes;
   std::vector<uint32_t>& src_rows_ = x_.src_rows;  // packed: each source's reader's length
