@@ -66,6 +66,7 @@ struct PlanScratch {
   Column<Run> runs;
   Column<uint32_t> run_at;  // read_by_source: each run's first row in the gathered order
   Column<NodeId> src_nodes;  // the values an input is made of, before fill_sources
+  Column<NodeStore::Place> places;  // plan_inputs: where each row's arguments live, row by row
   std::vector<uint32_t> src_rows;
   std::vector<Source> srcs;
   std::vector<std::pair<uint32_t, uint32_t>> partial;
@@ -582,6 +583,12 @@ class Planner {
       return;
     }
     b.arity = static_cast<uint32_t>(s_.args_of(first).size());
+    // Two or more per-example arguments (a call's four): where each row's
+    // arguments live, found row by row, one visit to each node's argument
+    // list (not one per argument, each a pass over the rows that evicted the
+    // lists the pass before read: fewer instructions, but more time).
+    const bool by_row = b.rows == 0 && per_example_args(first) >= 2;
+    if (by_row) place_args(nodes, b.arity);
     for (uint32_t k = 0; k < b.arity; ++k) {
       const NodeId a0 = s_.resolve(s_.args_of(first)[k]);
       if (s_.has(a0, NodeStore::kShared)) {  // the signature makes it the same node for all rows
@@ -591,7 +598,12 @@ class Planner {
       }
       // A row per node, read from the nodes' argument lists directly: the
       // usual case (no value packed) needs no list of the values first.
-      if (b.rows == 0 && fill_rows(nodes.size(), [&](size_t i) { return s_.args_of(nodes[i])[k]; })) {
+      if (by_row ? fill_runs(nodes.size(),
+                             [&](size_t i, NodeStore::Place& at) {
+                               at = places_[i * b.arity + k];
+                               return at.batch != kNone32;
+                             })
+                 : b.rows == 0 && fill_rows(nodes.size(), [&](size_t i) { return s_.args_of(nodes[i])[k]; })) {
         add_input(a0);
         continue;
       }
@@ -614,6 +626,24 @@ class Planner {
       while (k + 1 < b.arity && !traits.own_rows_arg(k)) ++k;
       b.own_counts = static_cast<int64_t>(p_.indices.size());
       for (NodeId node : nodes) p_.indices.push_back(length_of(s_.resolve(s_.args_of(node)[k])));
+    }
+  }
+
+  uint32_t per_example_args(NodeId node) const {
+    uint32_t n = 0;
+    for (NodeId a : s_.args_of(node)) n += !s_.has(s_.resolve(a), NodeStore::kShared);
+    return n;
+  }
+  // places_[i * arity + k]: where argument k of nodes[i] lives.
+  void place_args(std::span<const NodeId> nodes, uint32_t arity) {
+    places_.resize(nodes.size() * arity);
+    NodeStore::Place* out = places_.data();
+    for (NodeId node : nodes) {
+      const std::span<const NodeId> args = s_.args_of(node);
+      for (uint32_t k = 0; k < arity; ++k) {  // (batch kNone32: packed, fill_rows' case)
+        const NodeId r = s_.resolve(args[k]);
+        *out++ = s_.has(r, NodeStore::kPacked) ? NodeStore::Place{kNone32, 0} : s_.value_at[r];
+      }
     }
   }
 
@@ -656,6 +686,17 @@ class Planner {
   // runs_ empty, at the first packed value: fill_expanded's case.
   template <class Value>
   bool fill_rows(size_t n, Value value) {
+    return fill_runs(n, [&](size_t i, NodeStore::Place& at) {
+      const NodeId r = s_.resolve(value(i));
+      if (s_.has(r, NodeStore::kPacked)) return false;
+      at = s_.value_at[r];
+      return true;
+    });
+  }
+  // fill_rows from where each row's value lives: place(i, at) sets it, or
+  // returns false where the value is packed.
+  template <class Place>
+  bool fill_runs(size_t n, Place place) {
     unpack_ = kNone32;
     whole_ = false;
     runs_.resize(n);
@@ -663,13 +704,13 @@ class Planner {
     size_t k = 0;
     uint32_t next_batch = kNone32, next_row = 0;  // what would extend the last run
     for (size_t i = 0; i < n; ++i) {
-      const NodeId r = s_.resolve(value(i));
-      if (s_.has(r, NodeStore::kPacked)) {
+      NodeStore::Place at;
+      if (!place(i, at)) [[unlikely]] {
         runs_.clear();
         whole_ = false;
         return false;
       }
-      const uint32_t batch = s_.value_at[r].batch, row = s_.value_at[r].row;
+      const auto [batch, row] = at;
       if (batch == next_batch && row == next_row) {
         ++out[k - 1].len;
       } else {
@@ -883,6 +924,7 @@ class Planner {
   std::vector<PlanScratch::Ahead>& ahead_ = x_.ahead;
   Column<Run>& runs_ = x_.runs;
   Column<NodeId>& src_nodes_ = x_.src_nodes;
+  Column<NodeStore::Place>& places_ = x_.places;
   std::vector<uint32_t>& src_rows_ = x_.src_rows;  // packed: each source's reader's length
   int packed_rank_ = 0;                            // packed: the reader's rank
   // fill_sources' verdict for add_input: how to view the rows, whether they
