@@ -197,4 +197,12 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
   sort_ties(v, [&](size_t i) { return v[i].first == v[i - 1].first && v[i].then == v[i - 1].then; });
 }
 
+void sort_positioned(Column<uint64_t>& w, Column<uint64_t>& tmp) {
+  if (w.size() < 128) return std::sort(w.begin(), w.end());
+  uint64_t differ = 0;
+  for (const uint64_t k : w) differ |= k ^ w[0];
+  const auto high = static_cast<uint32_t>(differ >> 32);  // (above its highest bit, every word's are the same)
+  if (high != 0) radix_words(w, tmp, 32, 32 - __builtin_clz(high));
+}
+
 }  // namespace sheaf

@@ -2,7 +2,8 @@
 // The planner's row order (scheduler/plan.cpp, order_rows): rows sorted by a
 // 24-byte key. Its own file so that the sort is tested alone against
 // std::sort, on every path (few rows, rows placed directly, keys that fit 32
-// bits, keys that do not).
+// bits, keys that do not). Also the planner's other big sort, of its reads
+// by source (group_reads), by the same radix passes.
 
 #include <cstdint>
 #include <vector>
@@ -33,5 +34,10 @@ struct SortScratch {
 
 // Sorts rows by (first, then, id), as std::sort with RowKey's < would.
 void sort_rows(Column<RowKey>& v, SortScratch& x);
+
+// Sorts words as std::sort would, given that their low 32 bits ascend in the
+// order they come (a position): so that a radix sort by the high bits alone
+// suffices (the planner's reads by source batch, in read order).
+void sort_positioned(Column<uint64_t>& w, Column<uint64_t>& tmp);
 
 }  // namespace sheaf

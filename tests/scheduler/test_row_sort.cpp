@@ -146,3 +146,23 @@ TEST_CASE("row sort: the same order as std::sort on every path", "[scheduler][pl
         CHECK(same(v, want));
       }
 }
+
+TEST_CASE("row sort: words whose low halves ascend sort as std::sort sorts them", "[scheduler][planner][sort]") {
+  std::mt19937_64 rng(12);
+  Column<uint64_t> tmp;
+  for (const size_t n : {size_t{0}, size_t{1}, size_t{100}, size_t{127}, size_t{128}, size_t{700}, size_t{5000}})
+    for (const uint64_t sources : {uint64_t{1}, uint64_t{3}, uint64_t{300}, uint64_t{1} << 32})
+      for (const uint64_t base : {uint64_t{0}, uint64_t{255}, uint64_t{1} << 20}) {
+        Column<uint64_t> w(n);
+        uint32_t low = 0;
+        for (size_t i = 0; i < n; ++i) {
+          low += 1 + static_cast<uint32_t>(rng() % 3);  // (positions: ascending, not every one)
+          w[i] = (((base + rng() % sources) & 0xFFFFFFFFu) << 32) | low;
+        }
+        Column<uint64_t> want = w;
+        std::sort(want.begin(), want.end());
+        INFO(n << " words, " << sources << " sources from " << base);
+        sort_positioned(w, tmp);
+        CHECK(w == want);
+      }
+}
