@@ -133,9 +133,12 @@ struct NodeStore {
         for (size_t i = 0; i < from.size(); ++i) to[i] = from[i];
     }
   }
-  // A new node with the given fields (its signature, if known, too); the
-  // others start as: no alias, no value. Its arguments and attributes are
-  // appended to the CSR lists.
+  // A new node with the given fields (its signature, if known, too); a
+  // placeholder starts with no alias. Its arguments and attributes are
+  // appended to the CSR lists. Only what is read before it is written
+  // again is written here: alias is read only for placeholders, value_at
+  // only once the node is placed or computed (stores are much of a node's
+  // recording: a dozen columns each).
   [[gnu::always_inline]] NodeId append(OpCode o, ShapeId sh, std::span<const NodeId> a, std::span<const int64_t> at,
                                        int64_t pay, int64_t ex, std::source_location where, uint8_t fl,
                                        SigId sg = kNoSig) {
@@ -154,8 +157,7 @@ struct NodeStore {
     loc[n] = where;
     sig[n] = sg;
     flags[n] = fl;
-    alias[n] = kNoNode;
-    value_at[n] = Place{0, 0};
+    if (fl & kPlaceholder) alias[n] = kNoNode;
     ++size_;
     return n;
   }
