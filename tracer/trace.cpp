@@ -71,7 +71,12 @@ NodeId Trace::record_of(OpCode op, std::span<const NodeId, N> args, std::span<co
   RecordKey key;
   const bool keyed = RecordKey::kHead + args.size() + attrs.size() <= key.words.size();
   // Each word is also compared with the op's first way as it is made (where
-  // most nodes hit): no second pass over the key for them.
+  // most nodes hit): no second pass over the key for them. The key itself is
+  // written only where that way misses: for a fixed number of arguments
+  // their words stay in registers (a hit stores no key: recording waits on
+  // its stores more than on its instructions).
+  constexpr bool kFixed = N != std::dynamic_extent;
+  std::array<int64_t, kFixed ? N : 1> arg_words{};
   const std::array<LastRecord, kRecordWays>& ways = last_record_[op % last_record_.size()];
   const LastRecord& first_way = ways[0];
   bool same_first = true;
@@ -86,7 +91,8 @@ NodeId Trace::record_of(OpCode op, std::span<const NodeId, N> args, std::span<co
     // become packed, decides whether this node packs: Trace::by_rows.)
     if (keyed) {
       const int64_t word = key_word(a, is_shared, sh);
-      key.words[RecordKey::kHead + i] = word;
+      if constexpr (kFixed) arg_words[i] = word;
+      else key.words[RecordKey::kHead + i] = word;
       same_first = same_first && first_way.key[RecordKey::kHead + i] == word;
     }
     if (is_shared) {
@@ -103,21 +109,23 @@ NodeId Trace::record_of(OpCode op, std::span<const NodeId, N> args, std::span<co
   const bool index_payload = info.traits.payload_index;
   if (unknown || !keyed) [[unlikely]]
     return record_miss(op, args, attrs, payload, loc, example, unknown, nullptr);
-  key.words[0] = op;
-  key.words[1] = index_payload ? 0 : payload;
-  key.words[2] = static_cast<int64_t>(args.size()) << 1 | is_shared;
+  const int64_t head[RecordKey::kHead] = {op, index_payload ? 0 : payload,
+                                          static_cast<int64_t>(args.size()) << 1 | is_shared};
   size_t len = RecordKey::kHead + args.size();
   for (int64_t a : attrs) {
     same_first = same_first && first_way.key[len] == a;
-    key.words[len++] = a;
+    ++len;
   }
-  key.len = len;
   auto in_bound = [&](const LastRecord& w) { return !index_payload || (payload >= 0 && payload < w.bound); };
   const LastRecord* hit = nullptr;
-  if (same_first && first_way.len == len && first_way.key[0] == key.words[0] && first_way.key[1] == key.words[1] &&
-      first_way.key[2] == key.words[2] && in_bound(first_way)) [[likely]] {
+  if (same_first && first_way.len == len && first_way.key[0] == head[0] && first_way.key[1] == head[1] &&
+      first_way.key[2] == head[2] && in_bound(first_way)) [[likely]] {
     hit = &first_way;
   } else {
+    std::copy(head, head + RecordKey::kHead, key.words.begin());
+    if constexpr (kFixed) std::copy(arg_words.begin(), arg_words.end(), key.words.begin() + RecordKey::kHead);
+    std::copy(attrs.begin(), attrs.end(), key.words.begin() + static_cast<std::ptrdiff_t>(RecordKey::kHead + args.size()));
+    key.len = len;
     for (size_t k = 1; k < kRecordWays && hit == nullptr; ++k) {
       const LastRecord& w = ways[k];
       if (same_key(w, key) && in_bound(w)) hit = &w;
