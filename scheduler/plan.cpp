@@ -326,8 +326,8 @@ class Planner {
   void group_reads() {
     // (batch, read) of every partial read, sorted: work in proportion to the
     // round's reads, not to every batch the graph ever ran.
-    // Sorted as words, batch << 32 | read (the reads ascending: a radix sort
-    // by batch, where a sort of pairs was as much time as all the rest here).
+    // Sorted as words, batch << 32 | read: the reads ascend, so a radix sort
+    // by batch alone orders them (sort_positioned), not a sort of pairs.
     Column<uint64_t>& words = x_.sort.words;  // (free: every batch's rows are sorted)
     words.clear();
     for (uint32_t r = 0; r < p_.reads.size(); ++r) {
@@ -646,10 +646,8 @@ class Planner {
     NodeStore::Place* out = places_.data();
     for (NodeId node : nodes) {
       const std::span<const NodeId> args = s_.args_of(node);
-      for (uint32_t k = 0; k < arity; ++k) {  // (batch kNone32: packed, fill_rows' case)
-        const NodeId r = s_.resolve(args[k]);
-        *out++ = s_.has(r, NodeStore::kPacked) ? NodeStore::Place{kNone32, 0} : s_.value_at[r];
-      }
+      for (uint32_t k = 0; k < arity; ++k, ++out)
+        if (!place_of(args[k], *out)) *out = NodeStore::Place{kNone32, 0};  // (packed: fill_rows' case)
     }
   }
 
@@ -692,12 +690,14 @@ class Planner {
   // runs_ empty, at the first packed value: fill_expanded's case.
   template <class Value>
   bool fill_rows(size_t n, Value value) {
-    return fill_runs(n, [&](size_t i, NodeStore::Place& at) {
-      const NodeId r = s_.resolve(value(i));
-      if (s_.has(r, NodeStore::kPacked)) return false;
-      at = s_.value_at[r];
-      return true;
-    });
+    return fill_runs(n, [&](size_t i, NodeStore::Place& at) { return place_of(value(i), at); });
+  }
+  // Where a value lives, into `at`; false (`at` unchanged) where it is packed.
+  bool place_of(NodeId value, NodeStore::Place& at) const {
+    const NodeId r = s_.resolve(value);
+    if (s_.has(r, NodeStore::kPacked)) return false;
+    at = s_.value_at[r];
+    return true;
   }
   // fill_rows from where each row's value lives: place(i, at) sets it, or
   // returns false where the value is packed.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 
 namespace sheaf {
 
@@ -135,7 +136,7 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
   uint32_t least[4];
   int width[4], total = 0;
   for (int f = 0; f < 4; ++f) {
-    width[f] = differ[f] == 0 ? 0 : 32 - __builtin_clz(differ[f]);
+    width[f] = std::bit_width(differ[f]);
     least[f] = width[f] == 32 ? 0 : h0[f] & ~((uint32_t{1} << width[f]) - 1);
     total += width[f];
   }
@@ -160,7 +161,7 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
     total = 0;
     for (int f = 0; f < 4; ++f) {
       const uint32_t span = most[f] - least[f];
-      width[f] = span == 0 ? 0 : 32 - __builtin_clz(span);
+      width[f] = std::bit_width(span);
       total += width[f];
     }
   }
@@ -202,7 +203,7 @@ void sort_positioned(Column<uint64_t>& w, Column<uint64_t>& tmp) {
   uint64_t differ = 0;
   for (const uint64_t k : w) differ |= k ^ w[0];
   const auto high = static_cast<uint32_t>(differ >> 32);  // (above its highest bit, every word's are the same)
-  if (high != 0) radix_words(w, tmp, 32, 32 - __builtin_clz(high));
+  if (high != 0) radix_words(w, tmp, 32, std::bit_width(high));
 }
 
 }  // namespace sheaf

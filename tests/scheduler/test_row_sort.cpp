@@ -6,6 +6,7 @@
 // keys that do not (byte passes over the 24-byte keys), with and without ties
 // broken by id.
 #include <algorithm>
+#include <bit>
 #include <random>
 #include <vector>
 
@@ -29,7 +30,7 @@ int spread_bits(const Column<RowKey>& v) {
       lo = std::min(lo, h);
       hi = std::max(hi, h);
     }
-    total += hi == lo ? 0 : 32 - __builtin_clz(hi - lo);
+    total += std::bit_width(hi - lo);
   }
   return total;
 }
@@ -44,7 +45,7 @@ int differ_bits(const Column<RowKey>& v) {
       const uint64_t w = (f < 2 ? k.first ^ v[0].first : k.then ^ v[0].then);
       d |= static_cast<uint32_t>(f % 2 == 0 ? w >> 32 : w);
     }
-    total += d == 0 ? 0 : 32 - __builtin_clz(d);
+    total += std::bit_width(d);
   }
   return total;
 }
