@@ -61,7 +61,7 @@ void FunctionBody::compile(NodeStore& s, ReadyQueue& ready, std::span<const Node
   build_round(s, ready, aliases, dag, visits);
   SHEAF_ASSERT(aliases.empty(), "a function body holds resolved placeholders");
   for (NodeId v = 0; v < s.size(); ++v)
-    SHEAF_ASSERT(!live[v] || s.has(v, NodeStore::kComputed) || dag.stamp[v] == dag.round,
+    SHEAF_ASSERT(!live[v] || s.has(v, NodeStore::kComputed) || dag.in_round(v),
                  "node %", v, " of a function body cannot run");
   // Each step runs over the calls, a whole value per call: nothing in a body
   // is packed (scheduler/plan.h), its fused regions included.

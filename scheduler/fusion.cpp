@@ -170,12 +170,12 @@ void Fuser::find_inputs(const NodeStore& s, const RoundDag& dag, uint32_t k) {
   for (NodeId n : members(region))
     for (NodeId a : s.args_of(n)) {
       const NodeId r = s.resolve(a);
-      // (local_of is valid only for nodes of this round: an argument not
+      // (A local id is valid only for nodes of this round: an argument not
       // computed must be one. round.h. This check also covers program_for,
-      // which reads the same arguments' local_of next.)
-      SHEAF_ASSERT(s.has(r, NodeStore::kComputed) || dag.stamp[r] == dag.round, "argument %", r, " of %", n,
+      // which reads the same arguments' local ids next.)
+      SHEAF_ASSERT(s.has(r, NodeStore::kComputed) || dag.in_round(r), "argument %", r, " of %", n,
                    " is neither computed nor in the round");
-      if (!s.has(r, NodeStore::kComputed) && region_of_[dag.local_of[r]] == k) continue;
+      if (!s.has(r, NodeStore::kComputed) && region_of_[dag.local(r)] == k) continue;
       bool seen = false;
       for (size_t e = region.inputs_begin; e < inputs_.size() && !seen; ++e) seen = inputs_[e] == r;
       if (!seen) inputs_.push_back(r);
@@ -192,7 +192,7 @@ std::shared_ptr<const FusedProgram> Fuser::program_for(NodeStore& s, const Round
   auto reg_of = [&](NodeId arg) -> uint32_t {
     const NodeId r = s.resolve(arg);
     if (!s.has(r, NodeStore::kComputed)) {
-      const uint32_t la = dag.local_of[r];
+      const uint32_t la = dag.local(r);
       if (region_of_[la] == k) return region.inputs_len + member_pos_[la];
     }
     for (uint32_t e = 0; e < ins.size(); ++e)

@@ -58,6 +58,7 @@ void need_from(const NodeStore& s, ReadyQueue& q, std::span<const NodeId> awaite
 void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& aliases, RoundDag& dag, uint64_t& visits,
                    const Awaited* awaited) {
   const uint32_t round = next_round(s, dag);
+  dag.recorded = false;
   // Kept in a local until the end: as a member, every store to the round's
   // columns might change it, and it was reloaded and stored each node.
   uint32_t max_depth = 0;
@@ -174,11 +175,13 @@ void mark_runnable(const NodeStore& s, ReadyQueue& q, std::vector<NodeId>& alias
 // The round recording listed (ReadyQueue::plain): every candidate, in
 // recording order, with the in-round arguments and depths found as each was
 // recorded (the columns are swapped in, not copied; the queue's list of
-// candidates is empty: ReadyQueue::plain). What is left is the
-// round's marks, which fusion and function bodies read: a call's further
-// results, as in mark_runnable, are marked with the call's local id.
+// candidates is empty: ReadyQueue::plain). The round's marks, which fusion
+// reads, are the queue's local ids too (a call's further results have their
+// call's: ReadyQueue::add_result), swapped in as they are: RoundDag::in_round
+// and local read them by node id, where marking each node (and reading each
+// call's result count from its attributes, a cache miss a call) cost a
+// fifth of the round.
 void take_recorded(const NodeStore& s, ReadyQueue& q, RoundDag& dag, uint64_t& visits) {
-  const uint32_t round = next_round(s, dag);
   RecordedRound& r = q.recorded();
   const uint32_t m = std::exchange(r.size, 0);
   r.node.resize(m);
@@ -189,21 +192,13 @@ void take_recorded(const NodeStore& s, ReadyQueue& q, RoundDag& dag, uint64_t& v
   dag.arg_begin.swap(r.arg_begin);
   dag.args.swap(r.args);
   dag.depth.swap(r.depth);
+  q.take_local(dag.recorded_local, dag.first, dag.listed);
+  dag.recorded = true;
   dag.sig.resize(m);
   uint32_t max_depth = 0;
   for (uint32_t i = 0; i < m; ++i) {
-    const NodeId n = dag.node[i];
     max_depth = std::max(max_depth, dag.depth[i]);
-    dag.sig[i] = s.sig[n];
-    dag.stamp[n] = round;
-    dag.local_of[n] = i;
-    if (s.op[n] == code_of<op::Call>) {
-      const auto results = static_cast<NodeId>(s.attrs_of(n)[1]);
-      for (NodeId k = 1; k < results; ++k) {
-        dag.stamp[n + k] = round;
-        dag.local_of[n + k] = i;
-      }
-    }
+    dag.sig[i] = s.sig[dag.node[i]];
   }
   dag.max_depth = max_depth;
   visits += m;
@@ -230,16 +225,20 @@ void sort_unique(NodeList& v, size_t size, std::vector<uint64_t>& bits) {
       v.push_back(static_cast<NodeId>(w * 64 + static_cast<size_t>(__builtin_ctzll(b))));
 }
 
-// The CSR lists of uses from those of arguments.
+// The CSR lists of uses from those of arguments. Entry la's count goes to
+// use_begin[la + 2], so that after the sums use_begin[la + 1] is where its
+// uses begin: the scatter advances it to where they end, which is where
+// la + 1's begin. No copy of the starts to fill from (a pass per round).
 void link_uses(RoundDag& dag) {
   const size_t m = dag.size();
-  dag.use_begin.assign(m + 1, 0);
-  for (uint32_t la : dag.args) ++dag.use_begin[la + 1];
-  for (size_t i = 0; i < m; ++i) dag.use_begin[i + 1] += dag.use_begin[i];
+  dag.use_begin.assign(m + 2, 0);
+  for (uint32_t la : dag.args) ++dag.use_begin[la + 2];
+  for (size_t i = 1; i < m; ++i) dag.use_begin[i + 1] += dag.use_begin[i];
   dag.uses.resize(dag.args.size());
-  dag.fill.assign(dag.use_begin.begin(), dag.use_begin.end() - 1);
+  uint32_t* const next = dag.use_begin.data() + 1;
   for (uint32_t i = 0; i < m; ++i)
-    for (uint32_t la : dag.args_of(i)) dag.uses[dag.fill[la]++] = i;
+    for (uint32_t la : dag.args_of(i)) dag.uses[next[la]++] = i;
+  dag.use_begin.resize(m + 1);
 }
 
 // Depths from arguments, then the lists of uses.

@@ -25,6 +25,17 @@ struct RoundDag {
   Column<uint32_t> uses;
   Column<uint32_t> depth;        // longest path from the round's inputs, 0-based
   uint32_t max_depth = 0;
+  // Which graph nodes are in the round, with which local id (a call's
+  // further results: their call's): in_round(n), local(n). A round built
+  // the general way marks them (stamp, local_of); a round taken as recorded
+  // has them from the queue (from_recording), by node id from its first
+  // node: nothing written per node to mark it.
+  bool in_round(NodeId n) const {
+    if (!recorded) return stamp[n] == round;
+    const uint32_t i = n - first;  // (unsigned: a node before the round is far past `listed`)
+    return i < listed && recorded_local[i] != kNone32;
+  }
+  uint32_t local(NodeId n) const { return recorded ? recorded_local[n - first] : local_of[n]; }
   // Scratch reused between rounds (a graph keeps its RoundDag: no reallocation per round).
   // stamp[n] == round: n was found ready this round (and local_of[n] is valid).
   // A stamp, not a flag: no reset of the whole graph's marks per round
@@ -32,7 +43,12 @@ struct RoundDag {
   std::vector<uint32_t> stamp;
   uint32_t round = 0;
   Column<uint32_t> local_of;  // graph node -> local id: valid where stamp[n] == round (unwritten elsewhere)
-  std::vector<uint32_t> fill;
+  // A round taken as recorded: local ids by node id from `first` (`listed` of
+  // them valid; kNone32: not in the round), the queue's own (ReadyQueue::take_local).
+  bool recorded = false;
+  NodeId first = 0;
+  uint32_t listed = 0;
+  Column<uint32_t> recorded_local;
   NodeList undecided;  // the round's work list
   std::vector<NodeId> stack;      // scratch: the walk from awaited nodes
   std::vector<uint64_t> bits;     // scratch: sorting the work list (a bit per node)

@@ -132,6 +132,16 @@ class ReadyQueue {
     --recorded_.size;  // (no arguments: the args list is unchanged)
     if (plain_) local_[--filled_] = kNone32;
   }
+  // The local ids recording gave (by node id from `first`, `listed` of
+  // them; kNone32: no candidate), swapped into `into` for the round taken
+  // as recorded (scheduler/round.cpp), which reads them as its marks; the
+  // queue keeps `into`'s buffer for the next round's (restart follows).
+  void take_local(Column<uint32_t>& into, NodeId& first, uint32_t& listed) {
+    local_.swap(into);
+    first = start_;
+    listed = filled_;
+    filled_ = 0;
+  }
   // Whether the candidates are the next round as recorded() lists it.
   bool plain() const { return plain_ && waiting_ == 0 && live_deferred_ == 0; }
   RecordedRound& recorded() { return recorded_; }

@@ -52,7 +52,7 @@ struct Fixture {
     build_round(t.store(), t.ready(), aliases, dag, visits);
     Batches b;
     for (const auto& batch : batches) {
-      for (NodeId n : batch) b.nodes.push_back(dag.local_of[n]);
+      for (NodeId n : batch) b.nodes.push_back(dag.local(n));
       b.close();
     }
     validate_batches_ok(dag, b);
@@ -300,7 +300,7 @@ TEST_CASE("build_round: a node parked after listing some arguments leaves none b
   CHECK(dag.args.size() == kN);
   CHECK(dag.max_depth == 1);
   for (size_t i = 0; i < kN; ++i) {
-    const uint32_t y = dag.local_of[ys[i]], z = dag.local_of[zs[i]];
+    const uint32_t y = dag.local(ys[i]), z = dag.local(zs[i]);
     REQUIRE(dag.node[y] == ys[i]);
     REQUIRE(dag.node[z] == zs[i]);
     CHECK(dag.args_of(y).empty());
@@ -349,6 +349,8 @@ TEST_CASE("build_round: the round recording listed is the round built the genera
   REQUIRE(a.nodes == b.nodes);
   REQUIRE(a.dag.size() == b.dag.size());
   CHECK(a.dag.size() > 24 * 4);
+  CHECK(a.dag.recorded);  // (each took its own way: marks from recording, and stamps)
+  CHECK(!b.dag.recorded);
   CHECK(a.visits == b.visits);
   auto same = [](const auto& x, const auto& y) { return std::equal(x.begin(), x.end(), y.begin(), y.end()); };
   CHECK(same(a.dag.node, b.dag.node));
@@ -363,11 +365,11 @@ TEST_CASE("build_round: the round recording listed is the round built the genera
   // Every node of the round (a call's results too) marked, with its local id.
   size_t marked = 0;
   for (NodeId n = 0; n < a.nodes; ++n) {
-    const bool in_a = a.dag.stamp[n] == a.dag.round, in_b = b.dag.stamp[n] == b.dag.round;
+    const bool in_a = a.dag.in_round(n), in_b = b.dag.in_round(n);
     REQUIRE(in_a == in_b);
     if (!in_a) continue;
     ++marked;
-    CHECK(a.dag.local_of[n] == b.dag.local_of[n]);
+    CHECK(a.dag.local(n) == b.dag.local(n));
   }
   CHECK(marked > a.dag.size());  // (the calls' further results)
 }
