@@ -4,6 +4,8 @@
 #include <array>
 #include <bit>
 
+#include <sheaf/core/error.h>
+
 namespace sheaf {
 
 namespace {
@@ -48,6 +50,8 @@ void radix_passes(Column<uint64_t>& v, Column<uint64_t>& tmp, int lo, int digit)
   }
 }
 void radix_words(Column<uint64_t>& v, Column<uint64_t>& tmp, int lo, int bits) {
+  SHEAF_ASSERT(bits >= 0 && bits <= 32 && lo + bits <= 64, "radix sort of ", bits, " bits from bit ", lo,
+               ": at most 32 (four passes of 8)");
   int passes = (bits + 7) / 8;
   if (passes > 1 && v.size() >= 2048) passes = std::min(passes, (bits + 10) / 11);
   if (passes == 0) return;
@@ -201,7 +205,12 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
 void sort_positioned(Column<uint64_t>& w, Column<uint64_t>& tmp) {
   if (w.size() < 128) return std::sort(w.begin(), w.end());
   uint64_t differ = 0;
-  for (const uint64_t k : w) differ |= k ^ w[0];
+  bool ascending = true;  // (low halves out of order: the high bits alone do not sort them)
+  for (size_t i = 0; i < w.size(); ++i) {
+    differ |= w[i] ^ w[0];
+    ascending = ascending && (i == 0 || static_cast<uint32_t>(w[i]) > static_cast<uint32_t>(w[i - 1]));
+  }
+  if (!ascending) return std::sort(w.begin(), w.end());
   const auto high = static_cast<uint32_t>(differ >> 32);  // (above its highest bit, every word's are the same)
   if (high != 0) radix_words(w, tmp, 32, std::bit_width(high));
 }

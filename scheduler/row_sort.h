@@ -35,9 +35,10 @@ struct SortScratch {
 // Sorts rows by (first, then, id), as std::sort with RowKey's < would.
 void sort_rows(Column<RowKey>& v, SortScratch& x);
 
-// Sorts words as std::sort would, given that their low 32 bits ascend in the
-// order they come (a position): so that a radix sort by the high bits alone
-// suffices (the planner's reads by source batch, in read order).
+// Sorts words as std::sort would. Made for words whose low 32 bits ascend in
+// the order they come (a position), which a radix sort by the high bits
+// alone then orders (the planner's reads by source batch, in read order);
+// other words take std::sort.
 void sort_positioned(Column<uint64_t>& w, Column<uint64_t>& tmp);
 
 }  // namespace sheaf
