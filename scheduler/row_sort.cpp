@@ -170,23 +170,33 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
     }
   }
   if (total <= 32) {
+    // One word a row: its key above its id, so that the words' order is the
+    // rows' (ties by id included), and the ids are all the result needs (no
+    // gather of 24-byte rows back: a tenth of the sort).
     Column<uint64_t>& w = x.words;
     w.resize(n);
     for (size_t i = 0; i < n; ++i) {
       uint64_t key = 0;
       const std::array<uint32_t, 4> h = halves(v[i]);
       for (int f = 0; f < 4; ++f) key = (key << width[f]) | (h[f] - least[f]);
-      w[i] = key << 32 | i;
+      w[i] = key << 32 | v[i].id;
     }
     // Under 128 rows a comparison sort of the words beats the passes' counts
-    // (a cond-heavy net's rounds: dozens of rows a batch); the positions
-    // below the keys make it as stable as the radix sort.
-    if (n < 128) std::sort(w.begin(), w.end());
-    else radix_words(w, x.words_tmp, 32, total);
-    x.rows.resize(n);
-    for (size_t i = 0; i < n; ++i) x.rows[i] = v[static_cast<uint32_t>(w[i])];
-    v.swap(x.rows);
-    if (!ascending) sort_ties(v, [&](size_t i) { return (w[i] >> 32) == (w[i - 1] >> 32); });
+    // (a cond-heavy net's rounds: dozens of rows a batch). The passes sort
+    // by the keys alone and keep the order the rows came in: by id where
+    // the ids ascend, else each run of tied keys is sorted by id after.
+    if (n < 128) {
+      std::sort(w.begin(), w.end());
+    } else {
+      radix_words(w, x.words_tmp, 32, total);
+      if (!ascending)
+        for (size_t i = 1, j; i < n; i = j) {
+          for (j = i; j < n && (w[j] >> 32) == (w[i - 1] >> 32);) ++j;
+          if (j > i) std::sort(w.begin() + static_cast<std::ptrdiff_t>(i - 1), w.begin() + static_cast<std::ptrdiff_t>(j));
+          else ++j;
+        }
+    }
+    for (size_t i = 0; i < n; ++i) v[i].id = static_cast<uint32_t>(w[i]);
     return;
   }
   if (n < 128) return std::sort(v.begin(), v.end());

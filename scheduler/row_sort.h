@@ -32,7 +32,10 @@ struct SortScratch {
   Column<uint64_t> words, words_tmp;
 };
 
-// Sorts rows by (first, then, id), as std::sort with RowKey's < would.
+// Orders rows by (first, then, id), as std::sort with RowKey's < would: the
+// ids are the result. Afterwards v[i].id is the id of row i in that order;
+// v[i].first and .then may be left as they were (the planner reads only the
+// order of its nodes).
 void sort_rows(Column<RowKey>& v, SortScratch& x);
 
 // Sorts words as std::sort would. Made for words whose low 32 bits ascend in
