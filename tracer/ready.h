@@ -168,8 +168,10 @@ class ReadyQueue {
     if (plain_) unlist();
   }
 
-  // n waits until `on` is ready.
-  void park(NodeId n, NodeId on) {
+  // n waits until `on` is ready. (In line: its two callers, both in the
+  // general round's loop, called it out of line once another function of
+  // the queue was added, 1.5% of a gated net's scheduling instructions.)
+  [[gnu::always_inline]] void park(NodeId n, NodeId on) {
     cover(head_, on, kNone32);
     node_.push_back(n);
     next_.push_back(head_[on]);
