@@ -268,6 +268,7 @@ void build_round(const NodeStore& s, ReadyQueue& queue, std::vector<NodeId>& ali
 
 void build_dag(std::span<const SigId> sigs, std::span<const std::vector<uint32_t>> args, RoundDag& dag) {
   const size_t m = sigs.size();
+  dag.recorded = false;  // (no marks: a DAG by hand has no graph nodes to mark)
   dag.node.resize(m);
   dag.region.assign(m, kNone32);
   dag.sig.assign(sigs.begin(), sigs.end());
