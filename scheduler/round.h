@@ -28,7 +28,7 @@ struct RoundDag {
   // Which graph nodes are in the round, with which local id (a call's
   // further results: their call's): in_round(n), local(n). A round built
   // the general way marks them (stamp, local_of); a round taken as recorded
-  // has them from the queue (from_recording), by node id from its first
+  // has them from the queue (ReadyQueue::take_local), by node id from its first
   // node: nothing written per node to mark it.
   bool in_round(NodeId n) const {
     if (!recorded) return stamp[n] == round;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <functional>
 
 #include <sheaf/core/error.h>
 
@@ -66,17 +67,17 @@ void radix_words(Column<uint64_t>& v, Column<uint64_t>& tmp, int lo, int bits) {
 }
 
 // Rows sorted by (first, then): each run that ties (tied(i): row i ties with
-// row i - 1) sorted by id. Rows rarely tie (two rows fed by one value).
-template <class Tied>
-void sort_ties(Column<RowKey>& v, Tied tied) {
+// row i - 1) sorted by id (`less`: rows or words). Rows rarely tie (two rows
+// fed by one value).
+template <class T, class Tied, class Less>
+void sort_ties(Column<T>& v, Tied tied, Less less) {
   for (size_t i = 1, j; i < v.size(); i = j + 1) {
     if (!tied(i)) {
       j = i;
       continue;
     }
     for (j = i + 1; j < v.size() && tied(j);) ++j;
-    std::sort(v.begin() + static_cast<std::ptrdiff_t>(i - 1), v.begin() + static_cast<std::ptrdiff_t>(j),
-              [](const RowKey& a, const RowKey& b) { return a.id < b.id; });
+    std::sort(v.begin() + static_cast<std::ptrdiff_t>(i - 1), v.begin() + static_cast<std::ptrdiff_t>(j), less);
   }
 }
 
@@ -189,12 +190,8 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
       std::sort(w.begin(), w.end());
     } else {
       radix_words(w, x.words_tmp, 32, total);
-      if (!ascending)
-        for (size_t i = 1, j; i < n; i = j) {
-          for (j = i; j < n && (w[j] >> 32) == (w[i - 1] >> 32);) ++j;
-          if (j > i) std::sort(w.begin() + static_cast<std::ptrdiff_t>(i - 1), w.begin() + static_cast<std::ptrdiff_t>(j));
-          else ++j;
-        }
+      // (Tied keys: the words then order by id, the bits below the key.)
+      if (!ascending) sort_ties(w, [&](size_t i) { return (w[i] >> 32) == (w[i - 1] >> 32); }, std::less<>());
     }
     for (size_t i = 0; i < n; ++i) v[i].id = static_cast<uint32_t>(w[i]);
     return;
@@ -209,7 +206,8 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
       if (((differ_words[w] >> shift) & 0xFF) != 0)
         counting_pass(v, tmp, count.data(), 256,
                       [&](const RowKey& k) { return ((w == 0 ? k.then : k.first) >> shift) & 0xFF; });
-  sort_ties(v, [&](size_t i) { return v[i].first == v[i - 1].first && v[i].then == v[i - 1].then; });
+  sort_ties(v, [&](size_t i) { return v[i].first == v[i - 1].first && v[i].then == v[i - 1].then; },
+            [](const RowKey& a, const RowKey& b) { return a.id < b.id; });
 }
 
 void sort_positioned(Column<uint64_t>& w, Column<uint64_t>& tmp) {
