@@ -793,10 +793,14 @@ bool Engine::deliver_waiters() {
     }
   }
   // In registration order (sorted by value: the keys side by side, not
-  // looked up in waiters_ per comparison). A node is due twice when two
-  // waiters registered on it after it was computed.
-  std::sort(ready_.begin(), ready_.end());
-  ready_.erase(std::unique(ready_.begin(), ready_.end()), ready_.end());
+  // looked up in waiters_ per comparison). By order alone: a live waiter's
+  // order is its own (equal orders are one waiter, listed twice: its node
+  // due twice, when two waiters registered on it after it was computed),
+  // and pair's <=> cost a gated net's delivery a fifth of its time.
+  auto by_order = [](const auto& a, const auto& b) { return a.first < b.first; };
+  std::sort(ready_.begin(), ready_.end(), by_order);
+  ready_.erase(std::unique(ready_.begin(), ready_.end(), [](const auto& a, const auto& b) { return a.first == b.first; }),
+               ready_.end());
   if (ready_.empty()) {
     for (NodeId n : due_) watch_head_[n] = kNone32;
     due_.clear();
@@ -821,7 +825,9 @@ bool Engine::deliver_waiters() {
   calls.clear();
   calls.reserve(ready_.size());
   for (const auto& [order, i] : ready_) {
-    calls.push_back(Delivery{std::move(waiters_[i].callback), waiters_[i].node, WaiterId{i, waiters_[i].generation}});
+    // (Built in place: a Delivery made and then pushed moved each callback
+    // twice, an indirect call each.)
+    calls.emplace_back(std::move(waiters_[i].callback), waiters_[i].node, WaiterId{i, waiters_[i].generation});
     waiters_[i].callback = nullptr;
     free_waiters_.push_back(i);
     --live_waiters_;

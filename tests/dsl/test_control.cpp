@@ -61,6 +61,28 @@ TEST_CASE("cond: examples that take the same branch share launches", "[dsl][cont
   CHECK(ys[1].shape() == Shape{6});
 }
 
+TEST_CASE("cond: callbacks run once each and in the order their conds were recorded", "[dsl][control]") {
+  Graph g;
+  const Expr x = g.input(at::ones({2}));
+  const Expr p = dsl::sum(x) > 0.0;
+  g.forward({p});  // computed: conds on it are due before any launch
+  std::vector<int> ran;
+  auto branch = [&](int k) {
+    return [&ran, k, x] {
+      ran.push_back(k);
+      return x * static_cast<double>(k + 1);
+    };
+  };
+  // c0 waits for a value of the next round; c1 and c2 wait for p, due twice
+  // (each was computed when registered): listed twice, run once.
+  const Expr c0 = dsl::cond(dsl::sum(x) < 10.0, branch(0), branch(0));
+  const Expr c1 = dsl::cond(p, branch(1), branch(1));
+  const Expr c2 = dsl::cond(p, branch(2), branch(2));
+  g.forward({c0, c1, c2});
+  CHECK(ran == std::vector<int>{0, 1, 2});
+  CHECK(at::allclose(c2.value(), at::full({2}, 3.0)));
+}
+
 TEST_CASE("cond: recursion through cond (countdown by recursion)", "[dsl][control]") {
   std::function<Expr(Expr)> down = [&](Expr x) -> Expr {
     return dsl::cond(x > 0.0, [&, x] { return down(x - 1.0); }, [x] { return x * 10.0; });
