@@ -52,9 +52,9 @@ struct ReduceAll {
     const int rank = static_cast<int>(c.in(0).dim()) - 1;
     if (rank == 0) return c.in(0);  // reducing over an empty axis list would reduce everything
     // One element each (a gate's [1] score): the values themselves, not a
-    // launch. A view: only axes of size 1 go, whatever the strides, and
-    // reshape's extra dispatch cost a gated net ~1 us a launch.
-    if (c.in(0).numel() == c.n()) return c.in(0).view({c.n()});
+    // launch: the batch axis's elements, whatever the strides of the axes of
+    // size 1 that go (rows_alias: without autograd, not a view's dispatch).
+    if (const at::Tensor& x = c.in(0); x.numel() == c.n()) return rows_alias(x, c.n(), c.n() > 1 ? x.stride(0) : 1);
     std::vector<int64_t> axes(static_cast<size_t>(rank));
     std::iota(axes.begin(), axes.end(), 1);
     return F(c.in(0), axes);

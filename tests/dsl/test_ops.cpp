@@ -189,6 +189,25 @@ TEST_CASE("shape, axis-reduction, dot and layer_norm ops give LibTorch's values"
   }
 }
 
+// Without autograd a sum or mean of one element is the batch's elements
+// themselves, read with their rows' stride (ops/common.h's rows_alias).
+TEST_CASE("sum and mean of one element without autograd read each example's element", "[dsl][ops]") {
+  c10::NoGradGuard no_grad;
+  Graph g;
+  std::vector<Expr> outs;
+  for (int i = 0; i < 5; ++i) {
+    auto scope = g.example(i);
+    const Expr x = g.input(at::arange(4, at::kFloat) + 10.0 * i);  // [4]: rows of 4, element 2 of each summed
+    outs.push_back(dsl::sum(dsl::slice(x, 2, 3)) + dsl::mean(dsl::slice(x, 1, 2)) * 0.5);
+  }
+  g.forward(outs);
+  for (int i = 0; i < 5; ++i) {
+    INFO("example " << i);
+    CHECK(outs[static_cast<size_t>(i)].value().dim() == 0);
+    CHECK(outs[static_cast<size_t>(i)].value().item<float>() == Approx(2.0 + 0.5 + 15.0 * i));
+  }
+}
+
 // The checker compares batched with alone, and both run batched_matvec: its
 // values and gradients are compared with LibTorch's bmm here.
 TEST_CASE("batched_matvec equals at::bmm, values and gradients", "[dsl][ops]") {
