@@ -42,9 +42,12 @@ class InlineFunction<R(Args...), N> {
 
   InlineFunction(InlineFunction&& o) noexcept { take(o); }
   // Takes o's callable before destroying its own (o may live inside it), as
-  // std::function does.
+  // std::function does. Into an empty one (a waiter's slot), straight: one
+  // move of the callable, not two through a temporary (an indirect call each).
   InlineFunction& operator=(InlineFunction&& o) noexcept {
-    if (this != &o) {
+    if (ops_ == nullptr) {
+      take(o);  // (o cannot live inside an empty wrapper; o == this is empty too)
+    } else if (this != &o) {
       InlineFunction taken(std::move(o));
       reset();
       take(taken);

@@ -98,7 +98,7 @@ CondSlot cond_begin(const Expr& pred, bool callable, const Shape* declared, std:
   return CondSlot{&g, site, g.expr(g.trace().placeholder(shape, site.example, "cond", loc))};
 }
 
-void cond_wait(const CondSlot& c, const Expr& pred, ValueCallback callback) {
+void cond_wait(const CondSlot& c, const Expr& pred, ValueCallback&& callback) {
   c.engine->when_computed(pred.id(), std::move(callback));
 }
 

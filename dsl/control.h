@@ -45,7 +45,7 @@ struct CondSlot {
 // Checks the predicate (and a declared shape) and records the placeholder.
 CondSlot cond_begin(const Expr& pred, bool callable, const Shape* declared, std::source_location loc);
 // Runs `callback` once the predicate is computed.
-void cond_wait(const CondSlot& c, const Expr& pred, sheaf::detail::ValueCallback callback);
+void cond_wait(const CondSlot& c, const Expr& pred, sheaf::detail::ValueCallback&& callback);
 // The branch a computed predicate picks, recorded in the cond's example:
 // `branch(object, taken)`; then checked and bound to the placeholder.
 void cond_resolve(const CondSlot& c, const HostValue& pred, Expr (*branch)(void* object, bool taken), void* object);

@@ -722,7 +722,7 @@ void Engine::throw_failures(Loc loc) {
 // ---------------------------------------------------------------------------
 // Waiters.
 
-WaiterId Engine::when_computed(NodeId node, ValueCallback callback) {
+WaiterId Engine::when_computed(NodeId node, ValueCallback&& callback) {
   if (live_waiters_ == 0 && !watches_.empty()) {
     // Every entry is spent: start the lists again, so that a graph used for
     // many forwards without clear() does not keep one entry per waiter ever made.

@@ -138,7 +138,7 @@ class Engine {
   FunctionCache& functions() { return functions_; }
 
   // ---- Control flow.
-  WaiterId when_computed(NodeId node, ValueCallback callback);
+  WaiterId when_computed(NodeId node, ValueCallback&& callback);
   // A coroutine may wait for a node of this graph: not a function body's
   // (recording or frozen: its values are never computed, the task would never resume).
   void expect_awaitable(Loc loc) const {

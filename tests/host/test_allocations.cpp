@@ -228,6 +228,43 @@ TEST_CASE("Control flow allocates a bounded number of times per dsl::cond", "[ho
   CHECK(static_cast<double>(counted) < 2.5 * static_cast<double>(conds) + 40.0 * launches);
 }
 
+TEST_CASE("InlineFunction: assigned into an empty one its callable moves once", "[host]") {
+  struct Counted {
+    int* moves;
+    int* live;
+    std::array<char, 64> pad{};
+    Counted(int* m, int* l) : moves(m), live(l) { ++*live; }
+    Counted(Counted&& o) noexcept : moves(o.moves), live(o.live), pad(o.pad) { ++*moves, ++*live; }
+    Counted(const Counted&) = delete;
+    ~Counted() { --*live; }
+    int operator()(int x) const { return x + 1; }
+  };
+  int moves = 0, live = 0;
+  {
+    InlineFunction<int(int), 128> f = Counted(&moves, &live);
+    moves = 0;
+    InlineFunction<int(int), 128> g;
+    g = std::move(f);  // (a waiter's empty slot taking a callback)
+    CHECK(moves == 1);
+    CHECK(!f);
+    CHECK(g(1) == 2);
+    CHECK(live == 1);
+    InlineFunction<int(int), 128> h = Counted(&moves, &live);
+    moves = 0;
+    h = std::move(g);  // into a full one: the old callable destroyed, the new one moved in
+    CHECK(live == 1);
+    CHECK(!g);
+    CHECK(h(2) == 3);
+    auto& same = h;
+    h = std::move(same);  // itself: kept
+    CHECK(h(3) == 4);
+    auto& empty = g;
+    g = std::move(empty);  // an empty one, itself: stays empty
+    CHECK(!g);
+  }
+  CHECK(live == 0);
+}
+
 TEST_CASE("InlineFunction keeps small callables in place, moves and destroys each once", "[host][allocations]") {
   struct Probe {
     int* live;
