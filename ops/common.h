@@ -7,6 +7,7 @@
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/TensorImpl.h>
 
 #include <algorithm>
@@ -22,19 +23,22 @@
 namespace sheaf::op {
 
 // x's elements as a tensor of one axis of `n` (x's only axis of size > 1,
-// stride `stride`), sharing x's storage. With autograd off, a plain
-// TensorImpl on that storage: a view (Tensor::view) goes through the
-// dispatcher and makes a view record for autograd whether or not one is
-// wanted (1-1.5 us on LibTorch 1.13; a gated net's gate each round: 1.7% of
-// its inference). With autograd on, a view: the gradient flows back through
-// it, and the two share a version counter (autograd's check that a value it
-// saved was not written in place).
+// stride `stride`), sharing x's storage and its version counter (a write
+// through either is seen through both: autograd's saved values, Sheaf's
+// checks that a value read later was not changed in place). With autograd
+// off, a plain TensorImpl on that storage: a view (Tensor::view) goes
+// through the dispatcher and makes a view record for autograd whether or not
+// one is wanted (1-1.5 us on LibTorch 1.13; a gated net's gate each round:
+// 1.7% of its inference). With autograd on, a view: the gradient flows back
+// through it. Also a view for inference tensors and under InferenceMode
+// (which would make the new tensor one: no version counter to share).
 inline at::Tensor rows_alias(const at::Tensor& x, int64_t n, int64_t stride) {
-  if (c10::GradMode::is_enabled()) return x.view({n});
+  if (c10::GradMode::is_enabled() || c10::InferenceMode::is_enabled() || x.is_inference()) return x.view({n});
   at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(x.storage()), x.key_set(), x.dtype());
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   impl->set_sizes_and_strides(at::IntArrayRef(&n, 1), at::IntArrayRef(&stride, 1));
   impl->set_storage_offset(x.storage_offset());
+  impl->set_version_counter(x.unsafeGetTensorImpl()->version_counter());
   return t;
 }
 

@@ -206,6 +206,22 @@ TEST_CASE("sum and mean of one element without autograd read each example's elem
     CHECK(outs[static_cast<size_t>(i)].value().dim() == 0);
     CHECK(outs[static_cast<size_t>(i)].value().item<float>() == Approx(2.0 + 0.5 + 15.0 * i));
   }
+  // The sum shares its input's version counter, as a view would: a write in
+  // place through either is seen through both (Sheaf's and autograd's
+  // checks that a value read later was not changed).
+  Graph h;
+  const at::Tensor w = test::data({1, 4}, 1), b = test::data({1}, 2);
+  std::vector<Expr> ys, sums;
+  for (int i = 0; i < 3; ++i) {
+    auto scope = h.example(i);
+    ys.push_back(dsl::affine(w, h.input(test::data({4}, 3 + i)), b));  // [1]
+    sums.push_back(dsl::sum(ys.back()));
+  }
+  h.forward(sums);
+  const int64_t before = sums[1].value()._version();
+  ys[1].value().mul_(2.0);
+  CHECK(sums[1].value()._version() > before);
+  CHECK(sums[1].value().item<float>() == Approx(ys[1].value().item<float>()));
 }
 
 // The checker compares batched with alone, and both run batched_matvec: its
