@@ -22,18 +22,21 @@
 
 namespace sheaf::op {
 
-// x's elements as a tensor of one axis of `n` (x's only axis of size > 1,
-// stride `stride`), sharing x's storage and its version counter (a write
-// through either is seen through both: autograd's saved values, Sheaf's
-// checks that a value read later was not changed in place). With autograd
+// x, whose axes after the first have size 1, as a tensor of its first axis
+// alone (x.size(0) elements, x.stride(0) apart), sharing x's storage and
+// its version counter (a write through either is seen through both:
+// autograd's saved values, Sheaf's checks that a value read later was not
+// changed in place). With autograd
 // off, a plain TensorImpl on that storage: a view (Tensor::view) goes
 // through the dispatcher and makes a view record for autograd whether or not
 // one is wanted (1-1.5 us on LibTorch 1.13; a gated net's gate each round:
 // 1.7% of its inference). With autograd on, a view: the gradient flows back
 // through it. Also a view for inference tensors and under InferenceMode
 // (which would make the new tensor one: no version counter to share).
-inline at::Tensor rows_alias(const at::Tensor& x, int64_t n, int64_t stride) {
+inline at::Tensor rows_alias(const at::Tensor& x) {
+  int64_t n = x.size(0);
   if (c10::GradMode::is_enabled() || c10::InferenceMode::is_enabled() || x.is_inference()) return x.view({n});
+  int64_t stride = n > 1 ? x.stride(0) : 1;  // (a single element's stride is any)
   at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(x.storage()), x.key_set(), x.dtype());
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   impl->set_sizes_and_strides(at::IntArrayRef(&n, 1), at::IntArrayRef(&stride, 1));

@@ -54,7 +54,7 @@ struct ReduceAll {
     // One element each (a gate's [1] score): the values themselves, not a
     // launch: the batch axis's elements, whatever the strides of the axes of
     // size 1 that go (rows_alias: without autograd, not a view's dispatch).
-    if (const at::Tensor& x = c.in(0); x.numel() == c.n()) return rows_alias(x, c.n(), c.n() > 1 ? x.stride(0) : 1);
+    if (c.in(0).numel() == c.n()) return rows_alias(c.in(0));
     std::vector<int64_t> axes(static_cast<size_t>(rank));
     std::iota(axes.begin(), axes.end(), 1);
     return F(c.in(0), axes);
