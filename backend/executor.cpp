@@ -108,7 +108,10 @@ at::Tensor Executor::side_by_side(const Plan& plan, const PlannedBatch& b, std::
     if (arg.kind == BatchArg::kShared || arg.unpack != kNone32 || !pick_rows(plan, arg.reads_begin, arg.reads_end, arg.perm))
       return {};
   }
-  at::Tensor out = row_gathers_.gather(row_sources_, row_batches_, picks_, args.size(), batched_sizes(b.n, shape));
+  c10::SmallVector<int64_t, kMaxRank + 1> sizes{static_cast<int64_t>(b.n)};  // (no allocation per launch)
+  sizes.append(shape.dims().begin(), shape.dims().end());
+  at::Tensor out = row_gathers_.gather(row_sources_, row_batches_, picks_, args.size(),
+                                       std::span<const int64_t>(sizes.data(), sizes.size()));
   ++counters_.gather_launches;
   counters_.gathered_inputs += args.size();
   counters_.gathered_bytes += static_cast<uint64_t>(out.numel()) * out.element_size();
@@ -258,6 +261,10 @@ void Executor::upload_indices(const Plan& plan) {
 }
 
 void Executor::run(const Plan& plan) {
+  struct EndRound {
+    Executor& e;
+    ~EndRound() { e.end_round(); }
+  } end{*this};
   upload_indices(plan);
   flat_views_.clear();
   groups_.assign(plan.groups.size(), {});
@@ -280,6 +287,21 @@ void Executor::run(const Plan& plan) {
     ++counters_.batches;
     counters_.nodes += b.n * b.outputs;
   }
+}
+
+void Executor::end_round() {
+  index_ = at::Tensor();  // (the graph's index buffer serves the next round only when nothing else holds it)
+  weight_grads_.clear();
+  groups_.clear();
+  splits_.clear();
+  flat_views_.clear();
+  clear_picks();
+  inputs_.clear();
+  fused_in_.clear();
+  shared_.clear();
+  call_groups_.clear();
+  op_reads_.clear();
+  op_reads_view_.clear();
 }
 
 LaunchArgs Executor::launch_args(const Plan& plan, const PlannedBatch& b) {

@@ -193,10 +193,10 @@ std::vector<at::Tensor> run_fused(const std::shared_ptr<const FusedProgram>& pro
     if (in.tensor.defined()) opts = in.tensor.options();
   // Made in the members' batched shape: the kernels read only data pointers,
   // and a view per member afterwards cost a dispatch each (~1.5% of gated
-  // inference).
-  const std::vector<int64_t> sizes = batched_sizes(n, p.shape);
-  std::vector<at::Tensor> outputs;  // per non-slice member: written, or undefined (scratch only)
-  outputs.reserve(p.code.size());
+  // inference). (Sizes and outputs on the stack: this runs per launch.)
+  c10::SmallVector<int64_t, kMaxRank + 1> sizes{n};
+  sizes.append(p.shape.dims().begin(), p.shape.dims().end());
+  c10::SmallVector<at::Tensor, 8> outputs;  // per non-slice member: written, or undefined (scratch only)
   for (size_t k = 0; k < p.code.size(); ++k)
     if (!p.code[k].slice)
       outputs.push_back(keep.empty() || keep[k] ? empty_output(sizes, opts.requires_grad(false)) : at::Tensor());

@@ -246,63 +246,67 @@ at::Tensor RowGathers::gather(std::span<const at::Tensor* const> sources, std::s
 }
 
 struct InPlaceRows::Impl {
+  struct Source {
+    at::Tensor tensor;
+    HubPtr hub;          // null: no gradient
+    at::Tensor dummy;    // the hub's edge (with a hub)
+    int64_t version;     // when read (check_unchanged)
+    // Where its rows were when read: a storage swapped since (set_data, a
+    // resize_ that moved it) bumps no version, and the row pointers would
+    // then read freed memory.
+    const void* data;
+  };
+  // (Inline: in inference a read of rows in place is two allocations, these
+  // rows with this and their row pointers; with a vector per field it was
+  // ten, a fifth of a gated net's allocations.)
+  c10::SmallVector<Source, 4> sources;
   std::vector<torch::autograd::Edge> edges;  // to the hubs of the sources that need a gradient
-  std::vector<at::Tensor> sources;
-  std::vector<HubPtr> hubs;  // per source; null: no gradient
-  std::vector<at::Tensor> dummies;
-  std::vector<RowPick> picks;
-  std::vector<int64_t> width;
-  std::vector<int64_t> versions;  // per source, when read (check_unchanged)
-  // Per source, where its rows were when read: a storage swapped since
-  // (set_data, a resize_ that moved it) bumps no version, and the row
-  // pointers would then read freed memory.
-  std::vector<const void*> data;
+  std::vector<RowPick> picks;                // with a gradient only (lock_grad_rows, materialize)
   Site reader;
+};
+
+// In-place rows and their Impl, made as one.
+struct InPlaceRowsBlock final : InPlaceRows {
+  InPlaceRows::Impl impl;
 };
 
 std::shared_ptr<const InPlaceRows> RowGathers::in_place(std::span<const at::Tensor* const> sources,
                                                         std::span<const uint32_t> batches,
                                                         std::span<const RowPick> rows, const Site& reader) {
   SHEAF_ASSERT(!sources.empty() && sources.size() == batches.size(), "in-place rows without sources");
-  auto impl = std::make_shared<InPlaceRows::Impl>();
-  impl->reader = reader;
-  impl->versions.reserve(sources.size());
-  impl->data.reserve(sources.size());
-  auto out = std::make_shared<InPlaceRows>();
+  auto out = std::make_shared<InPlaceRowsBlock>();
+  InPlaceRows::Impl& impl = out->impl;
+  out->impl_ = &impl;
+  impl.reader = reader;
   const bool grad = at::GradMode::is_enabled();
   c10::SmallVector<const float*, 8> base(sources.size());
   c10::SmallVector<int64_t, 8> stride(sources.size());
-  impl->width.reserve(sources.size());
-  impl->sources.reserve(sources.size());
-  impl->hubs.reserve(sources.size());
-  impl->dummies.reserve(sources.size());
+  int64_t width = 0;
+  impl.sources.reserve(sources.size());
   for (size_t k = 0; k < sources.size(); ++k) {
     const at::Tensor& s = *sources[k];
     SHEAF_ASSERT(readable(s) && s.device().is_cpu(), "in-place source ", k, " is not readable by rows: ", s.sizes(), " ", s.strides());
     base[k] = s.data_ptr<float>();
-    impl->width.push_back(row_numel(s));
-    stride[k] = impl->width.back() == 0 ? 0 : s.stride(0);  // rows of no floats: a null base plus nothing
-    SHEAF_ASSERT(impl->width.back() == impl->width[0], "in-place rows of ", impl->width[0], " and ",
-                 impl->width.back(), " floats");
-    impl->sources.push_back(s);
-    impl->versions.push_back(version_of(s));
-    impl->data.push_back(base[k]);
+    const int64_t w = row_numel(s);
+    if (k == 0) width = w;
+    SHEAF_ASSERT(w == width, "in-place rows of ", width, " and ", w, " floats");
+    stride[k] = w == 0 ? 0 : s.stride(0);  // rows of no floats: a null base plus nothing
+    InPlaceRows::Impl::Source& src = impl.sources.emplace_back();
+    src.tensor = s;
+    src.version = version_of(s);
+    src.data = base[k];
     if (grad && s.requires_grad()) {
       std::shared_ptr<Hub> hub = hub_for(batches[k], s);
-      impl->hubs.push_back(hub->node);
-      impl->dummies.push_back(hub->dummy);
-      impl->edges.push_back(torch::autograd::impl::gradient_edge(hub->dummy));
-    } else {
-      impl->hubs.emplace_back();
-      impl->dummies.emplace_back();
+      src.hub = hub->node;
+      src.dummy = hub->dummy;
+      impl.edges.push_back(torch::autograd::impl::gradient_edge(hub->dummy));
     }
   }
-  impl->picks.assign(rows.begin(), rows.end());
+  if (!impl.edges.empty()) impl.picks.assign(rows.begin(), rows.end());
   out->data_.reserve(rows.size());
   for (const RowPick& r : rows) out->data_.push_back(base[r.source] + static_cast<int64_t>(r.row) * stride[r.source]);
-  out->width_ = impl->width[0];
-  out->num_edges_ = impl->edges.size();
-  out->impl_ = std::move(impl);
+  out->width_ = width;
+  out->num_edges_ = impl.edges.size();
   return out;
 }
 
@@ -319,13 +323,13 @@ void check_version(const Site& reader, std::string_view by, const at::Tensor& t,
 
 void InPlaceRows::check_unchanged(std::string_view by) const {
   const Impl& m = *impl_;
-  for (size_t k = 0; k < m.sources.size(); ++k) {
-    const at::Tensor& t = m.sources[k];
-    if (t.data_ptr() != m.data[k])
+  for (const Impl::Source& src : m.sources) {
+    const at::Tensor& t = src.tensor;
+    if (t.data_ptr() != src.data)
       throw_user(m.reader, by, " reads again a tensor of shape ", t.sizes(), " that it read at forward(), and that "
                  "tensor's storage was replaced since (set_data, or a resize_ that moved it): the rows read then are "
                  "gone. Replace it after backward(), or clear() the graph first");
-    check_version(m.reader, by, t, m.versions[k]);
+    check_version(m.reader, by, t, src.version);
   }
 }
 
@@ -344,7 +348,8 @@ RowReads::GradRows InPlaceRows::lock_grad_rows(std::span<const RowReads* const> 
     mine[q] = dynamic_cast<const InPlaceRows*>(reads[q]);
     SHEAF_ASSERT(mine[q] != nullptr, "rows read in place that the row gathers did not make");
     size_t edge = 0;
-    for (const HubPtr& h : mine[q]->impl_->hubs) {
+    for (const Impl::Source& src : mine[q]->impl_->sources) {
+      const HubPtr& h = src.hub;
       if (!h) {
         hubs.emplace_back();
         continue;
@@ -362,7 +367,7 @@ RowReads::GradRows InPlaceRows::lock_grad_rows(std::span<const RowReads* const> 
       float* buf = hb.buf[first + p.source];
       rows.push_back(buf ? buf + static_cast<int64_t>(p.row) * r->width_ : nullptr);
     }
-    first += r->impl_->hubs.size();
+    first += r->impl_->sources.size();
   }
   g.locks = std::move(hb.locks);
   return g;
@@ -371,14 +376,21 @@ RowReads::GradRows InPlaceRows::lock_grad_rows(std::span<const RowReads* const> 
 at::Tensor InPlaceRows::materialize(std::span<const int64_t> sizes) const {
   RECORD_FUNCTION("sheaf::gather", std::vector<c10::IValue>());  // one kernel (bench/launches.h counts it)
   at::Tensor out = empty_output(at::IntArrayRef(sizes.data(), sizes.size()),
-                             impl_->sources[0].options().requires_grad(false));
+                             impl_->sources[0].tensor.options().requires_grad(false));
   SHEAF_ASSERT(out.numel() == static_cast<int64_t>(data_.size()) * width_, "in-place rows of ", data_.size(),
                " x ", width_, " into ", out.sizes());
   float* o = out.data_ptr<float>();
   for (size_t i = 0; i < data_.size() && width_ > 0; ++i)  // rows of no floats may be null pointers
     std::memcpy(o + static_cast<int64_t>(i) * width_, data_[i], static_cast<size_t>(width_) * sizeof(float));
-  if (needs_grad() && at::GradMode::is_enabled())
-    attach_reader(out, impl_->hubs, impl_->picks, impl_->width, 1, impl_->dummies);
+  if (needs_grad() && at::GradMode::is_enabled()) {
+    std::vector<HubPtr> hubs;
+    std::vector<at::Tensor> dummies;
+    for (const Impl::Source& src : impl_->sources) {
+      hubs.push_back(src.hub);
+      dummies.push_back(src.dummy);
+    }
+    attach_reader(out, std::move(hubs), impl_->picks, std::vector<int64_t>(impl_->sources.size(), width_), 1, dummies);
+  }
   return out;
 }
 

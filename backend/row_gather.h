@@ -51,7 +51,7 @@ struct RowPick {
 // rows_in_place): no gathered copy forward, and backward the kernel adds each
 // row's gradient straight into its source's hub, as a gather's reader would.
 // Made by RowGathers::in_place; holds its sources alive.
-class InPlaceRows final : public RowReads {
+class InPlaceRows : public RowReads {
  public:
   void append_edges(std::vector<torch::autograd::Edge>& edges) const override;
   at::Tensor materialize(std::span<const int64_t> sizes) const override;
@@ -59,10 +59,11 @@ class InPlaceRows final : public RowReads {
 
  private:
   friend class RowGathers;
+  friend struct InPlaceRowsBlock;  // (row_gather.cpp: these rows and their Impl, one allocation)
   struct Impl;
   GradRows lock_grad_rows(std::span<const RowReads* const> reads,
                           const std::function<bool(size_t read, size_t edge)>& wanted) const override;
-  std::shared_ptr<const Impl> impl_;
+  const Impl* impl_ = nullptr;  // in the same block
 };
 
 // A tensor's version counter (-1: an inference tensor, which keeps none and

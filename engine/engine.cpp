@@ -396,9 +396,9 @@ void Engine::execute_round() {
   exec_config_ = ExecConfig{options_.device, options_.seed, options_.train, options_.profile,
                             options_.batch_weight_grads, &functions_, &transposed_, &index_buffer_,
                             &row_gathers_};
-  Executor exec(trace_.store(), lazy_, exec_config_, stats_);
+  if (!executor_) executor_ = std::make_unique<Executor>(trace_.store(), lazy_, exec_config_, stats_);
   try {
-    exec.run(scheduler_.plan());
+    executor_->run(scheduler_.plan());
   } catch (...) {
     // The failed batch is marked failed (never retried); nodes that did not run
     // are looked at again next round, so the rest of the graph stays usable.

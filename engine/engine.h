@@ -242,6 +242,7 @@ class Engine {
   TransposedWeights transposed_;  // W^T of the shared weights this graph applies repeatedly, until clear()
   at::Tensor index_buffer_;       // the rounds' ids on the CPU, reused while nothing else holds it (ExecConfig)
   RowGathers row_gathers_;        // one gradient hub per batch for all rounds, until clear() (ExecConfig)
+  std::unique_ptr<Executor> executor_;  // every round's, made at the first (it reads the members above)
   // Why `e` is not an Expr of this graph, as a UserError naming `op` and `loc`.
   [[noreturn]] void bad_expr(const Expr& e, std::string_view op, Loc loc) const;
   uint32_t slot_;

@@ -128,6 +128,9 @@ class WeightGradBatcher {
   // if it has its backward form, for dX.
   at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor* wt = nullptr,
                     bool bias_rows = false, std::shared_ptr<const PackedWeight> packed = nullptr);
+  // Forgets the round's weights: the next product of a weight starts its own
+  // gradient product (the autograd nodes made so far keep theirs).
+  void clear() { taps_.clear(); }
 
  private:
   struct Tap;
