@@ -282,6 +282,9 @@ class Engine {
   // delivery may reuse them): the due waiters as (order, slot), their nodes.
   std::vector<std::pair<uint64_t, uint32_t>> ready_;
   std::vector<NodeId> ready_nodes_;
+  std::vector<uint64_t> order_bits_;  // sort_by_order's scratch: a bit per order, and each order's slot
+  std::vector<uint32_t> order_slot_;
+  void sort_by_order(std::vector<std::pair<uint64_t, uint32_t>>& due);
   // A delivery's callbacks, taken from their waiters, while they are called in
   // turn (cancel() marks one that has not run yet).
   struct Delivery {
