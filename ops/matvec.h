@@ -47,13 +47,14 @@ at::Tensor weighted_row_sums(const RowOperand& w, const RowOperand& B, std::span
 // dispatch). Float32 CPU.
 at::Tensor rows_dot(const at::Tensor& X, const at::Tensor& v, const at::Tensor& bias);
 
-// The widest weight narrow_product takes: its rows' sums fill one 8-wide vector.
+// The widest weight narrow_product takes (a classifier's classes); wider
+// ones go to the products of ops/packed_gemm.h or OpenBLAS.
 inline constexpr int64_t kNarrowRows = 8;
 
 // X [m, k] times a weight W [c, k] of few rows (1 <= c <= kNarrowRows: a
 // classifier's classes), plus a bias of c elements or none -> [m, c]. No
-// autograd (the caller's, or none). One pass over X, a row's c sums in one
-// vector; at::linear costs a dispatch, a TensorIterator for the bias and
+// autograd (the caller's, or none). One pass over X, each of a row's c sums
+// in 8 partial sums; at::linear costs a dispatch, a TensorIterator for the bias and
 // OpenBLAS's small-matrix path around them: 40-70 us for [64, 128] x
 // [5, 128]^T as a gated net's once-a-batch classifier ran it (cold), ~2% of
 // that net's inference. Float32 CPU.
