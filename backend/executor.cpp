@@ -5,6 +5,7 @@
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/split_with_sizes.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <chrono>

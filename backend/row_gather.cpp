@@ -250,11 +250,11 @@ struct InPlaceRows::Impl {
     at::Tensor tensor;
     HubPtr hub;          // null: no gradient
     at::Tensor dummy;    // the hub's edge (with a hub)
-    int64_t version;     // when read (check_unchanged)
+    int64_t version = -1;  // when read (check_unchanged)
     // Where its rows were when read: a storage swapped since (set_data, a
     // resize_ that moved it) bumps no version, and the row pointers would
     // then read freed memory.
-    const void* data;
+    const void* data = nullptr;
   };
   // (Inline: in inference a read of rows in place is two allocations, these
   // rows with this and their row pointers; with a vector per field it was

@@ -53,9 +53,15 @@ struct RowPick {
 // Made by RowGathers::in_place; holds its sources alive.
 class InPlaceRows : public RowReads {
  public:
+  // Not copied: impl_ points into the block that made these rows.
+  InPlaceRows(const InPlaceRows&) = delete;
+  InPlaceRows& operator=(const InPlaceRows&) = delete;
   void append_edges(std::vector<torch::autograd::Edge>& edges) const override;
   at::Tensor materialize(std::span<const int64_t> sizes) const override;
   void check_unchanged(std::string_view by) const override;
+
+ protected:
+  InPlaceRows() = default;  // made only as an InPlaceRowsBlock (RowGathers::in_place)
 
  private:
   friend class RowGathers;

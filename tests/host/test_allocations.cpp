@@ -225,10 +225,13 @@ TEST_CASE("Control flow allocates a bounded number of times per dsl::cond", "[ho
   // here then, ~5,660 with them). A call waiting on a cond's shape used to
   // allocate five more times (its argument and placeholder lists, its
   // callback, its results): 12.5 a cond in all then, 7.2 with the
-  // std::functions, 3.7 now. Execution's own lists live as long as the graph
-  // and rows read in place are one block (backend/executor.h, row_gather.h):
-  // 740 allocations here (848 conds, 49 launches), where an executor made
-  // per round and ten allocations per rows read in place took about twice that.
+  // std::functions, 3.7 after. Execution's own lists now live as long as the
+  // graph and rows read in place are one block (backend/executor.h,
+  // row_gather.h): 740 allocations here (848 conds, 49 launches, LibTorch
+  // 1.13), where an executor made per round and ten allocations per rows
+  // read in place made a gated batch allocate 2.5 times as often. The bound
+  // per launch leaves room for LibTorch versions that allocate more per tensor.
+  INFO((static_cast<double>(counted) - 0.5 * static_cast<double>(conds)) / launches << " a launch past 0.5 a cond");
   CHECK(static_cast<double>(counted) < 0.5 * static_cast<double>(conds) + 16.0 * launches);
 }
 
