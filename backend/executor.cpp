@@ -266,8 +266,7 @@ void Executor::run(const Plan& plan) {
     Executor& e;
     ~EndRound() { e.end_round(); }
   } end{*this};
-  upload_indices(plan);
-  flat_views_.clear();
+  upload_indices(plan);  // (flat_views_ and the picks are empty: end_round)
   groups_.assign(plan.groups.size(), {});
   splits_.assign(plan.splits.size(), {});
   float_opts_ = at::TensorOptions().dtype(at::kFloat).device(config_.device);
