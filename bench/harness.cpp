@@ -6,14 +6,15 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
-#include <span>
 #include <cmath>
 #include <cstdio>
+#include <span>
 #include <vector>
 
 #include <sheaf/sheaf.h>
 
 #include "launches.h"
+#include "pass_order.h"
 
 namespace sheaf::bench {
 
@@ -269,8 +270,11 @@ std::vector<std::vector<double>> measure(const Options& o, std::vector<System>& 
   }
   for (System& s : systems) s.counters = {}, *s.phases = {};
   synchronize(device);
+  size_t last = systems.size();
   for (int r = 0; r < repeat; ++r) {
-    for (size_t k = 0; k < systems.size(); ++k) {
+    const std::vector<size_t> order = pass_order(systems.size(), r, o.order == "balanced", last);
+    last = order.back();
+    for (const size_t k : order) {
       // On a GPU, an untimed step first: the system that ran after another
       // paid ~27 ms more for its first batch on an H200 (TreeLSTM, batch 256:
       // whichever Sheaf strategy came first, half its throughput). With this
@@ -345,7 +349,7 @@ void report(const Options& o, const std::string& mode, int64_t hidden, int64_t i
       Json j;
       j.add("workload", o.workload).add("system", s.name).add("strategy", s.strategy).add("mode", mode)
           .add("device", o.device).add("hidden", hidden).add("batch", o.batch).add("trees", items)
-          .add("threads", o.threads).add("repeat", o.repeat).add("host_memory", o.host_memory)
+          .add("threads", o.threads).add("repeat", o.repeat).add("order", o.order).add("host_memory", o.host_memory)
           .add("trees_per_sec", tps).add("runs", runs[k])
           .add("speedup_vs_per_example", per_example > 0 ? tps / per_example : 0.0)
           .add("ratio_vs_hand", hand > 0 ? tps / hand : 0.0)

@@ -34,6 +34,7 @@ struct Options {
   int64_t batch = 64;
   int64_t trees = 512;
   int repeat = 5;
+  std::string order = "balanced";  // the systems' order in each timed repeat: balanced or fixed (pass_order.h)
   std::vector<std::string> systems{"per-example", "sheaf", "hand"};
   std::vector<std::string> modes{"train", "infer"};
   int threads = 1;
@@ -253,9 +254,10 @@ std::vector<size_t> add_sheaf_systems(const Options& o, const SheafSystem& spec,
                                       std::vector<System>& systems, SheafOwners& owners);
 
 // Runs every system over batches [0, n_batches) `repeat` times, interleaved
-// (system A, B, C, then A, B, C again...) after one warm-up pass; returns the
-// per-repeat throughputs in items/s for each system. A pass ends when the device
-// has finished its work.
+// (each system once a repeat, in the order Options::order says: pass_order.h)
+// after one warm-up pass; returns the per-repeat throughputs in items/s for
+// each system, in the systems' order. A pass ends when the device has
+// finished its work.
 std::vector<std::vector<double>> measure(const Options& o, std::vector<System>& systems, size_t n_batches,
                                          double items_per_pass);
 

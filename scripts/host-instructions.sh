@@ -14,7 +14,8 @@
 # gated: the gated net's inference (synthetic trees, batch 64, h=128), per
 #   batch: record (the model's calls before forward), schedule (every round's
 #   rounds, fusion, strategy, plan), deliver (conds' callbacks: the branches
-#   recorded) and, for scale, execute.
+#   recorded) and, for scale, execute. GATED_STRATEGY=depth (or another
+#   strategy) counts that schedule instead of auto's.
 # BENCH: the sheaf-bench to count (default build/bench/sheaf-bench); TREES:
 # how many (default 256 for host, 128 for gated). Prints one JSON line.
 #
@@ -30,7 +31,7 @@ cd "$(dirname "$0")/.."
 case "$workload" in
   host) trees=${3:-256}; args=(--workload host --trees "$trees" --batch 64 --repeat 1 --systems sheaf:auto --json) ;;
   gated) trees=${3:-128}; args=(--workload gated_rvnn --hidden 128 --trees "$trees" --batch 64 --repeat 1
-                                --systems sheaf:auto --modes infer --threads 1 --json) ;;
+                                --systems "sheaf:${GATED_STRATEGY:-auto}" --modes infer --threads 1 --json) ;;
   *) echo "host-instructions: workload is host or gated, not '$workload'" >&2; exit 2 ;;
 esac
 command -v valgrind > /dev/null || { echo "host-instructions: needs valgrind (apt-get install -y valgrind)" >&2; exit 1; }
