@@ -67,34 +67,65 @@ struct PanelMasks {
         hi(static_cast<__mmask16>(cols <= 16 ? 0 : cols >= 32 ? 0xFFFF : (1u << (cols - 16)) - 1)) {}
 };
 
+// How many interleaved chains of accumulators a block of R rows runs over k:
+// an FMA waits ~4 cycles for the one before on its accumulator, so the 2R of
+// one chain keep both FMA units busy only from R = 4 on. Fewer rows (the
+// last of a batch's rows, or a small batch) split k into 2 or 4 chains,
+// summed at the end: throughput- instead of latency-bound.
+template <int R>
+constexpr int kChains = R == 1 ? 4 : R <= 3 ? 2 : 1;
+
+// Row i of the panel into R rows' accumulators (a0: its first 16 columns, a1: the rest).
+template <int R>
+[[gnu::always_inline]] SHEAF_AVX512_TARGET inline void panel_step(__m512 (&a0)[R], __m512 (&a1)[R],
+                                                                  const float* const (&xr)[R], const float* panel,
+                                                                  int64_t i) {
+  __m512 w0 = _mm512_loadu_ps(panel + i * kPanel), w1 = _mm512_loadu_ps(panel + i * kPanel + 16);
+  // Kept in registers for R <= 3: there GCC folded the loads into every
+  // FMA, R loads of each where one serves, and the load ports set the pace
+  // (1.5x the time at R = 3). From R = 4 on, left to GCC: held there, they
+  // ran ~5-10% slower (m = 4, AVX2).
+  if constexpr (R <= 3) asm("" : "+v"(w0), "+v"(w1));
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m512 xv = _mm512_set1_ps(xr[r][i]);
+    a0[r] = _mm512_fmadd_ps(xv, w0, a0[r]);
+    a1[r] = _mm512_fmadd_ps(xv, w1, a1[r]);
+  }
+}
+
 // R rows of x times one panel: accumulators start from the bias (row stride
 // ldb; 0 for one bias for every row) and run over k; stores keep to the
 // panel's real columns (masks).
 template <int R, class Rows>
 SHEAF_AVX512_TARGET inline void block(Rows x, const float* panel, int64_t k, const float* bias, int64_t ldb, float* c,
                                       int64_t ldc, __mmask16 m0, __mmask16 m1) {
+  constexpr int S = kChains<R>;
   const float* xr[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) xr[r] = x.row(r);
-  __m512 a0[R], a1[R];
+  __m512 a0[S][R], a1[S][R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    a0[r] = bias ? _mm512_maskz_loadu_ps(m0, bias + r * ldb) : _mm512_setzero_ps();
-    a1[r] = bias ? _mm512_maskz_loadu_ps(m1, bias + r * ldb + 16) : _mm512_setzero_ps();
+    a0[0][r] = bias ? _mm512_maskz_loadu_ps(m0, bias + r * ldb) : _mm512_setzero_ps();
+    a1[0][r] = bias ? _mm512_maskz_loadu_ps(m1, bias + r * ldb + 16) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int s = 1; s < S; ++s) a0[s][r] = a1[s][r] = _mm512_setzero_ps();
   }
-  for (int64_t i = 0; i < k; ++i) {
-    const __m512 w0 = _mm512_loadu_ps(panel + i * kPanel), w1 = _mm512_loadu_ps(panel + i * kPanel + 16);
+  int64_t i = 0;
+  for (; i + S <= k; i += S)
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) panel_step<R>(a0[s], a1[s], xr, panel, i + s);
+  for (; i < k; ++i) panel_step<R>(a0[0], a1[0], xr, panel, i);
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512 xv = _mm512_set1_ps(xr[r][i]);
-      a0[r] = _mm512_fmadd_ps(xv, w0, a0[r]);
-      a1[r] = _mm512_fmadd_ps(xv, w1, a1[r]);
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int s = 1; s < S; ++s) {
+      a0[0][r] = _mm512_add_ps(a0[0][r], a0[s][r]);
+      a1[0][r] = _mm512_add_ps(a1[0][r], a1[s][r]);
     }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    _mm512_mask_storeu_ps(c + r * ldc, m0, a0[r]);
-    _mm512_mask_storeu_ps(c + r * ldc + 16, m1, a1[r]);
+    _mm512_mask_storeu_ps(c + r * ldc, m0, a0[0][r]);
+    _mm512_mask_storeu_ps(c + r * ldc + 16, m1, a1[0][r]);
   }
 }
 
@@ -130,13 +161,31 @@ struct HalfMasks {
   }
 };
 
+// Row i of the half panel into R rows' accumulators (as panel_step).
+template <int R>
+[[gnu::always_inline]] SHEAF_AVX2_TARGET inline void half_step(__m256 (&a0)[R], __m256 (&a1)[R],
+                                                               const float* const (&xr)[R], const float* half,
+                                                               int64_t i) {
+  __m256 w0 = _mm256_loadu_ps(half + i * kPanel), w1 = _mm256_loadu_ps(half + i * kPanel + 8);
+  if constexpr (R <= 3) asm("" : "+x"(w0), "+x"(w1));  // (as panel_step's)
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m256 xv = _mm256_broadcast_ss(xr[r] + i);
+    a0[r] = _mm256_fmadd_ps(xv, w0, a0[r]);
+    a1[r] = _mm256_fmadd_ps(xv, w1, a1[r]);
+  }
+}
+
 template <int R, class Rows>
 SHEAF_AVX2_TARGET inline void half_block(Rows x, const float* half, int64_t k, const float* bias, int64_t ldb,
                                          float* c, int64_t ldc, int64_t cols, const HalfMasks& mask) {
+  constexpr int S = kChains<R>;
   const float* xr[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) xr[r] = x.row(r);
-  __m256 a0[R], a1[R];
+  __m256 acc0[S][R], acc1[S][R];
+  __m256(&a0)[R] = acc0[0];
+  __m256(&a1)[R] = acc1[0];
   // Columns 8-15 of a half with 8 or fewer are not touched at all: masked-off
   // lanes do not fault on Intel's word, and AMD's manuals are less plain.
   const bool full = cols == 16, high = cols > 8;
@@ -151,18 +200,21 @@ SHEAF_AVX2_TARGET inline void half_block(Rows x, const float* half, int64_t k, c
       a0[r] = _mm256_maskload_ps(bias + r * ldb, mask.lo);
       a1[r] = high ? _mm256_maskload_ps(bias + r * ldb + 8, mask.hi) : _mm256_setzero_ps();
     }
+#pragma GCC unroll 4
+    for (int s = 1; s < S; ++s) acc0[s][r] = acc1[s][r] = _mm256_setzero_ps();
   }
-  for (int64_t i = 0; i < k; ++i) {
-    const __m256 w0 = _mm256_loadu_ps(half + i * kPanel), w1 = _mm256_loadu_ps(half + i * kPanel + 8);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m256 xv = _mm256_broadcast_ss(xr[r] + i);
-      a0[r] = _mm256_fmadd_ps(xv, w0, a0[r]);
-      a1[r] = _mm256_fmadd_ps(xv, w1, a1[r]);
-    }
-  }
+  int64_t i = 0;
+  for (; i + S <= k; i += S)
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) half_step<R>(acc0[s], acc1[s], xr, half, i + s);
+  for (; i < k; ++i) half_step<R>(a0, a1, xr, half, i);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int s = 1; s < S; ++s) {
+      a0[r] = _mm256_add_ps(a0[r], acc0[s][r]);
+      a1[r] = _mm256_add_ps(a1[r], acc1[s][r]);
+    }
     if (full) {
       _mm256_storeu_ps(c + r * ldc, a0[r]);
       _mm256_storeu_ps(c + r * ldc + 8, a1[r]);

@@ -272,8 +272,10 @@ TEST_CASE("linear_rows: one output column (a GEMV) with every kind of bias, and 
 }
 
 TEST_CASE("rows_dot: one output per row, with no bias, one bias or a bias per row, equals addmv", "[backend]") {
-  for (int64_t m : {2, 7, 64}) {
-    for (int64_t k : {1, 9, 256}) {
+  // (Rows four at a time and the last 1-3 alone; vectors of 16 or 8 and a
+  // short tail: sizes on each side of those.)
+  for (int64_t m : {1, 2, 3, 4, 5, 7, 64}) {
+    for (int64_t k : {1, 9, 16, 17, 33, 256}) {
       INFO("m " << m << ", k " << k);
       const at::Tensor x = data({m, k}, 1), v = data({k}, 2), b = data({1}, 3), rows = data({m}, 4);
       const at::Tensor want = at::mv(x, v);
