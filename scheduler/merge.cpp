@@ -31,6 +31,18 @@ thread_local MergeScratch t_merge;
 void merge_batches(const RoundDag& dag, Batches& schedule) {
   MergeScratch& x = t_merge;
   const auto nb = static_cast<uint32_t>(schedule.size());
+  // A few batches of different signatures (a cond-heavy net's rounds: a
+  // gate and its two cells) have nothing to merge: seen in a few
+  // comparisons, before the per-node passes below.
+  if (nb <= 16) {
+    bool repeats = false;
+    for (uint32_t k = 1; k < nb && !repeats; ++k) {
+      const SigId s = dag.sig[schedule.nodes[schedule.begin[k]]];
+      for (uint32_t j = 0; j < k && !repeats; ++j)
+        repeats = s != kNoSig && dag.sig[schedule.nodes[schedule.begin[j]]] == s;
+    }
+    if (!repeats) return;
+  }
   // owner[k]: the batch whose launch runs batch k's nodes (k while alive);
   // alive batch t runs batches first[t], next[first[t]], ... last[t].
   Column<uint32_t>&owner = x.owner, &first = x.first, &last = x.last, &next = x.next, &batch_of = x.batch_of;
