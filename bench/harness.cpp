@@ -273,7 +273,7 @@ std::vector<std::vector<double>> measure(const Options& o, std::vector<System>& 
   size_t last = systems.size();
   for (int r = 0; r < repeat; ++r) {
     const std::vector<size_t> order = pass_order(systems.size(), r, o.order == "balanced", last);
-    last = order.back();
+    if (!order.empty()) last = order.back();  // (a workload may have left no system to run)
     for (const size_t k : order) {
       // On a GPU, an untimed step first: the system that ran after another
       // paid ~27 ms more for its first batch on an H200 (TreeLSTM, batch 256:

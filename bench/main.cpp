@@ -34,8 +34,9 @@ int main(int argc, char** argv) {
   app.add_option("--trees", o.trees, "trees (taggers: sentences; attention: pairs) per timed pass (a multiple of --batch is used)")->check(CLI::PositiveNumber);
   app.add_option("--repeat", o.repeat, "timed passes per system (the median is reported)")->check(CLI::PositiveNumber);
   app.add_option("--order", o.order,
-                 "the systems' order in each timed repeat: balanced (a Williams design: each system right after each "
-                 "other equally often over the repeats; bench/pass_order.h) or fixed (as --systems lists them)")
+                 "the systems' order in each timed repeat: balanced (rows of a Williams design: within repeats, each "
+                 "system right after each other equally often over k repeats for k systems, 2k for an odd k; fewer "
+                 "repeats balance in part; bench/pass_order.h) or fixed (as --systems lists them)")
       ->check(CLI::IsMember({"balanced", "fixed"}));
   app.add_option("--systems", o.systems, "per-example, sheaf (every strategy), sheaf:<strategy>, hand; treelstm, the taggers and training on shift_reduce and attention also "
                  "sheaf[:<strategy>]+prefetch (records the next batch on a second host thread); gated_rvnn, shift_reduce and "

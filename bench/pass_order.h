@@ -15,18 +15,22 @@ namespace sheaf::bench {
 
 // The order of `k` systems' passes in repeat `r` (from 0), after a repeat
 // that ended with system `last` (k or more: none). Fixed: 0, 1, ..., k - 1.
-// Balanced: row r of a Williams design, a Latin square in which each system
-// comes right after each other one equally often (once over k repeats for
-// even k; twice over 2k, the square and its rows reversed, for odd k). Its
-// first row is 0, 1, k-1, 2, k-2, ...; row q adds q to each. Where a row
-// would start with `last` (k = 2 or 3 only), it is rotated by one, so that
-// no system runs twice in a row.
+// Balanced: row r of a Williams design, a Latin square in which, within
+// repeats, each system comes right after each other one equally often (once
+// over k repeats for even k; twice over 2k, the square and its rows
+// reversed, for odd k; fewer repeats balance in part, and the pairs across
+// two repeats are not balanced). Its first row is 0, 1, k-1, 2, k-2, ...;
+// row q adds q to each. Consecutive rows never put one system twice in a
+// row, except for k = 2 (then a row that would start with `last` is rotated
+// by one: A B A B ...) and k = 3 (whose reversed rows go in the order 1, 0,
+// 2 instead: 012 120 201 021 210 102, every pair twice, none repeated).
 inline std::vector<size_t> pass_order(size_t k, int r, bool balanced, size_t last) {
   std::vector<size_t> order(k);
   std::iota(order.begin(), order.end(), size_t{0});
   if (!balanced || k < 2) return order;
   const size_t rows = k % 2 == 0 ? k : 2 * k;
-  const size_t q = static_cast<size_t>(r) % rows;
+  size_t q = static_cast<size_t>(r) % rows;
+  if (k == 3 && q >= 3) q = 3 + (q == 3 ? 1 : q == 4 ? 0 : 2);
   for (size_t j = 0; j < k; ++j) {
     const size_t first_row = j == 0 ? 0 : j % 2 == 1 ? (j + 1) / 2 : k - j / 2;
     order[j] = (first_row + q % k) % k;

@@ -108,7 +108,9 @@ SHEAF_NARROW_LOOP(avx2, SHEAF_AVX2_TARGET)
 // Four rows at a time, each with its own accumulator register over w's
 // vectors, so four independent FMA chains run where a row's single chain
 // (dot8: one 8-float accumulator) waited on each FMA's latency: ~50 cycles
-// a row of 256 floats. The sums come out in another order than dot8's.
+// a row of 256 floats. The sums come out in another order than dot8's, and
+// the last 1-3 rows' in yet another: a row's last bits depend on where it
+// falls in the batch.
 #ifdef SHEAF_HAVE_AVX2_CLONES
 SHEAF_AVX2_TARGET inline float sum8(__m256 v) {
   const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

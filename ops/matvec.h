@@ -44,7 +44,8 @@ at::Tensor weighted_row_sums(const RowOperand& w, const RowOperand& B, std::span
 // caller's, or none): one allocation and one loop, where ATen's addmv path
 // costs six calls around a few thousand multiply-adds (and reading v and the
 // bias by pointer spares the select and reshape a caller would otherwise
-// dispatch). Float32 CPU.
+// dispatch). Float32 CPU. Rows four at a time: a row's sum is rounded in an
+// order that depends on its place among X's rows (the last 1-3 differ).
 at::Tensor rows_dot(const at::Tensor& X, const at::Tensor& v, const at::Tensor& bias);
 
 // The widest weight narrow_product takes (a classifier's classes); wider

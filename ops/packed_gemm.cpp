@@ -71,7 +71,9 @@ struct PanelMasks {
 // an FMA waits ~4 cycles for the one before on its accumulator, so the 2R of
 // one chain keep both FMA units busy only from R = 4 on. Fewer rows (the
 // last of a batch's rows, or a small batch) split k into 2 or 4 chains,
-// summed at the end: throughput- instead of latency-bound.
+// summed at the end: throughput- instead of latency-bound. (So a row's sum
+// is rounded in an order that depends on the block it falls in: the same
+// row may differ in its last bits between batches of different sizes.)
 template <int R>
 constexpr int kChains = R == 1 ? 4 : R <= 3 ? 2 : 1;
 
@@ -83,8 +85,7 @@ template <int R>
   __m512 w0 = _mm512_loadu_ps(panel + i * kPanel), w1 = _mm512_loadu_ps(panel + i * kPanel + 16);
   // Kept in registers for R <= 3: there GCC folded the loads into every
   // FMA, R loads of each where one serves, and the load ports set the pace
-  // (1.5x the time at R = 3). From R = 4 on, left to GCC: held there, they
-  // ran ~5-10% slower (m = 4, AVX2).
+  // (1.5x the time at R = 3). From R = 4 on GCC keeps them in registers itself.
   if constexpr (R <= 3) asm("" : "+v"(w0), "+v"(w1));
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {

@@ -12,7 +12,9 @@
 // The AVX2 kernel is not only the copy saved: on a Zen 1 core OpenBLAS 0.3.21's
 // kernel ran [100, 256] x [256, 128] at ~10 GFLOPS where this one runs ~19.
 // Its sums run in a different order than OpenBLAS's: results agree to float
-// rounding, not bit for bit.
+// rounding, not bit for bit. The order also depends on where a row falls
+// among the batch's rows (the last 1-3 run split sums): the same row may
+// differ in its last bits between batches, deterministically.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -315,8 +315,11 @@ TEST_CASE("packed_mm: the product of any rows, with no bias, one bias or a bias 
     WARN("no AVX2+FMA on this CPU: the packed product is not used here, nothing to check");
     return;
   }
-  // Column counts on and off the 32-column panels; rows through every block remainder.
-  for (auto [k, n] : {std::pair<int64_t, int64_t>{288, 640}, {416, 128}, {37, 45}, {8, 8}, {100, 17}}) {
+  // Column counts on and off the 32-column panels; rows through every block
+  // remainder; k past a multiple of 4 by 0-3 (blocks of 1-3 rows split k
+  // over 4 or 2 chains: the steps left over).
+  for (auto [k, n] : {std::pair<int64_t, int64_t>{288, 640}, {416, 128}, {37, 45}, {8, 8}, {100, 17}, {42, 70},
+                      {39, 33}}) {
     const at::Tensor W = at::randn({n, k});
     const PackedMatrix p = pack_matrix(W.t());
     REQUIRE(p.panels.size(0) == (n + 31) / 32);
