@@ -31,16 +31,17 @@ thread_local MergeScratch t_merge;
 void merge_batches(const RoundDag& dag, Batches& schedule) {
   MergeScratch& x = t_merge;
   const auto nb = static_cast<uint32_t>(schedule.size());
+  const uint32_t* const nodes = schedule.nodes.data();
+  const uint32_t* const begin = schedule.begin.data();
+  // A batch's signature is its first node's (a move appends to the receiver).
+  auto sig_of = [&](uint32_t k) { return dag.sig[nodes[begin[k]]]; };
   // A few batches of different signatures (a cond-heavy net's rounds: a
   // gate and its two cells) have nothing to merge: seen in a few
   // comparisons, before the per-node passes below.
   if (nb <= 16) {
     bool repeats = false;
-    for (uint32_t k = 1; k < nb && !repeats; ++k) {
-      const SigId s = dag.sig[schedule.nodes[schedule.begin[k]]];
-      for (uint32_t j = 0; j < k && !repeats; ++j)
-        repeats = s != kNoSig && dag.sig[schedule.nodes[schedule.begin[j]]] == s;
-    }
+    for (uint32_t k = 1; k < nb && !repeats; ++k)
+      for (uint32_t j = 0; j < k && !repeats; ++j) repeats = sig_of(k) != kNoSig && sig_of(j) == sig_of(k);
     if (!repeats) return;
   }
   // owner[k]: the batch whose launch runs batch k's nodes (k while alive);
@@ -51,16 +52,12 @@ void merge_batches(const RoundDag& dag, Batches& schedule) {
   last.resize(nb);
   next.resize(nb);
   batch_of.resize(dag.size());
-  const uint32_t* const nodes = schedule.nodes.data();
-  const uint32_t* const begin = schedule.begin.data();
   for (uint32_t k = 0; k < nb; ++k) {
     owner[k] = first[k] = last[k] = k;
     next[k] = kNone32;
     for (uint32_t j = begin[k]; j < begin[k + 1]; ++j) batch_of[nodes[j]] = k;
   }
   auto pos = [&](uint32_t node) { return owner[batch_of[node]]; };
-  // A batch's signature is its first node's (a move appends to the receiver).
-  auto sig_of = [&](uint32_t k) { return dag.sig[nodes[begin[k]]]; };
   // Batch positions per signature, ascending (a counting sort into CSR form).
   const uint32_t nsig = dag.num_sigs();
   std::vector<uint32_t>&sig_begin = x.sig_begin, &cursor = x.cursor;
