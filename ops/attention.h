@@ -26,6 +26,7 @@
 #include <span>
 #include <vector>
 
+#include "attention_cpu.h"
 #include "common.h"
 #include "map_rows.h"
 
@@ -54,7 +55,19 @@ struct Attention {
     const auto counts = c.segment_counts();
     if (counts.empty()) {  // values of one shape: [n, L, d]
       const at::Tensor q = c.batched(0), k = c.batched(1), v = c.batched(2);
+      if (attention_cpu_takes(q, k, v)) {  // the packed loop, every value's rows end to end
+        const int64_t n = q.size(0), lq = q.size(1), lk = k.size(1);
+        const std::vector<int64_t> qc(static_cast<size_t>(n), lq), kc(static_cast<size_t>(n), lk);
+        return attention_cpu(q.reshape({n * lq, q.size(2)}), k.reshape({n * lk, k.size(2)}),
+                             v.reshape({n * lk, v.size(2)}), qc, kc, heads, scale)
+            .view({n, lq, v.size(2)});
+      }
       return attend(q, k, v, heads, scale, {});
+    }
+    // On the CPU (float32): one loop over the rows where they lie (ops/attention_cpu.h).
+    if (attention_cpu_takes(c.in(0), c.in(1), c.in(2))) {
+      SHEAF_ASSERT(!c.own_counts().empty(), "attention: a packed batch without its keys' counts");
+      return attention_cpu(c.in(0), c.in(1), c.in(2), counts, c.own_counts(), heads, scale);
     }
     // Packed rows: pad each value's queries to the longest query count and
     // its keys and values to the longest key count, each through one index

@@ -1,0 +1,87 @@
+// The CPU attention loop (ops/attention_cpu.h) against LibTorch's formula,
+// value by value and head by head: outputs and the gradients of queries, keys
+// and values, at lengths around the vector width (tails), one key, queries
+// and keys of different counts, a given scale, and values end to end.
+#include <sheaf/ops/attention_cpu.h>
+
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cmath>
+
+#include "../support.h"
+
+using namespace sheaf;
+
+namespace {
+
+// One value's attention, head by head, as LibTorch code writes it.
+at::Tensor reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads, double scale) {
+  std::vector<at::Tensor> out;
+  const int64_t dk = q.size(1) / heads, dv = v.size(1) / heads;
+  if (scale == 0) scale = 1.0 / std::sqrt(static_cast<double>(dk));
+  for (int64_t h = 0; h < heads; ++h) {
+    const at::Tensor qh = q.narrow(1, h * dk, dk), kh = k.narrow(1, h * dk, dk), vh = v.narrow(1, h * dv, dv);
+    out.push_back(at::softmax(qh.mm(kh.t()) * scale, 1).mm(vh));
+  }
+  return at::cat(out, 1);
+}
+
+struct Case {
+  std::vector<int64_t> qc, kc;
+  int64_t d, dv, heads;
+  double scale;
+};
+
+void check_case(const Case& c) {
+  int64_t rq = 0, rk = 0;
+  for (size_t i = 0; i < c.qc.size(); ++i) {
+    rq += c.qc[i];
+    rk += c.kc[i];
+  }
+  at::manual_seed(static_cast<uint64_t>(rq * 31 + rk));
+  const at::Tensor q = at::randn({rq, c.d}).requires_grad_(), k = at::randn({rk, c.d}).requires_grad_(),
+                   v = at::randn({rk, c.dv}).requires_grad_();
+  const at::Tensor out = op::attention_cpu(q, k, v, c.qc, c.kc, c.heads, c.scale);
+  REQUIRE(out.sizes() == at::IntArrayRef({rq, c.dv}));
+  const at::Tensor w = at::randn({rq, c.dv});  // a loss that weighs every output differently
+  const auto grads = torch::autograd::grad({(out * w).sum()}, {q, k, v});
+  std::vector<at::Tensor> want;
+  for (size_t i = 0, q0 = 0, k0 = 0; i < c.qc.size(); q0 += c.qc[i], k0 += c.kc[i], ++i)
+    want.push_back(reference(q.narrow(0, q0, c.qc[i]), k.narrow(0, k0, c.kc[i]), v.narrow(0, k0, c.kc[i]), c.heads,
+                             c.scale));
+  const at::Tensor expect = at::cat(want);
+  const auto expect_grads = torch::autograd::grad({(expect * w).sum()}, {q, k, v});
+  CHECK(at::allclose(out, expect, 1e-4, 1e-5));
+  for (size_t g = 0; g < 3; ++g) {
+    INFO("gradient of " << "qkv"[g]);
+    CHECK(at::allclose(grads[g], expect_grads[g], 1e-4, 1e-5));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("attention_cpu: values and gradients equal LibTorch's formula", "[attention][backend]") {
+  const std::vector<Case> cases = {
+      {{5, 1, 17, 33, 8}, {5, 1, 17, 33, 8}, 64, 64, 4, 0},  // self-attention, lengths around the vector width
+      {{3, 7, 2}, {9, 1, 16}, 32, 48, 2, 0},                 // queries over keys of other counts, dv != d
+      {{4, 4}, {6, 6}, 12, 8, 1, 0.7},                       // one head, a given scale
+      {{40}, {40}, 128, 128, 4, 0},                          // one long value, d = 128
+      {{1}, {1}, 8, 8, 4, 1.0},                              // one query, one key: its value row
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    INFO("case " << i);
+    check_case(cases[i]);
+  }
+}
+
+TEST_CASE("attention_cpu: no gradient kept without one wanted, and large scores stay finite", "[attention][backend]") {
+  c10::NoGradGuard no_grad;
+  const at::Tensor q = at::randn({6, 8}) * 100, k = at::randn({6, 8}) * 100, v = at::randn({6, 8});
+  const std::vector<int64_t> counts{2, 4};
+  const at::Tensor out = op::attention_cpu(q, k, v, counts, counts, 2, 0);
+  CHECK(!out.requires_grad());
+  CHECK(at::isfinite(out).all().item<bool>());
+  const at::Tensor expect = at::cat({reference(q.narrow(0, 0, 2), k.narrow(0, 0, 2), v.narrow(0, 0, 2), 2, 0),
+                                     reference(q.narrow(0, 2, 4), k.narrow(0, 2, 4), v.narrow(0, 2, 4), 2, 0)});
+  CHECK(at::allclose(out, expect, 1e-4, 1e-5));
+}
