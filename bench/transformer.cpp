@@ -60,12 +60,15 @@ void run_mode(const Options& o, const std::string& mode, int64_t d, const Taggin
       systems.push_back(per_example_system<Sentence>(
           make_step, train, c.batches, [&](const Sentence& x) { return model.per_example_loss(x); },
           [&](const Sentence& x) { model.per_example_logits(x); }));
-    } else if (name == "hand" || name == "hand:pad" || name.starts_with("hand:buckets")) {
+    } else if (name == "hand" || name == "hand:pad" || name == "hand:sheaf-attention" ||
+               name.starts_with("hand:buckets")) {
       // hand: the sentences sorted by length in 4 groups, each padded to its
       // own longest (4 read best of 1, 2, 4 and 8 here, stop 66); hand:pad:
-      // every sentence padded to the batch's longest; hand:bucketsG: G groups.
-      const int buckets = name == "hand" ? 4 : name == "hand:pad" ? 1 : std::stoi(name.substr(12));
-      const HandTransformer hand(model, buckets);
+      // every sentence padded to the batch's longest; hand:bucketsG: G groups;
+      // hand:sheaf-attention: attention by Sheaf's CPU loop (a reference).
+      const bool sheaf_attention = name == "hand:sheaf-attention";
+      const int buckets = name == "hand" || sheaf_attention ? 4 : name == "hand:pad" ? 1 : std::stoi(name.substr(12));
+      const HandTransformer hand(model, buckets, sheaf_attention);
       System s{name == "hand" ? name : "hand-alt", name == "hand" ? "" : name.substr(5)};
       s.step = make_step(s, [&, hand, train](size_t b) { return train ? hand.loss(c.batches[b]) : hand.logits(c.batches[b]); });
       c10::NoGradGuard no_grad;
@@ -93,7 +96,7 @@ void run_mode(const Options& o, const std::string& mode, int64_t d, const Taggin
                      reference);
       }
     } else {
-      throw UserError("unknown system '" + name + "' for transformer (per-example, hand, hand:pad, hand:bucketsG, sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline][/matmul])");
+      throw UserError("unknown system '" + name + "' for transformer (per-example, hand, hand:pad, hand:bucketsG, hand:sheaf-attention, sheaf[:<strategy>][+prefetch][/unfused][/eager][/inline][/matmul])");
     }
   }
   const double items = static_cast<double>(c.batches.size() * static_cast<size_t>(o.batch));

@@ -10,11 +10,13 @@
 // attention over values of different lengths is ONE packed batch
 // (OpTraits::per_value): the rows of every example's Q end to end with their
 // counts, and those of K and V with theirs (OpTraits::own_rows: Lk need not
-// be Lq, a decoder's queries over an encoder's states); run() pads each to
-// the longest in the batch (on the CPU: in its group of like lengths),
-// masks the padded keys, runs the heads as two batched GEMMs (a pair a group)
-// and keeps the real rows: exact (padded queries are dropped, padded keys
-// get weight 0).
+// be Lq, a decoder's queries over an encoder's states). On the CPU (float32)
+// run() reads each packed value's rows where they lie, one loop forward and
+// one backward (ops/attention_cpu.h). Elsewhere (a GPU; other types) it pads
+// each to the longest in the batch (on the CPU: in its group of like
+// lengths), masks the padded keys, runs the heads as two batched GEMMs (a
+// pair a group) and keeps the real rows: exact (padded queries are dropped,
+// padded keys get weight 0).
 #pragma once
 
 #include <ATen/ops/bmm.h>
@@ -55,13 +57,6 @@ struct Attention {
     const auto counts = c.segment_counts();
     if (counts.empty()) {  // values of one shape: [n, L, d]
       const at::Tensor q = c.batched(0), k = c.batched(1), v = c.batched(2);
-      if (attention_cpu_takes(q, k, v)) {  // the packed loop, every value's rows end to end
-        const int64_t n = q.size(0), lq = q.size(1), lk = k.size(1);
-        const std::vector<int64_t> qc(static_cast<size_t>(n), lq), kc(static_cast<size_t>(n), lk);
-        return attention_cpu(q.reshape({n * lq, q.size(2)}), k.reshape({n * lk, k.size(2)}),
-                             v.reshape({n * lk, v.size(2)}), qc, kc, heads, scale)
-            .view({n, lq, v.size(2)});
-      }
       return attend(q, k, v, heads, scale, {});
     }
     // On the CPU (float32): one loop over the rows where they lie (ops/attention_cpu.h).

@@ -280,6 +280,10 @@ struct PackedAttention : torch::autograd::Function<PackedAttention> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    // The gradients below are computed without autograd: they have no
+    // history of their own (a second derivative would be silently wrong).
+    if (c10::GradMode::is_enabled())
+      throw UserError("attention on the CPU: no second derivative (a backward with create_graph)");
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &P = saved[3];
     const std::vector<int64_t> qc = ctx->saved_data["qc"].toIntVector(), kc = ctx->saved_data["kc"].toIntVector();

@@ -50,9 +50,10 @@ out=docs/results-$device.jsonl
   "$bench" --workload attention --hidden 128 --batch 64 --trees 512 --device "$device" --threads 1 --repeat 5 --json \
     --systems per-example,sheaf:auto,sheaf:auto/seq,sheaf:auto+prefetch,sheaf:auto+overlap,sheaf:auto+overlap/seq,hand,hand:bmm
   # One Transformer encoder layer tagging sentences of 5-40 words (--hidden: its width).
-  # hand: attention in 4 length buckets; hand:pad: padded to the batch's longest.
+  # hand: attention in 4 length buckets; hand:pad: padded to the batch's longest;
+  # hand:sheaf-attention: hand with Sheaf's CPU attention loop (a reference, not LibTorch code).
   "$bench" --workload transformer --hidden 64,128 --batch 64 --trees 512 --device "$device" --threads 1 --repeat 5 \
-    --json --systems per-example,sheaf:auto,sheaf:auto+prefetch,hand,hand:pad
+    --json --systems per-example,sheaf:auto,sheaf:auto+prefetch,hand,hand:pad,hand:sheaf-attention
   # Host work alone (ns per node for recording and each scheduling step).
   "$bench" --workload host --hidden 128 --batch 64 --trees 1024 "${args[@]}" --systems sheaf,sheaf:auto/inline
   # What a launch and a gathered MiB cost here (scheduler/cost.h's CostModel for this device).

@@ -8,6 +8,8 @@
 #include <limits>
 #include <vector>
 
+#include <sheaf/ops/attention_cpu.h>
+
 namespace sheaf::models {
 
 at::Tensor HandTransformer::attend(const at::Tensor& QKV, std::span<const data::Sentence* const> batch,
@@ -69,6 +71,13 @@ at::Tensor HandTransformer::logits(std::span<const data::Sentence* const> batch)
                        m_.P.index_select(0, longs(positions));  // [T, d]
   const int64_t d = o.d;
   const at::Tensor QKV = at::linear(X, at::cat({m_.Wq, m_.Wk, m_.Wv}), at::cat({m_.bq, m_.bk, m_.bv}));  // [T, 3d]
+  if (sheaf_attention_ && op::attention_cpu_takes(QKV, QKV, QKV)) {
+    std::vector<int64_t> lengths;
+    for (const data::Sentence* s : batch) lengths.push_back(s->size());
+    const at::Tensor Z = op::attention_cpu(QKV.narrow(1, 0, d), QKV.narrow(1, d, d), QKV.narrow(1, 2 * d, d), lengths,
+                                           lengths, o.heads, 0);
+    return head(X, Z);
+  }
   // Sentences by length, cut into buckets of nearly equal count (one: the batch as it is).
   std::vector<int64_t> order(static_cast<size_t>(B));
   for (int64_t i = 0; i < B; ++i) order[static_cast<size_t>(i)] = i;
@@ -92,6 +101,11 @@ at::Tensor HandTransformer::logits(std::span<const data::Sentence* const> batch)
     for (size_t k = 0; k < back.size(); ++k) to[static_cast<size_t>(back[k])] = static_cast<int64_t>(k);
     Z = at::cat(parts).index_select(0, longs(to));
   }
+  return head(X, Z);
+}
+
+at::Tensor HandTransformer::head(const at::Tensor& X, const at::Tensor& Z) const {
+  const int64_t d = m_.options().d;
   const at::Tensor X1 = at::layer_norm(X + at::linear(Z, m_.Wo, m_.bo), {d}, m_.g1, m_.b1);
   const at::Tensor Y = at::layer_norm(X1 + at::linear(at::relu(at::linear(X1, m_.W1, m_.c1)), m_.W2, m_.c2), {d}, m_.g2, m_.b2);
   return at::linear(Y, m_.Wt, m_.bt);

@@ -8,7 +8,10 @@
 // are sorted by length and cut into that many groups of (nearly) equal count,
 // each padded to its own longest and attended on its own: the usual
 // bucketing, less padded work for a few more calls (Sheaf's attention groups
-// like lengths too, ops/attention.h).
+// like lengths too, ops/attention.h). With `sheaf_attention`, attention is
+// instead Sheaf's CPU loop over the packed rows (ops/attention_cpu.h), no
+// padding: not LibTorch code a user could write, a reference for how much of
+// Sheaf's lead is that kernel (sheaf-bench's hand:sheaf-attention).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -21,7 +24,8 @@ namespace sheaf::models {
 
 class HandTransformer {
  public:
-  explicit HandTransformer(const TransformerTagger& model, int buckets = 1) : m_(model), buckets_(buckets) {}
+  explicit HandTransformer(const TransformerTagger& model, int buckets = 1, bool sheaf_attention = false)
+      : m_(model), buckets_(buckets), sheaf_attention_(sheaf_attention) {}
   at::Tensor loss(std::span<const data::Sentence* const> batch) const;    // summed over tokens
   at::Tensor logits(std::span<const data::Sentence* const> batch) const;  // [tokens, tags], sentence order
 
@@ -31,9 +35,12 @@ class HandTransformer {
   // the group's sentence order.
   at::Tensor attend(const at::Tensor& QKV, std::span<const data::Sentence* const> batch,
                     std::span<const int64_t> group, std::span<const int64_t> first) const;
+  // The layer after attention: output projection, norms, feed-forward, tag scores.
+  at::Tensor head(const at::Tensor& X, const at::Tensor& Z) const;
 
   const TransformerTagger& m_;
   int buckets_;
+  bool sheaf_attention_;
 };
 
 }  // namespace sheaf::models

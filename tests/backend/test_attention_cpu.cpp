@@ -74,6 +74,28 @@ TEST_CASE("attention_cpu: values and gradients equal LibTorch's formula", "[atte
   }
 }
 
+// Values of one shape (every example's length alike) are packed rows too,
+// with equal counts: batched equals alone, values and gradients.
+TEST_CASE("attention_cpu: values of one shape through the DSL, batched equals alone", "[attention][backend]") {
+  at::manual_seed(5);
+  const at::Tensor W = (at::randn({8, 8}) * 0.3).requires_grad_(), b = (at::randn({8}) * 0.1).requires_grad_();
+  std::vector<at::Tensor> inputs;
+  for (int i = 0; i < 6; ++i) inputs.push_back(at::randn({3, 8}));
+  auto program = [&](Graph& g, int i) {
+    const Expr X = g.input(inputs[static_cast<size_t>(i)]);
+    const Expr Q = dsl::tanh(dsl::affine(W, X, b));
+    return dsl::sum(dsl::attention(Q, X, Q, 2) * X);
+  };
+  REQUIRE_BATCHED_EQUALS_ALONE(check_batched(6, program, {.params = {W, b}}));
+}
+
+TEST_CASE("attention_cpu: a second derivative is refused, not wrong", "[attention][backend]") {
+  const at::Tensor q = at::randn({4, 8}).requires_grad_(), k = at::randn({4, 8}), v = at::randn({4, 8});
+  const std::vector<int64_t> counts{4};
+  const at::Tensor out = op::attention_cpu(q, k, v, counts, counts, 2, 0);
+  CHECK_THROWS_AS(torch::autograd::grad({out.sum()}, {q}, {}, /*retain_graph=*/true, /*create_graph=*/true), UserError);
+}
+
 TEST_CASE("attention_cpu: no gradient kept without one wanted, and large scores stay finite", "[attention][backend]") {
   c10::NoGradGuard no_grad;
   const at::Tensor q = at::randn({6, 8}) * 100, k = at::randn({6, 8}) * 100, v = at::randn({6, 8});

@@ -178,7 +178,7 @@ inline const std::vector<OpCase>& cases() {
          const Expr K = dsl::tanh(g.input(p.data({1 + (i + 1) % 4, kD}, i, 12)));   // [1 + (i + 1) % 4, kD]
          return dsl::sum_dim(dsl::attention(Q, K, dsl::sigmoid(K), 2, 0.7), 0);
        }},
-      {"attention over values of very different lengths (on the CPU: padded in groups of like lengths)",
+      {"attention over values of very different lengths (on the CPU: one loop over the rows as they lie)",
        [](Graph& g, Expr h, int i, const Params& p) {
          const int64_t len = i % 2 == 0 ? 2 + i % 3 : 60 + i;  // short and long, in turn
          const Expr K = dsl::tanh(g.input(p.data({len, kD}, i, 13)));

@@ -397,8 +397,10 @@ TEST_CASE("map_rows moves rows as index_select does, its gradient the inverse ma
                   ids.index_select(0, at::tensor(perm, at::kLong))));
 }
 
-TEST_CASE("attention on the CPU pads values of very different lengths in groups of like lengths", "[ops][attention]") {
-  // (The op table's case with short and long values checks the groups' values and gradients.)
+TEST_CASE("attention's padded path on the CPU groups values of very different lengths by like lengths", "[ops][attention]") {
+  // (The grouping alone: float32 values on the CPU take ops/attention_cpu.h's
+  // loop, which pads nothing, so the op table's cases no longer run the
+  // groups; the padded path serves other types and GPUs.)
   const std::vector<int64_t> same(8, 20), mixed{2, 60, 3, 64, 2, 61};
   CHECK(op::Attention::buckets(same, same, 2, 16).cuts.size() == 2);  // one group
   const auto g = op::Attention::buckets(mixed, mixed, 2, 16);
