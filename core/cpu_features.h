@@ -50,4 +50,14 @@ inline bool use_avx2() { return cpu_detail::isa_level() >= 1; }
 // Whether the AVX-512 clones may.
 inline bool use_avx512() { return cpu_detail::isa_level() >= 2; }
 
+// The clone of a loop compiled three times (NAME##_base, NAME##_avx2,
+// NAME##_avx512, the last two with SHEAF_AVX2_TARGET / SHEAF_AVX512_TARGET)
+// that this CPU runs: its address, to keep once.
+#ifdef SHEAF_HAVE_AVX2_CLONES
+#define SHEAF_PICK_CLONE(NAME) \
+  (::sheaf::use_avx512() ? &NAME##_avx512 : ::sheaf::use_avx2() ? &NAME##_avx2 : &NAME##_base)
+#else
+#define SHEAF_PICK_CLONE(NAME) (&NAME##_base)
+#endif
+
 }  // namespace sheaf

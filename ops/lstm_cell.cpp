@@ -101,13 +101,7 @@ struct Kernels {
 };
 
 const Kernels& kernels() {
-  static const Kernels k = [] {
-#ifdef SHEAF_HAVE_AVX2_CLONES
-    if (use_avx512()) return Kernels{&fwd_avx512, &bwd_avx512};
-    if (use_avx2()) return Kernels{&fwd_avx2, &bwd_avx2};
-#endif
-    return Kernels{&fwd_base, &bwd_base};
-  }();
+  static const Kernels k{SHEAF_PICK_CLONE(fwd), SHEAF_PICK_CLONE(bwd)};
   return k;
 }
 

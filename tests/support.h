@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <sheaf/sheaf.h>
 
+#include <cmath>
 #include <functional>
 #include <vector>
 
@@ -58,6 +59,21 @@ inline void require_all_close(const std::vector<at::Tensor>& a, const std::vecto
   } while (0)
 
 inline bool cuda_available() { return at::hasCUDA(); }
+
+// LibTorch's scaled dot-product attention of one example, head by head (what
+// dsl::attention computes): q [Lq, d], k [Lk, d], v [Lk, dv] -> [Lq, dv];
+// scale 0: 1 / sqrt(d / heads).
+inline at::Tensor attention_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                               double scale = 0) {
+  std::vector<at::Tensor> out;
+  const int64_t dk = q.size(1) / heads, dv = v.size(1) / heads;
+  if (scale == 0) scale = 1.0 / std::sqrt(static_cast<double>(dk));
+  for (int64_t h = 0; h < heads; ++h) {
+    const at::Tensor qh = q.narrow(1, h * dk, dk), kh = k.narrow(1, h * dk, dk), vh = v.narrow(1, h * dv, dv);
+    out.push_back(at::softmax(qh.mm(kh.t()) * scale, 1).mm(vh));
+  }
+  return at::cat(out, 1);
+}
 
 // Records program(g, i) for examples 0..n-1 and runs them in one forward.
 template <class Program>

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include <sheaf/core/error.h>
 #include <sheaf/ops/attention_cpu.h>
 
 namespace sheaf::models {
@@ -71,7 +72,9 @@ at::Tensor HandTransformer::logits(std::span<const data::Sentence* const> batch)
                        m_.P.index_select(0, longs(positions));  // [T, d]
   const int64_t d = o.d;
   const at::Tensor QKV = at::linear(X, at::cat({m_.Wq, m_.Wk, m_.Wv}), at::cat({m_.bq, m_.bk, m_.bv}));  // [T, 3d]
-  if (sheaf_attention_ && op::attention_cpu_takes(QKV, QKV, QKV)) {
+  if (sheaf_attention_) {
+    if (!op::attention_cpu_takes(QKV, QKV, QKV))
+      throw UserError("hand:sheaf-attention runs on the CPU in float32 only (Sheaf's CPU attention loop)");
     std::vector<int64_t> lengths;
     for (const data::Sentence* s : batch) lengths.push_back(s->size());
     const at::Tensor Z = op::attention_cpu(QKV.narrow(1, 0, d), QKV.narrow(1, d, d), QKV.narrow(1, 2 * d, d), lengths,

@@ -6,25 +6,11 @@
 
 #include <torch/csrc/autograd/autograd.h>
 
-#include <cmath>
-
 #include "../support.h"
 
 using namespace sheaf;
 
 namespace {
-
-// One value's attention, head by head, as LibTorch code writes it.
-at::Tensor reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads, double scale) {
-  std::vector<at::Tensor> out;
-  const int64_t dk = q.size(1) / heads, dv = v.size(1) / heads;
-  if (scale == 0) scale = 1.0 / std::sqrt(static_cast<double>(dk));
-  for (int64_t h = 0; h < heads; ++h) {
-    const at::Tensor qh = q.narrow(1, h * dk, dk), kh = k.narrow(1, h * dk, dk), vh = v.narrow(1, h * dv, dv);
-    out.push_back(at::softmax(qh.mm(kh.t()) * scale, 1).mm(vh));
-  }
-  return at::cat(out, 1);
-}
 
 struct Case {
   std::vector<int64_t> qc, kc;
@@ -47,7 +33,7 @@ void check_case(const Case& c) {
   const auto grads = torch::autograd::grad({(out * w).sum()}, {q, k, v});
   std::vector<at::Tensor> want;
   for (size_t i = 0, q0 = 0, k0 = 0; i < c.qc.size(); q0 += c.qc[i], k0 += c.kc[i], ++i)
-    want.push_back(reference(q.narrow(0, q0, c.qc[i]), k.narrow(0, k0, c.kc[i]), v.narrow(0, k0, c.kc[i]), c.heads,
+    want.push_back(test::attention_of(q.narrow(0, q0, c.qc[i]), k.narrow(0, k0, c.kc[i]), v.narrow(0, k0, c.kc[i]), c.heads,
                              c.scale));
   const at::Tensor expect = at::cat(want);
   const auto expect_grads = torch::autograd::grad({(expect * w).sum()}, {q, k, v});
@@ -103,7 +89,7 @@ TEST_CASE("attention_cpu: no gradient kept without one wanted, and large scores 
   const at::Tensor out = op::attention_cpu(q, k, v, counts, counts, 2, 0);
   CHECK(!out.requires_grad());
   CHECK(at::isfinite(out).all().item<bool>());
-  const at::Tensor expect = at::cat({reference(q.narrow(0, 0, 2), k.narrow(0, 0, 2), v.narrow(0, 0, 2), 2, 0),
-                                     reference(q.narrow(0, 2, 4), k.narrow(0, 2, 4), v.narrow(0, 2, 4), 2, 0)});
+  const at::Tensor expect = at::cat({test::attention_of(q.narrow(0, 0, 2), k.narrow(0, 0, 2), v.narrow(0, 0, 2), 2, 0),
+                                     test::attention_of(q.narrow(0, 2, 4), k.narrow(0, 2, 4), v.narrow(0, 2, 4), 2, 0)});
   CHECK(at::allclose(out, expect, 1e-4, 1e-5));
 }

@@ -293,23 +293,6 @@ TEST_CASE("ragged: attention over values of different lengths equals each exampl
   CHECK(r.batched_launches < r.alone_launches);
 }
 
-namespace {
-
-// LibTorch's scaled dot-product attention of one example, head by head.
-at::Tensor attention_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
-                        double scale = 0) {
-  std::vector<at::Tensor> out;
-  const int64_t dk = q.size(1) / heads, dv = v.size(1) / heads;
-  if (scale == 0) scale = 1.0 / std::sqrt(static_cast<double>(dk));
-  for (int64_t h = 0; h < heads; ++h) {
-    const at::Tensor qh = q.narrow(1, h * dk, dk), kh = k.narrow(1, h * dk, dk), vh = v.narrow(1, h * dv, dv);
-    out.push_back(at::softmax(qh.mm(kh.t()) * scale, 1).mm(vh));
-  }
-  return at::cat(out, 1);
-}
-
-}  // namespace
-
 TEST_CASE("ragged: attention over sentences of different lengths is one launch, whatever the keys' lengths",
           "[scheduler][ragged]") {
   const at::Tensor Wq = test::param({8, 8}, 1), Wv = test::param({4, 8}, 2), b = test::param({8}, 3),
@@ -342,11 +325,11 @@ TEST_CASE("ragged: attention over sentences of different lengths is one launch, 
         const at::Tensor Q = at::linear(X, Wq, b), V = at::tanh(at::linear(X, Wv, c));
         const auto k = static_cast<size_t>(i);
         INFO("example " << i);
-        CHECK(at::allclose(outs[k].value(), attention_of(Q, X, V, 2), 1e-4, 1e-5));
+        CHECK(at::allclose(outs[k].value(), test::attention_of(Q, X, V, 2), 1e-4, 1e-5));
         const int64_t keys = 1 + (i * 3) % length_of(i);
-        CHECK(at::allclose(cross[k].value(), attention_of(Q, X.narrow(0, 0, keys), V.narrow(0, 0, keys), 4), 1e-4,
+        CHECK(at::allclose(cross[k].value(), test::attention_of(Q, X.narrow(0, 0, keys), V.narrow(0, 0, keys), 4), 1e-4,
                            1e-5));
-        CHECK(at::allclose(plain[k].value(), attention_of(Q, X.narrow(0, 0, 1), V.narrow(0, 0, 1), 4, 1.0), 1e-4,
+        CHECK(at::allclose(plain[k].value(), test::attention_of(Q, X.narrow(0, 0, 1), V.narrow(0, 0, 1), 4, 1.0), 1e-4,
                            1e-5));
       }
     }
