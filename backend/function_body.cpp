@@ -247,7 +247,9 @@ void FunctionBody::run_op_step(const Step& step, const LaunchArgs& a, std::span<
   at::Tensor out = info.run(ctx);
   // (A user op's result read by the body's next step is checked here: a
   // broadcasting step would take a wrong size without a word.)
-  check_user_op_output(s.op[v], Site{info.name, s.example[v], s.loc[v]}, out, rows, s.shape_of(v), false);
+  // (No example: the body's store has the one that first recorded it, not this
+  // batch's; the launch's error names the batch's examples.)
+  check_user_op_output(s.op[v], Site{info.name, kSharedExample, s.loc[v]}, out, rows, s.shape_of(v), false);
   regs[v] = once ? out.select(0, 0) : std::move(out);
 }
 

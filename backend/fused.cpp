@@ -165,6 +165,7 @@ struct FusedBackward : torch::autograd::Node {
     variable_list out(num_outputs());
     for (uint32_t e = 0; e < p.inputs; ++e)
       if (!rows[e]) out[first_edge[e]] = std::move(g_in[e]);  // in place: written into the hubs
+    detail::once_differentiable(*this, grads, out, "sheaf::FusedBackward");
     return out;
   }
 };

@@ -56,6 +56,7 @@ struct HubNode : torch::autograd::Node {
   variable_list apply(variable_list&& /*nothing: readers write into `grads`*/) override {
     variable_list out(1);
     if (std::optional<at::Tensor> g = grads->take()) out[0] = std::move(*g);
+    detail::once_differentiable(*this, {}, out, "sheaf::GatherHub");
     return out;
   }
 };

@@ -94,7 +94,18 @@ Run run_examples(const std::vector<int>& examples, const Recorder& record, const
   }
   ForwardOptions fo{.strategy = &strategy, .validate = true};
   g.forward({}, fo);
-  for (auto& out : outputs) run.outputs.push_back(out());
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    run.outputs.push_back(outputs[k]());
+    // Checked here, by example: the weighting below would report it as its
+    // own op's mistake, at this file's line.
+    const Expr& y = run.outputs.back();
+    if (detail::engine_of(g).node_or_none(y) != kNoNode) continue;
+    const bool foreign = y.defined() && detail::Engine::find(y) != nullptr && detail::Engine::find(y) != &detail::engine_of(g);
+    throw UserError(detail::cat("sheaf::check_batched: the program's result for example ", examples[k], ": ",
+                                foreign ? "it belongs to another sheaf::Graph than the one the program was given"
+                                        : detail::Engine::unusable(y, "it"),
+                                "; return an Expr recorded on the program's graph"));
+  }
   // Shapes downstream of a dsl::cond are known only now: weight the outputs after forward.
   std::vector<Expr> losses;
   const at::TensorOptions opts = at::TensorOptions().dtype(at::kFloat).device(o.graph.device);

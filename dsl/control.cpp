@@ -144,10 +144,12 @@ std::vector<Expr> loop(std::vector<Expr> init, std::function<Expr(const std::vec
 
 Expr loop(Expr init, std::function<Expr(Expr)> cond_fn, std::function<Expr(Expr)> body_fn, int max_iterations,
           std::source_location loc) {
-  return loop(
-      std::vector<Expr>{init}, [c = std::move(cond_fn)](const std::vector<Expr>& s) { return c(s[0]); },
-      [b = std::move(body_fn)](const std::vector<Expr>& s) { return std::vector<Expr>{b(s[0])}; }, max_iterations,
-      loc)[0];
+  // (An empty std::function stays empty: the loop above refuses it by name.)
+  std::function<Expr(const std::vector<Expr>&)> c;
+  std::function<std::vector<Expr>(const std::vector<Expr>&)> b;
+  if (cond_fn) c = [c = std::move(cond_fn)](const std::vector<Expr>& s) { return c(s[0]); };
+  if (body_fn) b = [b = std::move(body_fn)](const std::vector<Expr>& s) { return std::vector<Expr>{b(s[0])}; };
+  return loop(std::vector<Expr>{init}, std::move(c), std::move(b), max_iterations, loc)[0];
 }
 
 }  // namespace sheaf::dsl

@@ -170,6 +170,7 @@ Expr pick_neg_log_softmax(Expr x, std::span<const int64_t> labels, Loc loc) {
   if (s.rank() != 2) throw_user(site, "with a list of labels, x must be [rows, classes], got ", s.str());
   if (static_cast<int64_t>(labels.size()) != s[0])
     throw_user(site, labels.size(), " labels for ", s[0], " rows of x ", s.str());
+  if (labels.empty()) throw_user(site, "x ", s.str(), " has no rows to pick labels from");
   for (size_t k = 0; k < labels.size(); ++k)
     if (labels[k] < 0 || labels[k] >= s[1])
       throw_user(site, "label ", labels[k], " (row ", k, ") is out of range for ", s[1], " classes");
@@ -245,7 +246,12 @@ std::vector<Expr> split(Expr x, std::span<const int64_t> sizes, int axis, Loc lo
   Engine& g = Engine::of(x, loc);
   const NodeId n = g.node_of(x, "split", loc);
   int64_t total = 0;
-  for (int64_t k : sizes) total += k;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    // (Here, not in the slices' inference: that error would name op 'slice'.)
+    if (sizes[k] <= 0)
+      throw_user(Site{"split", x.example(loc), loc}, "piece ", k, " has size ", sizes[k], "; every piece needs a positive size");
+    total += sizes[k];
+  }
   // The sizes must cover the axis: checked now, or, while x's shape waits on a
   // dsl::cond, when it is known (the slices' own inference checks only that
   // each piece lies within it).
@@ -267,8 +273,9 @@ std::vector<Expr> chunk(Expr x, int n, int axis, Loc loc) {
   const int a = s.axis(axis);
   if (a < 0) throw_user(Site{"chunk", x.example(loc), loc}, "axis ", axis, " is out of range for shape ", s.str());
   const int64_t d = s[a];
-  if (n <= 0 || d % n != 0)
-    throw_user(Site{"chunk", x.example(loc), loc}, "cannot cut axis ", a, " of size ", d, " into ", n, " equal chunks");
+  if (n <= 0 || d == 0 || d % n != 0)
+    throw_user(Site{"chunk", x.example(loc), loc}, "cannot cut axis ", a, " of size ", d, " into ", n,
+               " equal chunks, none of them empty");
   // Recorded once per cell: its sizes live on the stack (the result is the one allocation).
   std::array<int64_t, 16> small;
   std::vector<int64_t> large;
@@ -332,8 +339,18 @@ Expr layer_norm(Expr x, Operand gain, Operand bias, double eps, Loc loc) {
 
 Expr sum(std::span<const Expr> xs, Loc loc) { return apply_list(code_of<op::SumList>, xs, {}, loc); }
 
+namespace {
+// A code that names no op: the user's mistake (a code made by hand, or another program's).
+void expect_op(OpCode op, Loc loc) {
+  if (!op_known(op))
+    throw_user(Site{"call", kSharedExample, loc}, "op code ", op,
+               " names no op: take codes from sheaf::user_op<Op>() or sheaf::register_op");
+}
+}  // namespace
+
 Expr call(OpCode op, std::initializer_list<Operand> args, std::span<const int64_t> attrs, Loc loc) {
-  const OpInfo& info = op_info(op);  // an unknown code is ours to report: user_op<> makes every code
+  expect_op(op, loc);
+  const OpInfo& info = op_info(op);
   if (info.traits.arity == OpTraits::kVariadic)
     throw_user(Site{info.name, kSharedExample, loc}, "takes a list of Exprs: use dsl::call_list");
   if (args.size() != static_cast<size_t>(info.traits.arity))
@@ -342,6 +359,7 @@ Expr call(OpCode op, std::initializer_list<Operand> args, std::span<const int64_
 }
 
 Expr call_list(OpCode op, std::span<const Expr> args, std::span<const int64_t> attrs, Loc loc) {
+  expect_op(op, loc);
   const OpInfo& info = op_info(op);
   if (info.traits.arity != OpTraits::kVariadic)
     throw_user(Site{info.name, kSharedExample, loc}, "takes ", info.traits.arity, " arguments, not a list: use dsl::call");

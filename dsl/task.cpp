@@ -28,6 +28,15 @@ void cancel_await(const AwaitToken& token) {
   if (Engine* g = Engine::find(token.expr)) g->cancel(WaiterId{token.index, token.generation});
 }
 
+std::string unfinished_message(const PromiseBase& p) {
+  const PromiseBase* q = &p;
+  while (q->awaiting != nullptr) q = q->awaiting;  // the innermost task of a chain of co_awaits
+  if (q->value_wait.defined() && Engine::find(q->value_wait) == nullptr)
+    return "Task::result() of a task that will never finish: its co_await waits on a value of a graph that was "
+           "cleared or destroyed since (the wait went with it)";
+  return "Task::result() of a task that has not finished; call Graph::forward() first";
+}
+
 void report_task_failure(std::exception_ptr error) {
   if (Engine* g = Engine::delivering()) g->report_failure(g->trace().current_example(), std::move(error));
 }

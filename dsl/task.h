@@ -37,6 +37,7 @@
 #include <functional>
 #include <optional>
 #include <source_location>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -70,6 +71,16 @@ template <class P>
 void mark_suspended(std::coroutine_handle<P> h) noexcept {
   if constexpr (std::is_base_of_v<PromiseBase, P>) h.promise().suspended = true;
 }
+// Which value a task's frame waits for (an empty Expr once resumed):
+// Task::result() tells a wait that its graph's clear() or destruction dropped
+// from one still to come. A copy, not the awaiter's address: an awaiter
+// awaited by reference may be gone before the task is asked.
+template <class P>
+void note_wait(std::coroutine_handle<P> h, const Expr& awaited) noexcept {
+  if constexpr (std::is_base_of_v<PromiseBase, P>) h.promise().value_wait = awaited;
+}
+// Task::result()'s message for a task that has not finished.
+std::string unfinished_message(const PromiseBase& p);
 
 // What every awaitable value does: register with the graph, resume in the
 // example that suspended, hand over the host value.
@@ -99,10 +110,12 @@ struct ValueAwaiter {
     token = await_value(expr, [this, h](const HostValue& v) {
       waiting = false;
       value = v;
+      note_wait(h, Expr());
       h.resume();
     }, loc);
     waiting = true;
     mark_suspended(h);
+    note_wait(h, expr);
   }
 };
 
@@ -140,7 +153,7 @@ class [[nodiscard]] Task {
   // UserError if it has not finished (it is waiting for a value: call Graph::forward).
   decltype(auto) result(std::source_location loc = std::source_location::current()) {
     if (!h_) throw_user_at(loc, "Task::result() of an empty task (moved from)");
-    if (!done()) throw_user_at(loc, "Task::result() of a task that has not finished; call Graph::forward() first");
+    if (!done()) throw_user_at(loc, detail::unfinished_message(h_.promise()));
     if (h_.promise().error) std::rethrow_exception(h_.promise().error);
     if constexpr (!std::is_void_v<T>) return *h_.promise().value;
   }
@@ -261,6 +274,7 @@ struct PromiseBase {
   PromiseBase* awaiting = nullptr;
   bool suspended = false;  // the first run (inside the call that made the task) is over
   bool taken = false;      // its value was moved out to an awaiter (co_await of an rvalue task)
+  Expr value_wait;  // note_wait
   std::exception_ptr error;
   PromiseBase() = default;
   PromiseBase(const PromiseBase&) = delete;

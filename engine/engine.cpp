@@ -102,9 +102,12 @@ void Engine::bad_expr(const Expr& e, std::string_view op, Loc loc) const {
   // (Before the slot test: a graph made after the Expr's was destroyed may have its slot, this one included.)
   const bool gone = e.defined() && owner_gone(e.slot_, e.gen_);
   if (!e.defined() || gone) throw_user(site, unusable_message("an argument", e.defined(), gone));
-  if (e.slot_ != slot_)
+  if (e.slot_ != slot_) {
+    // A function body's Expr kept past the call: its graph is the body's, which says so.
+    if (const Engine* other = find(e); other != nullptr && (other->closed_ & kFrozen) != 0) other->throw_frozen(op, loc);
     throw_user(site, "an argument belongs to a different sheaf::Graph; all Exprs of one op must come from "
                      "the same graph");
+  }
   SHEAF_ASSERT(e.gen_ != generation_, "bad_expr called for an Expr of this graph");
   throw_user(site, unusable_message("an argument", true, false));
 }
@@ -451,6 +454,7 @@ at::Tensor Engine::value(NodeId n, Loc loc) {
   expect_not_lent("value", loc);
   if (recording_body_) throw_in_body("value", loc);
   if (closed_ & kExecuting) throw_in_kernel("value", loc);
+  if (closed_ & kFrozen) throw_frozen("value", loc);  // (no forward computes a body's nodes)
   NodeStore& s = trace_.store();
   const NodeId r = s.resolve(n);
   if (!s.has(r, NodeStore::kComputed)) {

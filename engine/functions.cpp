@@ -126,7 +126,8 @@ void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const u
   std::vector<Expr> args, results;
   std::vector<NodeId> arg_nodes, result_nodes;
   {
-    auto scope = g.example(0);
+    // Under the calling example's id: the body's own errors then name it.
+    auto scope = g.example(site.example >= 0 ? site.example : 0);
     // Stand-ins: the body sees the arguments' shapes; their values come per
     // batch. Made at the variant's first recording and kept (its signature,
     // and so their shapes, never change): an at::empty each per recording
@@ -153,8 +154,12 @@ void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const u
       } recording(e);
       results = def.body(args);
     } catch (const UserError& err) {
+      // Said once per function: a body that calls itself fails at the nesting
+      // limit, and each level's words would repeat it kMaxNesting times.
+      const std::string_view what = err.what();
+      if (what.find(cat("recording the body of function '", def.name, "'")) != std::string_view::npos) throw;
       throw_user(site, "recording the body of function '", def.name, "' (defined at ", format_loc(def.defined_at),
-                 ") for arguments ", describe(signature, caller), " failed: ", err.what());
+                 ") for arguments ", describe(signature, caller), " failed: ", what);
     }
     // The body wrote on the calling graph: it used an Expr from outside (not returned, or the
     // results check below would name it); those ops would run once per recording, not per call.

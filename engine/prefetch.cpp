@@ -33,6 +33,10 @@ Prefetcher::Batch Prefetcher::take(size_t i, std::optional<size_t> next) {
   if (worker_->on_this_thread())
     throw UserError("sheaf::Prefetcher::take called from its own record function (which runs on the "
                     "Prefetcher's thread): take batches from the thread that made the Prefetcher");
+  std::thread::id first{};
+  if (!taker_.compare_exchange_strong(first, std::this_thread::get_id()) && first != std::this_thread::get_id())
+    throw UserError("sheaf::Prefetcher::take called from a second thread: a Prefetcher's batches are taken from "
+                    "one thread (the first take()'s), each used until the next take(); use a Prefetcher per thread");
   const int slot = 1 - current_;
   bool ready = false;
   if (in_flight_) {

@@ -19,12 +19,14 @@
 // the caller's graph.
 #pragma once
 
+#include <atomic>
 #include <array>
 #include <cstddef>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "graph.h"
@@ -62,6 +64,8 @@ class Prefetcher {
   // forward, prepare and clear are a UserError (and its Exprs are stale:
   // the next take() retires the graph first). Its other calls (recording,
   // example(), set_strategy, set_train, stats()) are not checked: do not.
+  // All takes come from one thread, the first take()'s: another's is a
+  // UserError (two threads' takes handed each other's batches, values and all).
   Batch take(size_t i, std::optional<size_t> next = std::nullopt);
 
  private:
@@ -74,6 +78,7 @@ class Prefetcher {
   std::array<std::vector<Expr>, 2> targets_;
   int current_ = 0;
   bool in_flight_ = false;  // a batch posted to the worker, not taken yet
+  std::atomic<std::thread::id> taker_{};  // the thread of the first take()
   size_t posted_ = 0;       // that batch
   // One worker thread for the Prefetcher's life (not one per batch): its
   // scheduling scratch stays warm, so a batch allocates nothing there either.

@@ -35,8 +35,9 @@ struct Stats : ExecCounters {
   // graph's batches changed since prepare() (Scheduler::plan_holds). Each
   // costs a second plan of the round; 0 where prepare() ran as forward() does.
   uint64_t replans = 0;
-  // The schedule of the last round: the strategy's name, or the one `auto` picked.
-  std::string_view strategy_used;
+  // The schedule of the last round: the strategy's name, or the one `auto` picked
+  // (a copy: the user's strategy object may be gone by the time it is read).
+  std::string strategy_used;
   // A strategy that compares schedules (auto), in the last round that compared
   // them (16 rounds apart, up to 128 while the same one wins): each
   // candidate's plan, costed by GraphOptions::cost.

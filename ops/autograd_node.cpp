@@ -1,6 +1,10 @@
 #include "autograd_node.h"
 
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+#include <sheaf/core/error.h>
 
 namespace sheaf::detail {
 
@@ -26,6 +30,33 @@ struct AtEnd {
   }
 };
 }  // namespace
+
+namespace {
+struct SecondOrder : torch::autograd::Node {
+  const char* node = "";
+  std::string name() const override { return "sheaf::SecondOrderError"; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&&) override {
+    throw UserError(cat("sheaf: a second derivative (a backward through gradients made with create_graph) reached ",
+                        node, ", whose backward is not differentiable (docs/reliability.md, \"Autograd through "
+                        "Sheaf's own nodes\"): take second derivatives through eager LibTorch code"));
+  }
+};
+}  // namespace
+
+void once_differentiable(const torch::autograd::Node& self, const torch::autograd::variable_list& given,
+                         torch::autograd::variable_list& grads, const char* node) {
+  if (!c10::GradMode::is_enabled()) return;  // a plain backward: nothing records these gradients
+  auto error = make_node<SecondOrder>();
+  error->node = node;
+  torch::autograd::edge_list edges = torch::autograd::collect_next_edges(given);
+  for (const torch::autograd::Edge& e : self.next_edges()) edges.push_back(e);
+  error->set_next_edges(std::move(edges));
+  for (at::Tensor& g : grads)
+    if (g.defined()) {
+      g = g.tensor_data();  // (the same data, no history: only the error node.s)
+      torch::autograd::set_history(g, error);
+    }
+}
 
 void on_backward_end(std::function<void()> forget) {
   if (current_backward() == nullptr) return;  // not inside a pass: nothing will be left keyed by it

@@ -43,6 +43,18 @@ inline const void* current_backward() { return torch::autograd::get_current_grap
 // Call only from inside a backward pass (an autograd node's apply).
 void on_backward_end(std::function<void()> forget);
 
+// Our nodes' gradients carry no history of their own (raw kernels, copies
+// into a hub, pre-packed weights): a second derivative through them
+// (`create_graph`) would leave terms out without a word. So, as LibTorch's
+// once-differentiable functions do, under create_graph the gradients a node
+// returns are handed on through a node that refuses to be differentiated:
+// a UserError naming `node` if, and only if, a second backward reaches it.
+// Call at the end of every apply() of ours (`self`), on what it returns: the
+// error node follows the gradients `self` was given and `self`'s own inputs,
+// so that a second backward toward anything they depend on reaches it.
+void once_differentiable(const torch::autograd::Node& self, const torch::autograd::variable_list& given,
+                         torch::autograd::variable_list& grads, const char* node);
+
 // How many per-pass entries (a hub's sum, a weight's pending rows) all graphs
 // hold now: what a test reads to see that a pass left none behind.
 extern std::atomic<int64_t> g_live_pass_entries;

@@ -192,9 +192,11 @@ inline at::Tensor pow_s(const at::Tensor& x, const at::Scalar& s) { return at::p
 struct PowScalar : WithScalar<pow_s> {
   static constexpr std::string_view name = "pow_scalar";
   struct Pointwise {
-    static constexpr PointwiseInfo info{.scalar = true, .cuda_fwd = "powf(a, c)", .cuda_da = "c * powf(a, c - 1.f)"};
+    // (The gradient of a^0 is 0, as LibTorch's: 0 * 0^-1 would be NaN at a = 0.)
+    static constexpr PointwiseInfo info{.scalar = true, .cuda_fwd = "powf(a, c)",
+                                        .cuda_da = "(c == 0.f ? 0.f : c * powf(a, c - 1.f))"};
     static float fwd(float a, float, float c) { return pw::pow(a, c); }
-    static float da(float a, float, float, float c) { return c * pw::pow(a, c - 1.0f); }
+    static float da(float a, float, float, float c) { return pw::select(c == 0.0f, 0.0f, c * pw::pow(a, c - 1.0f)); }
     static float db(float, float, float, float) { return 0.0f; }
   };
 };

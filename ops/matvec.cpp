@@ -317,6 +317,7 @@ struct MatvecNode : torch::autograd::Node {
     });
     out[0] = dA;
     out[1] = dx;
+    detail::once_differentiable(*this, grads, out, "sheaf::MatvecBackward");
     return out;
   }
 };
@@ -455,6 +456,7 @@ struct RowProductNode : torch::autograd::Node {
     }
     for (size_t i = 0; i < 2; ++i)
       if (!in[i].reads) out[in[i].first_edge] = std::move(grad[i]);
+    detail::once_differentiable(*this, grads, out, "sheaf::RowProductBackward");
     return out;
   }
 };

@@ -129,7 +129,12 @@ class InferCtx {
   size_t arity() const { return shapes_.size(); }
   const Shape& shape(size_t i) const { return *shapes_[i]; }
   bool shared(size_t i) const { return shared_[i] != 0; }
-  int64_t attr(size_t k) const { return attrs_[k]; }
+  // (Checked: a user op's infer() may ask for an attribute its call did not pass.)
+  int64_t attr(size_t k) const {
+    if (k >= attrs_.size()) [[unlikely]]
+      fail("asks for attribute ", k, " but the call passed ", attrs_.size());
+    return attrs_[k];
+  }
   double attr_f(size_t k) const;
   std::span<const int64_t> attrs() const { return attrs_; }
   int64_t payload() const { return payload_; }
@@ -203,7 +208,13 @@ class RunCtx {
   // For elementwise ops: argument i with shape [n, 1, ..., S] so that it broadcasts
   // against a per-example result of rank `rank` (scalars and shared values included).
   at::Tensor aligned(size_t i, int rank) const;
-  int64_t attr(size_t k) const { return a_.attrs[k]; }
+  // (Checked: a user op's run() may ask for an attribute its call did not
+  // pass; the launch's error names the op and its examples.)
+  int64_t attr(size_t k) const {
+    if (k >= a_.attrs.size()) [[unlikely]]
+      missing_attr(k);
+    return a_.attrs[k];
+  }
   double attr_f(size_t k) const;
   const Shape& out_shape() const { return *a_.out_shape; }
   // Per-node payloads (ids, labels, keys): host copy and device tensor [n] (int64).
@@ -235,6 +246,7 @@ class RunCtx {
   void expect_payload() const {
     SHEAF_ASSERT(a_.payload_off >= 0, "an op read payloads without OpTraits::reads_payload: its batch has none");
   }
+  [[noreturn, gnu::noinline]] void missing_attr(size_t k) const;
   const LaunchArgs& a_;
 };
 
@@ -304,13 +316,16 @@ concept OpDescriptor = requires(const InferCtx& ic, RunCtx& rc) {
 // must outlive the program (a string literal). At most kMaxUserOps.
 inline constexpr size_t kMaxUserOps = 1024;
 OpCode register_op(const OpInfo& info);
+// Whether `code` names an op (built in, or registered): dsl::call checks a user's code with it.
+bool op_known(OpCode code);
 
 // Whether a batched result has the sizes its nodes' shape says: [rows,
 // shape...], or, packed (`packed`), [rows, shape without its first axis...].
 bool fits_shape(const at::Tensor& out, int64_t rows, const Shape& shape, bool packed);
 // For a user op (code past the built-in ones) whose run() returned sizes that
-// do not fit: a UserError naming the op and `site` (the user's to fix, not an
-// internal error). Built-in ops return without a check.
+// do not fit, or a dtype other than float32: a UserError naming the op and
+// `site` (the user's to fix, not an internal error). Built-in ops return
+// without a check.
 void check_user_op_output(OpCode op, const Site& site, const at::Tensor& out, int64_t rows, const Shape& shape,
                           bool packed);
 

@@ -142,7 +142,9 @@ inline float softplus(float x) {
 }
 
 // a^c as LibTorch's pow: exp(c log|a|), exact for c = 0 and c = 2; a negative
-// base gives the sign of an odd integral c, NaN for a non-integral c.
+// base gives the sign of an odd integral c, NaN for a non-integral c. As IEEE
+// (and LibTorch) have it, 1^c is 1 and (-1)^(+-inf) is 1 whatever c is, NaN
+// included, where exp(c log 1) would be exp(NaN).
 inline float pow(float a, float c) {
   const float aa = a < 0.0f ? -a : a;
   const float ac = c < 0.0f ? -c : c;
@@ -152,7 +154,8 @@ inline float pow(float a, float c) {
   const float half = c * 0.5f;
   const bool odd = integral && ac < 16777216.0f && round_near(half) != half;
   const float negative = select(integral, select(odd, -r, r), std::numeric_limits<float>::quiet_NaN());
-  return select(a < 0.0f && c != 0.0f && c != 2.0f, negative, r);
+  const bool one = a == 1.0f || (a == -1.0f && ac == std::numeric_limits<float>::infinity());
+  return select(one, 1.0f, select(a < 0.0f && c != 0.0f && c != 2.0f, negative, r));
 }
 
 // GELU, tanh form (LibTorch's approximate="tanh"): 0.5 x (1 + tanh(k (x + 0.044715 x^3))).

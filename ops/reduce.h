@@ -79,16 +79,22 @@ inline at::Tensor row_extremes(RunCtx& c, const at::Tensor& x, bool max) {
   const at::Tensor ids = c.segment_ids();
   const auto n = static_cast<int64_t>(c.segment_counts().size());
   const at::Tensor best = segment_extreme(x, ids, n, max).index_select(0, ids);
-  const at::Tensor tied = x.detach().eq(best).to(x.scalar_type());
+  const at::Tensor is_tied = x.detach().eq(best);
+  const at::Tensor tied = is_tied.to(x.scalar_type());
   const at::Tensor share = tied / row_sums(c, tied).index_select(0, ids);
-  return row_sums(c, x * share);
+  // The other rows are masked out, not weighed by 0: an infinite row (a
+  // padded -inf under a max) times 0 is NaN.
+  return row_sums(c, x.masked_fill(is_tied.logical_not(), 0.0) * share);
 }
 
 // log of the sum of exp over each value's rows, shifted by the row maxima
-// (without gradient: the shift cancels out).
+// (without gradient: the shift cancels out). An infinite maximum shifts by 0,
+// as LibTorch's logsumexp does: inf - inf would make the sum NaN where the
+// answer is +inf (a +inf row) or -inf (every row -inf).
 inline at::Tensor row_logsumexp(RunCtx& c, const at::Tensor& x) {
   const at::Tensor ids = c.segment_ids();
-  const at::Tensor shift = segment_extreme(x, ids, static_cast<int64_t>(c.segment_counts().size()), /*max=*/true);
+  at::Tensor shift = segment_extreme(x, ids, static_cast<int64_t>(c.segment_counts().size()), /*max=*/true);
+  shift = shift.masked_fill(shift.isinf(), 0.0);
   return row_sums(c, (x - shift.index_select(0, ids)).exp()).log() + shift;
 }
 

@@ -95,6 +95,7 @@ struct SegmentSoftmaxNode : torch::autograd::Node {
       softmax_backward(yv.data_ptr<float>(), g.data_ptr<float>(), dx.data_ptr<float>(), off.data(), s0, s1, log);
     });
     out[0] = dx;
+    detail::once_differentiable(*this, grads, out, "sheaf::SegmentSoftmaxBackward");
     return out;
   }
 };

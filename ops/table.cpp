@@ -5,6 +5,7 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <stdexcept>
 #include <bit>
 #include <concepts>
 
@@ -75,10 +76,16 @@ bool fits_shape(const at::Tensor& out, int64_t rows, const Shape& shape, bool pa
 
 void check_user_op_output(OpCode op, const Site& site, const at::Tensor& out, int64_t rows, const Shape& shape,
                           bool packed) {
-  if (op < detail::g_builtin_ops.size() || fits_shape(out, rows, shape, packed)) return;
-  throw_user(site, "its run() returned sizes ", out.sizes(), " for ", rows, packed ? " packed rows" : " value(s)",
-             " of shape ", shape.str(), ", the shape its infer() gave: run() must return [n, shape...] "
-             "(ops/user_op.h)");
+  if (op < detail::g_builtin_ops.size()) return;
+  if (!fits_shape(out, rows, shape, packed))
+    throw_user(site, "its run() returned sizes ", out.sizes(), " for ", rows, packed ? " packed rows" : " value(s)",
+               " of shape ", shape.str(), ", the shape its infer() gave: run() must return [n, shape...] "
+               "(ops/user_op.h)");
+  // Another dtype would flow on and fail at whichever op reads it next, named
+  // as that op's mistake (or not fail at all).
+  if (out.scalar_type() != at::kFloat)
+    throw_user(site, "its run() returned a tensor of dtype ", out.scalar_type(),
+               "; sheaf computes in float32: return a float tensor (.to(at::kFloat)) (ops/user_op.h)");
 }
 
 OpCode register_op(const OpInfo& info) {
@@ -100,11 +107,16 @@ OpCode register_op(const OpInfo& info) {
 
 std::string_view op_name(OpCode code) { return op_info(code).name; }
 
+bool op_known(OpCode code) { return code < kTable.size() + user_ops().count.load(std::memory_order_acquire); }
+
 int64_t attr_of(double v) { return std::bit_cast<int64_t>(v); }
 double attr_to_double(int64_t a) { return std::bit_cast<double>(a); }
 
-double InferCtx::attr_f(size_t k) const { return attr_to_double(attrs_[k]); }
-double RunCtx::attr_f(size_t k) const { return attr_to_double(a_.attrs[k]); }
+double InferCtx::attr_f(size_t k) const { return attr_to_double(attr(k)); }
+double RunCtx::attr_f(size_t k) const { return attr_to_double(attr(k)); }
+void RunCtx::missing_attr(size_t k) const {
+  throw std::out_of_range(detail::cat("run() asks for attribute ", k, " but the call passed ", a_.attrs.size()));
+}
 
 void InferCtx::expect_rank(size_t i, int rank, std::string_view what) const {
   if (shape(i).rank() != rank) fail(what, " must have rank ", rank, ", got shape ", shape(i).str());

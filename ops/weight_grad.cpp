@@ -10,6 +10,7 @@
 #include <ATen/ops/sum.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
@@ -60,6 +61,7 @@ struct WeightGradNode : torch::autograd::Node {
     const at::Tensor dy = dys.size() == 1 ? dys[0] : at::cat(dys);
     if (want_w) out[0] = at::mm(dy.t(), xs.size() == 1 ? xs[0] : at::cat(xs));
     if (want_b) out[1] = at::sum(dy, 0);
+    detail::once_differentiable(*this, {}, out, "sheaf::WeightGradBackward");
     return out;
   }
 };
@@ -82,7 +84,10 @@ struct LinearNode : torch::autograd::Node {
     variable_list out(3);
     if (!grads[0].defined()) return out;
     const at::Tensor weight = w.unpack();
-    const at::Tensor dy = grads[0].reshape({-1, weight.size(0)});
+    // Rows counted from x's sizes, not inferred (-1): a weight with no
+    // columns or no rows leaves nothing to infer them from.
+    const int64_t m = c10::multiply_integers(x_sizes.begin(), x_sizes.end() - 1);
+    const at::Tensor dy = grads[0].reshape({m, weight.size(0)});
     if (task_should_compute_output(0))
       out[0] = (packed && packed->backward.defined() ? packed_mm(dy, packed->backward)
                                                                          : at::mm(dy, weight))
@@ -91,10 +96,11 @@ struct LinearNode : torch::autograd::Node {
     // Only where this backward runs the weight's node: rows left behind by a
     // partial backward would be counted again by the next one.
     if (task_should_compute_output(1)) {
-      at::Tensor rows_x = x.unpack().reshape({-1, weight.size(1)});
+      at::Tensor rows_x = x.unpack().reshape({m, weight.size(1)});
       std::lock_guard<std::mutex> lock(rows->mutex());
       rows->get([] { return std::vector<Pending>(); }).push_back({dy, std::move(rows_x)});
     }
+    detail::once_differentiable(*this, grads, out, "sheaf::LinearBackward");
     return out;  // the weight's and a shared bias's gradients come from WeightGradNode
   }
 };

@@ -48,7 +48,7 @@ struct CostModel {
 
 // One candidate's plan of a round, costed (Scheduler::compared, Stats::compared).
 struct PlanCost {
-  std::string_view name;  // the candidate strategy
+  std::string name;  // the candidate strategy (a copy: a user's strategy may be gone when Stats are read)
   uint64_t launches = 0;
   uint64_t gathers = 0;         // inputs with rows not read as views (scheduler/plan.h)
   uint64_t gathered_bytes = 0;  // those rows' bytes

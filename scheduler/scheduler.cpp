@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include <sheaf/core/hash.h>
+#include <sheaf/ops/op_list.h>
 
 #include "merge.h"
 
@@ -30,6 +31,36 @@ bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, 
   build_round(trace.store(), trace.ready(), aliases_, dag_, times_.visits, awaited);
   lap(t, times_.round_ms);
   if (dag_.size() == 0) return false;
+  try {
+    plan_round(trace, strategy, validate, fuse, cost, t);
+  } catch (...) {
+    // A user's strategy threw or emitted an invalid schedule: the round's
+    // nodes go back to the queue, so that a forward with another strategy
+    // runs them (they were lost before: "could not be computed" ever after).
+    return_round(trace);
+    throw;
+  }
+  return true;
+}
+
+void Scheduler::return_round(Trace& trace) const {
+  const NodeStore& s = trace.store();
+  ReadyQueue& ready = trace.ready();
+  auto give_back = [&](NodeId n) {
+    ready.add(n);
+    if (s.op[n] == code_of<op::Call>)  // (its further results, recorded right after it, as a failed run's)
+      for (int64_t k = 1; k < s.attrs_of(n)[1]; ++k) ready.add(n + static_cast<NodeId>(k));
+  };
+  for (size_t i = 0; i < dag_.size(); ++i) {
+    if (dag_.node[i] != kNoNode) give_back(dag_.node[i]);
+    else
+      for (NodeId m : fuser_.members(fuser_.region(dag_.region[i]))) give_back(m);
+  }
+  for (NodeId p : aliases_) ready.add(p);
+}
+
+void Scheduler::plan_round(Trace& trace, const Strategy& strategy, bool validate, bool fuse, const CostModel& cost,
+                           Clock::time_point& t) {
   if (fuse) fuser_.fuse(trace.store(), dag_);
   fused_ = fuse;
   lap(t, times_.fuse_ms);
@@ -39,6 +70,14 @@ bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, 
   }
   const Fuser* fuser = fuse ? &fuser_ : nullptr;
   const std::span<const Strategy* const> candidates = strategy.candidates();
+  for (size_t k = 0; k < candidates.size(); ++k)
+    if (candidates[k] == nullptr)
+      throw UserError(detail::cat("sheaf: scheduling strategy '", strategy.name(), "': candidates()[", k,
+                                  "] is a null pointer"));
+  // A user's list of candidates may change between rounds (or a strategy be
+  // made anew at a gone one's address): the memo's choice is taken only while
+  // it names one of them, else the candidates are compared again.
+  if (memo_.choice >= static_cast<int>(candidates.size())) memo_ = StrategyMemo();
   if (candidates.empty()) {
     plan_with(trace, strategy, &memo_, strategy.name(), validate, fuser);
   } else if (memo_.rounds_left > 0) {
@@ -47,10 +86,10 @@ bool Scheduler::schedule(Trace& trace, const Strategy& strategy, bool validate, 
   } else {
     compare(trace, strategy, validate, fuser, cost);
   }
+  chosen_ = strategy.chosen(memo_);
   t = Clock::now();
   count_split_shared(trace);
   lap(t, times_.plan_ms);
-  return true;
 }
 
 bool Scheduler::plan_holds(const Trace& trace) const {
@@ -101,7 +140,7 @@ void Scheduler::compare(Trace& trace, const Strategy& strategy, bool validate, c
   size_t best = candidates.size() - 1;
   for (size_t k = candidates.size(); k-- > 0;) {
     plan_with(trace, *candidates[k], nullptr, strategy.name(), validate, fuser);
-    compared_[k] = PlanCost{candidates[k]->name(), plan_.batches.size(), plan_.gathers, plan_.gathered_bytes,
+    compared_[k] = PlanCost{std::string(candidates[k]->name()), plan_.batches.size(), plan_.gathers, plan_.gathered_bytes,
                             cost.of(plan_.batches.size(), plan_.gathers, plan_.gathered_bytes)};
     if (compared_[k].cost_us <= compared_[best].cost_us) best = k;
   }

@@ -6,6 +6,7 @@
 // not reallocate), and what the strategy remembers of the graph's past rounds.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <span>
 #include <vector>
@@ -49,7 +50,9 @@ class Scheduler {
   void replan(Trace& trace);
   const Times& times() const { return times_; }
   // The schedule the last round used (auto: the strategy it picked).
-  std::string_view chosen() const { return memo_owner_ ? memo_owner_->chosen(memo_) : std::string_view(); }
+  // (Kept as a name when the round is planned: a prepared round may run after
+  // the user's strategy object is gone.)
+  std::string_view chosen() const { return chosen_; }
   // A strategy with candidates, in a round that compared them: what each
   // cost, in candidates() order; else empty.
   std::span<const PlanCost> compared() const { return compared_; }
@@ -77,6 +80,7 @@ class Scheduler {
   Plan plan_;
   bool fused_ = false;  // the last round was fused (replan plans it so again)
   const Strategy* memo_owner_ = nullptr;  // the strategy whose memo this is (kept across clears)
+  std::string chosen_;
   StrategyMemo memo_;
   Times times_;
   uint32_t split_shared_ = 0;
@@ -86,6 +90,12 @@ class Scheduler {
 
   std::vector<PlanCost> compared_;
 
+  // schedule()'s work once the round is built: fusion, the strategy, the plan.
+  void plan_round(Trace& trace, const Strategy& strategy, bool validate, bool fuse, const CostModel& cost,
+                  std::chrono::steady_clock::time_point& t);
+  // A round whose planning threw: its nodes (a region's members, a call's
+  // results) and its resolved placeholders back to the queue.
+  void return_round(Trace& trace) const;
   void plan_with(Trace& trace, const Strategy& strategy, StrategyMemo* memo, std::string_view label, bool validate,
                  const Fuser* fuser);
   void compare(Trace& trace, const Strategy& strategy, bool validate, const Fuser* fuser, const CostModel& cost);

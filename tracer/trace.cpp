@@ -34,6 +34,14 @@ std::string declared_mismatch(const Shape& got, const Shape& want) {
          "return it from both branches)";
 }
 
+// A sparse (or other non-strided) tensor would be taken here and fail in the
+// first batched op that reads it, with LibTorch's list of backends.
+std::string not_dense(const at::Tensor& t) {
+  std::ostringstream os;
+  os << "the tensor's layout is " << t.layout() << "; sheaf reads dense (strided) tensors: pass .to_dense()";
+  return os.str();
+}
+
 uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
   x ^= x >> 30;
   x *= 0xBF58476D1CE4E5B9ull;
@@ -256,6 +264,7 @@ uint64_t Trace::next_key(int64_t example) {
 NodeId Trace::input(const at::Tensor& x, std::source_location loc) {
   const Site site{"input", current_example_, loc};
   if (!x.defined()) throw_user(site, "the tensor is undefined");
+  if (x.layout() != at::kStrided) throw_user(site, not_dense(x));
   if (!x.is_floating_point()) throw_user(site, "expects a floating-point tensor, got ", x.scalar_type());
   if (x.dim() > kMaxRank) throw_user(site, "per-example values have rank at most ", kMaxRank, ", got ", x.dim());
   if (x.device() != device_ && !x.is_cpu())
@@ -279,6 +288,7 @@ NodeId Trace::param_lookup(const at::Tensor& w, std::source_location loc) {
     }
   const Site site{"param", kSharedExample, loc};
   if (!w.defined()) throw_user(site, "the tensor is undefined");
+  if (w.layout() != at::kStrided) throw_user(site, not_dense(w));
   if (w.dim() > kMaxRank) throw_user(site, "shared values have rank at most ", kMaxRank, ", got ", w.dim());
   if (w.scalar_type() != at::kFloat)
     throw_user(site, "the tensor has dtype ", w.scalar_type(), "; sheaf computes in float32 (convert with .to(at::kFloat))");

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <thread>
 
 #include <sheaf/backend/runtime.h>
 #include <sheaf/engine/engine.h>
@@ -803,6 +804,24 @@ TEST_CASE("Prefetcher: take from its own record function is a UserError and not 
   (void)pf.take(0, 1);  // batch 1 on the worker
   REQUIRE_THROWS_WITH(pf.take(1), Contains("from its own record function"));
   Prefetcher::Batch batch = pf.take(2);  // and the Prefetcher goes on
+  batch.graph.forward(batch.targets);
+  CHECK(batch.targets[1].value().defined());
+}
+
+TEST_CASE("Prefetcher: a take from a second thread is a UserError, not another thread's batch", "[backend]") {
+  const at::Tensor W = param({3, 3}, 5), b = param({3}, 6);
+  Prefetcher pf({}, [&](Graph& g, size_t k) { return record_batch(g, W, b, k, 2); });
+  (void)pf.take(0, 1);
+  std::string error;
+  std::thread([&] {
+    try {
+      (void)pf.take(1);
+    } catch (const UserError& e) {
+      error = e.what();
+    }
+  }).join();
+  CHECK_THAT(error, Contains("from a second thread"));
+  Prefetcher::Batch batch = pf.take(1);  // the first thread's takes go on
   batch.graph.forward(batch.targets);
   CHECK(batch.targets[1].value().defined());
 }

@@ -130,4 +130,18 @@ TEST_CASE("pointwise math keeps the C library's special values", "[backend][fuse
   CHECK(std::isnan(sheaf::pw::log(-1.0f)));
   CHECK(std::isnan(sheaf::pw::log(kNaN)));
   CHECK(std::fabs(sheaf::pw::log(std::numeric_limits<float>::denorm_min()) - std::log(1.4012984643e-45)) < 1e-4);
+  // pow's, as std::pow's (and LibTorch's): 1^c and (-1)^(+-inf) are 1 whatever c is.
+  CHECK(sheaf::pw::pow(1.0f, kNaN) == 1.0f);
+  CHECK(sheaf::pw::pow(1.0f, kInf) == 1.0f);
+  CHECK(sheaf::pw::pow(1.0f, -kInf) == 1.0f);
+  CHECK(sheaf::pw::pow(-1.0f, kInf) == 1.0f);
+  CHECK(sheaf::pw::pow(-1.0f, -kInf) == 1.0f);
+  CHECK(std::isnan(sheaf::pw::pow(-1.0f, kNaN)));
+  CHECK(sheaf::pw::pow(kNaN, 0.0f) == 1.0f);
+  CHECK(sheaf::pw::pow(0.0f, 0.0f) == 1.0f);
+  CHECK(sheaf::pw::pow(0.5f, kInf) == 0.0f);
+  CHECK(sheaf::pw::pow(2.0f, kInf) == kInf);
+  CHECK(sheaf::pw::pow(0.5f, -kInf) == kInf);
+  CHECK(std::fabs(sheaf::pw::pow(-2.0f, 3.0f) + 8.0f) < 1e-5f);
+  CHECK(std::isnan(sheaf::pw::pow(-2.0f, 0.5f)));
 }

@@ -609,6 +609,27 @@ TEST_CASE("tasks: one fetch per step for all examples, result() before forward i
   CHECK(tasks[3].result().example() == 3);
 }
 
+TEST_CASE("tasks: result() of a task whose wait went with its graph's clear() or destruction says so",
+          "[dsl][control][task][errors]") {
+  auto waits = [](Expr x) -> Task<double> { co_return co_await fetch_item(dsl::sum(x)); };
+  auto outer = [&](Expr x) -> Task<double> { co_return co_await waits(x); };
+  Graph g;
+  Task<double> direct = waits(g.input(at::ones({3})));
+  Task<double> nested = outer(g.input(at::ones({3})));
+  std::optional<Task<double>> orphan;
+  {
+    Graph gone;
+    orphan.emplace(waits(gone.input(at::ones({3}))));
+  }
+  CHECK_THROWS_WITH(direct.result(), Contains("has not finished") && Contains("forward"));
+  g.clear();
+  g.forward();  // nothing left to run: the waits went with the clear
+  for (Task<double>* t : {&direct, &nested, &*orphan}) {
+    CHECK_FALSE(t->done());
+    CHECK_THROWS_WITH(t->result(), Contains("will never finish") && Contains("cleared or destroyed"));
+  }
+}
+
 TEST_CASE("tasks: an error inside a task surfaces from forward", "[dsl][control][task][errors]") {
   Graph g;
   auto body = [](Graph& g) -> Task<Expr> {

@@ -355,6 +355,62 @@ TEST_CASE("values before forward, bad tensors, ops on tensors only", "[dsl][erro
   REQUIRE_THROWS_WITH(g.input(at::randn({1, 1, 1, 1, 1})), Contains("rank at most 4"));
   REQUIRE_THROWS_WITH(dsl::affine(W(), W(), B()), Contains("op 'affine'") && Contains("no graph"));
   REQUIRE_THROWS_WITH(strategy_named("fastest"), Contains("'fastest'") && Contains("agenda") && Contains("depth"));
+  // A sparse tensor: refused where it comes in (it failed in the first
+  // batched op that read it, with LibTorch's list of backends).
+  const at::Tensor sparse = at::randn({4}).to_sparse();
+  REQUIRE_THROWS_WITH(g.input(sparse), Contains("op 'input'") && Contains("Sparse") && Contains("to_dense()"));
+  REQUIRE_THROWS_WITH(g.param(sparse), Contains("op 'param'") && Contains("Sparse"));
+  REQUIRE_THROWS_WITH(x * sparse, Contains("op 'param'") && Contains("Sparse"));
+  // An op code that names no op: the user's mistake, not an internal error.
+  REQUIRE_THROWS_WITH(dsl::call(OpCode{60000}, {x}), Contains("op 'call'") && Contains("op code 60000 names no op") &&
+                                                         !Contains("internal"));
+  REQUIRE_THROWS_WITH(dsl::call_list(OpCode{60000}, std::vector<Expr>{x}), Contains("names no op"));
+}
+
+TEST_CASE("split, chunk and a loss over no rows name themselves, not the op they record", "[dsl][errors]") {
+  Graph g;
+  auto scope = g.example(2);
+  const Expr x = g.input(at::randn({4}));
+  REQUIRE_THROWS_WITH(dsl::split(x, std::vector<int64_t>{0, 4}), Contains("op 'split'") && Contains("example 2") &&
+                                                                     Contains("piece 0 has size 0") &&
+                                                                     !Contains("'slice'"));
+  REQUIRE_THROWS_WITH(dsl::split(x, std::vector<int64_t>{5, -1}), Contains("op 'split'") &&
+                                                                      Contains("piece 1 has size -1"));
+  REQUIRE_THROWS_WITH(dsl::chunk(g.input(at::randn({0})), 4), Contains("op 'chunk'") && Contains("size 0") &&
+                                                                 !Contains("'slice'"));
+  REQUIRE_THROWS_WITH(dsl::pick_neg_log_softmax(g.input(at::randn({0, 5})), std::vector<int64_t>{}),
+                      Contains("op 'pick_neg_log_softmax'") && Contains("no rows") && !Contains("'lookup'"));
+  // Pieces that cover the axis still split it.
+  const std::vector<Expr> parts = dsl::split(x, std::vector<int64_t>{1, 3});
+  g.forward(parts[1]);
+  CHECK(parts[1].value().size(0) == 3);
+}
+
+TEST_CASE("a dsl::loop given an empty std::function is a UserError, as a dsl::cond's", "[dsl][errors]") {
+  Graph g;
+  auto scope = g.example(2);
+  const Expr x = g.input(at::ones({3}));
+  const std::function<Expr(Expr)> none;
+  REQUIRE_THROWS_WITH(dsl::loop(x, none, [](Expr s) { return s - 1.0; }),
+                      Contains("op 'loop'") && Contains("example 2") && Contains("must be callable"));
+  REQUIRE_THROWS_WITH(dsl::loop(x, [](Expr s) { return dsl::sum(s) > 0.0; }, none), Contains("must be callable"));
+}
+
+TEST_CASE("check_batched says which example's result is not an Expr of the program's graph", "[dsl][errors][checker]") {
+  Graph other;
+  const Expr foreign = other.input(at::ones({2}));
+  CHECK_THROWS_WITH(check_batched(3, [&](Graph& g, int i) { return i == 1 ? foreign : g.input(at::ones({2})); }),
+                    Contains("check_batched") && Contains("example 1") && Contains("another sheaf::Graph") &&
+                        !Contains("check.cpp"));
+  CHECK_THROWS_WITH(check_batched(2, [&](Graph& g, int i) { return i == 0 ? Expr() : g.input(at::ones({2})); }),
+                    Contains("example 0") && Contains("empty Expr"));
+  CHECK_THROWS_WITH(check_batched(2,
+                                  [&](Graph& g, int i) {
+                                    const Expr y = g.input(at::ones({2}));
+                                    if (i == 1) g.clear();
+                                    return y;
+                                  }),
+                    Contains("check_batched") && Contains("cleared since it was made"));
 }
 
 TEST_CASE("a failed launch names op and examples, and the graph stays usable", "[dsl][errors][backend]") {

@@ -232,6 +232,26 @@ TEST_CASE("function: mistakes are UserErrors naming the function and the call", 
   auto recursive = function("recursive", [&](Expr a) { return self(a); });
   self = [&](Expr a) { return recursive(a); };
   CHECK_THROWS_WITH(recursive(x), Contains("recursive") && Contains("deep"));
+  // Said once, not once per level of nesting (32 copies, 5 KB, before).
+  try {
+    (void)recursive(x);
+    FAIL("no error");
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    CHECK(what.find("recording the body of function 'recursive'") ==
+          what.rfind("recording the body of function 'recursive'"));
+    CHECK(what.size() < 1000);
+  }
+  // A body's own error names the example of the call that recorded it (the
+  // body's graph recorded as example 0 before).
+  {
+    Graph h;
+    auto in_five = h.example(5);
+    auto wrong_body = function("wrong_body", [&](Expr a) { return dsl::matmul(W, a); });
+    CHECK_THROWS_WITH(wrong_body(h.input(at::ones({3}))),
+                      Contains("op 'wrong_body' (example 5)") && Contains("op 'matmul' (example 5)") &&
+                          !Contains("example 0"));
+  }
 
   // The graph is still usable, and the function too.
   auto ok = function("ok", [](Expr a) { return dsl::tanh(a); });
@@ -335,6 +355,11 @@ TEST_CASE("function: a body's own Exprs and outside Exprs are errors, not crashe
   Expr y = leaky(g.input(at::ones({3})));
   CHECK_THROWS_WITH(dsl::sum(kept[0] * 2.0), Contains("sheaf::Function's body"));
   CHECK_THROWS_WITH(kept[0].graph().forward(kept[0]), Contains("sheaf::Function's body"));
+  // Its value, or a forward of it on the caller's graph: the body's message,
+  // not "call forward()" (no forward computes it) or "a different sheaf::Graph".
+  CHECK_THROWS_WITH(kept[0].value(), Contains("op 'value'") && Contains("sheaf::Function's body"));
+  CHECK_THROWS_WITH(g.forward(kept[0]), Contains("op 'forward'") && Contains("sheaf::Function's body") &&
+                                            !Contains("different sheaf::Graph"));
   g.forward(y);  // the calls still run
   CHECK(at::allclose(y.value(), at::tanh(at::ones({3})) * 2.0));
   {

@@ -7,6 +7,8 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <array>
+#include <cmath>
+#include <limits>
 #include <set>
 #include <string>
 
@@ -186,6 +188,90 @@ TEST_CASE("shape, axis-reduction, dot and layer_norm ops give LibTorch's values"
     INFO("check " << k % 11);
     CHECK(checks[k].first.value().sizes() == checks[k].second.sizes());
     CHECK(at::allclose(checks[k].first.value(), checks[k].second, 1e-5, 1e-6));
+  }
+}
+
+// Where an untaken row or a shift is infinite (max-pooling over rows padded
+// with -inf), where an exponent is 0 or a base 1, and where a weight has no
+// columns: LibTorch's answers, not NaN or a LibTorch error of our own making.
+TEST_CASE("axis-0 reductions, pow and weight gradients at infinities, zeros and empty axes give LibTorch's answers",
+          "[dsl][ops]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const at::Tensor padded = at::tensor({-inf, -inf, 0.5f, -2.0f, 3.0f, 1.0f}).view({3, 2});
+  const at::Tensor with_inf = at::tensor({inf, 1.0f, 2.0f, 3.0f}).view({2, 2});
+  const at::Tensor all_ninf = at::tensor({-inf, 1.0f, -inf, 3.0f}).view({2, 2});
+  for (const bool fuse : {false, true}) {
+    INFO("fuse " << fuse);
+    Graph g({.fuse = fuse});
+    std::vector<std::pair<Expr, at::Tensor>> checks;
+    for (int i = 0; i < 3; ++i) {
+      auto scope = g.example(i);
+      checks.emplace_back(dsl::max_dim(g.input(padded), 0), padded.amax(0));
+      checks.emplace_back(dsl::min_dim(g.input(-padded), 0), (-padded).amin(0));
+      checks.emplace_back(dsl::max_dim(g.input(with_inf), 0), with_inf.amax(0));
+      checks.emplace_back(dsl::min_dim(g.input(with_inf), 0), with_inf.amin(0));
+      checks.emplace_back(dsl::logsumexp_dim(g.input(with_inf), 0), with_inf.logsumexp(0));
+      checks.emplace_back(dsl::logsumexp_dim(g.input(all_ninf), 0), all_ninf.logsumexp(0));
+      checks.emplace_back(dsl::logsumexp_dim(g.input(padded), 0), padded.logsumexp(0));
+      const at::Tensor bases = at::tensor({1.0f, -1.0f, 2.0f, 0.0f});
+      checks.emplace_back(dsl::pow(g.input(bases) * 1.0, std::nan("")) + 0.0, bases.pow(std::nan("")));
+      checks.emplace_back(dsl::pow(g.input(bases) * 1.0, INFINITY) + 0.0, bases.pow(INFINITY));
+    }
+    std::vector<Expr> targets;
+    for (const auto& [e, expected] : checks) targets.push_back(e);
+    g.forward(targets);
+    for (size_t k = 0; k < checks.size(); ++k) {
+      INFO("check " << k % 9 << ": " << checks[k].first.value() << " against " << checks[k].second);
+      CHECK(at::allclose(checks[k].first.value(), checks[k].second, 1e-5, 1e-6, /*equal_nan=*/true));
+    }
+    // Gradients: the max's to the rows taken, pow's at a zero base with exponent 0 (none).
+    const at::Tensor P = padded.clone().requires_grad_(true);
+    const at::Tensor w = at::tensor({0.0f, 2.0f, -1.0f}).requires_grad_(true);
+    g.clear();
+    std::vector<Expr> losses;
+    for (int i = 0; i < 3; ++i) {
+      auto scope = g.example(i);
+      losses.push_back(dsl::sum(dsl::max_dim(g.input(at::ones({3, 2})) * P, 0)) +
+                       dsl::sum(dsl::pow(g.input(at::ones({3})) * w, 0.0) * 2.0));
+    }
+    const Expr total = dsl::sum(losses);
+    g.forward(total);
+    const auto grads = torch::autograd::grad({total.value()}, {P, w});
+    const at::Tensor P2 = padded.clone().requires_grad_(true);
+    const at::Tensor w2 = w.detach().clone().requires_grad_(true);
+    const at::Tensor eager = 3 * (P2.amax(0).sum() + (w2.pow(0.0) * 2.0).sum());
+    const auto expected = torch::autograd::grad({eager}, {P2, w2});
+    CHECK(at::allclose(grads[0], expected[0]));
+    CHECK(at::allclose(grads[1], expected[1]));
+  }
+  // A shared weight with no columns (a product over an empty axis): its
+  // gradient [4, 0] and the bias's, with the weight's gradients batched or not.
+  for (const bool batched : {true, false}) {
+    const at::Tensor W0 = at::randn({4, 0}).requires_grad_(true), b = at::randn({4}).requires_grad_(true);
+    Graph g({.batch_weight_grads = batched});
+    std::vector<Expr> ys;
+    for (int i = 0; i < 3; ++i) {
+      auto scope = g.example(i);
+      ys.push_back(dsl::sum(dsl::tanh(dsl::affine(W0, g.input(at::zeros({0})), b))));
+    }
+    const Expr total = dsl::sum(ys);
+    g.forward(total);
+    const auto grads = torch::autograd::grad({total.value()}, {W0, b});
+    CHECK(grads[0].sizes() == W0.sizes());
+    CHECK(at::allclose(grads[1], 3 * (1 - b.detach().tanh().pow(2))));
+    // And no rows ([0, 3]): an empty output, its gradients empty or zero.
+    const at::Tensor Wn = at::randn({0, 3}).requires_grad_(true), x = at::randn({3}).requires_grad_(true);
+    Graph h({.batch_weight_grads = batched});
+    std::vector<Expr> zs;
+    for (int i = 0; i < 2; ++i) {
+      auto scope = h.example(i);
+      zs.push_back(dsl::sum(dsl::affine(Wn, h.input(x) * 1.0, at::zeros({0}))) + dsl::sum(h.input(x) * 2.0));
+    }
+    const Expr z = dsl::sum(zs);
+    h.forward(z);
+    const auto zgrads = torch::autograd::grad({z.value()}, {Wn, x});
+    CHECK(zgrads[0].sizes() == Wn.sizes());
+    CHECK(at::allclose(zgrads[1], at::full({3}, 4.0)));
   }
 }
 

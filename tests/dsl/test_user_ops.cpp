@@ -115,6 +115,27 @@ struct WrongRun {
   static at::Tensor run(RunCtx& c) { return c.in(0).sum(-1); }
 };
 
+// run() returns float64 (or int64): the right sizes, the wrong dtype.
+template <at::ScalarType kType>
+struct WrongDtype {
+  static constexpr std::string_view name = kType == at::kDouble ? "test_double_run" : "test_long_run";
+  static constexpr OpTraits traits{.arity = 1};
+  static Shape infer(const InferCtx& c) { return c.shape(0); }
+  static at::Tensor run(RunCtx& c) { return c.in(0).to(kType); }
+};
+
+// Reads an attribute its calls may not pass: in infer() (kInInfer) or in run().
+template <bool kInInfer>
+struct ReadsAttr {
+  static constexpr std::string_view name = kInInfer ? "test_attr_in_infer" : "test_attr_in_run";
+  static constexpr OpTraits traits{.arity = 1};
+  static Shape infer(const InferCtx& c) {
+    if (kInInfer) (void)c.attr(1);
+    return c.shape(0);
+  }
+  static at::Tensor run(RunCtx& c) { return c.in(0) * static_cast<double>(c.attr(1)); }
+};
+
 // A kernel that reaches back into a graph: records into it, runs it, or
 // reads one of its values (g_reach_into, g_reach_value), as a user might from
 // a user op.
@@ -282,6 +303,28 @@ TEST_CASE("user ops: mistakes are UserErrors at the user's line", "[dsl][user-op
   Graph b1, b2;
   fails_named(b1, read_next(b1.input(data({kD}, 1))));
   fails_named(b2, result(b2.input(data({kD}, 1))));
+  // Another dtype than float32, named at the op that returned it (it flowed
+  // on before, to fail at whichever op read it next, or not at all).
+  for (const bool fuse : {false, true}) {
+    Graph d({.fuse = fuse});
+    auto in_d = d.example(4);
+    const Expr as_double = dsl::call(user_op<WrongDtype<at::kDouble>>(), {d.input(data({kD}, 0))});
+    const Expr as_long = dsl::call(user_op<WrongDtype<at::kLong>>(), {d.input(data({kD}, 0))});
+    CHECK_THROWS_WITH(d.forward(dsl::tanh(as_double) * 2.0),
+                      Catch::Contains("op 'test_double_run'") && Catch::Contains("example 4") &&
+                          Catch::Contains("dtype Double") && Catch::Contains("float32"));
+    CHECK_THROWS_WITH(d.forward(dsl::affine(A, as_long, at::zeros({kD}))),
+                      Catch::Contains("op 'test_long_run'") && Catch::Contains("dtype Long"));
+  }
+  // An attribute the call did not pass: an error naming the op, not a read past the list.
+  const int64_t one = 3;
+  CHECK_THROWS_WITH(dsl::call(user_op<ReadsAttr<true>>(), {x}, std::span(&one, 1)),
+                    Catch::Contains("op 'test_attr_in_infer'") && Catch::Contains("asks for attribute 1") &&
+                        Catch::Contains("passed 1"));
+  Graph a;
+  const Expr reads = dsl::call(user_op<ReadsAttr<false>>(), {a.input(data({kD}, 0))}, std::span(&one, 1));
+  CHECK_THROWS_WITH(a.forward(reads), Catch::Contains("op 'test_attr_in_run'") &&
+                                          Catch::Contains("asks for attribute 1") && Catch::Contains("passed 1"));
   // The graph is still usable.
   Expr y = dsl::call(user_op<Swish>(), {x});
   g.forward(y);

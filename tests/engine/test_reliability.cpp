@@ -743,3 +743,38 @@ TEST_CASE("two backward passes at once through one graph keep their gradients ap
     CHECK(at::allclose(got_b[k], want_b[k], 1e-5, 1e-6));
   }
 }
+
+// A second derivative through Sheaf's own autograd nodes (fused kernels,
+// gathers' hubs, batched and packed weight gradients, row products) left
+// terms out and gave a wrong number without a word (a user's double backward
+// read 236.5 where LibTorch gives 387.8). Their gradients are now handed on,
+// under create_graph, through a node that refuses a second backward: the
+// first derivative is still right, the second a UserError.
+TEST_CASE("a second derivative through Sheaf's own nodes is a UserError, the first one still right",
+          "[engine][reliability][autograd]") {
+  const at::Tensor W = test::param({4, 4}, 61), b = test::param({4}, 62);
+  for (const bool fuse : {true, false}) {
+    INFO("fuse " << fuse);
+    Graph g({.fuse = fuse, .batch_weight_grads = true});
+    std::vector<Expr> ys;
+    for (int i = 0; i < 4; ++i) {
+      auto scope = g.example(i);
+      Expr h = g.input(data({4}, i));
+      for (int k = 0; k <= i; ++k) h = dsl::tanh(dsl::affine(W, h, b)) + h * 0.5;
+      ys.push_back(dsl::sum(h * h));
+    }
+    const Expr total = dsl::sum(ys);
+    g.forward(total);
+    // The same in eager LibTorch: the first derivative agrees.
+    at::Tensor eager = at::zeros({});
+    for (int i = 0; i < 4; ++i) {
+      at::Tensor h = data({4}, i);
+      for (int k = 0; k <= i; ++k) h = at::tanh(at::addmv(b, W, h)) + h * 0.5;
+      eager = eager + (h * h).sum();
+    }
+    const at::Tensor want = torch::autograd::grad({eager}, {W}, {}, true, true)[0];
+    const at::Tensor gw = torch::autograd::grad({total.value()}, {W}, {}, true, true)[0];
+    CHECK(at::allclose(gw, want, 1e-5, 1e-6));
+    CHECK_THROWS_WITH(torch::autograd::grad({gw.pow(2).sum()}, {b}), Contains("second derivative"));
+  }
+}

@@ -159,6 +159,74 @@ TEST_CASE("a strategy of the user's own is checked every round, without validate
   CHECK_FALSE(built_in(BrokenStrategy{}));
 }
 
+namespace {
+// A user's strategy that picks among others (Strategy::candidates), whose list
+// may change from one round to the next.
+struct Chooser : Strategy {
+  std::vector<const Strategy*> list;
+  std::string_view name() const override { return "chooser"; }
+  void schedule(const RoundDag& dag, Batches& out) const override { depth_strategy().schedule(dag, out); }
+  std::span<const Strategy* const> candidates() const override { return list; }
+};
+// Depth's schedule under a long name of its own (kept past the strategy's life by Stats).
+struct Named : Strategy {
+  std::string own = std::string(64, 'n') + "-named";
+  std::string_view name() const override { return own; }
+  void schedule(const RoundDag& dag, Batches& out) const override { depth_strategy().schedule(dag, out); }
+};
+}  // namespace
+
+TEST_CASE("after a user's strategy fails, the round runs with another: its nodes are not lost",
+          "[scheduler][errors]") {
+  BrokenStrategy broken;
+  Graph g({.fuse = false});
+  std::vector<Expr> outs;
+  std::vector<at::Tensor> want;
+  for (int i = 0; i < 4; ++i) {
+    auto s = g.example(i);
+    const at::Tensor x = at::randn({3});
+    outs.push_back(dsl::tanh(dsl::sigmoid(g.input(x))));
+    want.push_back(at::tanh(at::sigmoid(x)));
+  }
+  CHECK_THROWS_AS(g.forward(outs, {.strategy = &broken}), UserError);
+  // (Before, its nodes were gone: "could not be computed" until clear().)
+  g.forward(outs, {.strategy = &depth_strategy()});
+  for (size_t i = 0; i < outs.size(); ++i) CHECK(at::allclose(outs[i].value(), want[i]));
+}
+
+TEST_CASE("a user's chooser whose candidates change or hold a null pointer, and Stats after a strategy is gone",
+          "[scheduler][errors]") {
+  auto record = [](Graph& g) {
+    std::vector<Expr> outs;
+    for (int i = 0; i < 4; ++i) {
+      auto s = g.example(i);
+      outs.push_back(dsl::tanh(dsl::sigmoid(g.input(at::randn({3})))));
+    }
+    return outs;
+  };
+  Chooser chooser;
+  chooser.list = {&depth_strategy(), &agenda_strategy(), &lazy_strategy()};
+  Graph g({.strategy = &chooser});
+  g.forward(record(g));
+  // One candidate now: the memo's choice (up to the third) is not read past the list (a crash before).
+  chooser.list = {&depth_strategy()};
+  g.clear();
+  std::vector<Expr> outs = record(g);
+  g.forward(outs);
+  CHECK(outs[0].value().size(0) == 3);
+  chooser.list = {nullptr, &depth_strategy()};
+  g.clear();
+  CHECK_THROWS_WITH(g.forward(record(g)), Contains("'chooser'") && Contains("candidates()[0] is a null pointer"));
+  // Stats keep the strategy's name, not a view of the gone strategy's.
+  Graph h;
+  {
+    Named named;
+    h.forward(record(h), {.strategy = &named});
+  }
+  CHECK(h.stats().strategy_used == std::string(64, 'n') + "-named");
+  CHECK_THAT(h.stats().str(), Contains("-named"));
+}
+
 TEST_CASE("the plan prints its batches and how each input is obtained", "[scheduler]") {
   Graph g;
   std::vector<Expr> outs;
