@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
                  "attention's inference also sheaf[:<strategy>]+overlap (the batch as two parts on two threads whose kernels "
                  "take turns: sheaf::Overlap); suffixes /unfused, /eager, /inline, "
                  "/unpacked (bench/harness.h); treelstm also hand:sheaf-gemm (hand with Sheaf's packed-weight product kernel), transformer hand:sheaf-attention (hand with Sheaf's CPU attention loop)")->delimiter(',');
-  app.add_option("--modes", o.modes, "train, infer")->delimiter(',');
+  app.add_option("--modes", o.modes, "train, infer")->delimiter(',')->check(CLI::IsMember({"train", "infer"}));
   app.add_option("--threads", o.threads, sheaf::models::kThreadsHelp)->check(CLI::PositiveNumber);
   app.add_option("--device", o.device, "cpu or cuda");
   app.add_flag("--root-only", o.root_only, "classify the root only (default: every node, as DyNet's benchmark)");

@@ -5,6 +5,7 @@
 //   ./build/examples/countdown [N]     (default 64 examples with inputs 1..N)
 #include <ATen/ops/full.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 
@@ -13,10 +14,19 @@
 using namespace sheaf;
 
 int main(int argc, char** argv) {
-  const int n = argc > 1 ? std::atoi(argv[1]) : 64;
-  if (n <= 0) {
-    std::fprintf(stderr, "usage: countdown [N > 0]\n");
-    return 1;
+  // N whole, from 1 to 2,000 (about N^2 / 2 nodes in all; a huge N ran out of
+  // memory): "1e3", "3abc" or a second argument are refused, not read as 1 or
+  // 3 (atoi did).
+  constexpr long kMax = 2000;
+  long n = 64;
+  if (argc > 1) {
+    char* end = nullptr;
+    errno = 0;
+    n = std::strtol(argv[1], &end, 10);
+    if (argc > 2 || end == argv[1] || *end != '\0' || errno != 0 || n <= 0 || n > kMax) {
+      std::fprintf(stderr, "usage: countdown [N], N a whole number from 1 to %ld (default 64)\n", kMax);
+      return 1;
+    }
   }
   Graph g;
   std::vector<Expr> results;
@@ -31,7 +41,7 @@ int main(int argc, char** argv) {
   long per_example_steps = 0;
   for (int i = 1; i <= n; ++i) per_example_steps += i;
   const Stats& s = g.stats();
-  std::printf("%d examples counting down from 1..%d: all reached %.0f\n", n, n, results.back().item());
+  std::printf("%ld examples counting down from 1..%ld: all reached %.0f\n", n, n, results.back().item());
   std::printf("batched loop steps (rounds): %llu, launches: %llu, host fetches: %llu\n",
               static_cast<unsigned long long>(s.rounds), static_cast<unsigned long long>(s.batches),
               static_cast<unsigned long long>(s.fetches));

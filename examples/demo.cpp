@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <random>
+#include <string_view>
 
 #include <sheaf/sheaf.h>
 
@@ -56,7 +57,14 @@ std::vector<Sequence> make_data(int n, std::mt19937& rng) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // No options: anything given (a --help too) gets the usage, not the demo
+  // run as if it had been understood.
+  if (argc > 1) {
+    std::fprintf(stderr, "usage: %s (no options: trains a small RNN classifier with Sheaf and prints its losses)\n",
+                 argv[0]);
+    return std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h" ? 0 : 2;
+  }
   at::manual_seed(0);
   std::mt19937 rng(0);
   std::printf("%s\n", runtime_info().c_str());

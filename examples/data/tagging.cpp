@@ -15,6 +15,18 @@ using detail::is_space;
 
 namespace {
 
+// Tab-separated fields (CoNLL-U): each tab ends one, so an empty field keeps
+// its place (runs of separators merged shifted the columns after it).
+std::vector<std::pair<std::string_view, size_t>> tab_fields(std::string_view line) {
+  std::vector<std::pair<std::string_view, size_t>> out;
+  for (size_t start = 0;;) {
+    const size_t tab = line.find('\t', start);
+    out.emplace_back(line.substr(start, tab == std::string_view::npos ? std::string_view::npos : tab - start), start + 1);
+    if (tab == std::string_view::npos) return out;
+    start = tab + 1;
+  }
+}
+
 // Fields of a line split by `is_sep` runs, with each field's 1-based column.
 template <class Sep>
 std::vector<std::pair<std::string_view, size_t>> fields(std::string_view line, Sep is_sep) {
@@ -102,12 +114,22 @@ std::vector<TaggedSentence> parse_conll(std::string_view text, ConllColumns c, s
     if (!current.words.empty()) out.push_back(std::move(current));
     current = {};
   };
+  // '#' starts a comment in CoNLL-U (tab-separated), and is a word like any
+  // other in CoNLL-2003 (space-separated: a tweet's #hashtag). Which one the
+  // file is, its first line that does not start with '#' says.
+  bool conllu = false;
+  bool decided = false;  // (for_each_line has no early exit: the first data line decides, the rest are skipped)
+  detail::for_each_line(text, [&](std::string_view line, int) {
+    if (decided || is_blank(line) || line.front() == '#') return;
+    decided = true;
+    conllu = line.find('\t') != std::string_view::npos;
+  });
   detail::for_each_line(text, [&](std::string_view line, int number) {
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (is_blank(line)) return end_sentence();
-    if (line.front() == '#') return;
+    if (conllu && line.front() == '#') return;
     const bool tabs = line.find('\t') != std::string_view::npos;
-    const auto f = tabs ? fields(line, [](char ch) { return ch == '\t'; }) : fields(line, is_space);
+    const auto f = tabs ? tab_fields(line) : fields(line, is_space);
     if (f[0].first == "-DOCSTART-") return end_sentence();
     // CoNLL-U multi-word ranges (3-4) and empty nodes (5.1) are not tokens of their own.
     const std::string_view id = f[0].first;
@@ -117,6 +139,10 @@ std::vector<TaggedSentence> parse_conll(std::string_view text, ConllColumns c, s
       fail(source, number, 0,
            "has " + std::to_string(f.size()) + " columns; the word (" + std::to_string(c.word) + ") and tag (" +
                std::to_string(c.tag) + ") columns need at least " + std::to_string(need));
+    for (const int k : {c.word, c.tag})
+      if (f[static_cast<size_t>(k)].first.empty())
+        fail(source, number, f[static_cast<size_t>(k)].second,
+             std::string(k == c.word ? "the word" : "the tag") + " column (" + std::to_string(k) + ") is empty");
     current.words.emplace_back(f[static_cast<size_t>(c.word)].first);
     current.tags.emplace_back(f[static_cast<size_t>(c.tag)].first);
   });

@@ -407,7 +407,11 @@ std::string detail::read_file(const std::string& path, std::string_view what) {
   std::ifstream in(path, std::ios::binary);
   // A directory opens fine on Linux and then reads as empty; report it instead.
   if (!in || std::filesystem::is_directory(path)) throw UserError("cannot open " + std::string(what) + " '" + path + "'");
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  std::string text(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>{});
+  // A UTF-8 byte-order mark (editors on Windows write one) is not text: it
+  // became part of the first word, or an unexplained "found ''" error.
+  if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);
+  return text;
 }
 
 }  // namespace sheaf::data

@@ -135,6 +135,13 @@ int main(int argc, char** argv) {
       dev = std::move(bank.dev);
     }
     if (static_cast<int64_t>(train.size()) > train_trees) train.resize(static_cast<size_t>(train_trees));
+    // Training takes whole batches: with fewer trees than one it trained
+    // nothing and printed a loss of 0 (or NaN for empty files).
+    if (dev.empty()) throw UserError("no dev trees" + (data_dir.empty() ? std::string() : " in '" + data_dir + "'"));
+    if (epochs > 0 && static_cast<int64_t>(train.size()) < batch)
+      throw UserError(std::to_string(train.size()) + " training trees" +
+                      (data_dir.empty() ? std::string() : " in '" + data_dir + "'") + " do not fill one --batch of " +
+                      std::to_string(batch) + " (training takes whole batches): lower --batch");
     std::printf("%zu training trees, %zu dev trees, vocabulary %zu\n", train.size(), dev.size(), vocab.size());
 
     ShiftReduce m({.vocab = static_cast<int64_t>(vocab.size()), .hidden = hidden, .tracking = tracking}, 1);

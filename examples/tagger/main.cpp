@@ -9,7 +9,8 @@
 //   ./build/examples/tagger --train eng.train --dev eng.testa --format conll --word-column 0 --tag-column 3
 //
 // The vocabulary comes from --train, so --load needs the same --train (and
-// --chars) as the run that saved: another file gives a clear shape error.
+// --chars) as the run that saved: another file is a clear error (the file
+// keeps a hash of the vocabulary it was trained with).
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
@@ -23,6 +24,7 @@
 #include <random>
 
 #include <common/cli.h>
+#include <common/parameter_file.h>
 #include <common/train_loop.h>
 #include <data/tagging.h>
 #include <sheaf/sheaf.h>
@@ -64,6 +66,9 @@ struct Dataset {
 Dataset load_data(const Config& c) {
   std::vector<data::TaggedSentence> train, dev, test;
   if (c.train.empty()) {
+    // (Before, they were ignored: the run trained and scored synthetic data.)
+    if (!c.dev.empty() || !c.test.empty())
+      throw UserError("--dev and --test need --train (the vocabulary comes from it)");
     const int n = c.train_sentences > 0 ? c.train_sentences : 3000;
     train = data::synthetic_tagged({.count = n, .seed = 1});
     dev = data::synthetic_tagged({.count = 500, .seed = 2});
@@ -75,7 +80,8 @@ Dataset load_data(const Config& c) {
   }
   if (c.train_sentences > 0 && train.size() > static_cast<size_t>(c.train_sentences))
     train.resize(static_cast<size_t>(c.train_sentences));
-  if (train.empty() || dev.empty()) throw UserError("no training or no dev sentences");
+  if (train.empty()) throw UserError("no training sentences in '" + c.train + "'");
+  if (dev.empty()) throw UserError("no dev sentences in '" + c.dev + "'");
   Dataset d{data::TaggingVocab::build(train, c.rare_count), {}, {}, {}};
   d.train = d.vocab.encode(train);
   d.dev = d.vocab.encode(dev);
@@ -122,6 +128,39 @@ void train_epoch(const Config& c, int epoch, Graph& g, const Strategy& s, const 
               r.launches_per_batch);
 }
 
+// The vocabulary a parameter file was trained with: a hash each of the
+// words, characters and tags in id order, saved after the parameters. Ids
+// follow first appearance in --train, so a file loaded with another --train
+// of the same sizes (the same sentences shuffled) read every row as another
+// word's, and no shape differed to say so.
+at::Tensor vocab_key(const data::TaggingVocab& v) {
+  auto hash = [](const data::Index& index) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a, a 0 byte after each name
+    for (size_t i = 0; i < index.size(); ++i) {
+      for (const char ch : index.name(static_cast<int64_t>(i))) h = (h ^ static_cast<uint8_t>(ch)) * 1099511628211ull;
+      h *= 1099511628211ull;
+    }
+    return static_cast<int64_t>(h);
+  };
+  return at::tensor(std::vector<int64_t>{hash(v.words), hash(v.chars), hash(v.tags)}, at::kLong);
+}
+
+void load_model(Tagger& model, const data::TaggingVocab& vocab, const std::string& path) {
+  std::vector<at::Tensor> all = model.parameters();
+  const at::Tensor key = at::zeros({3}, at::kLong);
+  all.push_back(key);
+  models::load_parameters(all, path, "Tagger");
+  if (!at::equal(key, vocab_key(vocab)))
+    throw UserError("--load: '" + path + "' was trained with another vocabulary: word and tag ids follow their "
+                    "first appearance in --train, so load it with the --train (and --format, columns) that saved it");
+}
+
+void save_model(const Tagger& model, const data::TaggingVocab& vocab, const std::string& path) {
+  std::vector<at::Tensor> all = model.parameters();
+  all.push_back(vocab_key(vocab));
+  models::save_parameters(all, path);
+}
+
 int run(const Config& c) {
   set_threads(c.threads);
   retain_host_memory();  // freed memory stays in the process: no page faults to get it back each batch
@@ -140,7 +179,7 @@ int run(const Config& c) {
                 .tags = static_cast<int64_t>(d.vocab.tags.size()), .embed = c.embed, .hidden = c.hidden, .mlp = c.mlp,
                 .char_embed = c.char_embed, .use_chars = c.chars, .sequence_op = !c.step_by_step},
                c.seed);
-  if (!c.load.empty()) model.load(c.load);
+  if (!c.load.empty()) load_model(model, d.vocab, c.load);
   torch::optim::Adagrad opt(model.parameters(), torch::optim::AdagradOptions(c.lr));
   std::mt19937_64 rng(c.seed);
   Graph g;
@@ -152,7 +191,7 @@ int run(const Config& c) {
   }
   if (!d.test.empty()) std::printf("test accuracy %.1f%%\n", 100 * accuracy(g, strategy, model, d.test));
   if (!c.save.empty()) {
-    model.save(c.save);
+    save_model(model, d.vocab, c.save);
     std::printf("saved parameters to %s\n", c.save.c_str());
   }
   return 0;

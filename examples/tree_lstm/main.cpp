@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -241,7 +242,12 @@ int load_checkpoint(const std::string& path, TreeLSTM& m, torch::optim::Optimize
   archive.read("epoch", epoch);
   torch::serialize::InputArchive state;
   archive.read("optimizer", state);
-  opt.load(state);
+  try {
+    opt.load(state);
+  } catch (const std::exception&) {  // (LibTorch's words: an internal assert of the other optimizer's file)
+    throw UserError("--resume: the optimizer state in '" + path + "' does not fit this run's --optimizer (the " +
+                    "checkpoint was written with the other one?)");
+  }
   return static_cast<int>(epoch.item<int64_t>());
 }
 
@@ -322,11 +328,16 @@ void compare_speed(const Config& c, TreeLSTM& m, const std::vector<Tree>& train,
 }
 
 // CLI11's own PositiveNumber names its range as "0.000000 to 1797693134862315...".
+// The whole text is the number, finite and within float's range (an `inf` or
+// a `1e300` learning rate trained to NaN, or failed in the optimizer with
+// LibTorch's words).
 CLI::Validator at_least(double min, const std::string& what) {
   return {[=](std::string& text) {
             char* end = nullptr;
             const double x = std::strtod(text.c_str(), &end);
-            return end != text.c_str() && x >= min ? std::string() : "'" + text + "' is not " + what;
+            const bool number = end != text.c_str() && *end == '\0' && std::isfinite(x) &&
+                                std::fabs(x) <= std::numeric_limits<float>::max();
+            return number && x >= min ? std::string() : "'" + text + "' is not " + what;
           },
           ""};
 }
@@ -418,13 +429,14 @@ int main(int argc, char** argv) {
   app.add_option("--strategy", c.strategy, "Sheaf scheduling strategy: " + strategies);
   app.add_option("--device", c.device, "cpu or cuda (the same model code runs on either)");
   app.add_option("--save", c.save, "write the parameters here after training");
-  app.add_option("--load", c.load, "start from these parameters (with --epochs 0: just evaluate)");
+  CLI::Option* load = app.add_option("--load", c.load, "start from these parameters (with --epochs 0: just evaluate)");
   app.add_option("--seed", c.seed, "seed for initialisation and shuffling");
   app.add_option("--compare-batches", c.compare_batches, "batches for the closing speed comparison (0: none)")
       ->check(kNonNegative);
   app.add_flag("--quiet", c.quiet, "no progress bar, runtime or data summary");
   app.add_option("--checkpoint", c.checkpoint, "after every epoch, write parameters, optimizer state and the epoch here");
-  app.add_option("--resume", c.resume, "continue from a --checkpoint file (with any number of workers)");
+  app.add_option("--resume", c.resume, "continue from a --checkpoint file (with any number of workers)")
+      ->excludes(load);  // (the checkpoint's parameters replaced --load's without a word)
   app.add_option("--dist-timeout", c.dist_timeout, "data-parallel: seconds to wait for the slowest worker before failing")
       ->check(at_least(0.1, "at least 0.1 s"));
   app.add_option("--bucket-mb", c.bucket_mb, "data-parallel: gradients are summed in buckets of about this size")

@@ -49,30 +49,37 @@ void TreeLSTM::save(const std::string& path) const { save_parameters(parameters(
 void TreeLSTM::load(const std::string& path) { load_parameters(parameters(), path, "TreeLSTM"); }
 
 // ---------------------------------------------------------------------------
-// Sheaf: written for one tree, recursively.
+// Sheaf: written for one tree, node by node.
 
-TreeLSTM::State TreeLSTM::sheaf_node(Graph& g, const data::Tree& t, int n, const Expr& zero,
+// Nodes come in post-order (children before parents): one pass in index
+// order is the recursion's order (left subtree, right subtree, node), without
+// a stack frame per level (a tree 30,000 deep overflowed the stack).
+TreeLSTM::State TreeLSTM::sheaf_tree(Graph& g, const data::Tree& t, const Expr& zero,
                                      std::vector<Expr>* losses) const {
-  const auto k = static_cast<size_t>(n);
-  State s;
-  if (t.is_leaf(n)) {
-    s.h = g.lookup(E, t.word[k], options_.sparse_embedding_grad);
-    s.c = zero;
-  } else {
-    State l = sheaf_node(g, t, t.left[k], zero, losses);
-    State r = sheaf_node(g, t, t.right[k], zero, losses);
-    const auto [h, c] = cell_(l.h, l.c, r.h, r.c);
-    s.h = h;
-    s.c = c;
+  thread_local std::vector<State> states;  // (kept: a tree's states, no allocation per tree)
+  states.resize(static_cast<size_t>(t.size()));
+  for (int n = 0; n < t.size(); ++n) {
+    const auto k = static_cast<size_t>(n);
+    State& s = states[k];
+    if (t.is_leaf(n)) {
+      s.h = g.lookup(E, t.word[k], options_.sparse_embedding_grad);
+      s.c = zero;
+    } else {
+      const State& l = states[static_cast<size_t>(t.left[k])];
+      const State& r = states[static_cast<size_t>(t.right[k])];
+      const auto [h, c] = cell_(l.h, l.c, r.h, r.c);
+      s.h = h;
+      s.c = c;
+    }
+    if (losses != nullptr && (options_.all_nodes || n == t.root()))
+      losses->push_back(dsl::pick_neg_log_softmax(dsl::affine(V, s.h, v), t.label[k]));
   }
-  if (losses != nullptr && (options_.all_nodes || n == t.root()))
-    losses->push_back(dsl::pick_neg_log_softmax(dsl::affine(V, s.h, v), t.label[k]));
-  return s;
+  return states[static_cast<size_t>(t.root())];
 }
 
 Expr TreeLSTM::sheaf_loss(Graph& g, const data::Tree& t, Expr* root_logits) const {
   std::vector<Expr> losses;
-  State root = sheaf_node(g, t, t.root(), g.zeros({options_.hidden}), &losses);
+  State root = sheaf_tree(g, t, g.zeros({options_.hidden}), &losses);
   if (root_logits != nullptr) *root_logits = dsl::affine(V, root.h, v);
   return dsl::sum(losses);
 }
@@ -92,7 +99,7 @@ std::vector<Expr> TreeLSTM::sheaf_batch_root_logits(Graph& g, std::span<const da
   std::vector<Expr> logits;
   for (size_t i = 0; i < trees.size(); ++i) {
     auto scope = g.example(static_cast<int64_t>(i));
-    logits.push_back(dsl::affine(V, sheaf_node(g, *trees[i], trees[i]->root(), g.zeros({options_.hidden}), nullptr).h, v));
+    logits.push_back(dsl::affine(V, sheaf_tree(g, *trees[i], g.zeros({options_.hidden}), nullptr).h, v));
   }
   return logits;
 }

@@ -1,7 +1,7 @@
 // Binary Tree-LSTM (Tai et al. 2015 style) for sentiment trees, written three
 // ways over the SAME parameters, so the benchmark compares like with like:
 //
-//   sheaf_loss      : the per-tree code a researcher writes, recursive, with Sheaf
+//   sheaf_loss      : the per-tree code a researcher writes, node by node, with Sheaf
 //   per_example_loss: eager LibTorch, one tree at a time (careful: GEMV for single
 //                     rows, sparse embedding gradients, one lookup per sentence)
 //   HandBatched     : (bench/baselines/tree_lstm_hand.h) the best hand-batched
@@ -71,9 +71,9 @@ class TreeLSTM {
   // The cell, recorded once per batch and called at every internal node: one
   // node per call instead of one per op (dsl/function.h).
   Fn<std::array<Expr, 2>(Expr, Expr, Expr, Expr)> cell_;
-  // Records node n's state; its loss goes to *losses unless losses is null.
-  // `zero`: the leaves' c, one per tree.
-  State sheaf_node(Graph& g, const data::Tree& t, int n, const Expr& zero, std::vector<Expr>* losses) const;
+  // Records every node's state, the root's returned; each node's loss goes to
+  // *losses unless losses is null. `zero`: the leaves' c, one per tree.
+  State sheaf_tree(Graph& g, const data::Tree& t, const Expr& zero, std::vector<Expr>* losses) const;
   std::vector<at::Tensor> per_example_states(const data::Tree& t) const;
 
   TreeLSTMOptions options_;

@@ -124,6 +124,18 @@ TEST_CASE("CoNLL-U and CoNLL-2003 columns", "[examples][tagger]") {
   CHECK(error_of([] { data::parse_conll("EU NNP B-NP B-ORG\nrejects VBZ\n", {.word = 0, .tag = 3}, "c.txt"); })
             .starts_with("c.txt:2: has 2 columns"));
   CHECK(!error_of([] { data::parse_conll("a b\n", {.word = 1, .tag = 1}); }).empty());
+  // '#' is a word in CoNLL-2003 (space-separated: a hashtag), a comment only
+  // in CoNLL-U (before, every '#' line was a comment: tokens and sentences lost).
+  const auto hashtags = data::parse_conll("I PRP B-NP O\n#music NN B-NP B-TAG\n\n# NN B-NP O\n", {.word = 0, .tag = 3});
+  REQUIRE(hashtags.size() == 2);
+  CHECK(hashtags[0].words == std::vector<std::string>{"I", "#music"});
+  CHECK(hashtags[1].words == std::vector<std::string>{"#"});
+  // An empty CoNLL-U column keeps its place (runs of tabs were merged: the
+  // tag came from the next column), and an empty word or tag is an error.
+  CHECK(data::parse_conll("1\tdog\t\tNOUN\tNN\n", {.word = 1, .tag = 3})[0].tags ==
+        std::vector<std::string>{"NOUN"});
+  CHECK(error_of([] { data::parse_conll("1\t\tdog\tNOUN\tNN\n", {.word = 1, .tag = 3}, "e.conllu"); })
+            .starts_with("e.conllu:1:3: the word column (1) is empty"));
 }
 
 TEST_CASE("vocabulary: rare words, unknown words and characters, unknown tags", "[examples][tagger]") {

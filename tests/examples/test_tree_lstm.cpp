@@ -109,3 +109,23 @@ TEST_CASE("TreeLSTM: launches grow with tree height, not with the number of tree
   CHECK(n <= static_cast<uint64_t>(19 * max_height + 8));
   CHECK(n < nodes / 4);
 }
+
+// The model records a tree node by node, not by a recursion per level: a tree
+// 30,000 deep (a right-branching sentence of 30,001 words) overflowed the
+// stack (a segmentation fault in tree_lstm and sheaf-bench).
+TEST_CASE("TreeLSTM: a tree thousands of levels deep records without a stack overflow", "[examples][tree_lstm]") {
+  constexpr int kDepth = 30000;
+  std::string text;
+  for (int i = 0; i < kDepth; ++i) text += "(2 (2 w" + std::to_string(i % 30 + 1) + ") ";
+  text += "(3 w0)" + std::string(kDepth, ')');
+  const data::Tree deep = data::parse_tree(text);
+  REQUIRE(deep.height() == kDepth);
+  data::Vocab vocab = data::synthetic_vocab(40);
+  data::Tree t = deep;
+  vocab.assign_ids(t);
+  TreeLSTM m({.vocab = 40, .hidden = 4}, 5);
+  Graph g;
+  const Expr loss = m.sheaf_batch_loss(g, std::vector<data::Tree>{t});
+  CHECK(g.size() > static_cast<size_t>(2 * kDepth));
+  CHECK(loss.defined());
+}

@@ -157,6 +157,14 @@ TEST_CASE("read_trees reads one tree per line and skips blank lines", "[trees][f
   CHECK(trees[2].tokens == std::vector<std::string>{"ok"});
 }
 
+TEST_CASE("read_trees skips a UTF-8 byte-order mark", "[trees][files]") {
+  TempDir dir;
+  // (It was read as text: "expected '(' to start a tree, found ''".)
+  const std::vector<Tree> trees = read_trees(dir.write("bom.txt", "\xEF\xBB\xBF(3 (2 It) (3 good))\n"));
+  REQUIRE(trees.size() == 1);
+  CHECK(trees[0].tokens == std::vector<std::string>{"It", "good"});
+}
+
 TEST_CASE("read_trees names the file, line and column of a malformed line", "[trees][files][errors]") {
   TempDir dir;
   const std::string path = dir.write("bad.txt", "(2 (2 a) (2 b))\n(3 c)\n(2 (2 a) (5 b))\n(2 d)\n");
