@@ -14,13 +14,17 @@ void save_parameters(const std::vector<at::Tensor>& params, const std::string& p
 }
 
 void load_parameters(const std::vector<at::Tensor>& params, const std::string& path, const std::string& model) {
+  copy_parameters(read_parameters(path, model), params, path, model);
+}
+
+std::vector<at::Tensor> read_parameters(const std::string& path, const std::string& model) {
   std::vector<at::Tensor> ps;
   try {
     torch::load(ps, path);
   } catch (const std::exception& e) {
     throw UserError(model + "::load: cannot read '" + path + "': " + e.what());
   }
-  copy_parameters(ps, params, path, model);
+  return ps;
 }
 
 void copy_parameters(const std::vector<at::Tensor>& ps, const std::vector<at::Tensor>& params,

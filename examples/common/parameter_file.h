@@ -16,6 +16,9 @@ void save_parameters(const std::vector<at::Tensor>& params, const std::string& p
 // naming `model` and what differs.
 void load_parameters(const std::vector<at::Tensor>& params, const std::string& path, const std::string& model);
 
+// The file's tensors as saved; a UserError naming `model` if it cannot be read.
+std::vector<at::Tensor> read_parameters(const std::string& path, const std::string& model);
+
 // Copies `saved` (read from `path`) into `params`, after checking their number
 // and shapes: the same UserErrors as load_parameters.
 void copy_parameters(const std::vector<at::Tensor>& saved, const std::vector<at::Tensor>& params,

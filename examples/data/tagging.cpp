@@ -114,22 +114,15 @@ std::vector<TaggedSentence> parse_conll(std::string_view text, ConllColumns c, s
     if (!current.words.empty()) out.push_back(std::move(current));
     current = {};
   };
-  // '#' starts a comment in CoNLL-U (tab-separated), and is a word like any
-  // other in CoNLL-2003 (space-separated: a tweet's #hashtag). Which one the
-  // file is, its first line that does not start with '#' says.
-  bool conllu = false;
-  bool decided = false;  // (for_each_line has no early exit: the first data line decides, the rest are skipped)
-  detail::for_each_line(text, [&](std::string_view line, int) {
-    if (decided || is_blank(line) || line.front() == '#') return;
-    decided = true;
-    conllu = line.find('\t') != std::string_view::npos;
-  });
+  // (CoNLL-2003 has no comments: a '#' line was dropped, a hashtag with it.)
   detail::for_each_line(text, [&](std::string_view line, int number) {
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (is_blank(line)) return end_sentence();
-    if (conllu && line.front() == '#') return;
+    if (c.conllu && line.front() == '#') return;
     const bool tabs = line.find('\t') != std::string_view::npos;
-    const auto f = tabs ? tab_fields(line) : fields(line, is_space);
+    const auto f = !tabs ? fields(line, is_space)
+                   : c.conllu ? tab_fields(line)
+                              : fields(line, [](char ch) { return ch == '\t'; });
     if (f[0].first == "-DOCSTART-") return end_sentence();
     // CoNLL-U multi-word ranges (3-4) and empty nodes (5.1) are not tokens of their own.
     const std::string_view id = f[0].first;

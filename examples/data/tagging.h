@@ -32,15 +32,19 @@ std::vector<TaggedSentence> parse_tagged(std::string_view text, std::string_view
 // so is a file that cannot be written.
 void write_tagged(const std::string& path, const std::vector<TaggedSentence>& sentences);
 
-// CoNLL column files: one token a line, columns separated by tabs (or, if a
-// line has no tab, by runs of spaces), a blank line between sentences, lines
-// starting with '#' ignored. Columns are 0-based: CoNLL-U is {.word = 1, .tag = 3}
-// (FORM, UPOS) and skips multi-word ranges ("3-4") and empty nodes ("5.1");
-// CoNLL-2003 is {.word = 0, .tag = 3} (NER) and skips its "-DOCSTART-" lines.
-// A line with too few columns is a UserError naming file and line.
+// CoNLL column files: one token a line, a blank line between sentences.
+// Columns are 0-based. CoNLL-U ({.word = 1, .tag = 3}: FORM, UPOS; `conllu`):
+// lines starting with '#' are comments, columns are separated by single tabs
+// (an empty column keeps its place; an empty word or tag is an error; a line
+// without a tab splits at runs of spaces), and multi-word ranges ("3-4") and
+// empty nodes ("5.1") are skipped. CoNLL-2003 ({.word = 0, .tag = 3,
+// .conllu = false}: NER): columns separated by runs of spaces or tabs, '#' a
+// word like any other (a tweet's hashtag), "-DOCSTART-" lines skipped. A
+// line with too few columns is a UserError naming file and line.
 struct ConllColumns {
   int word = 1;
   int tag = 3;
+  bool conllu = true;
 };
 std::vector<TaggedSentence> read_conll(const std::string& path, ConllColumns columns = {});
 std::vector<TaggedSentence> parse_conll(std::string_view text, ConllColumns columns = {},

@@ -24,7 +24,6 @@
 #include <random>
 
 #include <common/cli.h>
-#include <common/parameter_file.h>
 #include <common/train_loop.h>
 #include <data/tagging.h>
 #include <sheaf/sheaf.h>
@@ -52,7 +51,8 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 std::vector<data::TaggedSentence> read_split(const Config& c, const std::string& path) {
   if (c.format == "dynet") return data::read_tagged(path);
-  data::ConllColumns columns = c.format == "conllu" ? data::ConllColumns{1, 3} : data::ConllColumns{0, 3};
+  data::ConllColumns columns =
+      c.format == "conllu" ? data::ConllColumns{1, 3, true} : data::ConllColumns{0, 3, /*conllu=*/false};
   if (c.word_column >= 0) columns.word = c.word_column;
   if (c.tag_column >= 0) columns.tag = c.tag_column;
   return data::read_conll(path, columns);
@@ -128,39 +128,6 @@ void train_epoch(const Config& c, int epoch, Graph& g, const Strategy& s, const 
               r.launches_per_batch);
 }
 
-// The vocabulary a parameter file was trained with: a hash each of the
-// words, characters and tags in id order, saved after the parameters. Ids
-// follow first appearance in --train, so a file loaded with another --train
-// of the same sizes (the same sentences shuffled) read every row as another
-// word's, and no shape differed to say so.
-at::Tensor vocab_key(const data::TaggingVocab& v) {
-  auto hash = [](const data::Index& index) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a, a 0 byte after each name
-    for (size_t i = 0; i < index.size(); ++i) {
-      for (const char ch : index.name(static_cast<int64_t>(i))) h = (h ^ static_cast<uint8_t>(ch)) * 1099511628211ull;
-      h *= 1099511628211ull;
-    }
-    return static_cast<int64_t>(h);
-  };
-  return at::tensor(std::vector<int64_t>{hash(v.words), hash(v.chars), hash(v.tags)}, at::kLong);
-}
-
-void load_model(Tagger& model, const data::TaggingVocab& vocab, const std::string& path) {
-  std::vector<at::Tensor> all = model.parameters();
-  const at::Tensor key = at::zeros({3}, at::kLong);
-  all.push_back(key);
-  models::load_parameters(all, path, "Tagger");
-  if (!at::equal(key, vocab_key(vocab)))
-    throw UserError("--load: '" + path + "' was trained with another vocabulary: word and tag ids follow their "
-                    "first appearance in --train, so load it with the --train (and --format, columns) that saved it");
-}
-
-void save_model(const Tagger& model, const data::TaggingVocab& vocab, const std::string& path) {
-  std::vector<at::Tensor> all = model.parameters();
-  all.push_back(vocab_key(vocab));
-  models::save_parameters(all, path);
-}
-
 int run(const Config& c) {
   set_threads(c.threads);
   retain_host_memory();  // freed memory stays in the process: no page faults to get it back each batch
@@ -179,7 +146,7 @@ int run(const Config& c) {
                 .tags = static_cast<int64_t>(d.vocab.tags.size()), .embed = c.embed, .hidden = c.hidden, .mlp = c.mlp,
                 .char_embed = c.char_embed, .use_chars = c.chars, .sequence_op = !c.step_by_step},
                c.seed);
-  if (!c.load.empty()) load_model(model, d.vocab, c.load);
+  if (!c.load.empty()) model.load(c.load, d.vocab);
   torch::optim::Adagrad opt(model.parameters(), torch::optim::AdagradOptions(c.lr));
   std::mt19937_64 rng(c.seed);
   Graph g;
@@ -191,7 +158,7 @@ int run(const Config& c) {
   }
   if (!d.test.empty()) std::printf("test accuracy %.1f%%\n", 100 * accuracy(g, strategy, model, d.test));
   if (!c.save.empty()) {
-    save_model(model, d.vocab, c.save);
+    model.save(c.save, d.vocab);
     std::printf("saved parameters to %s\n", c.save.c_str());
   }
   return 0;

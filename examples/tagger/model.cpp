@@ -59,6 +59,44 @@ void Tagger::save(const std::string& path) const { save_parameters(parameters(),
 
 void Tagger::load(const std::string& path) { load_parameters(parameters(), path, "Tagger"); }
 
+namespace {
+// A hash each of the words, characters and tags in id order (FNV-1a, a 0 byte
+// after each name): saved after the parameters.
+at::Tensor vocab_key(const data::TaggingVocab& v) {
+  auto hash = [](const data::Index& index) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < index.size(); ++i) {
+      for (const char ch : index.name(static_cast<int64_t>(i))) h = (h ^ static_cast<uint8_t>(ch)) * 1099511628211ull;
+      h *= 1099511628211ull;
+    }
+    return static_cast<int64_t>(h);
+  };
+  return at::tensor(std::vector<int64_t>{hash(v.words), hash(v.chars), hash(v.tags)}, at::kLong);
+}
+}  // namespace
+
+void Tagger::save(const std::string& path, const data::TaggingVocab& vocab) const {
+  std::vector<at::Tensor> all = parameters();
+  all.push_back(vocab_key(vocab));
+  save_parameters(all, path);
+}
+
+void Tagger::load(const std::string& path, const data::TaggingVocab& vocab) {
+  const std::vector<at::Tensor> saved = read_parameters(path, "Tagger");
+  std::vector<at::Tensor> all = parameters();
+  if (saved.size() == all.size())
+    throw UserError("Tagger::load: '" + path + "' holds the parameters without the key of their vocabulary " +
+                    "(saved by Tagger::save(path), or by a tagger before the key): nothing says its ids fit " +
+                    "this vocabulary; train and save it again");
+  const at::Tensor key = at::zeros({3}, at::kLong);
+  all.push_back(key);
+  copy_parameters(saved, all, path, "Tagger");
+  if (!at::equal(key, vocab_key(vocab)))
+    throw UserError("Tagger::load: '" + path + "' was trained with another vocabulary: word and tag ids follow " +
+                    "their first appearance in the training file, so load it with the one (and the --format and " +
+                    "columns) that saved it");
+}
+
 // ---------------------------------------------------------------------------
 // Sheaf: written for one sentence.
 

@@ -60,6 +60,13 @@ class Tagger {
   void to(const c10::Device& device);
   void save(const std::string& path) const;
   void load(const std::string& path);  // UserError on a file of another shape
+  // The same, with a key of the vocabulary the ids came from (what tagger
+  // --save/--load use): word and tag ids follow their first appearance in the
+  // training file, so a file loaded with another vocabulary of the same sizes
+  // read every row as another word's without a shape to differ. A
+  // UserError then, and for a file saved without its key.
+  void save(const std::string& path, const data::TaggingVocab& vocab) const;
+  void load(const std::string& path, const data::TaggingVocab& vocab);
 
   // ---- Sheaf, one sentence: per-token logits, or the summed loss.
   // Step by step one [tags] Expr a token; with sequence_op one [L, tags] Expr.

@@ -244,9 +244,10 @@ int load_checkpoint(const std::string& path, TreeLSTM& m, torch::optim::Optimize
   archive.read("optimizer", state);
   try {
     opt.load(state);
-  } catch (const std::exception&) {  // (LibTorch's words: an internal assert of the other optimizer's file)
-    throw UserError("--resume: the optimizer state in '" + path + "' does not fit this run's --optimizer (the " +
-                    "checkpoint was written with the other one?)");
+  } catch (const std::exception& e) {  // (LibTorch's words: an internal assert in the other optimizer's file)
+    const std::string what = e.what();
+    throw UserError("--resume: cannot load the optimizer state in '" + path + "' (written with another --optimizer?): " +
+                    what.substr(0, what.find('\n')));
   }
   return static_cast<int>(epoch.item<int64_t>());
 }
