@@ -30,9 +30,9 @@ int main(int argc, char** argv) {
                  "taggers: write the sentences they would use (the synthetic corpus, or --data's) to this file in "
                  "DyNet's word|TAG format and exit: the same data for another system (bench/dynet)");
   app.add_option("--hidden", o.hidden, "hidden sizes")->delimiter(',');
-  app.add_option("--batch", o.batch, "trees per batch")->check(CLI::PositiveNumber);
-  app.add_option("--trees", o.trees, "trees (taggers: sentences; attention: pairs) per timed pass (a multiple of --batch is used)")->check(CLI::PositiveNumber);
-  app.add_option("--repeat", o.repeat, "timed passes per system (the median is reported)")->check(CLI::PositiveNumber);
+  app.add_option("--batch", o.batch, "trees per batch")->check(sheaf::models::kPositiveNumber);
+  app.add_option("--trees", o.trees, "trees (taggers: sentences; attention: pairs) per timed pass (a multiple of --batch is used)")->check(sheaf::models::kPositiveNumber);
+  app.add_option("--repeat", o.repeat, "timed passes per system (the median is reported)")->check(sheaf::models::kPositiveNumber);
   app.add_option("--order", o.order,
                  "the systems' order in each timed repeat: balanced (rows of a Williams design: within repeats, each "
                  "system right after each other equally often over k repeats for k systems, 2k for an odd k; fewer "
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
                  "take turns: sheaf::Overlap); suffixes /unfused, /eager, /inline, "
                  "/unpacked (bench/harness.h); treelstm also hand:sheaf-gemm (hand with Sheaf's packed-weight product kernel), transformer hand:sheaf-attention (hand with Sheaf's CPU attention loop)")->delimiter(',');
   app.add_option("--modes", o.modes, "train, infer")->delimiter(',')->check(CLI::IsMember({"train", "infer"}));
-  app.add_option("--threads", o.threads, sheaf::models::kThreadsHelp)->check(CLI::PositiveNumber);
+  app.add_option("--threads", o.threads, sheaf::models::kThreadsHelp)->check(sheaf::models::kPositiveNumber);
   app.add_option("--device", o.device, "cpu or cuda");
   app.add_flag("--root-only", o.root_only, "classify the root only (default: every node, as DyNet's benchmark)");
   app.add_flag("--json", o.json, "one JSON object per measurement");
@@ -68,20 +68,28 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  int status = 1;
   try {
     sheaf::set_threads(o.threads);
     if (o.host_memory == "retain" && !sheaf::retain_host_memory()) o.host_memory = "default";
     if (!o.json) std::printf("%s\n", sheaf::runtime_info().c_str());
-    if (o.workload == "host") return sheaf::bench::run_host(o);
-    if (o.workload == "calibrate") return sheaf::bench::run_calibrate(o);
-    if (o.workload == "products") return sheaf::bench::run_products(o);
-    if (o.workload == "gated_rvnn") return sheaf::bench::run_gated_rvnn(o);
-    if (o.workload.starts_with("tagger")) return sheaf::bench::run_tagger(o);
-    if (o.workload == "attention") return sheaf::bench::run_attention(o);
-    if (o.workload == "transformer") return sheaf::bench::run_transformer(o);
-    return o.workload == "treelstm" ? sheaf::bench::run_treelstm(o) : sheaf::bench::run_shift_reduce(o);
+    if (o.workload == "host") status = sheaf::bench::run_host(o);
+    else if (o.workload == "calibrate") status = sheaf::bench::run_calibrate(o);
+    else if (o.workload == "products") status = sheaf::bench::run_products(o);
+    else if (o.workload == "gated_rvnn") status = sheaf::bench::run_gated_rvnn(o);
+    else if (o.workload.starts_with("tagger")) status = sheaf::bench::run_tagger(o);
+    else if (o.workload == "attention") status = sheaf::bench::run_attention(o);
+    else if (o.workload == "transformer") status = sheaf::bench::run_transformer(o);
+    else status = o.workload == "treelstm" ? sheaf::bench::run_treelstm(o) : sheaf::bench::run_shift_reduce(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sheaf-bench: %s\n", e.what());
     return 1;
   }
+  // Results that could not be written (a full disk, a closed pipe) are a
+  // failure: exit 0 with the JSON lost read as a run with nothing to say.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "sheaf-bench: could not write the results to standard output\n");
+    return 1;
+  }
+  return status;
 }

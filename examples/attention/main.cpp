@@ -154,17 +154,17 @@ int main(int argc, char** argv) {
   Config c;
   CLI::App app{"attention: a seq2seq model with dot-product attention written per example, trained batched with Sheaf"};
   app.add_option("--task", c.task, "reverse or sort the digit string")->check(CLI::IsMember({"reverse", "sort"}));
-  app.add_option("--min-length", c.min_length, "shortest source string")->check(CLI::PositiveNumber);
-  app.add_option("--max-length", c.max_length, "longest source string")->check(CLI::PositiveNumber);
-  app.add_option("--train-pairs", c.train_pairs, "training pairs")->check(CLI::PositiveNumber);
-  app.add_option("--dev-pairs", c.dev_pairs, "held-out pairs for exact match")->check(CLI::PositiveNumber);
-  app.add_option("--embed", c.embed, "token embedding size")->check(CLI::PositiveNumber);
+  app.add_option("--min-length", c.min_length, "shortest source string")->check(sheaf::models::kPositiveNumber);
+  app.add_option("--max-length", c.max_length, "longest source string")->check(sheaf::models::kPositiveNumber);
+  app.add_option("--train-pairs", c.train_pairs, "training pairs")->check(sheaf::models::kPositiveNumber);
+  app.add_option("--dev-pairs", c.dev_pairs, "held-out pairs for exact match")->check(sheaf::models::kPositiveNumber);
+  app.add_option("--embed", c.embed, "token embedding size")->check(sheaf::models::kPositiveNumber);
   app.add_option("--hidden", c.hidden, "decoder size (even: the encoder has half per direction)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--epochs", c.epochs, "training epochs (0: only evaluate)")->check(CLI::NonNegativeNumber);
-  app.add_option("--batch", c.batch, "pairs per batch")->check(CLI::PositiveNumber);
-  app.add_option("--lr", c.lr, "Adam learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--threads", c.threads, models::kThreadsHelp)->check(CLI::PositiveNumber);
+      ->check(sheaf::models::kPositiveNumber);
+  app.add_option("--epochs", c.epochs, "training epochs (0: only evaluate)")->check(sheaf::models::kNonNegativeNumber);
+  app.add_option("--batch", c.batch, "pairs per batch")->check(sheaf::models::kPositiveNumber);
+  app.add_option("--lr", c.lr, "Adam learning rate")->check(sheaf::models::kPositiveNumber);
+  app.add_option("--threads", c.threads, models::kThreadsHelp)->check(sheaf::models::kPositiveNumber);
   app.add_option("--strategy", c.strategy, "Sheaf scheduling strategy");
   app.add_option("--save", c.save, "write the parameters here after training");
   app.add_option("--load", c.load, "start from these parameters (with --epochs 0: just evaluate)");
@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
   app.add_option("--parts", c.parts,
                  "decode each held-out batch as this many parts, one a thread, whose kernels take turns "
                  "(sheaf::Overlap: one part's host work while another's kernels run; it needs a core a part); 1: one graph")
-      ->check(CLI::PositiveNumber);
+      ->check(sheaf::models::kPositiveNumber);
   app.add_flag("--quiet", c.quiet, "no progress bar, runtime or data summary");
   app.add_flag("!--no-prefetch", c.prefetch, "record each batch on the training thread (default: the next batch "
                                              "is recorded on a worker thread while one trains)");

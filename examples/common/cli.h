@@ -4,9 +4,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <string>
 
 namespace sheaf::models {
@@ -14,6 +17,24 @@ namespace sheaf::models {
 // The help of every --threads option (which calls sheaf::set_threads).
 inline constexpr const char* kThreadsHelp =
     "threads for the CPU math (sheaf::set_threads: OpenBLAS and LibTorch, one pool)";
+
+// A number from `min` on, the whole text, finite and within float's range
+// (an `inf` or `1e300` learning rate trained to NaN, or failed in the
+// optimizer with LibTorch's words); its error says `what`. (CLI11's own
+// PositiveNumber names its range as "0.000000 to 17976931348623157..." in
+// 300 digits.)
+inline CLI::Validator at_least(double min, const std::string& what) {
+  return {[=](std::string& text) {
+            char* end = nullptr;
+            const double x = std::strtod(text.c_str(), &end);
+            const bool number = end != text.c_str() && *end == '\0' && std::isfinite(x) &&
+                                std::fabs(x) <= std::numeric_limits<float>::max();
+            return number && x >= min ? std::string() : "'" + text + "' is not " + what;
+          },
+          ""};
+}
+inline const CLI::Validator kPositiveNumber = at_least(std::numeric_limits<double>::min(), "a positive number");
+inline const CLI::Validator kNonNegativeNumber = at_least(0, "a number >= 0");
 
 // Parses; returns -1 to go on, else the status to exit with.
 inline int parse_cli(CLI::App& app, int argc, char** argv, const char* program) {

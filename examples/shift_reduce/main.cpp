@@ -104,19 +104,19 @@ int main(int argc, char** argv) {
   int64_t hidden = 128, tracking = 32, batch = 32, train_trees = 2000, eval_batch = 256, parts = 2;
   CLI::App app{"shift_reduce: SPINN-style parser; gold transitions to train, its own predictions to parse"};
   app.add_option("--data", data_dir, "SST directory (default: synthetic trees)");
-  app.add_option("--epochs", epochs)->check(CLI::NonNegativeNumber);
-  app.add_option("--hidden", hidden)->check(CLI::PositiveNumber);
-  app.add_option("--tracking", tracking, "tracking LSTM size")->check(CLI::PositiveNumber);
-  app.add_option("--batch", batch)->check(CLI::PositiveNumber);
-  app.add_option("--train-trees", train_trees, "at most this many training trees")->check(CLI::PositiveNumber);
+  app.add_option("--epochs", epochs)->check(sheaf::models::kNonNegativeNumber);
+  app.add_option("--hidden", hidden)->check(sheaf::models::kPositiveNumber);
+  app.add_option("--tracking", tracking, "tracking LSTM size")->check(sheaf::models::kPositiveNumber);
+  app.add_option("--batch", batch)->check(sheaf::models::kPositiveNumber);
+  app.add_option("--train-trees", train_trees, "at most this many training trees")->check(sheaf::models::kPositiveNumber);
   app.add_option("--threads", threads, models::kThreadsHelp)
-      ->check(CLI::PositiveNumber);
+      ->check(sheaf::models::kPositiveNumber);
   app.add_option("--device", device, "cpu or cuda");
-  app.add_option("--eval-batch", eval_batch, "dev sentences parsed together")->check(CLI::PositiveNumber);
+  app.add_option("--eval-batch", eval_batch, "dev sentences parsed together")->check(sheaf::models::kPositiveNumber);
   app.add_option("--parts", parts,
                  "parse each dev batch as this many parts, one a thread, whose kernels take turns (sheaf::Overlap: "
                  "one part's host work while another's kernels run; it needs a core a part); 1: one graph")
-      ->check(CLI::PositiveNumber);
+      ->check(sheaf::models::kPositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -83,9 +83,17 @@ Dataset load_data(const Config& c) {
   if (train.empty()) throw UserError("no training sentences in '" + c.train + "'");
   if (dev.empty()) throw UserError("no dev sentences in '" + c.dev + "'");
   Dataset d{data::TaggingVocab::build(train, c.rare_count), {}, {}, {}};
-  d.train = d.vocab.encode(train);
-  d.dev = d.vocab.encode(dev);
-  d.test = d.vocab.encode(test);
+  // (A tag of dev or test missing from train: the error names the file.)
+  auto encode = [&](const std::vector<data::TaggedSentence>& s, const std::string& file) {
+    try {
+      return d.vocab.encode(s);
+    } catch (const UserError& e) {
+      throw UserError((file.empty() ? std::string("synthetic data") : "'" + file + "'") + ": " + e.what());
+    }
+  };
+  d.train = encode(train, c.train);
+  d.dev = encode(dev, c.dev);
+  d.test = encode(test, c.test);
   return d;
 }
 
@@ -175,9 +183,9 @@ int main(int argc, char** argv) {
   app.add_option("--format", c.format, "dynet (word|TAG lines), conllu (FORM, UPOS) or conll (CoNLL-2003: word, NER)")
       ->check(CLI::IsMember({"dynet", "conllu", "conll"}));
   app.add_option("--word-column", c.word_column, "CoNLL column of the word, 0-based (overrides --format's)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(sheaf::models::kNonNegativeNumber);
   app.add_option("--tag-column", c.tag_column, "CoNLL column of the tag, 0-based (overrides --format's)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(sheaf::models::kNonNegativeNumber);
   app.add_flag("--chars", c.chars, "spell rare words with a character BiLSTM (DyNet's bilstm-tagger-withchar)");
   // The sequence form is the default: on the CPU its LSTMs run a fused cell
   // (ops/lstm_cell.h), faster than hand-batched code where step by step is not
@@ -185,17 +193,17 @@ int main(int argc, char** argv) {
   app.add_flag("--step-by-step,!--sequence-op", c.step_by_step,
                "each LSTM as a cell a token (autobatched step by step) instead of one dsl::lstm over the sentence");
   app.add_option("--rare-count", c.rare_count, "a word seen at most this often in train is rare")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--embed", c.embed, "word embedding size (even with --chars)")->check(CLI::PositiveNumber);
-  app.add_option("--hidden", c.hidden, "LSTM size per direction")->check(CLI::PositiveNumber);
-  app.add_option("--mlp", c.mlp, "MLP size")->check(CLI::PositiveNumber);
-  app.add_option("--char-embed", c.char_embed, "character embedding size")->check(CLI::PositiveNumber);
-  app.add_option("--epochs", c.epochs, "training epochs (0: only evaluate)")->check(CLI::NonNegativeNumber);
-  app.add_option("--batch", c.batch, "sentences per batch")->check(CLI::PositiveNumber);
-  app.add_option("--lr", c.lr, "Adagrad learning rate")->check(CLI::PositiveNumber);
+      ->check(sheaf::models::kNonNegativeNumber);
+  app.add_option("--embed", c.embed, "word embedding size (even with --chars)")->check(sheaf::models::kPositiveNumber);
+  app.add_option("--hidden", c.hidden, "LSTM size per direction")->check(sheaf::models::kPositiveNumber);
+  app.add_option("--mlp", c.mlp, "MLP size")->check(sheaf::models::kPositiveNumber);
+  app.add_option("--char-embed", c.char_embed, "character embedding size")->check(sheaf::models::kPositiveNumber);
+  app.add_option("--epochs", c.epochs, "training epochs (0: only evaluate)")->check(sheaf::models::kNonNegativeNumber);
+  app.add_option("--batch", c.batch, "sentences per batch")->check(sheaf::models::kPositiveNumber);
+  app.add_option("--lr", c.lr, "Adagrad learning rate")->check(sheaf::models::kPositiveNumber);
   app.add_option("--train-sentences", c.train_sentences, "use at most N training sentences (synthetic default: 3000)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--threads", c.threads, models::kThreadsHelp)->check(CLI::PositiveNumber);
+      ->check(sheaf::models::kPositiveNumber);
+  app.add_option("--threads", c.threads, models::kThreadsHelp)->check(sheaf::models::kPositiveNumber);
   app.add_option("--strategy", c.strategy, "Sheaf scheduling strategy");
   app.add_option("--save", c.save, "write the parameters here after training");
   app.add_option("--load", c.load, "start from these parameters (with --epochs 0: just evaluate)");

@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -328,21 +329,38 @@ void compare_speed(const Config& c, TreeLSTM& m, const std::vector<Tree>& train,
               sheaf / per_example, sheaf / hand, prefetched, prefetched / per_example, prefetched / hand);
 }
 
-// CLI11's own PositiveNumber names its range as "0.000000 to 1797693134862315...".
-// The whole text is the number, finite and within float's range (an `inf` or
-// a `1e300` learning rate trained to NaN, or failed in the optimizer with
-// LibTorch's words).
-CLI::Validator at_least(double min, const std::string& what) {
-  return {[=](std::string& text) {
-            char* end = nullptr;
-            const double x = std::strtod(text.c_str(), &end);
-            const bool number = end != text.c_str() && *end == '\0' && std::isfinite(x) &&
-                                std::fabs(x) <= std::numeric_limits<float>::max();
-            return number && x >= min ? std::string() : "'" + text + "' is not " + what;
-          },
-          ""};
-}
+using models::at_least;
 const CLI::Validator kPositive = at_least(1, "a positive integer"), kNonNegative = at_least(0, "a count >= 0");
+
+// Every worker must walk the same batches: with another --batch or
+// --train-trees one rank aborted inside gloo (std::terminate), with another
+// --seed or --root-only they trained without a word, each sharding a batch
+// the others did not have. Checked once, at the start, on every rank: rank
+// 0's settings are broadcast, each compares them with its own, and the count
+// of ranks that differ is summed, so that every rank stops (naming what
+// differs where it does) instead of one stopping and the others waiting.
+void expect_same_settings(DataParallel& dp, const Config& c, size_t train_trees, int first_epoch) {
+  const std::vector<std::pair<std::string, int64_t>> mine{
+      {"--batch", c.batch},
+      {"training trees (--train-trees, --data)", static_cast<int64_t>(train_trees)},
+      {"--seed", static_cast<int64_t>(c.seed)},
+      {"--root-only", c.root_only},
+      {"--epochs", c.epochs},
+      {"the first epoch (--resume)", first_epoch},
+      {"--lr", std::bit_cast<int64_t>(c.lr)},
+      {"--optimizer", c.optimizer == "adam"}};
+  std::vector<int64_t> values;
+  for (const auto& [name, v] : mine) values.push_back(v);
+  const at::Tensor theirs = at::tensor(values, at::kLong);
+  dp.broadcast(std::span(&theirs, 1));  // rank 0's, on every rank
+  std::string differ;
+  for (size_t k = 0; k < mine.size(); ++k)
+    if (theirs[static_cast<int64_t>(k)].item<int64_t>() != values[k]) differ += (differ.empty() ? "" : ", ") + mine[k].first;
+  if (dp.sum({differ.empty() ? 0.0 : 1.0})[0] > 0)
+    throw UserError(differ.empty() ? std::string("another worker's settings differ from worker 0's (its error says which)")
+                                   : "this worker's settings differ from worker 0's in " + differ +
+                                         ": start every worker with the same options");
+}
 
 int run(Config c) {
   const Strategy& strategy = strategy_named(c.strategy);  // fail on a bad name before loading anything
@@ -379,6 +397,7 @@ int run(Config c) {
   if (model.options().sparse_embedding_grad) dpo.sparse = {model.E};
   dpo.sparse_mode = c.dp_sparse == "densify" ? DataParallelOptions::Sparse::densify : DataParallelOptions::Sparse::gather;
   DataParallel dp(model.parameters(), where, dpo);
+  if (where.distributed()) expect_same_settings(dp, c, d.train.size(), first_epoch);
   Graph g({.device = c10::Device(c.device)});
   if (root && where.distributed())
     std::printf("data-parallel: %s, %d workers, batches of %d trees split by node count\n",
