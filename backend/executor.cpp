@@ -509,9 +509,11 @@ void Executor::check_output(NodeId node, const PlannedBatch& b, const at::Tensor
   const Shape& shape = s_.shape_of(node);
   const bool packed = b.rows > 0;  // [rows, shape less its first axis]
   const int64_t rows = packed ? b.rows : b.n;
-  if (fits_shape(out, rows, shape, packed) && (b.op < detail::g_builtin_ops.size() || out.scalar_type() == at::kFloat))
-    return;
-  check_user_op_output(b.op, Site{op_info(b.op).name, s_.example[node], s_.loc[node]}, out, rows, shape, packed);
+  // (A user op's sizes and dtype: check_user_op_output says what is wrong, or returns.)
+  if (b.op >= detail::g_builtin_ops.size())
+    return check_user_op_output(b.op, Site{op_info(b.op).name, s_.example[node], s_.loc[node]}, out, rows, shape,
+                                packed);
+  if (fits_shape(out, rows, shape, packed)) return;
   throw_internal("op ", op_info(b.op).name, " returned ", out.sizes(), " for ", b.n, " x ", shape.str(),
                  packed ? " packed" : "");
 }

@@ -100,7 +100,8 @@ Run run_examples(const std::vector<int>& examples, const Recorder& record, const
     // own op's mistake, at this file's line.
     const Expr& y = run.outputs.back();
     if (detail::engine_of(g).node_or_none(y) != kNoNode) continue;
-    const bool foreign = y.defined() && detail::Engine::find(y) != nullptr && detail::Engine::find(y) != &detail::engine_of(g);
+    const detail::Engine* owner = detail::Engine::find(y);  // (null: empty, or its graph cleared or gone)
+    const bool foreign = owner != nullptr && owner != &detail::engine_of(g);
     throw UserError(detail::cat("sheaf::check_batched: the program's result for example ", examples[k], ": ",
                                 foreign ? "it belongs to another sheaf::Graph than the one the program was given"
                                         : detail::Engine::unusable(y, "it"),

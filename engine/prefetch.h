@@ -19,8 +19,8 @@
 // the caller's graph.
 #pragma once
 
-#include <atomic>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -78,8 +78,8 @@ class Prefetcher {
   std::array<std::vector<Expr>, 2> targets_;
   int current_ = 0;
   bool in_flight_ = false;  // a batch posted to the worker, not taken yet
-  std::atomic<std::thread::id> taker_{};  // the thread of the first take()
   size_t posted_ = 0;       // that batch
+  std::atomic<std::thread::id> taker_{};  // the thread of the first take()
   // One worker thread for the Prefetcher's life (not one per batch): its
   // scheduling scratch stays warm, so a batch allocates nothing there either.
   std::unique_ptr<detail::Worker> worker_;  // last: started once the rest exists
