@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 
 #include <sheaf/core/error.h>
 
@@ -81,6 +82,12 @@ struct DataParallel::Impl {
   std::vector<at::Tensor> flats;      // per dense bucket, kept between steps
   std::vector<bool> got;
   std::vector<at::Tensor> sparse_grads;
+  // Each parameter's .grad from before this backward (moved out, not copied):
+  // the summed gradients are added to it, as loss.backward() adds to .grad
+  // (micro-batches: two backward calls before a step). Left in place,
+  // autograd would add this rank's own gradient to it, which the summed one
+  // could only replace.
+  std::vector<at::Tensor> before;
   size_t next_launch = 0;
   bool armed = false;
   // Set when a backward threw after some of its buckets went out: this rank's
@@ -480,12 +487,16 @@ struct DataParallel::Impl {
       next_launch = 0;
       armed = true;
     }
+    before.resize(params.size());
+    for (size_t i = 0; i < params.size(); ++i) before[i] = std::exchange(params[i].mutable_grad(), at::Tensor());
     try {
       if (runs) loss.backward();
     } catch (...) {
       std::lock_guard lock(mu);
       armed = false;
       for (at::Tensor& g : sparse_grads) g = at::Tensor();
+      // (As they were: a step run again adds to them once.)
+      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = std::move(before[i]);
       // Nothing sent yet: the others wait for this rank's first bucket, which
       // the next backward sends (the step may be skipped or retried, on every
       // rank alike). Some sent: the others' next buckets would pair with the
@@ -527,8 +538,12 @@ struct DataParallel::Impl {
     for (size_t i : b.params) {
       at::Tensor& grad = params[i].mutable_grad();
       at::Tensor value = b.sparse ? reduced : reduced.narrow(0, offset_of[i], params[i].numel()).view(params[i].sizes());
-      if (!b.sparse && grad.defined() && !grad.is_sparse() && grad.sizes() == params[i].sizes()) grad.copy_(value);
+      at::Tensor& old = before[i];
+      if (old.defined() && !old.is_sparse()) grad = std::move(old.add_(value));  // (dense += dense or sparse)
+      else if (old.defined()) grad = value + old;
+      else if (!b.sparse && grad.defined() && !grad.is_sparse() && grad.sizes() == params[i].sizes()) grad.copy_(value);
       else grad = b.sparse ? value : value.clone();
+      old = at::Tensor();
     }
   }
 

@@ -87,8 +87,10 @@ class DataParallel {
   // node count): balanced_shards(work, world_size())[rank()].
   std::vector<size_t> shard(std::span<const double> work) const;
 
-  // loss.backward(), then each parameter's .grad is the sum (or mean) over
-  // ranks. A parameter no rank touched gets a zero gradient. If loss.backward()
+  // loss.backward(), with each parameter's gradient summed (or averaged)
+  // over ranks and ADDED to its .grad, as loss.backward() adds: several calls
+  // before a step accumulate (micro-batches), the same with one worker as
+  // with many. A parameter no rank touched gets a zero gradient. If loss.backward()
   // throws before any bucket went out (always so without overlap), the step
   // may be run again; after, every later call is a UserError (this rank's
   // collectives no longer pair with the others').

@@ -1,6 +1,7 @@
 #include "plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include <sheaf/core/error.h>
@@ -9,6 +10,12 @@ namespace sheaf {
 
 std::vector<std::vector<size_t>> balanced_shards(std::span<const double> work, int world) {
   if (world < 1) throw UserError(detail::cat("balanced_shards: world size ", world, " (needs at least 1)"));
+  // (A NaN compares false both ways: the sort's order, and so the shards,
+  // would be left to chance, and could differ between ranks.)
+  for (size_t i = 0; i < work.size(); ++i)
+    if (!std::isfinite(work[i]) || work[i] < 0)
+      throw UserError(detail::cat("balanced_shards: example ", i, "'s work is ", work[i],
+                                  " (needs a finite number >= 0, e.g. its node count)"));
   std::vector<size_t> order(work.size());
   std::iota(order.begin(), order.end(), size_t{0});
   // Ties keep index order, so every rank sorts alike.

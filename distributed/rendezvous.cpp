@@ -47,7 +47,14 @@ void Rendezvous::check() const {
 
 Rendezvous Rendezvous::from_env() {
   Rendezvous r;
-  if (!env("WORLD_SIZE")) return r;
+  if (!env("WORLD_SIZE")) {
+    // A rank of a world nobody sized: alone, it would train as a world of
+    // one, each such worker on every example, without a word.
+    if (const std::optional<std::string> rank = env("RANK"); rank && *rank != "0")
+      throw UserError(detail::cat("sheaf::Rendezvous: RANK='", *rank, "' is set but WORLD_SIZE is not (scripts/"
+                                  "launch.sh and torchrun set both; unset RANK for a world of one)"));
+    return r;
+  }
   r.world_size = env_int("WORLD_SIZE", 1, 1 << 20);
   r.rank = env_int("RANK", 0, r.world_size - 1, r.world_size == 1 ? std::optional(0) : std::nullopt);
   r.local_rank = env_int("LOCAL_RANK", 0, 1 << 20, r.rank);

@@ -17,6 +17,8 @@
 //                    on the embedding's gradient, the last to arrive; the worker catches it and runs the step again)
 //                   [--broadcast SIZES] (after training: dp.broadcast of tensors of these sizes, e.g. 3,4;
 //                    each filled with rank + 1; the sums of what arrived printed)
+//                   [--accumulate K] (each step's shard in K micro-batches, a backward each, one
+//                    optimizer step: the gradients add up, with one worker and with several)
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <torch/optim/sgd.h>
@@ -39,6 +41,7 @@ namespace {
 struct Args {
   int steps = 3, batch = 8, hidden = 16, die_at = -1, hang_at = -1, timeout_ms = 20000;
   int plain_backward_at = -1, local_grad_at = -1, rank = -1, world_size = -1, sum = -1, throw_at = -1;
+  int accumulate = 1;
   std::string broadcast;
   double bucket_mb = 0.01;  // small: several buckets, launched during backward
   bool overlap = true;
@@ -71,9 +74,11 @@ Args parse(int argc, char** argv) {
     else if (k == "--file") a.file = next();
     else if (k == "--throw-in-backward-at") a.throw_at = std::stoi(next());
     else if (k == "--broadcast") a.broadcast = next();
+    else if (k == "--accumulate") a.accumulate = std::stoi(next());
     else throw UserError("unknown option " + k);
   }
   if (a.sparse != "gather" && a.sparse != "densify" && a.sparse != "none") throw UserError("--sparse: " + a.sparse);
+  if (a.accumulate < 1) throw UserError("--accumulate: at least 1");
   return a;
 }
 
@@ -97,6 +102,28 @@ void train(const Args& a, models::TreeLSTM& m, const std::vector<data::Tree>& tr
     if (dp == nullptr) mine = batch;
     else
       for (size_t i : dp->shard(work)) mine.push_back(batch[i]);
+    if (a.accumulate > 1) {
+      // Micro-batch j: every accumulate-th example of the shard from j on
+      // (maybe none: every rank still calls backward), its loss over the
+      // whole batch; the step's gradient is the sum of the K backward calls.
+      opt.zero_grad();
+      for (int j = 0; j < a.accumulate; ++j) {
+        Batch micro;
+        for (size_t i = static_cast<size_t>(j); i < mine.size(); i += static_cast<size_t>(a.accumulate))
+          micro.push_back(mine[i]);
+        g.clear();
+        at::Tensor loss;
+        if (!micro.empty()) {
+          Expr total = m.sheaf_batch_loss(g, micro);
+          g.forward(total);
+          loss = total.value() / static_cast<double>(batch.size());
+        }
+        if (dp != nullptr) dp->backward(loss);
+        else if (loss.defined()) loss.backward();
+      }
+      opt.step();
+      continue;
+    }
     g.clear();
     at::Tensor loss;
     if (!mine.empty()) {

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -152,6 +153,12 @@ TEST_CASE("balanced_shards splits work evenly, deterministically, each example o
   }
   CHECK(sheaf::balanced_shards(work, 2)[0] != sheaf::balanced_shards(work, 2)[1]);
   CHECK_THROWS_AS(sheaf::balanced_shards(work, 0), sheaf::UserError);
+  // Work that does not order (NaN) or is no amount (negative, infinite): named, not split by chance.
+  for (double bad : {std::nan(""), -1.0, HUGE_VAL}) {
+    std::vector<double> w = work;
+    w[3] = bad;
+    CHECK_THROWS_WITH(sheaf::balanced_shards(w, 2), Catch::Contains("example 3's work is"));
+  }
 }
 
 TEST_CASE("plan_buckets: reverse order, capped, sparse gradients alone", "[distributed]") {
@@ -198,7 +205,12 @@ TEST_CASE("Rendezvous reads torchrun's variables, and names a bad one", "[distri
   CHECK_THROWS_WITH(sheaf::Rendezvous::from_env(), Catch::Contains("MASTER_PORT='http'"));
   unsetenv("MASTER_PORT");
   CHECK_THROWS_WITH(sheaf::Rendezvous::from_env(), Catch::Contains("MASTER_PORT is not set"));
-  for (const char* v : {"WORLD_SIZE", "RANK", "MASTER_ADDR"}) unsetenv(v);
+  for (const char* v : {"WORLD_SIZE", "MASTER_ADDR"}) unsetenv(v);
+  // RANK 0 alone is a world of one; another rank alone would train as one too, on every example.
+  CHECK(sheaf::Rendezvous::from_env().world_size == 1);
+  setenv("RANK", "1", 1);
+  CHECK_THROWS_WITH(sheaf::Rendezvous::from_env(), Catch::Contains("RANK='1' is set but WORLD_SIZE is not"));
+  unsetenv("RANK");
   CHECK(sheaf::Rendezvous::from_env().world_size == 1);
   // Filled in by hand: one worker opens no store, and was never checked (its
   // shard() then indexed past the one shard).
@@ -228,6 +240,21 @@ TEST_CASE("two workers on half batches equal one worker on the whole batches", "
         CHECK_THAT(e.out, Catch::Contains("max |data-parallel - one worker|"));
       }
       if (overlap) CHECK_THAT(out[0].out, !Catch::Contains("(0 during backward)"));
+    }
+  }
+}
+
+TEST_CASE("several backward calls before a step add up, as loss.backward() does", "[distributed]") {
+  // Micro-batches (gradient accumulation): each dp.backward adds its summed
+  // gradients to .grad. Two workers replaced them, so a step took its last
+  // micro-batch's gradient only, while one worker added them all.
+  for (const std::string sparse : {"none", "gather", "densify"}) {
+    INFO("--sparse " << sparse);
+    const std::vector<std::string> a{"--steps", "2", "--accumulate", "3", "--sparse", sparse};
+    for (const Exit& e : run_workers({a, a})) {
+      INFO(e.out);
+      CHECK(e.status == 0);
+      CHECK_THAT(e.out, Catch::Contains("max |data-parallel - one worker|"));
     }
   }
 }
