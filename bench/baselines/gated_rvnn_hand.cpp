@@ -15,7 +15,8 @@ at::Tensor HandGatedRvNN::root_logits(std::span<const data::Tree* const> trees) 
   const TreeLevels levels(trees);
   std::vector<at::Tensor> H{
       at::embedding(m_.E, upload(levels.leaf_words()), -1, false, m_.options().sparse_embedding_grad)};
-  std::vector<std::vector<at::Tensor>> blocks{H[0].split_with_sizes(levels.blocks(0))};
+  TreeLevels::Blocks blocks = levels.no_blocks();
+  levels.split(H[0], 0, blocks);
   for (size_t k = 1; k < levels.size(); ++k) {
     const auto n = static_cast<int64_t>(levels.level(k).size());
     const at::Tensor x = TreeLevels::children_of(blocks, k).index_select(0, upload(levels.child_order(k))).view({n, 2 * h});
@@ -38,7 +39,7 @@ at::Tensor HandGatedRvNN::root_logits(std::span<const data::Tree* const> trees) 
       const at::Tensor back = at::empty_like(order).index_put_({order}, at::arange(n, order.options()));
       H.push_back(parts.size() == 1 ? parts[0] : at::cat(parts).index_select(0, back.to(device)));
     }
-    blocks.push_back(H.back().split_with_sizes(levels.blocks(k)));
+    levels.split(H.back(), k, blocks);
   }
   return linear_rows(levels.roots(H), m_.V, m_.v);
 }

@@ -39,9 +39,24 @@ TreeLevels::TreeLevels(std::span<const data::Tree* const> trees) : trees_(trees)
     for (size_t i = 0; i < level.size(); ++i)
       info_[level[i].first][static_cast<size_t>(level[i].second)].row = static_cast<int64_t>(i);
   }
-  blocks_.assign(levels_.size(), std::vector<int64_t>(levels_.size() + 1, 0));
-  for (size_t j = 0; j < levels_.size(); ++j)
-    for (auto tn : levels_[j]) ++blocks_[j][static_cast<size_t>(std::get<0>(key(tn)))];
+  // A level's rows are in reader order: its blocks are the runs of one reader.
+  blocks_.assign(levels_.size(), {});
+  sources_.assign(levels_.size() + 1, {});
+  for (size_t j = 0; j < levels_.size(); ++j) {
+    for (auto tn : levels_[j]) {
+      const auto reader = static_cast<size_t>(std::get<0>(key(tn)));
+      if (blocks_[j].empty() || blocks_[j].back().first != reader) blocks_[j].emplace_back(reader, 0);
+      ++blocks_[j].back().second;
+    }
+    for (auto [reader, rows] : blocks_[j]) sources_[reader].emplace_back(j, rows);
+  }
+}
+
+void TreeLevels::split(const at::Tensor& value, size_t j, Blocks& into) const {
+  std::vector<int64_t> sizes;
+  for (auto [reader, rows] : blocks_[j]) sizes.push_back(rows);
+  const std::vector<at::Tensor> pieces = sizes.size() == 1 ? std::vector<at::Tensor>{value} : value.split_with_sizes(sizes);
+  for (size_t b = 0; b < pieces.size(); ++b) into[blocks_[j][b].first].push_back(pieces[b]);
 }
 
 std::vector<int64_t> TreeLevels::leaf_words() const {
@@ -52,25 +67,28 @@ std::vector<int64_t> TreeLevels::leaf_words() const {
 
 std::vector<int64_t> TreeLevels::child_order(size_t k) const {
   const auto n = static_cast<int64_t>(levels_[k].size());
-  std::vector<int64_t> seen(k, 0), offset(k + 1, 0), perm(static_cast<size_t>(2 * n));
-  for (size_t j = 0; j < k; ++j) offset[j + 1] = offset[j] + blocks_[j][k];
+  // Per source level (sources_[k]'s order): where its block starts, and its rows taken so far.
+  const auto& sources = sources_[k];
+  std::vector<int64_t> offset(sources.size() + 1, 0), seen(sources.size(), 0);
+  for (size_t s = 0; s < sources.size(); ++s) offset[s + 1] = offset[s] + sources[s].second;
+  std::vector<int64_t> perm(static_cast<size_t>(2 * n));
   for (int64_t i = 0; i < n; ++i) {
     auto [t, node] = levels_[k][static_cast<size_t>(i)];
     const data::Tree& tr = *trees_[t];
     for (int side = 0; side < 2; ++side) {
       const int child = side == 0 ? tr.left[static_cast<size_t>(node)] : tr.right[static_cast<size_t>(node)];
       const auto j = static_cast<size_t>(info_[t][static_cast<size_t>(child)].level);
-      perm[static_cast<size_t>(2 * i + side)] = offset[j] + seen[j]++;
+      const auto s = static_cast<size_t>(
+          std::lower_bound(sources.begin(), sources.end(), j, [](auto a, size_t b) { return a.first < b; }) -
+          sources.begin());
+      perm[static_cast<size_t>(2 * i + side)] = offset[s] + seen[s]++;
     }
   }
   return perm;
 }
 
-at::Tensor TreeLevels::children_of(const std::vector<std::vector<at::Tensor>>& split, size_t k) {
-  std::vector<at::Tensor> parts;
-  for (size_t j = 0; j < k; ++j)
-    if (split[j][k].size(0) > 0) parts.push_back(split[j][k]);
-  return parts.size() == 1 ? parts[0] : at::cat(parts);
+at::Tensor TreeLevels::children_of(const Blocks& blocks, size_t k) {
+  return blocks[k].size() == 1 ? blocks[k][0] : at::cat(blocks[k]);
 }
 
 at::Tensor TreeLevels::roots(const std::vector<at::Tensor>& H) const {

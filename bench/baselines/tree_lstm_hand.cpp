@@ -108,10 +108,10 @@ HandBatched::Run HandBatched::run(std::span<const data::Tree* const> trees, bool
   const std::vector<int64_t> ids = levels.leaf_words();
   run.H.push_back(at::embedding(m_.E, upload(ids), -1, false, m_.options().sparse_embedding_grad));
   std::vector<at::Tensor> C{at::zeros({static_cast<int64_t>(ids.size()), h}, m_.E.options().requires_grad(false))};
-  std::vector<std::vector<at::Tensor>> h_blocks, c_blocks;  // [source level][consumer level]
+  TreeLevels::Blocks h_blocks = levels.no_blocks(), c_blocks = levels.no_blocks();
   auto split = [&](size_t j) {
-    h_blocks.push_back(run.H[j].split_with_sizes(levels.blocks(j)));
-    c_blocks.push_back(C[j].split_with_sizes(levels.blocks(j)));
+    levels.split(run.H[j], j, h_blocks);
+    levels.split(C[j], j, c_blocks);
   };
   split(0);
   for (size_t k = 1; k < levels.size(); ++k) {
