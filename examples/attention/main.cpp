@@ -22,6 +22,7 @@
 
 #include <attention/model.h>
 #include <common/cli.h>
+#include <common/parameter_file.h>
 #include <common/train_loop.h>
 #include <data/digits.h>
 #include <sheaf/sheaf.h>
@@ -96,6 +97,7 @@ int run(const Config& c) {
   set_threads(c.threads);
   retain_host_memory();  // freed memory stays in the process: no page faults to get it back each batch
   const Strategy& strategy = strategy_named(c.strategy);  // fail on a bad name before anything else
+  if (!c.save.empty()) models::expect_writable(c.save, "--save");
   if (!c.quiet) std::printf("%s\n", runtime_info().c_str());
   const data::DigitTask task = c.task == "sort" ? data::DigitTask::kSort : data::DigitTask::kReverse;
   const std::vector<DigitPair> train = data::synthetic_digits(

@@ -3,6 +3,9 @@
 #include <c10/core/GradMode.h>
 #include <torch/serialize.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include <sheaf/core/error.h>
 
 namespace sheaf::models {
@@ -11,6 +14,16 @@ void save_parameters(const std::vector<at::Tensor>& params, const std::string& p
   std::vector<at::Tensor> ps;
   for (const at::Tensor& p : params) ps.push_back(p.detach().cpu());
   torch::save(ps, path);
+}
+
+void expect_writable(const std::string& path, const std::string& option) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw UserError(option + ": '" + path + "' is a folder");
+  const bool existed = fs::exists(path, ec);
+  if (!std::ofstream(path, std::ios::app))  // (append: an existing file is left as it is)
+    throw UserError(option + ": cannot write '" + path + "' (does its folder exist? may it be written?)");
+  if (!existed) fs::remove(path, ec);
 }
 
 void load_parameters(const std::vector<at::Tensor>& params, const std::string& path, const std::string& model) {

@@ -24,4 +24,9 @@ std::vector<at::Tensor> read_parameters(const std::string& path, const std::stri
 void copy_parameters(const std::vector<at::Tensor>& saved, const std::vector<at::Tensor>& params,
                      const std::string& path, const std::string& model);
 
+// A UserError naming `option` now if `path` cannot be written (a missing
+// folder, no permission, a folder by that name): found when the file is
+// written, after training, it cost the whole run. Leaves no file behind.
+void expect_writable(const std::string& path, const std::string& option);
+
 }  // namespace sheaf::models

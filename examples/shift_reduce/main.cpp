@@ -126,6 +126,11 @@ int main(int argc, char** argv) {
     data::Vocab vocab;
     std::vector<data::Tree> train, dev;
     if (data_dir.empty()) {
+      // (Past int, the generator's count wrapped: a negative number of trees.)
+      constexpr int64_t kMostSynthetic = 1'000'000;
+      if (train_trees > kMostSynthetic)
+        throw UserError("--train-trees " + std::to_string(train_trees) + ": the synthetic training set has at most " +
+                        std::to_string(kMostSynthetic) + " trees (--data reads a treebank of any size)");
       vocab = data::synthetic_vocab(5000);
       train = data::synthetic_trees({.count = static_cast<int>(train_trees), .seed = 1});
       dev = data::synthetic_trees({.count = 500, .seed = 2});

@@ -24,6 +24,7 @@
 #include <random>
 
 #include <common/cli.h>
+#include <common/parameter_file.h>
 #include <common/train_loop.h>
 #include <data/tagging.h>
 #include <sheaf/sheaf.h>
@@ -74,6 +75,9 @@ Dataset load_data(const Config& c) {
     dev = data::synthetic_tagged({.count = 500, .seed = 2});
   } else {
     if (c.dev.empty()) throw UserError("--train needs --dev");
+    // (They were read by nothing: a word|TAG line has no columns.)
+    if (c.format == "dynet" && (c.word_column >= 0 || c.tag_column >= 0))
+      throw UserError("--word-column and --tag-column are for --format conll or conllu, not dynet (word|TAG lines)");
     train = read_split(c, c.train);
     dev = read_split(c, c.dev);
     if (!c.test.empty()) test = read_split(c, c.test);
@@ -140,6 +144,7 @@ int run(const Config& c) {
   set_threads(c.threads);
   retain_host_memory();  // freed memory stays in the process: no page faults to get it back each batch
   const Strategy& strategy = strategy_named(c.strategy);  // fail on a bad name before loading anything
+  if (!c.save.empty()) models::expect_writable(c.save, "--save");
   if (!c.quiet) std::printf("%s\n", runtime_info().c_str());
   const Dataset d = load_data(c);
   if (!c.quiet) {

@@ -367,6 +367,8 @@ int run(Config c) {
   const Rendezvous where = Rendezvous::from_env();
   const bool root = where.rank == 0;
   if (!root) c.quiet = true;
+  if (root && !c.save.empty()) models::expect_writable(c.save, "--save");  // (rank 0 writes them)
+  if (root && !c.checkpoint.empty()) models::expect_writable(c.checkpoint, "--checkpoint");
   set_threads(c.threads);
   retain_host_memory();  // freed memory stays in the process: no page faults to get it back each batch
   if (!c.quiet) std::printf("%s\n", runtime_info().c_str());
