@@ -97,6 +97,18 @@ std::string Engine::unusable(const Expr& e, std::string_view subject) {
   return unusable_message(subject, e.defined(), e.defined() && owner_gone(e.slot_, e.gen_));
 }
 
+void Engine::expect_results(std::span<const Expr> results, std::string_view what, Loc loc) const {
+  for (size_t k = 0; k < results.size(); ++k) {
+    const Expr& e = results[k];
+    if (node_or_none(e) != kNoNode) continue;
+    const std::string subject = cat(what, "'s result ", k);
+    if (const Engine* other = find(e); other != nullptr && other != this)
+      throw_user_at(loc, subject, " belongs to another sheaf::Graph: return Exprs recorded on the Graph the "
+                                  "function is given");
+    throw_user_at(loc, unusable(e, subject));
+  }
+}
+
 void Engine::bad_expr(const Expr& e, std::string_view op, Loc loc) const {
   const Site site{op, trace_.current_example(), loc};
   // (Before the slot test: a graph made after the Expr's was destroyed may have its slot, this one included.)

@@ -92,6 +92,11 @@ class Engine {
   // `subject` ("an argument", "the predicate"): empty, or its graph destroyed
   // or cleared since it was made.
   static std::string unusable(const Expr& e, std::string_view subject);
+  // A record function's results (a Prefetcher's, an Overlap part's) before
+  // they are prepared or run: a UserError naming `what` (the function and
+  // its batch or part), the result's index and what is wrong with it, at
+  // `loc` (where the user made the Prefetcher, or called run()).
+  void expect_results(std::span<const Expr> results, std::string_view what, Loc loc) const;
 
   // ---- Recording (the clock of Stats::trace_ms starts at the first node).
   // A frozen function body refuses `what` (engine/functions.h); before

@@ -68,7 +68,7 @@ const std::vector<Expr>& Overlap::targets(size_t part) const {
   return targets_[part];
 }
 
-void Overlap::run_part(const Record& record, const ForwardOptions& forward, size_t part) {
+void Overlap::run_part(const Record& record, const ForwardOptions& forward, size_t part, std::source_location loc) {
   Graph& g = *graphs_[part];
   // A thread's first kernel may be one of ours, launched through the CUDA
   // driver (backend/nvrtc.h), which needs the context current on the thread:
@@ -82,14 +82,16 @@ void Overlap::run_part(const Record& record, const ForwardOptions& forward, size
   g.clear();
   try {
     targets_[part] = record(g, part);
-    g.forward(targets_[part], forward);
+    detail::engine_of(g).expect_results(targets_[part], detail::cat("sheaf::Overlap's record function (part ", part, ")"),
+                                        loc);
+    g.forward(targets_[part], forward, loc);
   } catch (...) {
     targets_[part].clear();  // (targets() holds computed values only)
     throw;
   }
 }
 
-void Overlap::run(const Record& record, const ForwardOptions& forward) {
+void Overlap::run(const Record& record, const ForwardOptions& forward, std::source_location loc) {
   // One run at a time: another from a part's record function or control flow
   // (on any of the parts' threads) or from a second thread would clear graphs
   // in use and post to busy threads.
@@ -118,9 +120,9 @@ void Overlap::run(const Record& record, const ForwardOptions& forward) {
     for (; posted < workers_.size(); ++posted) {
       const size_t part = posted + 1;
       detail::engine_of(*graphs_[part]).lend(workers_[posted]->tag());
-      workers_[posted]->post([this, &record, &forward, part] { run_part(record, forward, part); });
+      workers_[posted]->post([this, &record, &forward, part, loc] { run_part(record, forward, part, loc); });
     }
-    run_part(record, forward, 0);
+    run_part(record, forward, 0, loc);
   } catch (...) {
     error = std::current_exception();
   }

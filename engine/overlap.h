@@ -44,6 +44,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -125,7 +126,9 @@ class Overlap {
   // error of a part (recording it or running it) is thrown then, the lowest
   // part's. One run at a time: another while one is under way (from a part,
   // or from another thread) is a UserError.
-  void run(const Record& record, const ForwardOptions& forward = {});
+  // (`loc`: errors about what `record` returns name the caller's line.)
+  void run(const Record& record, const ForwardOptions& forward = {},
+           std::source_location loc = std::source_location::current());
 
   size_t parts() const { return graphs_.size(); }
   Graph& graph(size_t part);
@@ -133,7 +136,7 @@ class Overlap {
   const std::vector<Expr>& targets(size_t part) const;
 
  private:
-  void run_part(const Record& record, const ForwardOptions& forward, size_t part);
+  void run_part(const Record& record, const ForwardOptions& forward, size_t part, std::source_location loc);
   std::vector<std::unique_ptr<Graph>> graphs_;
   std::vector<std::vector<Expr>> targets_;
   std::unique_ptr<detail::ExecutionTurns> turns_;

@@ -8,9 +8,10 @@
 
 namespace sheaf {
 
-Prefetcher::Prefetcher(GraphOptions graph, Record record, ForwardOptions forward)
+Prefetcher::Prefetcher(GraphOptions graph, Record record, ForwardOptions forward, std::source_location loc)
     : record_(std::move(record)),
       forward_(forward),
+      made_at_(loc),
       device_(graph.device),
       graphs_{std::make_unique<Graph>(graph), std::make_unique<Graph>(graph)} {
   // The graphs' own, made concrete: an index-less cuda would name whichever
@@ -25,7 +26,9 @@ void Prefetcher::record_into(int slot, size_t batch) {
   Graph& g = *graphs_[slot];
   g.clear();
   targets_[slot] = record_(g, batch);
-  g.prepare(targets_[slot], forward_);
+  detail::engine_of(g).expect_results(targets_[slot], detail::cat("sheaf::Prefetcher's record function (batch ", batch, ")"),
+                                      made_at_);
+  g.prepare(targets_[slot], forward_, made_at_);
 }
 
 Prefetcher::Batch Prefetcher::take(size_t i, std::optional<size_t> next) {

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <source_location>
 #include <span>
 #include <thread>
 #include <vector>
@@ -48,7 +49,9 @@ class Prefetcher {
     std::vector<Expr> targets;
   };
 
-  Prefetcher(GraphOptions graph, Record record, ForwardOptions forward = {});
+  // `loc`: where it is made (errors about what `record` returns name it).
+  Prefetcher(GraphOptions graph, Record record, ForwardOptions forward = {},
+             std::source_location loc = std::source_location::current());
   ~Prefetcher();  // waits for the worker
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
@@ -73,6 +76,7 @@ class Prefetcher {
 
   Record record_;
   ForwardOptions forward_;
+  std::source_location made_at_;
   c10::Device device_;  // the graphs' (its current stream goes to the worker)
   std::array<std::unique_ptr<Graph>, 2> graphs_;
   std::array<std::vector<Expr>, 2> targets_;

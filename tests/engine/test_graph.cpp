@@ -282,6 +282,23 @@ TEST_CASE("lookups read their table's rows where no gradient goes to it", "[trac
       for (size_t i = 0; i < ids.size(); ++i) CHECK(at::allclose(batch.targets[i].value(), expected(i), 1e-5, 1e-6));
     }
   }
+  SECTION("what a Prefetcher's record function returns is checked, named with its batch and the user's line") {
+    Graph elsewhere;
+    const Expr foreign = elsewhere.param(E);
+    Prefetcher pf({}, [&](Graph& g, size_t b) {
+      std::vector<Expr> words, ys;
+      record(g, words, ys);
+      if (b == 1) ys.push_back(foreign);
+      if (b == 2) ys[1] = Expr();
+      return ys;
+    });
+    REQUIRE_NOTHROW(pf.take(0, 1));
+    REQUIRE_THROWS_WITH(pf.take(1, 2), Contains("sheaf::Prefetcher's record function (batch 1)'s result " +
+                                                std::to_string(ids.size())) &&
+                                           Contains("belongs to another sheaf::Graph") &&
+                                           Contains("test_graph.cpp") && !Contains("engine/prefetch.cpp"));
+    REQUIRE_THROWS_WITH(pf.take(2), Contains("(batch 2)'s result 1 is an empty Expr"));
+  }
   SECTION("a Prefetcher's last batch is cleared by take(), not by its worker: its Exprs fail as cleared") {
     Prefetcher pf({}, [&](Graph& g, size_t) {
       std::vector<Expr> words, ys;

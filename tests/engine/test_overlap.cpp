@@ -291,6 +291,28 @@ TEST_CASE("overlap: misuse is a UserError", "[engine][overlap][errors]") {
     }),
                         Contains("op 'value'") && Contains("lent to another thread"));
   }
+  // What a part's record function returns must be its own graph's: an
+  // empty Expr, or another graph's, is named with the part, the result and
+  // the line of run() (engine/overlap.cpp was named before).
+  {
+    Graph elsewhere;
+    const Expr foreign = elsewhere.param(W);
+    REQUIRE_THROWS_WITH(parts.run([&](Graph& g, size_t p) {
+      std::vector<Expr> out = half(g, p, W);
+      if (p == 1) out.push_back(foreign);
+      return out;
+    }),
+                        Contains("sheaf::Overlap's record function (part 1)'s result " +
+                                 std::to_string(kExamples / 2)) &&
+                            Contains("belongs to another sheaf::Graph") && Contains("test_overlap.cpp") &&
+                            !Contains("engine/overlap.cpp"));
+    REQUIRE_THROWS_WITH(parts.run([&](Graph& g, size_t p) {
+      std::vector<Expr> out = half(g, p, W);
+      if (p == 0) out[0] = Expr();
+      return out;
+    }),
+                        Contains("(part 0)'s result 0 is an empty Expr") && Contains("test_overlap.cpp"));
+  }
   // After those errors it runs as before.
   parts.run([&](Graph& g, size_t p) { return half(g, p, W); });
   CHECK(parts.targets(1).size() == kExamples / 2);
