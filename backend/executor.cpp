@@ -519,6 +519,13 @@ void Executor::check_output(NodeId node, const PlannedBatch& b, const at::Tensor
 }
 
 void Executor::rethrow(const Plan& plan, const PlannedBatch& b, const std::exception& e) const {
+  // One row's fault (RowError): that row's node is named.
+  if (const auto* row = dynamic_cast<const RowError*>(&e); row != nullptr && b.rows == 0 && row->row() >= 0 &&
+                                                           row->row() < static_cast<int64_t>(b.n)) {
+    const NodeId n = plan.nodes[b.nodes_begin + static_cast<uint32_t>(row->row())];
+    throw_user(Site{op_info(s_.op[n]).name, s_.example[n], s_.loc[n]}, "in the batched launch of ", b.n,
+               " node(s), this node's row: ", e.what());
+  }
   std::set<int64_t> examples;
   for (uint32_t i = 0; i < b.n && examples.size() < 8; ++i) examples.insert(s_.example[plan.nodes[b.nodes_begin + i]]);
   std::ostringstream os;

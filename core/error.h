@@ -24,6 +24,18 @@ class InternalError : public std::logic_error {
   using std::logic_error::logic_error;
 };
 
+// A kernel's error that one row of its batch caused (an input resized since
+// it was recorded, an index out of range): the executor names that row's
+// node, its example and line, instead of the batch's first.
+class RowError : public std::invalid_argument {
+ public:
+  RowError(int64_t row, const std::string& what) : std::invalid_argument(what), row_(row) {}
+  int64_t row() const { return row_; }
+
+ private:
+  int64_t row_;
+};
+
 // Where something happened: the op, the user's example id (or kSharedExample /
 // kMixedExample), and the user's line.
 struct Site {

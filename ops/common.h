@@ -4,6 +4,7 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/index_add.h>
+#include <ATen/ops/nonzero.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
@@ -125,10 +126,14 @@ inline at::Scalar scalar_attr(const RunCtx& c) { return at::Scalar(c.attr_f(0));
 // `of` and `unit` name the range: "a vector of" 4 "elements".
 inline at::Tensor checked_indices(const RunCtx& c, size_t arg, int64_t size, std::string_view of, std::string_view unit) {
   const at::Tensor i = c.in(arg).detach().reshape({-1}).expand({c.n()});
-  const bool bad = (i < 0).logical_or_(i >= static_cast<double>(size)).logical_or_(i != i.trunc()).any().item<bool>();
-  if (bad)
-    throw std::invalid_argument("an index is out of range for " + std::string(of) + " " + std::to_string(size) + " " +
-                                std::string(unit) + ", or not a whole number");
+  const at::Tensor bad = (i < 0).logical_or_(i >= static_cast<double>(size)).logical_or_(i != i.trunc());
+  if (bad.any().item<bool>()) {
+    // (The first bad row, found only once there is one: the executor names its node.)
+    const auto row = at::nonzero(bad)[0][0].item<int64_t>();
+    throw RowError(c.in(arg).numel() == 1 ? -1 : row,
+                   "an index is out of range for " + std::string(of) + " " + std::to_string(size) + " " +
+                       std::string(unit) + ", or not a whole number (" + std::to_string(i[row].item<double>()) + ")");
+  }
   return i.to(at::kLong);
 }
 

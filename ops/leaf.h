@@ -26,9 +26,10 @@ struct Input {
       xs.push_back(c.user_tensor(slot));
       // Read at forward, not when recorded: a buffer resized since then.
       if (!std::ranges::equal(xs.back().sizes(), c.out_shape().dims()))
-        throw std::invalid_argument(detail::cat("an input tensor's sizes changed after it was recorded: recorded as ",
-                                                c.out_shape().str(), ", now ", xs.back().sizes(),
-                                                " (inputs are read at forward(); record the new tensor instead)"));
+        throw RowError(static_cast<int64_t>(xs.size()) - 1,
+                       detail::cat("an input tensor's sizes changed after it was recorded: recorded as ",
+                                   c.out_shape().str(), ", now ", xs.back().sizes(),
+                                   " (inputs are read at forward(); record the new tensor instead)"));
     }
     at::Tensor x = at::stack(xs);
     // Host data to a GPU: through pinned memory, without waiting for the stream.

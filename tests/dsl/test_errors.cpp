@@ -123,12 +123,18 @@ TEST_CASE("rank above four and check_batched without examples and max_rounds bel
   REQUIRE_THROWS_AS(check_batched(0, [](Graph& h, int) { return h.zeros({1}); }), UserError);
   REQUIRE_THROWS_WITH(check_batched(-1, [](Graph& h, int) { return h.zeros({1}); }), Contains("at least one example"));
   REQUIRE_THROWS_WITH(g.forward(x, {.max_rounds = 0}), Contains("max_rounds must be >= 1") && Contains("test_errors"));
-  // An input's tensor resized between recording and forward.
+  // An input's tensor resized between recording and forward: the error names
+  // its example and line (example 1 here), not the batch's first (example 2).
   at::Tensor buffer = at::ones({3});
-  Expr y = dsl::tanh(g.input(buffer));
+  Expr before = dsl::tanh(g.input(at::ones({3})));
+  Expr y;
+  {
+    auto other = g.example(1);
+    y = dsl::tanh(g.input(buffer));
+  }
   buffer.resize_({5});
-  REQUIRE_THROWS_WITH(g.forward(y), Contains("op 'input'") && Contains("example 2") &&
-                                        Contains("sizes changed after it was recorded") && Contains("[3]"));
+  REQUIRE_THROWS_WITH(g.forward({before, y}), Contains("op 'input' (example 1)") &&
+                                                  Contains("sizes changed after it was recorded") && Contains("[3]"));
   // The graph is still usable.
   g.forward(x);
   CHECK(at::equal(x.value(), at::ones({4})));
@@ -511,7 +517,8 @@ TEST_CASE("pick at a computed index out of range or not whole: a UserError when 
       picked[i] = dsl::pick(x, g.input(at::full({}, i == 1 ? bad : 2.0)));
     }
     REQUIRE_THROWS_WITH(g.forward(std::vector<Expr>{picked[0], picked[1]}),
-                        Contains("op 'pick'") && Contains("out of range for a vector of 4") && Contains("test_errors.cpp"));
+                        Contains("op 'pick' (example 1)") && Contains("out of range for a vector of 4") &&
+                            Contains("test_errors.cpp"));
   }
   Graph g;  // in range: the value, and a gradient to x only
   const at::Tensor w = at::arange(4).to(at::kFloat).requires_grad_();
@@ -531,7 +538,7 @@ TEST_CASE("lookup at a computed index out of range or not whole: a UserError whe
       rows[i] = dsl::lookup(table, g.input(at::full({}, i == 1 ? bad : 2.0)));
     }
     REQUIRE_THROWS_WITH(g.forward(std::vector<Expr>{rows[0], rows[1]}),
-                        Contains("op 'lookup'") && Contains("out of range for a table of 3 rows") &&
+                        Contains("op 'lookup' (example 1)") && Contains("out of range for a table of 3 rows") &&
                             Contains("test_errors.cpp"));
   }
   Graph g;  // in range: the row
