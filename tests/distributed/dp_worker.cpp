@@ -92,6 +92,14 @@ void train(const Args& a, models::TreeLSTM& m, const std::vector<data::Tree>& tr
   torch::optim::SGD opt(m.parameters(), torch::optim::SGDOptions(0.5));
   Graph g;
   int throw_at = a.throw_at;
+  // The examples' summed loss over the whole batch's size (undefined for none), recorded and run on g.
+  auto loss_of = [&](const Batch& examples, size_t batch_size) {
+    g.clear();
+    if (examples.empty()) return at::Tensor();
+    Expr total = m.sheaf_batch_loss(g, examples);
+    g.forward(total);
+    return total.value() / static_cast<double>(batch_size);
+  };
   for (int s = 0; s < a.steps; ++s) {
     Batch batch, mine;
     std::vector<double> work;
@@ -111,26 +119,14 @@ void train(const Args& a, models::TreeLSTM& m, const std::vector<data::Tree>& tr
         Batch micro;
         for (size_t i = static_cast<size_t>(j); i < mine.size(); i += static_cast<size_t>(a.accumulate))
           micro.push_back(mine[i]);
-        g.clear();
-        at::Tensor loss;
-        if (!micro.empty()) {
-          Expr total = m.sheaf_batch_loss(g, micro);
-          g.forward(total);
-          loss = total.value() / static_cast<double>(batch.size());
-        }
+        const at::Tensor loss = loss_of(micro, batch.size());
         if (dp != nullptr) dp->backward(loss);
         else if (loss.defined()) loss.backward();
       }
       opt.step();
       continue;
     }
-    g.clear();
-    at::Tensor loss;
-    if (!mine.empty()) {
-      Expr total = m.sheaf_batch_loss(g, mine);
-      g.forward(total);
-      loss = total.value() / static_cast<double>(batch.size());
-    }
+    const at::Tensor loss = loss_of(mine, batch.size());
     if (dp != nullptr && s == a.die_at) _exit(9);
     if (dp != nullptr && s == a.hang_at) std::this_thread::sleep_for(std::chrono::hours(1));
     if (dp != nullptr && s == a.local_grad_at && loss.defined()) {

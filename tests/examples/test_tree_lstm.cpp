@@ -18,6 +18,16 @@ std::vector<data::Tree> trees(int n, uint64_t seed) {
   return data::synthetic_trees({.count = n, .min_words = 1, .max_words = 14, .vocab_size = 40, .seed = seed});
 }
 
+// The parameters' gradients of Sheaf's loss over the batch.
+auto sheaf_gradients(const TreeLSTM& m, const std::vector<data::Tree>& batch, GraphOptions options = {}) {
+  return test::gradients_of(m.parameters(), [&] {
+    Graph g(options);
+    Expr total = m.sheaf_batch_loss(g, batch);
+    g.forward(total);
+    return total.value();
+  });
+}
+
 }  // namespace
 
 TEST_CASE("TreeLSTM: Sheaf, per-example and hand-batched agree on loss and gradients", "[examples][tree_lstm]") {
@@ -33,21 +43,11 @@ TEST_CASE("TreeLSTM: Sheaf, per-example and hand-batched agree on loss and gradi
     return l;
   });
   auto hand = test::gradients_of(m.parameters(), [&] { return HandBatched(m).loss(ptrs); });
-  auto sheafed = test::gradients_of(m.parameters(), [&] {
-    Graph g;
-    Expr total = m.sheaf_batch_loss(g, batch);
-    g.forward(total);
-    return total.value();
-  });
+  auto sheafed = sheaf_gradients(m, batch);
   test::require_all_close(per_example, hand);
   test::require_all_close(per_example, sheafed);
   // Sheaf without its packed products, and the hand version with them (sheaf-bench hand:sheaf-gemm).
-  auto unpacked = test::gradients_of(m.parameters(), [&] {
-    Graph g(GraphOptions{.pack_weights = false});
-    Expr total = m.sheaf_batch_loss(g, batch);
-    g.forward(total);
-    return total.value();
-  });
+  auto unpacked = sheaf_gradients(m, batch, GraphOptions{.pack_weights = false});
   test::require_all_close(per_example, unpacked);
   if (packed_gemm_available()) {
     auto hand_packed = test::gradients_of(
@@ -137,13 +137,7 @@ TEST_CASE("TreeLSTM: hand-batched agrees on a batch of one deep tree and shallow
   for (const auto& t : batch) ptrs.push_back(&t);
   TreeLSTM m({.vocab = 40, .hidden = 6}, 2);
   auto hand = test::gradients_of(m.parameters(), [&] { return HandBatched(m).loss(ptrs); });
-  auto sheafed = test::gradients_of(m.parameters(), [&] {
-    Graph g;
-    Expr total = m.sheaf_batch_loss(g, batch);
-    g.forward(total);
-    return total.value();
-  });
-  test::require_all_close(sheafed, hand);
+  test::require_all_close(sheaf_gradients(m, batch), hand);
 }
 
 TEST_CASE("TreeLSTM: a tree thousands of levels deep records without a stack overflow", "[examples][tree_lstm]") {
