@@ -6,6 +6,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sparse_coo_tensor.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 
@@ -82,12 +83,16 @@ struct DataParallel::Impl {
   std::vector<at::Tensor> flats;      // per dense bucket, kept between steps
   std::vector<bool> got;
   std::vector<at::Tensor> sparse_grads;
-  // Each parameter's .grad from before this backward (moved out, not copied):
-  // the summed gradients are added to it, as loss.backward() adds to .grad
-  // (micro-batches: two backward calls before a step). Left in place,
-  // autograd would add this rank's own gradient to it, which the summed one
-  // could only replace.
+  // Each parameter's .grad from before this backward, where it holds
+  // something (moved out, not copied): the summed gradients are added to it,
+  // as loss.backward() adds to .grad (micro-batches: two backward calls
+  // before a step). Left in place, autograd would add this rank's own
+  // gradient to it, which the summed one could only replace. A .grad of
+  // zeros (LibTorch 1.13's zero_grad zeroes in place) stays where it is:
+  // replacing the sum there is adding to it, and autograd then writes into
+  // it instead of making a second set of gradients.
   std::vector<at::Tensor> before;
+  std::vector<size_t> zeroed;  // parameters whose zero .grad stayed in place
   size_t next_launch = 0;
   bool armed = false;
   // Set when a backward threw after some of its buckets went out: this rank's
@@ -487,16 +492,14 @@ struct DataParallel::Impl {
       next_launch = 0;
       armed = true;
     }
-    before.resize(params.size());
-    for (size_t i = 0; i < params.size(); ++i) before[i] = std::exchange(params[i].mutable_grad(), at::Tensor());
+    set_aside_grads();
     try {
       if (runs) loss.backward();
     } catch (...) {
       std::lock_guard lock(mu);
       armed = false;
       for (at::Tensor& g : sparse_grads) g = at::Tensor();
-      // (As they were: a step run again adds to them once.)
-      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = std::move(before[i]);
+      restore_grads(0);  // (as they were: a step run again adds to them once)
       // Nothing sent yet: the others wait for this rank's first bucket, which
       // the next backward sends (the step may be skipped or retried, on every
       // rank alike). Some sent: the others' next buckets would pair with the
@@ -523,10 +526,59 @@ struct DataParallel::Impl {
     }
     c10::NoGradGuard no_grad;
     for (size_t k = 0; k < buckets.size(); ++k) {
-      guarded("a gradient allreduce", [&] { return live[k].work->wait(); });
+      try {
+        guarded("a gradient allreduce", [&] { return live[k].work->wait(); });
+      } catch (const std::exception& e) {
+        // The buckets not written yet get their .grad back; this rank's
+        // collectives no longer pair with the others'.
+        restore_grads(k);
+        broken = e.what();
+        throw;
+      }
       write_back(k);
     }
     stats.wait_ms += ms_since(t1);
+  }
+
+  void set_aside_grads() {
+    before.assign(params.size(), at::Tensor());
+    zeroed.clear();
+    // Which dense .grads hold anything: one host read for all of them.
+    std::vector<size_t> dense;
+    std::vector<at::Tensor> nonzero;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& g = params[i].grad();
+      if (!g.defined()) continue;
+      if (g.is_sparse()) {
+        before[i] = std::exchange(params[i].mutable_grad(), at::Tensor());
+        continue;
+      }
+      dense.push_back(i);
+      nonzero.push_back(g.ne(0).any());
+    }
+    if (dense.empty()) return;
+    const at::Tensor held = at::stack(nonzero).cpu().contiguous();
+    const bool* holds = held.data_ptr<bool>();
+    for (size_t k = 0; k < dense.size(); ++k) {
+      const size_t i = dense[k];
+      if (holds[k]) before[i] = std::exchange(params[i].mutable_grad(), at::Tensor());
+      else zeroed.push_back(i);
+    }
+  }
+
+  // The .grad of the parameters of buckets `first` on, as before this backward.
+  void restore_grads(size_t first) {
+    c10::NoGradGuard no_grad;
+    std::vector<bool> restore(params.size(), false);
+    for (size_t k = first; k < buckets.size(); ++k)
+      for (size_t i : buckets[k].params) restore[i] = true;
+    for (size_t i : zeroed)
+      if (restore[i]) {
+        params[i].mutable_grad().zero_();  // (autograd added into it in place)
+        restore[i] = false;
+      }
+    for (size_t i = 0; i < params.size(); ++i)
+      if (restore[i]) params[i].mutable_grad() = std::move(before[i]);  // (undefined where it was)
   }
 
   void write_back(size_t k) {

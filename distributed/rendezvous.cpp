@@ -50,7 +50,7 @@ Rendezvous Rendezvous::from_env() {
   if (!env("WORLD_SIZE")) {
     // A rank of a world nobody sized: alone, it would train as a world of
     // one, each such worker on every example, without a word.
-    if (const std::optional<std::string> rank = env("RANK"); rank && *rank != "0")
+    if (const std::optional<std::string> rank = env("RANK"); rank && !rank->empty() && env_int("RANK", 0, 1 << 20) != 0)
       throw UserError(detail::cat("sheaf::Rendezvous: RANK='", *rank, "' is set but WORLD_SIZE is not (scripts/"
                                   "launch.sh and torchrun set both; unset RANK for a world of one)"));
     return r;

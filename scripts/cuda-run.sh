@@ -90,8 +90,9 @@ for step in "${steps[@]}"; do
         [[ $args == transformer* ]] && systems=(--systems per-example,sheaf:auto,hand,hand:pad)
         # The gated net's hand reads its gates on the host (a wait a level on a GPU); hand:mask does not.
         [[ $args == gated_rvnn* ]] && systems=(--systems per-example,sheaf:auto,hand,hand:mask)
-        # The Transformer tags sentences: --data would name a word|TAG file, not SST.
-        wl_data=("${data_args[@]}"); [[ $args == transformer* ]] && wl_data=()
+        # The Transformer tags sentences: --data would name a word|TAG file, not SST;
+        # the attention decoder makes its digit strings (sheaf-bench refuses --data there).
+        wl_data=("${data_args[@]}"); [[ $args == transformer* || $args == attention* ]] && wl_data=()
         # shellcheck disable=SC2086
         bounded "$bench" --workload $args --trees "${SHEAF_TREES:-512}" "${common[@]}" "${wl_data[@]}" "${systems[@]}" >>"$res" || failed=1
       done

@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <chrono>
 #include <cstdio>
@@ -127,10 +128,10 @@ int main(int argc, char** argv) {
     std::vector<data::Tree> train, dev;
     if (data_dir.empty()) {
       // (Past int, the generator's count wrapped: a negative number of trees.)
-      constexpr int64_t kMostSynthetic = 1'000'000;
+      constexpr int64_t kMostSynthetic = std::numeric_limits<int>::max();
       if (train_trees > kMostSynthetic)
-        throw UserError("--train-trees " + std::to_string(train_trees) + ": the synthetic training set has at most " +
-                        std::to_string(kMostSynthetic) + " trees (--data reads a treebank of any size)");
+        throw UserError("--train-trees " + std::to_string(train_trees) + ": the synthetic tree generator makes at most " +
+                        std::to_string(kMostSynthetic) + " trees");
       vocab = data::synthetic_vocab(5000);
       train = data::synthetic_trees({.count = static_cast<int>(train_trees), .seed = 1});
       dev = data::synthetic_trees({.count = 500, .seed = 2});

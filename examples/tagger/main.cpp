@@ -66,6 +66,9 @@ struct Dataset {
 
 Dataset load_data(const Config& c) {
   std::vector<data::TaggedSentence> train, dev, test;
+  // (They were read by nothing: a word|TAG line has no columns, nor has synthetic data.)
+  if ((c.format == "dynet" || c.train.empty()) && (c.word_column >= 0 || c.tag_column >= 0))
+    throw UserError("--word-column and --tag-column are for --train files of --format conll or conllu");
   if (c.train.empty()) {
     // (Before, they were ignored: the run trained and scored synthetic data.)
     if (!c.dev.empty() || !c.test.empty())
@@ -75,9 +78,6 @@ Dataset load_data(const Config& c) {
     dev = data::synthetic_tagged({.count = 500, .seed = 2});
   } else {
     if (c.dev.empty()) throw UserError("--train needs --dev");
-    // (They were read by nothing: a word|TAG line has no columns.)
-    if (c.format == "dynet" && (c.word_column >= 0 || c.tag_column >= 0))
-      throw UserError("--word-column and --tag-column are for --format conll or conllu, not dynet (word|TAG lines)");
     train = read_split(c, c.train);
     dev = read_split(c, c.dev);
     if (!c.test.empty()) test = read_split(c, c.test);

@@ -367,8 +367,16 @@ int run(Config c) {
   const Rendezvous where = Rendezvous::from_env();
   const bool root = where.rank == 0;
   if (!root) c.quiet = true;
-  if (root && !c.save.empty()) models::expect_writable(c.save, "--save");  // (rank 0 writes them)
-  if (root && !c.checkpoint.empty()) models::expect_writable(c.checkpoint, "--checkpoint");
+  // Rank 0 writes them: checked before training (with other workers, once
+  // they have joined, so that every one stops, not only rank 0).
+  std::string unwritable;
+  if (root) try {
+      if (!c.save.empty()) models::expect_writable(c.save, "--save");
+      if (!c.checkpoint.empty()) models::expect_writable(c.checkpoint, "--checkpoint");
+    } catch (const UserError& e) {
+      unwritable = e.what();
+    }
+  if (!unwritable.empty() && !where.distributed()) throw UserError(unwritable);
   set_threads(c.threads);
   retain_host_memory();  // freed memory stays in the process: no page faults to get it back each batch
   if (!c.quiet) std::printf("%s\n", runtime_info().c_str());
@@ -399,7 +407,13 @@ int run(Config c) {
   if (model.options().sparse_embedding_grad) dpo.sparse = {model.E};
   dpo.sparse_mode = c.dp_sparse == "densify" ? DataParallelOptions::Sparse::densify : DataParallelOptions::Sparse::gather;
   DataParallel dp(model.parameters(), where, dpo);
-  if (where.distributed()) expect_same_settings(dp, c, d.train.size(), first_epoch);
+  if (where.distributed()) {
+    if (dp.sum({unwritable.empty() ? 0.0 : 1.0})[0] > 0)
+      throw UserError(!unwritable.empty() ? unwritable
+                                          : std::string("worker 0 cannot write its --save or --checkpoint file (its "
+                                                        "error says which)"));
+    expect_same_settings(dp, c, d.train.size(), first_epoch);
+  }
   Graph g({.device = c10::Device(c.device)});
   if (root && where.distributed())
     std::printf("data-parallel: %s, %d workers, batches of %d trees split by node count\n",

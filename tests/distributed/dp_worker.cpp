@@ -92,6 +92,7 @@ void train(const Args& a, models::TreeLSTM& m, const std::vector<data::Tree>& tr
   torch::optim::SGD opt(m.parameters(), torch::optim::SGDOptions(0.5));
   Graph g;
   int throw_at = a.throw_at;
+  bool retrying = false;  // the step after a backward that threw: its gradients not zeroed again
   // The examples' summed loss over the whole batch's size (undefined for none), recorded and run on g.
   auto loss_of = [&](const Batch& examples, size_t batch_size) {
     g.clear();
@@ -135,7 +136,10 @@ void train(const Args& a, models::TreeLSTM& m, const std::vector<data::Tree>& tr
       auto local = dp->local_gradients();
       loss.backward({}, /*retain_graph=*/true);
     }
-    opt.zero_grad();
+    // (A retried step keeps what the failed backward left: DataParallel puts
+    // every .grad back as it was, so the step adds to them once.)
+    if (!retrying) opt.zero_grad();
+    retrying = false;
     if (dp != nullptr && s == throw_at && loss.defined()) {
       // As a step that runs out of memory in backward: caught, and the step run again.
       const unsigned hook = m.E.register_hook([](const at::Tensor&) -> at::Tensor {
@@ -151,6 +155,7 @@ void train(const Args& a, models::TreeLSTM& m, const std::vector<data::Tree>& tr
       m.E.remove_hook(hook);
       --s;
       throw_at = -1;
+      retrying = true;
       continue;
     }
     if (dp != nullptr && s != a.plain_backward_at) dp->backward(loss);

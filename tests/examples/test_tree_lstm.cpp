@@ -111,9 +111,6 @@ TEST_CASE("TreeLSTM: launches grow with tree height, not with the number of tree
   CHECK(n < nodes / 4);
 }
 
-// The model records a tree node by node, not by a recursion per level: a tree
-// 30,000 deep (a right-branching sentence of 30,001 words) overflowed the
-// stack (a segmentation fault in tree_lstm and sheaf-bench).
 TEST_CASE("TreeLSTM: hand-batched agrees on a batch of one deep tree and shallow ones", "[examples][tree_lstm]") {
   // A caterpillar 400 levels deep beside SST-like trees: most levels are read
   // by one later level only (the hand code's blocks, tree_levels.h, are made
@@ -140,6 +137,9 @@ TEST_CASE("TreeLSTM: hand-batched agrees on a batch of one deep tree and shallow
   test::require_all_close(sheaf_gradients(m, batch), hand);
 }
 
+// The model records a tree node by node, not by a recursion per level: a tree
+// 30,000 deep (a right-branching sentence of 30,001 words) overflowed the
+// stack (a segmentation fault in tree_lstm and sheaf-bench).
 TEST_CASE("TreeLSTM: a tree thousands of levels deep records without a stack overflow", "[examples][tree_lstm]") {
   constexpr int kDepth = 30000;
   std::string text;
