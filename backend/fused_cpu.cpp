@@ -53,6 +53,18 @@ struct Kernels {
   Bwd bwd = nullptr;
 };
 
+// g * dy/da, or 0 where LibTorch masks the gradient off (PointwiseInfo::cuda_mask_a).
+template <class P>
+[[gnu::always_inline]] inline float grad_a(float g, float a, float b, float y, float c) {
+  if constexpr (requires { P::mask_a(a, b, y, c); }) return P::mask_a(a, b, y, c) ? 0.0f : g * P::da(a, b, y, c);
+  else return g * P::da(a, b, y, c);
+}
+template <class P>
+[[gnu::always_inline]] inline float grad_b(float g, float a, float b, float y, float c) {
+  if constexpr (requires { P::mask_b(a, b, y, c); }) return P::mask_b(a, b, y, c) ? 0.0f : g * P::db(a, b, y, c);
+  else return g * P::db(a, b, y, c);
+}
+
 #define SHEAF_FUSED_LOOPS(SUFFIX, ATTR)                                                                        \
   template <class P>                                                                                            \
   ATTR void fwd_##SUFFIX(const float* a, int64_t as, const float* b, int64_t bs, float c, float* y, int64_t ys, \
@@ -75,11 +87,11 @@ struct Kernels {
       const float* __restrict gr = g + r * cols;                                                                \
       if (ga) {                                                                                                 \
         float* __restrict gar = ga + r * gas;                                                                   \
-        for (int64_t i = 0; i < cols; ++i) gar[i] += gr[i] * P::da(ar[i], br[i], yr[i], c);                    \
+        for (int64_t i = 0; i < cols; ++i) gar[i] += grad_a<P>(gr[i], ar[i], br[i], yr[i], c);                 \
       }                                                                                                         \
       if (gb) {                                                                                                 \
         float* __restrict gbr = gb + r * gbs;                                                                   \
-        for (int64_t i = 0; i < cols; ++i) gbr[i] += gr[i] * P::db(ar[i], br[i], yr[i], c);                    \
+        for (int64_t i = 0; i < cols; ++i) gbr[i] += grad_b<P>(gr[i], ar[i], br[i], yr[i], c);                 \
       }                                                                                                         \
     }                                                                                                           \
   }

@@ -117,6 +117,12 @@ struct Gen {
     os << "  }\n}\n";
   }
 
+  // g times a partial, or 0 where the op's mask holds (PointwiseInfo::cuda_mask_a).
+  static std::string grad(std::string_view partial, std::string_view mask) {
+    if (mask.empty()) return detail::cat("g * (", partial, ")");
+    return detail::cat("((", mask, ") ? 0.f : g * (", partial, "))");
+  }
+
   // Adds `expr` (a gradient contribution) to register r's adjoint.
   void add_to(uint32_t r, const std::string& expr) {
     if (member_of_reg[r] >= 0) {
@@ -160,8 +166,8 @@ struct Gen {
       if (pw.scalar) os << " const float c = " << literal(static_cast<float>(attr_to_double(in.attr))) << ";";
       os << " const float y = m" << member << ", g = g" << member << ";\n";
       os << "      (void)a; (void)y;\n";
-      add_to(in.a, detail::cat("g * (", pw.cuda_da, ")"));
-      if (pw.operands == 2) add_to(in.b, detail::cat("g * (", pw.cuda_db, ")"));
+      add_to(in.a, grad(pw.cuda_da, pw.cuda_mask_a));
+      if (pw.operands == 2) add_to(in.b, grad(pw.cuda_db, pw.cuda_mask_b));
       os << "    }\n";
     }
     os << "  }\n}\n";

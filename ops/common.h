@@ -106,6 +106,9 @@ concept PointwiseOp = requires(float x) {
   { Op::Pointwise::fwd(x, x, x) } -> std::same_as<float>;
   { Op::Pointwise::da(x, x, x, x) } -> std::same_as<float>;
   { Op::Pointwise::db(x, x, x, x) } -> std::same_as<float>;
+  // A mask on the CPU where there is one on CUDA, and none where there is not.
+  requires Op::Pointwise::info.cuda_mask_a.empty() != requires { Op::Pointwise::mask_a(x, x, x, x); };
+  requires Op::Pointwise::info.cuda_mask_b.empty() != requires { Op::Pointwise::mask_b(x, x, x, x); };
 };
 
 // The descriptor of an elementwise unary op is its name and one LibTorch function.

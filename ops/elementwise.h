@@ -105,18 +105,23 @@ struct Div : Binary<div2> {
 inline at::Tensor max2(const at::Tensor& a, const at::Tensor& b) { return at::maximum(a, b); }
 inline at::Tensor min2(const at::Tensor& a, const at::Tensor& b) { return at::minimum(a, b); }
 
-// Elementwise larger / smaller; where a == b the gradient is split evenly (as
-// LibTorch's maximum/minimum do).
+// Elementwise larger / smaller; where a == b the gradient is split evenly,
+// and where either is NaN both take all of it (as LibTorch's maximum/minimum
+// do: the loser's gradient is masked off, not multiplied by 0).
 struct Maximum : Binary<max2> {
   static constexpr std::string_view name = "maximum";
   struct Pointwise {
     static constexpr PointwiseInfo info{.operands = 2,
                                         .cuda_fwd = "(a > b || a != a ? a : b)",
-                                        .cuda_da = "(a > b ? 1.f : (a == b ? 0.5f : 0.f))",
-                                        .cuda_db = "(b > a ? 1.f : (a == b ? 0.5f : 0.f))"};
+                                        .cuda_da = "(a == b ? 0.5f : 1.f)",
+                                        .cuda_db = "(a == b ? 0.5f : 1.f)",
+                                        .cuda_mask_a = "a < b",
+                                        .cuda_mask_b = "a > b"};
     static float fwd(float a, float b, float) { return a > b || a != a ? a : b; }
-    static float da(float a, float b, float, float) { return a > b ? 1.0f : (a == b ? 0.5f : 0.0f); }
-    static float db(float a, float b, float, float) { return b > a ? 1.0f : (a == b ? 0.5f : 0.0f); }
+    static float da(float a, float b, float, float) { return a < b ? 0.0f : (a == b ? 0.5f : 1.0f); }
+    static float db(float a, float b, float, float) { return a > b ? 0.0f : (a == b ? 0.5f : 1.0f); }
+    static bool mask_a(float a, float b, float, float) { return a < b; }
+    static bool mask_b(float a, float b, float, float) { return a > b; }
   };
 };
 struct Minimum : Binary<min2> {
@@ -124,11 +129,15 @@ struct Minimum : Binary<min2> {
   struct Pointwise {
     static constexpr PointwiseInfo info{.operands = 2,
                                         .cuda_fwd = "(a < b || a != a ? a : b)",
-                                        .cuda_da = "(a < b ? 1.f : (a == b ? 0.5f : 0.f))",
-                                        .cuda_db = "(b < a ? 1.f : (a == b ? 0.5f : 0.f))"};
+                                        .cuda_da = "(a == b ? 0.5f : 1.f)",
+                                        .cuda_db = "(a == b ? 0.5f : 1.f)",
+                                        .cuda_mask_a = "a > b",
+                                        .cuda_mask_b = "a < b"};
     static float fwd(float a, float b, float) { return a < b || a != a ? a : b; }
-    static float da(float a, float b, float, float) { return a < b ? 1.0f : (a == b ? 0.5f : 0.0f); }
-    static float db(float a, float b, float, float) { return b < a ? 1.0f : (a == b ? 0.5f : 0.0f); }
+    static float da(float a, float b, float, float) { return a > b ? 0.0f : (a == b ? 0.5f : 1.0f); }
+    static float db(float a, float b, float, float) { return a < b ? 0.0f : (a == b ? 0.5f : 1.0f); }
+    static bool mask_a(float a, float b, float, float) { return a > b; }
+    static bool mask_b(float a, float b, float, float) { return a < b; }
   };
 };
 struct Greater : Binary<gt2> {
@@ -192,11 +201,13 @@ inline at::Tensor pow_s(const at::Tensor& x, const at::Scalar& s) { return at::p
 struct PowScalar : WithScalar<pow_s> {
   static constexpr std::string_view name = "pow_scalar";
   struct Pointwise {
-    // (The gradient of a^0 is 0, as LibTorch's: 0 * 0^-1 would be NaN at a = 0.)
+    // (The gradient of a^0 is 0, as LibTorch's: 0 * 0^-1 would be NaN at a =
+    // 0, and so is the incoming gradient times 0 where that is infinite.)
     static constexpr PointwiseInfo info{.scalar = true, .cuda_fwd = "powf(a, c)",
-                                        .cuda_da = "(c == 0.f ? 0.f : c * powf(a, c - 1.f))"};
+                                        .cuda_da = "(c == 0.f ? 0.f : c * powf(a, c - 1.f))", .cuda_mask_a = "c == 0.f"};
     static float fwd(float a, float, float c) { return pw::pow(a, c); }
     static float da(float a, float, float, float c) { return pw::select(c == 0.0f, 0.0f, c * pw::pow(a, c - 1.0f)); }
+    static bool mask_a(float, float, float, float c) { return c == 0.0f; }
     static float db(float, float, float, float) { return 0.0f; }
   };
 };
@@ -257,9 +268,11 @@ struct Sigmoid : Unary<sigmoid1> {
 struct Relu : Unary<relu1> {
   static constexpr std::string_view name = "relu";
   struct Pointwise {
-    static constexpr PointwiseInfo info{.cuda_fwd = "(a < 0.f ? 0.f : a)", .cuda_da = "(y > 0.f ? 1.f : 0.f)"};
+    // (A NaN passes its gradient, as LibTorch's: masked where y <= 0 only.)
+    static constexpr PointwiseInfo info{.cuda_fwd = "(a < 0.f ? 0.f : a)", .cuda_da = "1.f", .cuda_mask_a = "y <= 0.f"};
     static float fwd(float a, float, float) { return a < 0.0f ? 0.0f : a; }
-    static float da(float, float, float y, float) { return y > 0.0f ? 1.0f : 0.0f; }
+    static float da(float, float, float y, float) { return y <= 0.0f ? 0.0f : 1.0f; }
+    static bool mask_a(float, float, float y, float) { return y <= 0.0f; }
     static float db(float, float, float, float) { return 0.0f; }
   };
 };

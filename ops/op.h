@@ -264,6 +264,9 @@ class RunCtx {
 //     static float da(float a, float b, float y, float c) { return 1.0f - y * y; }
 //     static float db(float a, float b, float y, float c) { return 0.0f; }
 //   };
+//
+// and, where LibTorch masks a gradient off, static bool mask_a(a, b, y, c)
+// (and mask_b) beside PointwiseInfo::cuda_mask_a (cuda_mask_b).
 struct PointwiseInfo {
   int operands = 1;            // tensor operands: 1 or 2
   bool scalar = false;         // reads attribute 0 (a double) as c
@@ -274,6 +277,13 @@ struct PointwiseInfo {
   // element in LibTorch 1.13 and 2.15, against about 0.5 here.
   bool alone_on_cpu = false;
   std::string_view cuda_fwd = {}, cuda_da = {}, cuda_db = {};
+  // Where LibTorch's backward masks an operand's gradient off (a select, not
+  // a product: relu's where y <= 0, maximum's and minimum's other operand,
+  // pow's at exponent 0), a condition over a, b, c, y: the gradient there is
+  // 0 even where the incoming one is infinite or NaN (g * 0 would be NaN).
+  // The struct's mask_a / mask_b are the same conditions on the CPU; an op
+  // has both forms or neither (PointwiseOp checks).
+  std::string_view cuda_mask_a = {}, cuda_mask_b = {};
 };
 
 // The runtime view of one descriptor, built from kOpList in ops/table.cpp.

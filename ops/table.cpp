@@ -26,8 +26,13 @@ namespace {
 
 template <class Op>
 constexpr const PointwiseInfo* pointwise_of() {
-  if constexpr (op::PointwiseOp<Op>) return &Op::Pointwise::info;
-  else return nullptr;
+  if constexpr (requires { typename Op::Pointwise; }) {
+    static_assert(op::PointwiseOp<Op>, "an op's Pointwise form lacks part of its struct (info, fwd, da, db), or has "
+                                       "a gradient mask on one of the CPU and CUDA but not the other");
+    return &Op::Pointwise::info;
+  } else {
+    return nullptr;
+  }
 }
 
 template <class Op>

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <set>
 #include <string>
@@ -273,6 +274,69 @@ TEST_CASE("axis-0 reductions, pow and weight gradients at infinities, zeros and 
     CHECK(zgrads[0].sizes() == Wn.sizes());
     CHECK(at::allclose(zgrads[1], at::full({3}, 4.0)));
   }
+}
+
+// Where the incoming gradient is infinite or NaN, or an operand is NaN, the
+// ops whose LibTorch backward masks a gradient off (relu where y <= 0, the
+// loser of maximum and minimum, pow at exponent 0) give its answers fused
+// too: 0 where masked (the fused kernels' g * 0 was NaN), the whole gradient
+// through a NaN (relu's and maximum's gave it 0).
+TEST_CASE("relu, maximum, minimum and pow at 0 mask gradients as LibTorch does, fused or not, at infinities and NaN",
+          "[dsl][ops][fused]") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  // Elements where each op masks, passes, ties and meets a NaN; the gradient
+  // that comes in.
+  const at::Tensor pa = at::tensor({-1.0f, 2.0f, 0.0f, nan, 3.0f, -2.0f, 1.0f});
+  const at::Tensor pb = at::tensor({1.0f, 1.0f, 0.0f, 1.0f, nan, -2.0f, 4.0f});
+  const at::Tensor incoming = at::tensor({inf, nan, -inf, 1.0f, 2.0f, inf, -3.0f});
+  struct Case {
+    const char* name;
+    int operands;
+    std::function<Expr(Expr, Expr)> sheaf;
+    std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> eager;
+  };
+  const std::vector<Case> cases{
+      {"relu", 1, [](Expr a, Expr) { return dsl::relu(a); }, [](const at::Tensor& a, const at::Tensor&) { return a.relu(); }},
+      {"maximum", 2, [](Expr a, Expr b) { return dsl::maximum(a, b); },
+       [](const at::Tensor& a, const at::Tensor& b) { return at::maximum(a, b); }},
+      {"minimum", 2, [](Expr a, Expr b) { return dsl::minimum(a, b); },
+       [](const at::Tensor& a, const at::Tensor& b) { return at::minimum(a, b); }},
+      {"pow 0", 1, [](Expr a, Expr) { return dsl::pow(a, 0.0); },
+       [](const at::Tensor& a, const at::Tensor&) { return a.pow(0.0); }},
+      {"pow 2", 1, [](Expr a, Expr) { return dsl::pow(a, 2.0); },
+       [](const at::Tensor& a, const at::Tensor&) { return a.pow(2.0); }}};
+  for (const bool fuse : {false, true})
+    for (const Case& c : cases) {
+      INFO(c.name << ", fuse " << fuse);
+      const at::Tensor ones = at::ones({7});
+      // (Each operand an input times a parameter: a per-example value, with a
+      // gradient summed over the examples in the parameter.)
+      auto run = [&](auto&& op) {
+        const at::Tensor A = pa.clone().requires_grad_(true), B = pb.clone().requires_grad_(true);
+        std::vector<at::Tensor> outputs = op(A, B);
+        std::vector<at::Tensor> params{A};
+        if (c.operands == 2) params.push_back(B);
+        const std::vector<at::Tensor> grads(outputs.size(), incoming);
+        return torch::autograd::grad(outputs, params, grads);
+      };
+      const auto got = run([&](const at::Tensor& A, const at::Tensor& B) {
+        Graph g({.fuse = fuse});
+        std::vector<Expr> ys;
+        for (int i = 0; i < 2; ++i) {
+          auto scope = g.example(i);
+          ys.push_back(c.sheaf(g.input(ones) * A, g.input(ones) * B));
+        }
+        g.forward(ys);
+        return std::vector<at::Tensor>{ys[0].value(), ys[1].value()};
+      });
+      const auto expected = run([&](const at::Tensor& A, const at::Tensor& B) {
+        return std::vector<at::Tensor>{c.eager(ones * A, ones * B), c.eager(ones * A, ones * B)};
+      });
+      for (size_t k = 0; k < got.size(); ++k) {
+        INFO("operand " << k << ": " << got[k] << " against LibTorch's " << expected[k]);
+        CHECK(at::allclose(got[k], expected[k], 1e-5, 1e-6, /*equal_nan=*/true));
+      }
+    }
 }
 
 // Without autograd a sum or mean of one element is the batch's elements
