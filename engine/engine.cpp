@@ -97,11 +97,12 @@ std::string Engine::unusable(const Expr& e, std::string_view subject) {
   return unusable_message(subject, e.defined(), e.defined() && owner_gone(e.slot_, e.gen_));
 }
 
-void Engine::expect_results(std::span<const Expr> results, std::string_view what, Loc loc) const {
+void Engine::expect_results(std::span<const Expr> results, std::string_view who, std::string_view unit, size_t index,
+                            Loc loc) const {
   for (size_t k = 0; k < results.size(); ++k) {
     const Expr& e = results[k];
     if (node_or_none(e) != kNoNode) continue;
-    const std::string subject = cat(what, "'s result ", k);
+    const std::string subject = cat(who, " (", unit, " ", index, ")'s result ", k);
     if (const Engine* other = find(e); other != nullptr && other != this)
       throw_user_at(loc, subject, " belongs to another sheaf::Graph: return Exprs recorded on the Graph the "
                                   "function is given");

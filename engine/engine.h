@@ -93,10 +93,13 @@ class Engine {
   // or cleared since it was made.
   static std::string unusable(const Expr& e, std::string_view subject);
   // A record function's results (a Prefetcher's, an Overlap part's) before
-  // they are prepared or run: a UserError naming `what` (the function and
-  // its batch or part), the result's index and what is wrong with it, at
-  // `loc` (where the user made the Prefetcher, or called run()).
-  void expect_results(std::span<const Expr> results, std::string_view what, Loc loc) const;
+  // they are prepared or run: a UserError naming `who` and its `unit` number
+  // `index` ("sheaf::Prefetcher's record function (batch 3)"), the result's
+  // index and what is wrong with it, at `loc` (where the user made the
+  // Prefetcher, or called run()). The name is put together only for the
+  // message: the check runs every batch.
+  void expect_results(std::span<const Expr> results, std::string_view who, std::string_view unit, size_t index,
+                      Loc loc) const;
 
   // ---- Recording (the clock of Stats::trace_ms starts at the first node).
   // A frozen function body refuses `what` (engine/functions.h); before

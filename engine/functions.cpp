@@ -21,6 +21,20 @@ constexpr uint32_t kKeepClears = 8;
 constexpr int kMaxNesting = 32;
 thread_local int t_nesting = 0;
 
+// A body's error as the call that recorded it words it, with the Functions
+// whose words it already carries: each wraps it once (a body that calls
+// itself fails at the nesting limit, and every level would repeat the words
+// kMaxNesting times), while two Functions of one name still each add theirs.
+class BodyError : public UserError {
+ public:
+  BodyError(const std::string& what, std::vector<uint64_t> wrapped) : UserError(what), wrapped_(std::move(wrapped)) {}
+  bool wraps(uint64_t def) const { return std::find(wrapped_.begin(), wrapped_.end(), def) != wrapped_.end(); }
+  const std::vector<uint64_t>& wrapped() const { return wrapped_; }
+
+ private:
+  std::vector<uint64_t> wrapped_;
+};
+
 const Shape& shape_of(uint32_t word, const Trace& caller) { return caller.store().shapes[word >> 1]; }
 bool shared_of(uint32_t word) { return (word & 1) != 0; }
 
@@ -154,12 +168,14 @@ void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const u
       } recording(e);
       results = def.body(args);
     } catch (const UserError& err) {
-      // Said once per function: a body that calls itself fails at the nesting
-      // limit, and each level's words would repeat it kMaxNesting times.
-      const std::string_view what = err.what();
-      if (what.find(cat("recording the body of function '", def.name, "'")) != std::string_view::npos) throw;
-      throw_user(site, "recording the body of function '", def.name, "' (defined at ", format_loc(def.defined_at),
-                 ") for arguments ", describe(signature, caller), " failed: ", what);
+      const auto* body = dynamic_cast<const BodyError*>(&err);
+      if (body != nullptr && body->wraps(def.id)) throw;
+      std::vector<uint64_t> wrapped = body != nullptr ? body->wrapped() : std::vector<uint64_t>{};
+      wrapped.push_back(def.id);
+      throw BodyError(format_site(site) + cat("recording the body of function '", def.name, "' (defined at ",
+                                              format_loc(def.defined_at), ") for arguments ",
+                                              describe(signature, caller), " failed: ", err.what()),
+                      std::move(wrapped));
     }
     // The body wrote on the calling graph: it used an Expr from outside (not returned, or the
     // results check below would name it); those ops would run once per recording, not per call.

@@ -82,8 +82,7 @@ void Overlap::run_part(const Record& record, const ForwardOptions& forward, size
   g.clear();
   try {
     targets_[part] = record(g, part);
-    detail::engine_of(g).expect_results(targets_[part], detail::cat("sheaf::Overlap's record function (part ", part, ")"),
-                                        loc);
+    detail::engine_of(g).expect_results(targets_[part], "sheaf::Overlap's record function", "part", part, loc);
     g.forward(targets_[part], forward, loc);
   } catch (...) {
     targets_[part].clear();  // (targets() holds computed values only)

@@ -26,8 +26,7 @@ void Prefetcher::record_into(int slot, size_t batch) {
   Graph& g = *graphs_[slot];
   g.clear();
   targets_[slot] = record_(g, batch);
-  detail::engine_of(g).expect_results(targets_[slot], detail::cat("sheaf::Prefetcher's record function (batch ", batch, ")"),
-                                      made_at_);
+  detail::engine_of(g).expect_results(targets_[slot], "sheaf::Prefetcher's record function", "batch", batch, made_at_);
   g.prepare(targets_[slot], forward_, made_at_);
 }
 
