@@ -170,7 +170,7 @@ int main(int argc, char** argv) {
   app.add_option("--strategy", c.strategy, "Sheaf scheduling strategy");
   app.add_option("--save", c.save, "write the parameters here after training");
   app.add_option("--load", c.load, "start from these parameters (with --epochs 0: just evaluate)");
-  app.add_option("--seed", c.seed, "seed for data, initialisation and shuffling");
+  app.add_option("--seed", c.seed, "seed for data, initialisation and shuffling")->check(sheaf::models::kSeed);
   // The sequence form is the default: on the CPU its LSTMs run a fused cell (ops/lstm_cell.h).
   app.add_flag("--step-by-step,!--sequence-op", c.step_by_step,
                "the encoder and the teacher-forced decoder a cell a step (autobatched) instead of dsl::lstm");

@@ -4,7 +4,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -35,6 +37,17 @@ inline CLI::Validator at_least(double min, const std::string& what) {
 }
 inline const CLI::Validator kPositiveNumber = at_least(std::numeric_limits<double>::min(), "a positive number");
 inline const CLI::Validator kNonNegativeNumber = at_least(0, "a number >= 0");
+// A seed: digits that fit 64 bits (CLI11 took 2^64 and more as the largest
+// seed, so that different seeds trained alike without a word).
+inline const CLI::Validator kSeed{[](std::string& text) {
+                                    uint64_t x = 0;
+                                    const char* end = text.data() + text.size();
+                                    const auto [at, error] = std::from_chars(text.data(), end, x);
+                                    return !text.empty() && error == std::errc() && at == end
+                                               ? std::string()
+                                               : "'" + text + "' is not a seed (a whole number from 0 to 2^64 - 1)";
+                                  },
+                                  ""};
 
 // Parses; returns -1 to go on, else the status to exit with.
 inline int parse_cli(CLI::App& app, int argc, char** argv, const char* program) {

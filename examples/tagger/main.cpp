@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
   app.add_option("--strategy", c.strategy, "Sheaf scheduling strategy");
   app.add_option("--save", c.save, "write the parameters here after training");
   app.add_option("--load", c.load, "start from these parameters (with --epochs 0: just evaluate)");
-  app.add_option("--seed", c.seed, "seed for initialisation and shuffling");
+  app.add_option("--seed", c.seed, "seed for initialisation and shuffling")->check(sheaf::models::kSeed);
   app.add_flag("--quiet", c.quiet, "no progress bar, runtime or data summary");
   app.add_flag("!--no-prefetch", c.prefetch, "record each batch on the training thread (default: the next batch "
                                              "is recorded on a worker thread while one trains)");

@@ -339,7 +339,10 @@ const CLI::Validator kPositive = at_least(1, "a positive integer"), kNonNegative
 // 0's settings are broadcast, each compares them with its own, and the count
 // of ranks that differ is summed, so that every rank stops (naming what
 // differs where it does) instead of one stopping and the others waiting.
-void expect_same_settings(DataParallel& dp, const Config& c, size_t train_trees, int first_epoch) {
+// Rank 0's `unwritable` (its --save or --checkpoint cannot be written) is
+// summed in the same collective: every rank stops for it too.
+void expect_same_settings(DataParallel& dp, const Config& c, size_t train_trees, int first_epoch,
+                          const std::string& unwritable) {
   const std::vector<std::pair<std::string, int64_t>> mine{
       {"--batch", c.batch},
       {"training trees (--train-trees, --data)", static_cast<int64_t>(train_trees)},
@@ -356,10 +359,14 @@ void expect_same_settings(DataParallel& dp, const Config& c, size_t train_trees,
   std::string differ;
   for (size_t k = 0; k < mine.size(); ++k)
     if (theirs[static_cast<int64_t>(k)].item<int64_t>() != values[k]) differ += (differ.empty() ? "" : ", ") + mine[k].first;
-  if (dp.sum({differ.empty() ? 0.0 : 1.0})[0] > 0)
-    throw UserError(differ.empty() ? std::string("another worker's settings differ from worker 0's (its error says which)")
-                                   : "this worker's settings differ from worker 0's in " + differ +
-                                         ": start every worker with the same options");
+  const std::vector<double> problems = dp.sum({differ.empty() ? 0.0 : 1.0, unwritable.empty() ? 0.0 : 1.0});
+  if (!unwritable.empty()) throw UserError(unwritable);
+  if (!differ.empty())
+    throw UserError("this worker's settings differ from worker 0's in " + differ +
+                    ": start every worker with the same options");
+  if (problems[1] > 0)
+    throw UserError("worker 0 cannot write its --save or --checkpoint file (its error says which)");
+  if (problems[0] > 0) throw UserError("another worker's settings differ from worker 0's (its error says which)");
 }
 
 int run(Config c) {
@@ -407,13 +414,7 @@ int run(Config c) {
   if (model.options().sparse_embedding_grad) dpo.sparse = {model.E};
   dpo.sparse_mode = c.dp_sparse == "densify" ? DataParallelOptions::Sparse::densify : DataParallelOptions::Sparse::gather;
   DataParallel dp(model.parameters(), where, dpo);
-  if (where.distributed()) {
-    if (dp.sum({unwritable.empty() ? 0.0 : 1.0})[0] > 0)
-      throw UserError(!unwritable.empty() ? unwritable
-                                          : std::string("worker 0 cannot write its --save or --checkpoint file (its "
-                                                        "error says which)"));
-    expect_same_settings(dp, c, d.train.size(), first_epoch);
-  }
+  if (where.distributed()) expect_same_settings(dp, c, d.train.size(), first_epoch, unwritable);
   Graph g({.device = c10::Device(c.device)});
   if (root && where.distributed())
     std::printf("data-parallel: %s, %d workers, batches of %d trees split by node count\n",
@@ -466,7 +467,7 @@ int main(int argc, char** argv) {
   app.add_option("--device", c.device, "cpu or cuda (the same model code runs on either)");
   app.add_option("--save", c.save, "write the parameters here after training");
   CLI::Option* load = app.add_option("--load", c.load, "start from these parameters (with --epochs 0: just evaluate)");
-  app.add_option("--seed", c.seed, "seed for initialisation and shuffling");
+  app.add_option("--seed", c.seed, "seed for initialisation and shuffling")->check(sheaf::models::kSeed);
   app.add_option("--compare-batches", c.compare_batches, "batches for the closing speed comparison (0: none)")
       ->check(kNonNegative);
   app.add_flag("--quiet", c.quiet, "no progress bar, runtime or data summary");
