@@ -40,10 +40,10 @@ namespace {
 // Over a block of rows: a, b (operands) and y (result) are rows with strides.
 using Fwd = void (*)(const float* a, int64_t as, const float* b, int64_t bs, float c, float* y, int64_t ys,
                      int64_t rows, int64_t cols);
-// ga += g * dy/da, gb += g * dy/db (each skipped when null; gb for binary ops
-// only); g a contiguous block, ga and gb rows with strides: the operands'
-// adjoints themselves where they can be written in place (no temporary block
-// and no second pass to add it).
+// ga += g * dy/da, gb += g * dy/db (0 where the op masks: grad_a; each
+// skipped when null; gb for binary ops only); g a contiguous block, ga and gb
+// rows with strides: the operands' adjoints themselves where they can be
+// written in place (no temporary block and no second pass to add it).
 using Bwd = void (*)(const float* a, int64_t as, const float* b, int64_t bs, const float* y, int64_t ys,
                      const float* g, float c, float* ga, int64_t gas, float* gb, int64_t gbs, int64_t rows,
                      int64_t cols);

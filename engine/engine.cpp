@@ -660,6 +660,7 @@ void Engine::call_inline(const FunctionDef& def, std::span<const NodeId> args, s
                          const Site& site) {
   std::vector<Expr> in;
   for (NodeId a : args) in.push_back(expr(a));
+  const BodyNesting nest(def, site);
   std::vector<Expr> results = def.body(in);
   check_results(def, results, *this, site);
   out = std::move(results);

@@ -115,15 +115,18 @@ uint32_t FunctionCache::find_or_record(const FunctionDef& def, std::span<const u
   return index;
 }
 
-void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const uint32_t> signature,
-                           const GraphOptions& options, const Site& site, const Trace& caller) {
+BodyNesting::BodyNesting(const FunctionDef& def, const Site& site) {
   if (t_nesting >= kMaxNesting)
     throw_user(site, "functions nested more than ", kMaxNesting, " deep (does function '", def.name,
                "' call itself? a body is recorded once per argument shapes, so it cannot recurse on data)");
-  struct Nest {
-    Nest() { ++t_nesting; }
-    ~Nest() { --t_nesting; }
-  } nest;
+  ++t_nesting;
+}
+
+BodyNesting::~BodyNesting() { --t_nesting; }
+
+void FunctionCache::record(Variant& v, const FunctionDef& def, std::span<const uint32_t> signature,
+                           const GraphOptions& options, const Site& site, const Trace& caller) {
+  const BodyNesting nest(def, site);
   if (!v.graph) {
     // Only what recording and compiling read: the body runs inside its
     // callers' launches with their configuration (seed, train, weight

@@ -42,6 +42,18 @@ class Engine;
 // the body recorded). UserError naming the call's site otherwise.
 void check_results(const FunctionDef& def, std::span<const Expr> results, const Engine& graph, const Site& site);
 
+// One more body recorded (or, with GraphOptions::inline_functions, run) on
+// this thread inside the ones already running, for its lifetime: past 32 a
+// UserError naming `def` at `site` (a Function that calls itself; inline, it
+// recursed until the stack overflowed).
+class BodyNesting {
+ public:
+  BodyNesting(const FunctionDef& def, const Site& site);
+  ~BodyNesting();
+  BodyNesting(const BodyNesting&) = delete;
+  BodyNesting& operator=(const BodyNesting&) = delete;
+};
+
 class FunctionCache final : public FunctionTable {
  public:
   // A function's body for one argument signature.

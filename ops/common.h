@@ -99,6 +99,18 @@ inline Shape shape_from_attrs(const InferCtx& c, size_t first) {
 
 inline Shape infer_same(const InferCtx& c) { return c.shape(0); }
 
+// A fused form's gradient masks (PointwiseInfo::cuda_mask_a/b): a CPU mask
+// (bool mask_a(a, b, y, c), mask_b) where there is a CUDA one, none where
+// there is not, and none on b for an op of one operand.
+template <class P>
+concept PointwiseMasks =
+    requires(float x) {
+      requires P::info.cuda_mask_a.empty() || requires { { P::mask_a(x, x, x, x) } -> std::same_as<bool>; };
+      requires P::info.cuda_mask_b.empty() || requires { { P::mask_b(x, x, x, x) } -> std::same_as<bool>; };
+    } && (!P::info.cuda_mask_a.empty() || !requires(float x) { P::mask_a(x, x, x, x); }) &&
+    (!P::info.cuda_mask_b.empty() || !requires(float x) { P::mask_b(x, x, x, x); }) &&
+    (P::info.operands == 2 || P::info.cuda_mask_b.empty());
+
 // An op descriptor with a fused elementwise form (see PointwiseInfo).
 template <class Op>
 concept PointwiseOp = requires(float x) {
@@ -106,10 +118,7 @@ concept PointwiseOp = requires(float x) {
   { Op::Pointwise::fwd(x, x, x) } -> std::same_as<float>;
   { Op::Pointwise::da(x, x, x, x) } -> std::same_as<float>;
   { Op::Pointwise::db(x, x, x, x) } -> std::same_as<float>;
-  // A mask on the CPU where there is one on CUDA, and none where there is not.
-  requires Op::Pointwise::info.cuda_mask_a.empty() != requires { Op::Pointwise::mask_a(x, x, x, x); };
-  requires Op::Pointwise::info.cuda_mask_b.empty() != requires { Op::Pointwise::mask_b(x, x, x, x); };
-};
+} && PointwiseMasks<typename Op::Pointwise>;
 
 // The descriptor of an elementwise unary op is its name and one LibTorch function.
 template <at::Tensor (*F)(const at::Tensor&)>

@@ -37,17 +37,19 @@ inline CLI::Validator at_least(double min, const std::string& what) {
 }
 inline const CLI::Validator kPositiveNumber = at_least(std::numeric_limits<double>::min(), "a positive number");
 inline const CLI::Validator kNonNegativeNumber = at_least(0, "a number >= 0");
-// A seed: digits that fit 64 bits (CLI11 took 2^64 and more as the largest
-// seed, so that different seeds trained alike without a word).
-inline const CLI::Validator kSeed{[](std::string& text) {
-                                    uint64_t x = 0;
-                                    const char* end = text.data() + text.size();
-                                    const auto [at, error] = std::from_chars(text.data(), end, x);
-                                    return !text.empty() && error == std::errc() && at == end
-                                               ? std::string()
-                                               : "'" + text + "' is not a seed (a whole number from 0 to 2^64 - 1)";
-                                  },
-                                  ""};
+// A seed: decimal digits that fit 64 bits, without a leading zero (CLI11
+// took 2^64 and more as the largest seed and -1 as 2^64 - 1, so that
+// different seeds trained alike without a word, and reads 010 as octal 8).
+inline const CLI::Validator kSeed{
+    [](std::string& text) {
+      uint64_t x = 0;
+      const char* end = text.data() + text.size();
+      const auto [at, error] = std::from_chars(text.data(), end, x);
+      const bool decimal = !text.empty() && error == std::errc() && at == end && (text[0] != '0' || text.size() == 1);
+      return decimal ? std::string()
+                     : "'" + text + "' is not a seed (a whole number from 0 to 2^64 - 1, no leading zero)";
+    },
+    "0..2^64-1"};
 
 // Parses; returns -1 to go on, else the status to exit with.
 inline int parse_cli(CLI::App& app, int argc, char** argv, const char* program) {

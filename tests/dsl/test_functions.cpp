@@ -242,6 +242,43 @@ TEST_CASE("function: mistakes are UserErrors naming the function and the call", 
           what.rfind("recording the body of function 'recursive'"));
     CHECK(what.size() < 1000);
   }
+  // Written out op by op (the checker's reference), the same Function stops
+  // at the same depth: it recursed until the stack overflowed.
+  {
+    Graph h({.inline_functions = true});
+    CHECK_THROWS_WITH(recursive(h.input(at::ones({4}))), Contains("recursive") && Contains("nested more than"));
+  }
+  // F calls G calls F: the error (F's call to itself) carries each one's words once.
+  {
+    std::function<Expr(Expr)> call_f;
+    auto g_fn = function("g_fn", [&](Expr a) { return call_f(a); });
+    auto f_fn = function("f_fn", [&](Expr a) { return g_fn(a); });
+    call_f = [&](Expr a) { return f_fn(a); };
+    try {
+      (void)f_fn(x);
+      FAIL("no error");
+    } catch (const UserError& e) {
+      const std::string what = e.what();
+      for (const char* name : {"recording the body of function 'f_fn'", "recording the body of function 'g_fn'"}) {
+        INFO(name);
+        CHECK(what.find(name) != std::string::npos);
+        CHECK(what.find(name) == what.rfind(name));
+      }
+    }
+  }
+  // Two Functions of one name, one calling the other: each adds its words
+  // (they were kept once per name, and the outer call's arguments lost).
+  {
+    auto inner = function("cell", [&](Expr a) { return dsl::matmul(W, dsl::concat({a, a})); });
+    auto outer = function("cell", [&](Expr a) { return inner(a); });
+    try {
+      (void)outer(x);
+      FAIL("no error");
+    } catch (const UserError& e) {
+      const std::string what = e.what();
+      CHECK(what.find("recording the body of function 'cell'") != what.rfind("recording the body of function 'cell'"));
+    }
+  }
   // A body's own error names the example of the call that recorded it (the
   // body's graph recorded as example 0 before).
   {

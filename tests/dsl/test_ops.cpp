@@ -284,11 +284,11 @@ TEST_CASE("axis-0 reductions, pow and weight gradients at infinities, zeros and 
 TEST_CASE("relu, maximum, minimum and pow at 0 mask gradients as LibTorch does, fused or not, at infinities and NaN",
           "[dsl][ops][fused]") {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  // Elements where each op masks, passes, ties and meets a NaN; the gradient
-  // that comes in.
-  const at::Tensor pa = at::tensor({-1.0f, 2.0f, 0.0f, nan, 3.0f, -2.0f, 1.0f});
-  const at::Tensor pb = at::tensor({1.0f, 1.0f, 0.0f, 1.0f, nan, -2.0f, 4.0f});
-  const at::Tensor incoming = at::tensor({inf, nan, -inf, 1.0f, 2.0f, inf, -3.0f});
+  // Elements where each op masks, passes, ties (+0 and -0 too), meets a NaN
+  // in one operand or both, and an infinite operand; the gradient that comes in.
+  const at::Tensor pa = at::tensor({-1.0f, 2.0f, 0.0f, nan, 3.0f, -2.0f, 1.0f, nan, inf, -0.0f, -inf});
+  const at::Tensor pb = at::tensor({1.0f, 1.0f, 0.0f, 1.0f, nan, -2.0f, 4.0f, nan, 1.0f, 0.0f, 2.0f});
+  const at::Tensor incoming = at::tensor({inf, nan, -inf, 1.0f, 2.0f, inf, -3.0f, 1.5f, -inf, nan, 2.5f});
   struct Case {
     const char* name;
     int operands;
@@ -305,22 +305,28 @@ TEST_CASE("relu, maximum, minimum and pow at 0 mask gradients as LibTorch does, 
        [](const at::Tensor& a, const at::Tensor&) { return a.pow(0.0); }},
       {"pow 2", 1, [](Expr a, Expr) { return dsl::pow(a, 2.0); },
        [](const at::Tensor& a, const at::Tensor&) { return a.pow(2.0); }}};
+  // (CUDA, where there is one: the fused kernels' masks there are NVRTC source.)
+  std::vector<c10::Device> devices{c10::Device(c10::kCPU)};
+  if (at::hasCUDA()) devices.emplace_back(c10::kCUDA);
+  for (const c10::Device& device : devices)
   for (const bool fuse : {false, true})
     for (const Case& c : cases) {
-      INFO(c.name << ", fuse " << fuse);
-      const at::Tensor ones = at::ones({7});
+      INFO(c.name << ", fuse " << fuse << ", " << device);
+      const at::Tensor ones = at::ones({pa.size(0)});
       // (Each operand an input times a parameter: a per-example value, with a
       // gradient summed over the examples in the parameter.)
-      auto run = [&](auto&& op) {
-        const at::Tensor A = pa.clone().requires_grad_(true), B = pb.clone().requires_grad_(true);
+      auto run = [&](const c10::Device& on, auto&& op) {
+        const at::Tensor A = pa.to(on).requires_grad_(true), B = pb.to(on).requires_grad_(true);
         std::vector<at::Tensor> outputs = op(A, B);
         std::vector<at::Tensor> params{A};
         if (c.operands == 2) params.push_back(B);
-        const std::vector<at::Tensor> grads(outputs.size(), incoming);
-        return torch::autograd::grad(outputs, params, grads);
+        const std::vector<at::Tensor> grads(outputs.size(), incoming.to(on));
+        std::vector<at::Tensor> out = torch::autograd::grad(outputs, params, grads);
+        for (at::Tensor& t : out) t = t.cpu();
+        return out;
       };
-      const auto got = run([&](const at::Tensor& A, const at::Tensor& B) {
-        Graph g({.fuse = fuse});
+      const auto got = run(device, [&](const at::Tensor& A, const at::Tensor& B) {
+        Graph g({.device = device, .fuse = fuse});
         std::vector<Expr> ys;
         for (int i = 0; i < 2; ++i) {
           auto scope = g.example(i);
@@ -329,7 +335,7 @@ TEST_CASE("relu, maximum, minimum and pow at 0 mask gradients as LibTorch does, 
         g.forward(ys);
         return std::vector<at::Tensor>{ys[0].value(), ys[1].value()};
       });
-      const auto expected = run([&](const at::Tensor& A, const at::Tensor& B) {
+      const auto expected = run(c10::Device(c10::kCPU), [&](const at::Tensor& A, const at::Tensor& B) {
         return std::vector<at::Tensor>{c.eager(ones * A, ones * B), c.eager(ones * A, ones * B)};
       });
       for (size_t k = 0; k < got.size(); ++k) {
