@@ -113,8 +113,8 @@ struct Maximum : Binary<max2> {
   struct Pointwise {
     static constexpr PointwiseInfo info{.operands = 2,
                                         .cuda_fwd = "(a > b || a != a ? a : b)",
-                                        .cuda_da = "(a == b ? 0.5f : 1.f)",
-                                        .cuda_db = "(a == b ? 0.5f : 1.f)",
+                                        .cuda_da = "(a < b ? 0.f : (a == b ? 0.5f : 1.f))",
+                                        .cuda_db = "(a > b ? 0.f : (a == b ? 0.5f : 1.f))",
                                         .cuda_mask_a = "a < b",
                                         .cuda_mask_b = "a > b"};
     static float fwd(float a, float b, float) { return a > b || a != a ? a : b; }
@@ -129,8 +129,8 @@ struct Minimum : Binary<min2> {
   struct Pointwise {
     static constexpr PointwiseInfo info{.operands = 2,
                                         .cuda_fwd = "(a < b || a != a ? a : b)",
-                                        .cuda_da = "(a == b ? 0.5f : 1.f)",
-                                        .cuda_db = "(a == b ? 0.5f : 1.f)",
+                                        .cuda_da = "(a > b ? 0.f : (a == b ? 0.5f : 1.f))",
+                                        .cuda_db = "(a < b ? 0.f : (a == b ? 0.5f : 1.f))",
                                         .cuda_mask_a = "a > b",
                                         .cuda_mask_b = "a < b"};
     static float fwd(float a, float b, float) { return a < b || a != a ? a : b; }
@@ -269,7 +269,8 @@ struct Relu : Unary<relu1> {
   static constexpr std::string_view name = "relu";
   struct Pointwise {
     // (A NaN passes its gradient, as LibTorch's: masked where y <= 0 only.)
-    static constexpr PointwiseInfo info{.cuda_fwd = "(a < 0.f ? 0.f : a)", .cuda_da = "1.f", .cuda_mask_a = "y <= 0.f"};
+    static constexpr PointwiseInfo info{.cuda_fwd = "(a < 0.f ? 0.f : a)", .cuda_da = "(y <= 0.f ? 0.f : 1.f)",
+                                        .cuda_mask_a = "y <= 0.f"};
     static float fwd(float a, float, float) { return a < 0.0f ? 0.0f : a; }
     static float da(float, float, float y, float) { return y <= 0.0f ? 0.0f : 1.0f; }
     static bool mask_a(float, float, float y, float) { return y <= 0.0f; }
