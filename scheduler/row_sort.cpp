@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cstdint>
 #include <functional>
 
 #include <sheaf/core/error.h>
@@ -53,9 +54,22 @@ void radix_passes(Column<uint64_t>& v, Column<uint64_t>& tmp, int lo, int digit)
 void radix_words(Column<uint64_t>& v, Column<uint64_t>& tmp, int lo, int bits) {
   SHEAF_ASSERT(bits >= 0 && bits <= 32 && lo + bits <= 64, "radix sort of ", bits, " bits from bit ", lo,
                ": at most 32 (four passes of 8)");
-  int passes = (bits + 7) / 8;
-  if (passes > 1 && v.size() >= 2048) passes = std::min(passes, (bits + 10) / 11);
-  if (passes == 0) return;
+  if (bits == 0) return;
+  // The fewest passes is not always the cheapest: a pass clears and sums its
+  // buckets (2^digit) and moves every word. A few dozen words take more
+  // passes of small digits (std::sort of them took twice as long), thousands
+  // fewer passes of large ones.
+  int passes = 0;
+  size_t best = SIZE_MAX;
+  for (int p = 1; p <= 4; ++p) {
+    const int d = (bits + p - 1) / p;
+    if (d > 11 || (p == 4 && d > 8)) continue;  // (the counts' room: 3 passes of 2048 buckets or 4 of 256)
+    const size_t cost = static_cast<size_t>(p) * ((size_t{2} << d) + 3 * v.size());
+    if (cost < best) {
+      best = cost;
+      passes = p;
+    }
+  }
   const int digit = (bits + passes - 1) / passes;
   tmp.resize(v.size());
   switch (passes) {
@@ -182,17 +196,11 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
       for (int f = 0; f < 4; ++f) key = (key << width[f]) | (h[f] - least[f]);
       w[i] = key << 32 | v[i].id;
     }
-    // Under 128 rows a comparison sort of the words beats the passes' counts
-    // (a cond-heavy net's rounds: dozens of rows a batch). The passes sort
-    // by the keys alone and keep the order the rows came in: by id where
-    // the ids ascend, else each run of tied keys is sorted by id after.
-    if (n < 128) {
-      std::sort(w.begin(), w.end());
-    } else {
-      radix_words(w, x.words_tmp, 32, total);
-      // (Tied keys: the words then order by id, the bits below the key.)
-      if (!ascending) sort_ties(w, [&](size_t i) { return (w[i] >> 32) == (w[i - 1] >> 32); }, std::less<>());
-    }
+    // The passes sort by the keys alone and keep the order the rows came
+    // in: by id where the ids ascend, else each run of tied keys is sorted
+    // by id after (the words then order by id, the bits below the key).
+    radix_words(w, x.words_tmp, 32, total);
+    if (!ascending) sort_ties(w, [&](size_t i) { return (w[i] >> 32) == (w[i - 1] >> 32); }, std::less<>());
     for (size_t i = 0; i < n; ++i) v[i].id = static_cast<uint32_t>(w[i]);
     return;
   }

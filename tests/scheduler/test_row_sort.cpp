@@ -1,7 +1,8 @@
 // The planner's row sort against std::sort, on each of its paths: few rows
 // (a comparison sort), rows that differ only in a source row read once each
 // (placed directly; with a row read twice, or rows of two sources, not), keys
-// whose spread fits 32 bits (one word per row, radix passes of 8 or 11 bits;
+// whose spread fits 32 bits (one word per row, one to four radix passes, more
+// of smaller digits for fewer rows;
 // also where the bits that differ between rows do not fit, but the spans do),
 // keys that do not (byte passes over the 24-byte keys), with and without ties
 // broken by id.
