@@ -99,6 +99,10 @@ void sort_ties(Column<T>& v, Tied tied, Less less) {
 // permutation of [0, n): placed there. False, with v unchanged, if two rows
 // share a place. (A place is empty while its `first` is not the rows' common
 // one: no id or row number has to be kept free as a mark.)
+// place_by_source: sources (batches) at most 2^this apart; a placed row's mark.
+constexpr int kMaxSourceBits = 10;
+constexpr uint32_t kEmptyId = UINT32_MAX;
+
 bool permute(Column<RowKey>& v, Column<RowKey>& tmp, uint32_t least) {
   const size_t n = v.size();
   const uint64_t common = v[0].first, empty = ~common;
@@ -113,6 +117,44 @@ bool permute(Column<RowKey>& v, Column<RowKey>& tmp, uint32_t least) {
   return true;
 }
 
+// Rows of one `first` whose `then` names each row of a few source batches
+// once, and every row between a source's least and most (a loss over every
+// tree node reads each node's state once): placed by source and row, one
+// count and one placing pass, no sort. False, with v unchanged, if a source's
+// rows leave a gap or one is read twice. `batch0`: the sources' least batch
+// (the high half of `then`), all below batch0 + 2^batch_bits.
+bool place_by_source(Column<RowKey>& v, SortScratch& x, uint32_t batch0, int batch_bits) {
+  const size_t n = v.size();
+  std::vector<SortScratch::Source>& src = x.sources;
+  src.assign(size_t{1} << batch_bits, SortScratch::Source{UINT32_MAX, 0, 0});
+  for (const RowKey& k : v) {
+    SortScratch::Source& s = src[static_cast<uint32_t>(k.then >> 32) - batch0];
+    const auto row = static_cast<uint32_t>(k.then);
+    s.lo = std::min(s.lo, row);
+    s.hi = std::max(s.hi, row);
+    ++s.count;
+  }
+  // Each source's rows from `at` on: lo goes to at (s.lo becomes at - lo, the
+  // offset of a row, modulo 2^32).
+  uint32_t at = 0;
+  for (SortScratch::Source& s : src) {
+    if (s.count == 0) continue;
+    if (s.hi - s.lo + 1 != s.count) return false;
+    s.lo = at - s.lo;
+    at += s.count;
+  }
+  Column<uint32_t>& ids = x.ids;
+  ids.resize(n);
+  std::fill(ids.begin(), ids.end(), kEmptyId);
+  for (const RowKey& k : v) {
+    uint32_t& to = ids[src[static_cast<uint32_t>(k.then >> 32) - batch0].lo + static_cast<uint32_t>(k.then)];
+    if (to != kEmptyId) return false;  // a row read twice (or an id that is the mark: sorted the usual way)
+    to = k.id;
+  }
+  for (size_t i = 0; i < n; ++i) v[i].id = ids[i];
+  return true;
+}
+
 }  // namespace
 
 // Big batches (a loss over every tree node: thousands of rows) take a radix
@@ -122,7 +164,9 @@ bool permute(Column<RowKey>& v, Column<RowKey>& tmp, uint32_t least) {
 // usually fit together in 32 bits, above each row's position, so that one
 // 8-byte word per row is sorted by those bits alone (radix_words). Rows that
 // differ only in the last half, each value once (a batch that follows the
-// rows of the one before), skip the passes: each is placed (permute).
+// rows of the one before), skip the passes: each is placed (permute); so do
+// rows of one first half whose last half names each row of a few sources
+// once (place_by_source).
 // Otherwise, bytes of the 24-byte keys that differ between rows, then ties by id.
 void sort_rows(Column<RowKey>& v, SortScratch& x) {
   const size_t n = v.size();
@@ -166,6 +210,9 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
       hi = std::max(hi, static_cast<uint32_t>(k.then));
     }
     if (hi - lo == n - 1 && permute(v, x.rows, lo)) return;
+  } else if (width[0] == 0 && width[1] == 0 && width[2] <= kMaxSourceBits && n >= 128 &&
+             place_by_source(v, x, least[2], width[2])) {
+    return;  // (one `first`, rows of a few sources: placed where each reads once)
   }
   if (total > 32) {
     uint32_t most[4];

@@ -30,6 +30,11 @@ inline uint64_t first_key(uint32_t reader, uint32_t height) { return (uint64_t{r
 struct SortScratch {
   Column<RowKey> rows;
   Column<uint64_t> words, words_tmp;
+  struct Source {
+    uint32_t lo, hi, count;
+  };
+  std::vector<Source> sources;  // rows placed by source: each source's rows
+  Column<uint32_t> ids;
 };
 
 // Orders rows by (first, then, id), as std::sort with RowKey's < would: the

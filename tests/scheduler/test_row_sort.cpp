@@ -1,6 +1,8 @@
 // The planner's row sort against std::sort, on each of its paths: few rows
 // (a comparison sort), rows that differ only in a source row read once each
-// (placed directly; with a row read twice, or rows of two sources, not), keys
+// (placed directly; with a row read twice, or rows of two sources, not), rows
+// of one reader and height that read each row of a few sources once (placed
+// by source; with a gap or a row read twice, not), keys
 // whose spread fits 32 bits (one word per row, one to four radix passes, more
 // of smaller digits for fewer rows;
 // also where the bits that differ between rows do not fit, but the spans do),
@@ -52,7 +54,7 @@ int differ_bits(const Column<RowKey>& v) {
 }
 
 enum class Keys { kNarrow, kNarrowTies, kWide, kWideTies, kSpread32, kSpread33, kStraddle, kPermutation,
-                  kPermutationTie, kPermutationTwoSources };
+                  kPermutationTie, kPermutationTwoSources, kSources, kSourcesGap, kSourcesTwice };
 
 Column<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64& rng) {
   Column<RowKey> v(n);
@@ -95,7 +97,24 @@ Column<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64
         k.first = first_key(4, 2);
         k.then = (uint64_t{9 + i % 2} << 32) | (1000 + (i * 7919 + 13) % n);
         break;
+      case Keys::kSources:       // one reader and height, each row of five source batches once (placed by source)
+      case Keys::kSourcesGap:    // the same with a row of one source left out (the sort's way)
+      case Keys::kSourcesTwice:  // the same with a row read twice, another by none (the sort's way)
+        k.first = first_key(4, 2);
+        break;
     }
+  }
+  if (kind == Keys::kSources || kind == Keys::kSourcesGap || kind == Keys::kSourcesTwice) {
+    // Source s (batch 200 + 3s, rows from 50s on) gets every fifth row, in a shuffled order.
+    std::vector<uint64_t> then(n);
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t source = i % 5;
+      then[i] = ((200 + 3 * source) << 32) | (50 * source + i / 5);
+    }
+    if (kind == Keys::kSourcesGap && n >= 15) then[5] += 2 * n;  // source 0's row 1 read as one past its last
+    if (kind == Keys::kSourcesTwice && n >= 15) then[5] = then[10];  // source 0's rows: 0, 2, 2, 3, ...
+    std::shuffle(then.begin(), then.end(), rng);
+    for (size_t i = 0; i < n; ++i) v[i].then = then[i];
   }
   if (kind == Keys::kPermutationTie && n >= 4)  // the least and most source rows kept: the range still spans n
     for (RowKey& k : v)
@@ -126,7 +145,7 @@ TEST_CASE("row sort: the same order as std::sort on every path", "[scheduler][pl
                          size_t{128}, size_t{700}, size_t{2047}, size_t{2048}, size_t{6000}})
     for (const Keys kind : {Keys::kNarrow, Keys::kNarrowTies, Keys::kWide, Keys::kWideTies, Keys::kSpread32,
                             Keys::kSpread33, Keys::kStraddle, Keys::kPermutation, Keys::kPermutationTie,
-                            Keys::kPermutationTwoSources})
+                            Keys::kPermutationTwoSources, Keys::kSources, Keys::kSourcesGap, Keys::kSourcesTwice})
       for (const bool shuffled_ids : {false, true}) {
         Column<RowKey> v = make_keys(n, kind, shuffled_ids, rng);
         if (n >= 16) {
