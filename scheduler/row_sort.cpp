@@ -189,10 +189,15 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
   const uint64_t first0 = v[0].first, then0 = v[0].then;
   uint64_t differ_first = 0, differ_then = 0;
   bool ascending = true;  // ids in position order: ties need no pass of their own
+  // Rows fed by nothing (lookups, inputs) are keyed by their own node, their
+  // id: `then` then orders them as the ties by id do, and its bits need no
+  // pass (a batch of lookups: 10 bits of readers and heights, not 24).
+  bool then_is_id = v[0].then == v[0].id;
   for (size_t i = 1; i < n; ++i) {
     differ_first |= v[i].first ^ first0;
     differ_then |= v[i].then ^ then0;
     ascending = ascending && v[i].id > v[i - 1].id;
+    then_is_id = then_is_id && v[i].then == v[i].id;
   }
   const std::array<uint32_t, 4> h0 = halves(v[0]);
   const std::array<uint32_t, 4> differ = halves(RowKey{differ_first, differ_then, 0});
@@ -214,6 +219,10 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
              place_by_source(v, x, least[2], width[2])) {
     return;  // (one `first`, rows of a few sources: placed where each reads once)
   }
+  if (then_is_id) {
+    total -= width[2] + width[3];
+    width[2] = width[3] = 0;
+  }
   if (total > 32) {
     uint32_t most[4];
     for (int f = 0; f < 4; ++f) least[f] = most[f] = h0[f];
@@ -226,7 +235,7 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
     }
     total = 0;
     for (int f = 0; f < 4; ++f) {
-      const uint32_t span = most[f] - least[f];
+      const uint32_t span = then_is_id && f >= 2 ? 0 : most[f] - least[f];
       width[f] = std::bit_width(span);
       total += width[f];
     }
@@ -237,10 +246,11 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
     // gather of 24-byte rows back: a tenth of the sort).
     Column<uint64_t>& w = x.words;
     w.resize(n);
+    const int fields = then_is_id ? 2 : 4;  // (`then` left out where it is the id)
     for (size_t i = 0; i < n; ++i) {
       uint64_t key = 0;
       const std::array<uint32_t, 4> h = halves(v[i]);
-      for (int f = 0; f < 4; ++f) key = (key << width[f]) | (h[f] - least[f]);
+      for (int f = 0; f < fields; ++f) key = (key << width[f]) | (h[f] - least[f]);
       w[i] = key << 32 | v[i].id;
     }
     // The passes sort by the keys alone and keep the order the rows came

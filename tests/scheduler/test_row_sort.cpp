@@ -2,7 +2,8 @@
 // (a comparison sort), rows that differ only in a source row read once each
 // (placed directly; with a row read twice, or rows of two sources, not), rows
 // of one reader and height that read each row of a few sources once (placed
-// by source; with a gap or a row read twice, not), keys
+// by source; with a gap or a row read twice, not), rows keyed by their own
+// node (its bits left out of the words), keys
 // whose spread fits 32 bits (one word per row, one to four radix passes, more
 // of smaller digits for fewer rows;
 // also where the bits that differ between rows do not fit, but the spans do),
@@ -54,7 +55,7 @@ int differ_bits(const Column<RowKey>& v) {
 }
 
 enum class Keys { kNarrow, kNarrowTies, kWide, kWideTies, kSpread32, kSpread33, kStraddle, kPermutation,
-                  kPermutationTie, kPermutationTwoSources, kSources, kSourcesGap, kSourcesTwice };
+                  kPermutationTie, kPermutationTwoSources, kSources, kSourcesGap, kSourcesTwice, kOwnNode };
 
 Column<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64& rng) {
   Column<RowKey> v(n);
@@ -97,6 +98,9 @@ Column<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64
         k.first = first_key(4, 2);
         k.then = (uint64_t{9 + i % 2} << 32) | (1000 + (i * 7919 + 13) % n);
         break;
+      case Keys::kOwnNode:  // rows fed by nothing, keyed by their own node (their id): readers and heights sort
+        k.first = first_key(static_cast<uint32_t>(rng() % 20), static_cast<uint32_t>(rng() % 30));
+        break;
       case Keys::kSources:       // one reader and height, each row of five source batches once (placed by source)
       case Keys::kSourcesGap:    // the same with a row of one source left out (the sort's way)
       case Keys::kSourcesTwice:  // the same with a row read twice, another by none (the sort's way)
@@ -125,6 +129,8 @@ Column<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64
     std::shuffle(ids.begin(), ids.end(), rng);
     for (size_t i = 0; i < n; ++i) v[i].id = ids[i];
   }
+  if (kind == Keys::kOwnNode)  // (after the ids' shuffle: still each row's own)
+    for (RowKey& k : v) k.then = k.id;
   return v;
 }
 
@@ -145,7 +151,8 @@ TEST_CASE("row sort: the same order as std::sort on every path", "[scheduler][pl
                          size_t{128}, size_t{700}, size_t{2047}, size_t{2048}, size_t{6000}})
     for (const Keys kind : {Keys::kNarrow, Keys::kNarrowTies, Keys::kWide, Keys::kWideTies, Keys::kSpread32,
                             Keys::kSpread33, Keys::kStraddle, Keys::kPermutation, Keys::kPermutationTie,
-                            Keys::kPermutationTwoSources, Keys::kSources, Keys::kSourcesGap, Keys::kSourcesTwice})
+                            Keys::kPermutationTwoSources, Keys::kSources, Keys::kSourcesGap, Keys::kSourcesTwice,
+                            Keys::kOwnNode})
       for (const bool shuffled_ids : {false, true}) {
         Column<RowKey> v = make_keys(n, kind, shuffled_ids, rng);
         if (n >= 16) {
