@@ -64,7 +64,6 @@ struct PlanScratch {
   };
   std::vector<Ahead> ahead;
   Column<Run> runs;
-  Column<uint32_t> run_at;  // read_by_source: each run's first row in the gathered order
   Column<NodeId> src_nodes;  // the values an input is made of, before fill_sources
   Column<NodeStore::Place> places;  // plan_inputs: where each row's arguments live, row by row
   std::vector<uint32_t> src_rows;
@@ -852,7 +851,11 @@ class Planner {
       src_stamp_.resize(batches, 0);
     }
     // Each run's source; per source its rows, and whether its runs follow
-    // one another (then its read is a range).
+    // one another (then its read is a range). The rows are in order when
+    // each source's runs come together (sources take slots as they first
+    // appear: a run never goes back to an earlier one).
+    bool in_order = true;
+    uint32_t last = 0;
     for (size_t j = 0; j < runs; ++j) {
       const Run& run = runs_[j];
       const uint32_t b = run.batch;
@@ -864,6 +867,8 @@ class Planner {
       }
       const uint32_t k = src_slot_[b];
       slot_[j] = k;
+      in_order = in_order && k >= last;
+      last = k;
       Source& src = srcs_[k];
       src.rows += run.len;
       src.consecutive = src.consecutive && !run.repeat && run.row == src.next;
@@ -885,32 +890,28 @@ class Planner {
       read(r);
       if (!src.consecutive) grow_indices(src.rows);
     }
-    // Every run's place, and its row numbers where its source needs them.
-    run_at_.resize(runs);
-    bool in_order = true;
-    uint32_t row = 0;
+    // Every run's place (into the permutation, out of order), and its row
+    // numbers where its source needs them: one pass.
+    int64_t* pos = nullptr;
+    if (!in_order) {
+      arg.perm = static_cast<int64_t>(p_.indices.size());
+      pos = grow_indices(rows);
+    }
     for (size_t j = 0; j < runs; ++j) {
       const Run& run = runs_[j];
       Source& src = srcs_[slot_[j]];
-      run_at_[j] = src.at;
-      in_order = in_order && src.at == row;
+      if (pos != nullptr) {
+        pos[0] = src.at;
+        for (uint32_t t = 1; t < run.len; ++t) pos[t] = src.at + t;
+        pos += run.len;
+      }
       src.at += run.len;
-      row += run.len;
       if (src.index == kNoIndex) continue;
       // (The first row apart: most runs of a gather are a row long.)
       int64_t* index = p_.indices.data() + src.index;
       index[0] = run.row;
       for (uint32_t t = 1; t < run.len; ++t) index[t] = run.row + (run.repeat ? 0 : t);
       src.index += run.len;
-    }
-    if (!in_order) {
-      arg.perm = static_cast<int64_t>(p_.indices.size());
-      int64_t* pos = grow_indices(row);
-      for (size_t j = 0; j < runs; ++j) {
-        pos[0] = run_at_[j];
-        for (uint32_t t = 1; t < runs_[j].len; ++t) pos[t] = run_at_[j] + t;
-        pos += runs_[j].len;
-      }
     }
   }
   // n more entries at the end of plan.indices, to be written in full.
@@ -940,7 +941,6 @@ class Planner {
   bool expanded_ = false, whole_ = false;
   uint32_t rows_in_ = 0;
   std::vector<Source>& srcs_ = x_.srcs;
-  Column<uint32_t>& run_at_ = x_.run_at;
   std::vector<std::pair<uint32_t, uint32_t>>& partial_ = x_.partial;
   std::vector<SliceRead>& slices_ = x_.slices;
   std::vector<std::pair<uint32_t, uint32_t>>& ranges_ = x_.ranges;
