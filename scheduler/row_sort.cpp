@@ -24,9 +24,8 @@ void counting_pass(Column<T>& v, Column<T>& tmp, uint32_t* count, size_t buckets
 }
 
 // LSD radix sort of 64-bit words by their bits [lo, lo + bits); stable, so
-// lower bits keep the order they came in. As few passes as digits of 8 bits
-// allow (the bits shared evenly between them), or of up to 11 where that
-// saves a pass and the rows outnumber the buckets. Every pass's counts come
+// lower bits keep the order they came in. The bits are shared evenly between
+// 1-4 passes of up to 11 bits, as many as radix_words' cost model says. Every pass's counts come
 // from one read of the words (Passes of them, independent increments: a
 // count per pass and read was a chain of increments to one bucket, each
 // waiting for the one before where neighbours share a digit).
@@ -95,14 +94,15 @@ void sort_ties(Column<T>& v, Tied tied, Less less) {
   }
 }
 
+// place_by_source: the bits in which the rows' source batches may differ
+// (a table of 2^this sources), and the mark of a place not yet filled.
+constexpr int kMaxSourceBits = 10;
+constexpr uint32_t kEmptyId = UINT32_MAX;
+
 // Rows whose keys differ only in their last half, which less `least` is a
 // permutation of [0, n): placed there. False, with v unchanged, if two rows
 // share a place. (A place is empty while its `first` is not the rows' common
 // one: no id or row number has to be kept free as a mark.)
-// place_by_source: sources (batches) at most 2^this apart; a placed row's mark.
-constexpr int kMaxSourceBits = 10;
-constexpr uint32_t kEmptyId = UINT32_MAX;
-
 bool permute(Column<RowKey>& v, Column<RowKey>& tmp, uint32_t least) {
   const size_t n = v.size();
   const uint64_t common = v[0].first, empty = ~common;
@@ -121,8 +121,8 @@ bool permute(Column<RowKey>& v, Column<RowKey>& tmp, uint32_t least) {
 // once, and every row between a source's least and most (a loss over every
 // tree node reads each node's state once): placed by source and row, one
 // count and one placing pass, no sort. False, with v unchanged, if a source's
-// rows leave a gap or one is read twice. `batch0`: the sources' least batch
-// (the high half of `then`), all below batch0 + 2^batch_bits.
+// rows leave a gap or one is read twice. `batch0`: at most the sources' least
+// batch (the high half of `then`); all are below batch0 + 2^batch_bits.
 bool place_by_source(Column<RowKey>& v, SortScratch& x, uint32_t batch0, int batch_bits) {
   const size_t n = v.size();
   std::vector<SortScratch::Source>& src = x.sources;
@@ -148,7 +148,9 @@ bool place_by_source(Column<RowKey>& v, SortScratch& x, uint32_t batch0, int bat
   std::fill(ids.begin(), ids.end(), kEmptyId);
   for (const RowKey& k : v) {
     uint32_t& to = ids[src[static_cast<uint32_t>(k.then >> 32) - batch0].lo + static_cast<uint32_t>(k.then)];
-    if (to != kEmptyId) return false;  // a row read twice (or an id that is the mark: sorted the usual way)
+    // A row read twice; or an id that is the mark itself, which would hide
+    // one read twice after it: both sorted the usual way.
+    if (to != kEmptyId || k.id == kEmptyId) return false;
     to = k.id;
   }
   for (size_t i = 0; i < n; ++i) v[i].id = ids[i];
@@ -217,7 +219,10 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
     if (hi - lo == n - 1 && permute(v, x.rows, lo)) return;
   } else if (width[0] == 0 && width[1] == 0 && width[2] <= kMaxSourceBits && n >= 128 &&
              place_by_source(v, x, least[2], width[2])) {
-    return;  // (one `first`, rows of a few sources: placed where each reads once)
+    // (One `first`, rows of a few sources: placed where each reads once.
+    // Fewer rows than 128 sort about as fast as the table of up to 1024
+    // sources is cleared.)
+    return;
   }
   if (then_is_id) {
     total -= width[2] + width[3];

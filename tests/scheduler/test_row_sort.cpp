@@ -1,14 +1,14 @@
 // The planner's row sort against std::sort, on each of its paths: few rows
-// (a comparison sort), rows that differ only in a source row read once each
-// (placed directly; with a row read twice, or rows of two sources, not), rows
-// of one reader and height that read each row of a few sources once (placed
-// by source; with a gap or a row read twice, not), rows keyed by their own
-// node (its bits left out of the words), keys
-// whose spread fits 32 bits (one word per row, one to four radix passes, more
-// of smaller digits for fewer rows;
-// also where the bits that differ between rows do not fit, but the spans do),
-// keys that do not (byte passes over the 24-byte keys), with and without ties
-// broken by id.
+// (a comparison sort); rows that differ only in a source row read once each
+// (placed directly; with a row read twice, or rows of two sources, not);
+// rows of one reader and height that read each row of a few sources once
+// (placed by source; with a gap, a row read twice, the placing's mark as an
+// id, or sources too far apart, not); rows keyed by their own node (that key
+// left out of the words; with one row fed by something, not); keys whose
+// spread fits 32 bits (one word per row, one to four radix passes, more of
+// smaller digits for fewer rows; also where the bits that differ between rows
+// do not fit, but the spans do); keys that do not (byte passes over the
+// 24-byte keys). With and without ties broken by id.
 #include <algorithm>
 #include <bit>
 #include <random>
@@ -55,7 +55,8 @@ int differ_bits(const Column<RowKey>& v) {
 }
 
 enum class Keys { kNarrow, kNarrowTies, kWide, kWideTies, kSpread32, kSpread33, kStraddle, kPermutation,
-                  kPermutationTie, kPermutationTwoSources, kSources, kSourcesGap, kSourcesTwice, kOwnNode };
+                  kPermutationTie, kPermutationTwoSources, kSources, kSourcesGap, kSourcesTwice, kSourcesTwiceMarkId, kSourcesFar,
+                  kOwnNode, kOwnNodeButOne };
 
 Column<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64& rng) {
   Column<RowKey> v(n);
@@ -99,24 +100,28 @@ Column<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64
         k.then = (uint64_t{9 + i % 2} << 32) | (1000 + (i * 7919 + 13) % n);
         break;
       case Keys::kOwnNode:  // rows fed by nothing, keyed by their own node (their id): readers and heights sort
+      case Keys::kOwnNodeButOne:  // the same but for one row fed by something (`then` is not its id)
         k.first = first_key(static_cast<uint32_t>(rng() % 20), static_cast<uint32_t>(rng() % 30));
         break;
       case Keys::kSources:       // one reader and height, each row of five source batches once (placed by source)
       case Keys::kSourcesGap:    // the same with a row of one source left out (the sort's way)
       case Keys::kSourcesTwice:  // the same with a row read twice, another by none (the sort's way)
+      case Keys::kSourcesTwiceMarkId:  // the same, the first of the two rows with the largest id (placing's mark)
+      case Keys::kSourcesFar:    // the sources' batches far apart (11 bits: the sort's way)
         k.first = first_key(4, 2);
         break;
     }
   }
-  if (kind == Keys::kSources || kind == Keys::kSourcesGap || kind == Keys::kSourcesTwice) {
-    // Source s (batch 200 + 3s, rows from 50s on) gets every fifth row, in a shuffled order.
+  const bool twice = kind == Keys::kSourcesTwice || kind == Keys::kSourcesTwiceMarkId;
+  if (kind == Keys::kSources || kind == Keys::kSourcesGap || twice || kind == Keys::kSourcesFar) {
+    // Source s (batch 200 + 3s, or 200 + 300s, rows from 50s on) gets every fifth row, in a shuffled order.
     std::vector<uint64_t> then(n);
     for (size_t i = 0; i < n; ++i) {
       const uint64_t source = i % 5;
-      then[i] = ((200 + 3 * source) << 32) | (50 * source + i / 5);
+      then[i] = ((200 + (kind == Keys::kSourcesFar ? 300 : 3) * source) << 32) | (50 * source + i / 5);
     }
     if (kind == Keys::kSourcesGap && n >= 15) then[5] += 2 * n;  // source 0's row 1 read as one past its last
-    if (kind == Keys::kSourcesTwice && n >= 15) then[5] = then[10];  // source 0's rows: 0, 2, 2, 3, ...
+    if (twice && n >= 15) then[5] = then[10];  // source 0's rows: 0, 2, 2, 3, ...
     std::shuffle(then.begin(), then.end(), rng);
     for (size_t i = 0; i < n; ++i) v[i].then = then[i];
   }
@@ -129,8 +134,20 @@ Column<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64
     std::shuffle(ids.begin(), ids.end(), rng);
     for (size_t i = 0; i < n; ++i) v[i].id = ids[i];
   }
-  if (kind == Keys::kOwnNode)  // (after the ids' shuffle: still each row's own)
+  if (kind == Keys::kOwnNode || kind == Keys::kOwnNodeButOne) {  // (after the ids' shuffle: still each row's own)
     for (RowKey& k : v) k.then = k.id;
+    if (kind == Keys::kOwnNodeButOne && n > 0) v[n / 2].then = (uint64_t{3} << 32) | 5;
+  }
+  if (kind == Keys::kSourcesTwiceMarkId && n >= 15) {  // the first (by position) of the two rows of one value
+    size_t first = n;
+    for (size_t i = 0; i < n && first == n; ++i)
+      for (size_t j = i + 1; j < n; ++j)
+        if (v[j].then == v[i].then) {
+          first = i;
+          break;
+        }
+    if (first < n) v[first].id = UINT32_MAX;
+  }
   return v;
 }
 
@@ -152,7 +169,7 @@ TEST_CASE("row sort: the same order as std::sort on every path", "[scheduler][pl
     for (const Keys kind : {Keys::kNarrow, Keys::kNarrowTies, Keys::kWide, Keys::kWideTies, Keys::kSpread32,
                             Keys::kSpread33, Keys::kStraddle, Keys::kPermutation, Keys::kPermutationTie,
                             Keys::kPermutationTwoSources, Keys::kSources, Keys::kSourcesGap, Keys::kSourcesTwice,
-                            Keys::kOwnNode})
+                            Keys::kSourcesTwiceMarkId, Keys::kSourcesFar, Keys::kOwnNode, Keys::kOwnNodeButOne})
       for (const bool shuffled_ids : {false, true}) {
         Column<RowKey> v = make_keys(n, kind, shuffled_ids, rng);
         if (n >= 16) {
