@@ -55,18 +55,6 @@ uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
 // ---------------------------------------------------------------------------
 // Recording.
 
-// Most ops take one to three arguments: a body for each count, where the
-// loops over them unroll (their tests cost as much as their work).
-NodeId Trace::record(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload,
-                     std::source_location loc) {
-  switch (args.size()) {
-    case 1: return record_of(op, args.first<1>(), attrs, payload, loc);
-    case 2: return record_of(op, args.first<2>(), attrs, payload, loc);
-    case 3: return record_of(op, args.first<3>(), attrs, payload, loc);
-    default: return record_of(op, args, attrs, payload, loc);
-  }
-}
-
 template <size_t N>
 NodeId Trace::record_of(OpCode op, std::span<const NodeId, N> args, std::span<const int64_t> attrs, int64_t payload,
                         std::source_location loc) {
@@ -151,6 +139,16 @@ NodeId Trace::record_of(OpCode op, std::span<const NodeId, N> args, std::span<co
   ready_.add_recorded(s_, n, args);
   return n;
 }
+
+// The bodies Trace::record (in line, trace.h) calls.
+template NodeId Trace::record_of<1>(OpCode, std::span<const NodeId, 1>, std::span<const int64_t>, int64_t,
+                                    std::source_location);
+template NodeId Trace::record_of<2>(OpCode, std::span<const NodeId, 2>, std::span<const int64_t>, int64_t,
+                                    std::source_location);
+template NodeId Trace::record_of<3>(OpCode, std::span<const NodeId, 3>, std::span<const int64_t>, int64_t,
+                                    std::source_location);
+template NodeId Trace::record_of<std::dynamic_extent>(OpCode, std::span<const NodeId>, std::span<const int64_t>,
+                                                      int64_t, std::source_location);
 
 // A list op's memo key (OpTraits::segmented: a sum of a list) when the list is
 // too long for a word per element: its shape is its elements' and its

@@ -45,8 +45,19 @@ class Trace {
 
   // ---- Recording. Each returns the new node; on misuse, throws UserError and
   // records nothing.
+  // Most ops take one to three arguments: a body for each count, where the
+  // loops over them unroll (their tests cost as much as their work). In line,
+  // so that a caller whose count is known calls that body directly (one call
+  // a node fewer).
   NodeId record(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload,
-                std::source_location loc);
+                std::source_location loc) {
+    switch (args.size()) {
+      case 1: return record_of(op, args.first<1>(), attrs, payload, loc);
+      case 2: return record_of(op, args.first<2>(), attrs, payload, loc);
+      case 3: return record_of(op, args.first<3>(), attrs, payload, loc);
+      default: return record_of(op, args, attrs, payload, loc);
+    }
+  }
   NodeId input(const at::Tensor& x, std::source_location loc);
   // The same tensor is one node. A model reads a few parameters over and
   // over (every op that takes a weight): the recent ones are found in line.
@@ -267,6 +278,16 @@ class Trace {
   std::array<RecentParam, 8> recent_params_{};
   size_t next_recent_ = 0;
 };
+
+// record()'s bodies are made once, in trace.cpp.
+extern template NodeId Trace::record_of<1>(OpCode, std::span<const NodeId, 1>, std::span<const int64_t>, int64_t,
+                                           std::source_location);
+extern template NodeId Trace::record_of<2>(OpCode, std::span<const NodeId, 2>, std::span<const int64_t>, int64_t,
+                                           std::source_location);
+extern template NodeId Trace::record_of<3>(OpCode, std::span<const NodeId, 3>, std::span<const int64_t>, int64_t,
+                                           std::source_location);
+extern template NodeId Trace::record_of<std::dynamic_extent>(OpCode, std::span<const NodeId>, std::span<const int64_t>,
+                                                             int64_t, std::source_location);
 
 // Records under `example` while alive: control flow's callbacks and deferred
 // function calls run later, for the example that made them.
