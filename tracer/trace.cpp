@@ -55,9 +55,8 @@ uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
 // ---------------------------------------------------------------------------
 // Recording.
 
-template <size_t N>
-NodeId Trace::record_of(OpCode op, std::span<const NodeId, N> args, std::span<const int64_t> attrs, int64_t payload,
-                        std::source_location loc) {
+NodeId Trace::record_any(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload,
+                         std::source_location loc) {
   const OpInfo& info = op_info(op);
   if (info.traits.arity != OpTraits::kVariadic && args.size() != static_cast<size_t>(info.traits.arity))
     throw_internal("op ", info.name, " recorded with ", args.size(), " arguments, expects ", info.traits.arity);
@@ -66,16 +65,6 @@ NodeId Trace::record_of(OpCode op, std::span<const NodeId, N> args, std::span<co
   // arguments are written in the same pass that checks their shapes are known.
   RecordKey key;
   const bool keyed = RecordKey::kHead + args.size() + attrs.size() <= key.words.size();
-  // Each word is also compared with the op's first way as it is made (where
-  // most nodes hit): no second pass over the key for them. The key itself is
-  // written only where that way misses: for a fixed number of arguments
-  // their words stay in registers (a hit stores no key: recording waits on
-  // its stores more than on its instructions).
-  constexpr bool kFixed = N != std::dynamic_extent;
-  std::array<int64_t, kFixed ? N : 1> arg_words{};
-  const std::array<LastRecord, kRecordWays>& ways = last_record_[op % last_record_.size()];
-  const LastRecord& first_way = ways[0];
-  bool same_first = true;
   bool unknown = false;
   int64_t example = kSharedExample;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -85,12 +74,7 @@ NodeId Trace::record_of(OpCode op, std::span<const NodeId, N> args, std::span<co
     unknown = unknown || sh == kUnknownShape;
     // (Whether a per-example argument is packed, or a placeholder that may
     // become packed, decides whether this node packs: Trace::by_rows.)
-    if (keyed) {
-      const int64_t word = key_word(a, is_shared, sh);
-      if constexpr (kFixed) arg_words[i] = word;
-      else key.words[RecordKey::kHead + i] = word;
-      same_first = same_first && first_way.key[RecordKey::kHead + i] == word;
-    }
+    if (keyed) key.words[RecordKey::kHead + i] = key_word(a, is_shared, sh);
     if (is_shared) {
       if (a < param_uses_.size()) ++param_uses_[a];
       continue;
@@ -105,35 +89,79 @@ NodeId Trace::record_of(OpCode op, std::span<const NodeId, N> args, std::span<co
   const bool index_payload = info.traits.payload_index;
   if (unknown || !keyed) [[unlikely]]
     return record_miss(op, args, attrs, payload, loc, example, unknown, nullptr);
-  const int64_t head[RecordKey::kHead] = {op, index_payload ? 0 : payload,
-                                          static_cast<int64_t>(args.size()) << 1 | is_shared};
-  size_t len = RecordKey::kHead + args.size();
-  for (int64_t a : attrs) {
-    same_first = same_first && first_way.key[len] == a;
-    ++len;
-  }
-  auto in_bound = [&](const LastRecord& w) { return !index_payload || (payload >= 0 && payload < w.bound); };
+  key.words[0] = op;
+  key.words[1] = index_payload ? 0 : payload;
+  key.words[2] = static_cast<int64_t>(args.size()) << 1 | is_shared;
+  std::copy(attrs.begin(), attrs.end(), key.words.begin() + static_cast<std::ptrdiff_t>(RecordKey::kHead + args.size()));
+  key.len = RecordKey::kHead + args.size() + attrs.size();
   const LastRecord* hit = nullptr;
-  if (same_first && first_way.len == len && first_way.key[0] == head[0] && first_way.key[1] == head[1] &&
-      first_way.key[2] == head[2] && in_bound(first_way)) [[likely]] {
-    hit = &first_way;
-  } else {
-    std::copy(head, head + RecordKey::kHead, key.words.begin());
-    if constexpr (kFixed) std::copy(arg_words.begin(), arg_words.end(), key.words.begin() + RecordKey::kHead);
-    std::copy(attrs.begin(), attrs.end(), key.words.begin() + static_cast<std::ptrdiff_t>(RecordKey::kHead + args.size()));
-    key.len = len;
-    for (size_t k = 1; k < kRecordWays && hit == nullptr; ++k) {
-      const LastRecord& w = ways[k];
-      if (same_key(w, key) && in_bound(w)) hit = &w;
+  for (const LastRecord& w : last_record_[op % last_record_.size()])
+    if (same_key(w, key) && (!index_payload || (payload >= 0 && payload < w.bound))) {
+      hit = &w;
+      break;
     }
-  }
   // A miss (a new kind of node: a few per model) infers, interns and signs
-  // out of line, so that a hit (most nodes) keeps a small frame.
+  // out of line.
   if (hit == nullptr) [[unlikely]]
     return record_miss(op, args, attrs, payload, loc, example, false, &key);
   // The same inputs passed the same checks. From here on nothing throws.
   if (info.traits.keyed && example >= 0) payload = static_cast<int64_t>(next_key(example));
   // (hit->flags: kRowwise, kRowReduce: the same shapes, the same verdict.)
+  const NodeId n = s_.append(op, hit->shape, args, attrs, payload, example, loc,
+                             static_cast<uint8_t>((is_shared ? NodeStore::kShared : 0) | hit->flags), hit->sig);
+  ready_.add_recorded(s_, n, args);
+  return n;
+}
+
+// A node of N arguments that the memo knows (most nodes): record_any's hit,
+// and nothing else. Anything else (a new kind, an unknown shape, a key too
+// long, an argument count the op does not take: such a node never made a
+// way) goes to record_any, which starts over. Apart from it, this frame
+// holds no key and no miss's state, and each argument's work is written
+// out: record_any's loop and key spilled to the stack, 360 instructions an
+// affine node against 230 here.
+template <size_t N>
+NodeId Trace::record_of(OpCode op, std::span<const NodeId, N> args, std::span<const int64_t> attrs, int64_t payload,
+                        std::source_location loc) {
+  const OpInfo& info = op_info(op);
+  const size_t len = RecordKey::kHead + N + attrs.size();
+  std::array<int64_t, N> words;
+  uint32_t shared_args = 0;  // bit i: argument i is shared
+  bool unknown = false;
+  int64_t example = kSharedExample;
+#pragma GCC unroll 4
+  for (size_t i = 0; i < N; ++i) {
+    const NodeId a = args[i];
+    const bool is_shared = s_.has(a, NodeStore::kShared);
+    const ShapeId sh = s_.shape[a];
+    unknown |= sh == kUnknownShape;
+    words[i] = key_word(a, is_shared, sh);
+    shared_args |= uint32_t{is_shared} << i;
+    const int64_t e = is_shared ? example : s_.example[a];
+    example = example == kSharedExample || example == e ? e : kMixedExample;
+  }
+  if (info.traits.source) example = current_example_;
+  const bool is_shared = example == kSharedExample;
+  const bool index_payload = info.traits.payload_index;
+  const int64_t head1 = index_payload ? 0 : payload, head2 = int64_t{N} << 1 | is_shared;
+  const LastRecord* hit = nullptr;
+  if (!unknown && len <= kRecordKeyWords) [[likely]]
+    for (const LastRecord& w : last_record_[op % last_record_.size()]) {
+      bool same = (w.len == len) & (w.key[0] == op) & (w.key[1] == head1) & (w.key[2] == head2);
+#pragma GCC unroll 4
+      for (size_t i = 0; i < N; ++i) same &= w.key[RecordKey::kHead + i] == words[i];
+      for (size_t j = 0; j < attrs.size() && same; ++j) same = w.key[RecordKey::kHead + N + j] == attrs[j];
+      if (same && (!index_payload || (payload >= 0 && payload < w.bound))) [[likely]] {
+        hit = &w;
+        break;
+      }
+    }
+  if (hit == nullptr) [[unlikely]]
+    return record_any(op, args, attrs, payload, loc);
+#pragma GCC unroll 4
+  for (size_t i = 0; i < N; ++i)
+    if ((shared_args >> i & 1) && args[i] < param_uses_.size()) ++param_uses_[args[i]];
+  if (info.traits.keyed && example >= 0) payload = static_cast<int64_t>(next_key(example));
   const NodeId n = s_.append(op, hit->shape, args, attrs, payload, example, loc,
                              static_cast<uint8_t>((is_shared ? NodeStore::kShared : 0) | hit->flags), hit->sig);
   ready_.add_recorded(s_, n, args);
@@ -147,8 +175,6 @@ template NodeId Trace::record_of<2>(OpCode, std::span<const NodeId, 2>, std::spa
                                     std::source_location);
 template NodeId Trace::record_of<3>(OpCode, std::span<const NodeId, 3>, std::span<const int64_t>, int64_t,
                                     std::source_location);
-template NodeId Trace::record_of<std::dynamic_extent>(OpCode, std::span<const NodeId>, std::span<const int64_t>,
-                                                      int64_t, std::source_location);
 
 // A list op's memo key (OpTraits::segmented: a sum of a list) when the list is
 // too long for a word per element: its shape is its elements' and its

@@ -46,16 +46,16 @@ class Trace {
   // ---- Recording. Each returns the new node; on misuse, throws UserError and
   // records nothing.
   // Most ops take one to three arguments: a body for each count, where the
-  // loops over them unroll (their tests cost as much as their work). In line,
-  // so that a caller whose count is known calls that body directly (one call
-  // a node fewer).
+  // work per argument is written out (a loop's tests cost as much as its
+  // work). In line, so that a caller whose count is known calls that body
+  // directly (one call a node fewer).
   NodeId record(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs, int64_t payload,
                 std::source_location loc) {
     switch (args.size()) {
       case 1: return record_of(op, args.first<1>(), attrs, payload, loc);
       case 2: return record_of(op, args.first<2>(), attrs, payload, loc);
       case 3: return record_of(op, args.first<3>(), attrs, payload, loc);
-      default: return record_of(op, args, attrs, payload, loc);
+      default: return record_any(op, args, attrs, payload, loc);
     }
   }
   NodeId input(const at::Tensor& x, std::source_location loc);
@@ -168,7 +168,10 @@ class Trace {
                      : sh | ((f & NodeStore::kRowwise) ? int64_t{1} << 41 : 0) |
                            ((f & NodeStore::kPlaceholder) ? int64_t{1} << 42 : 0);
   }
-  // record() for N arguments (std::dynamic_extent: any number).
+  // record() for any number of arguments: every check, the memo, and a miss.
+  [[gnu::noinline]] NodeId record_any(OpCode op, std::span<const NodeId> args, std::span<const int64_t> attrs,
+                                      int64_t payload, std::source_location loc);
+  // record() for N arguments where the memo knows the node; else record_any.
   template <size_t N>
   NodeId record_of(OpCode op, std::span<const NodeId, N> args, std::span<const int64_t> attrs, int64_t payload,
                    std::source_location loc);
@@ -286,8 +289,6 @@ extern template NodeId Trace::record_of<2>(OpCode, std::span<const NodeId, 2>, s
                                            std::source_location);
 extern template NodeId Trace::record_of<3>(OpCode, std::span<const NodeId, 3>, std::span<const int64_t>, int64_t,
                                            std::source_location);
-extern template NodeId Trace::record_of<std::dynamic_extent>(OpCode, std::span<const NodeId>, std::span<const int64_t>,
-                                                             int64_t, std::source_location);
 
 // Records under `example` while alive: control flow's callbacks and deferred
 // function calls run later, for the example that made them.
