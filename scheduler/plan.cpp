@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <span>
 #include <tuple>
+#include <utility>
 #include <sstream>
 
 #include <c10/core/GradMode.h>
@@ -120,10 +121,10 @@ class Planner {
     b.shared = s_.has(first, NodeStore::kShared);
     b.out = base_ + static_cast<uint32_t>(rows_.size());
     b.n = static_cast<uint32_t>(locals.size());
-    order_rows(dag, locals);
+    const uint64_t follow = order_rows(dag, locals);
     place_rows(b);
     if (b.op == code_of<op::Call>) place_results(b);
-    plan_inputs(b, op_info(b.op).traits);
+    plan_inputs(b, op_info(b.op).traits, follow);
     p_.batches.push_back(b);
   }
 
@@ -441,7 +442,13 @@ class Planner {
   // each in order), and where they have none (lookups, inputs), go longest
   // first: batches that split by length further on (attention scores of each
   // length) then read ranges.
-  void order_rows(const RoundDag& dag, std::span<const uint32_t> locals) {
+  // Returns where the rows' first per-example input starts (batch << 32 |
+  // row) where the rows, in their order, read that batch's rows one after
+  // another, none packed (kNoFollow otherwise, or where the sort did not
+  // say: sort_rows): that input is then a view, found without a look at
+  // each row again (plan_inputs).
+  static constexpr uint64_t kNoFollow = ~uint64_t{0};
+  uint64_t order_rows(const RoundDag& dag, std::span<const uint32_t> locals) {
     const bool packed = !locals.empty() && s_.has(dag.node[locals[0]], NodeStore::kRowwise) &&
                         !s_.has(dag.node[locals[0]], NodeStore::kShared);
     // Key 1 counts where the rows have three readers or more: looked for
@@ -465,22 +472,30 @@ class Planner {
     }
     order_.resize(locals.size());
     RowKey* out = order_.data();
+    bool all_fed = true, any_packed = false;
     for (uint32_t l : locals) {
       const NodeId node = dag.node[l];
       uint64_t key = node;
       bool fed = false;
       for (NodeId arg : s_.args_of(node)) {
         const NodeId a = s_.resolve(arg);
-        if (s_.has(a, NodeStore::kShared)) continue;
+        const uint8_t flags = s_.flags[a];
+        if (flags & NodeStore::kShared) continue;
         key = (uint64_t{s_.value_at[a].batch} << 32) | s_.value_at[a].row;
         fed = true;
+        any_packed = any_packed || (flags & NodeStore::kPacked);
         break;
       }
+      all_fed = all_fed && fed;
       const uint32_t h = packed ? (fed ? 0 : length_of(node)) : ahead_[l].height;
       // Without key 1: reader 0, height (packed: length) kept.
       *out++ = {by_reader ? first_key(ahead_[l].reader, h) : first_key(0, h), key, node};
     }
-    sort_rows(order_, x_.sort);
+    const bool follow = sort_rows(order_, x_.sort);
+    if (!follow || !all_fed || any_packed || packed) return kNoFollow;
+    // (Rows t, t + 1, ... of one batch: none is whole, kWholeRow, if the last is not.)
+    const uint64_t t = order_[0].then;
+    return (t & 0xFFFFFFFFu) + (locals.size() - 1) < kWholeRow ? t : kNoFollow;
   }
 
   // Row i of the batch is order_[i]: the node's value lives there.
@@ -529,7 +544,7 @@ class Planner {
     }
   }
 
-  void plan_inputs(PlannedBatch& b, const OpTraits& traits) {
+  void plan_inputs(PlannedBatch& b, const OpTraits& traits, uint64_t follow) {
     const std::span<const NodeId> nodes = nodes_of(b);
     const NodeId first = nodes[0];
     b.args_begin = static_cast<uint32_t>(p_.args.size());
@@ -550,10 +565,13 @@ class Planner {
           like = a;
         }
       b.total = static_cast<uint32_t>(total);
-      fill_sources(false);
+      // (Elements from many batches, a row each: a loss per tree node, summed per tree.)
+      const bool placed = total > 0 && fill_places(std::span<const NodeId>(src_nodes_.data(), total));
       b.counts = static_cast<int64_t>(p_.indices.size());
       for (NodeId node : nodes) p_.indices.push_back(static_cast<int64_t>(s_.args_of(node).size()));
       b.arity = 1;
+      if (placed && gather_places(places_.data(), 1, total, like)) return;
+      fill_sources(false);
       add_input(like);
       return;
     }
@@ -594,6 +612,7 @@ class Planner {
     // lists the pass before read: fewer instructions, but more time).
     const bool by_row = b.rows == 0 && per_example_args(first) >= 2;
     if (by_row) place_args(nodes, b.arity);
+    bool keyed = false;  // (the first per-example argument: order_rows' key)
     for (uint32_t k = 0; k < b.arity; ++k) {
       const NodeId a0 = s_.resolve(s_.args_of(first)[k]);
       if (s_.has(a0, NodeStore::kShared)) {  // the signature makes it the same node for all rows
@@ -601,6 +620,12 @@ class Planner {
         p_.args.push_back(BatchArg{BatchArg::kShared, r, r + 1});
         continue;
       }
+      if (!std::exchange(keyed, true) && follow != kNoFollow && b.rows == 0) {  // rows in order: a view
+        const uint32_t r = read(Read{static_cast<uint32_t>(follow >> 32), static_cast<uint32_t>(follow), b.n});
+        p_.args.push_back(BatchArg{BatchArg::kView, r, r + 1});
+        continue;
+      }
+      if (by_row && gather_places(places_.data() + k, b.arity, nodes.size(), a0)) continue;
       // A row per node, read from the nodes' argument lists directly: the
       // usual case (no value packed) needs no list of the values first.
       if (by_row ? fill_runs(nodes.size(),
@@ -690,6 +715,14 @@ class Planner {
   template <class Value>
   bool fill_rows(size_t n, Value value) {
     return fill_runs(n, [&](size_t i, NodeStore::Place& at) { return place_of(value(i), at); });
+  }
+  // places_[i]: where values[i] lives; false where one is packed.
+  bool fill_places(std::span<const NodeId> values) {
+    places_.resize(values.size());
+    NodeStore::Place* at = places_.data();
+    for (NodeId v : values)
+      if (!place_of(v, *at++)) return false;
+    return true;
   }
   // Where a value lives, into `at`; false (`at` unchanged) where it is packed.
   bool place_of(NodeId value, NodeStore::Place& at) const {
@@ -834,6 +867,62 @@ class Planner {
     p_.args.push_back(arg);
   }
 
+  // Rows at places at[0], at[stride], ... (n of them), each a row of a
+  // batch: the input add_input plans from fill_runs' runs of them, planned
+  // row by row. A gather's runs are mostly a row long (a call's arguments
+  // other than the one its rows are sorted by): the runs, written and then
+  // read twice, cost more than the rows. False, with nothing planned, where
+  // a value is packed (at.batch kNone32) or whole (kWholeRow): fill_runs'
+  // and fill_expanded's cases.
+  bool gather_places(const NodeStore::Place* at, uint32_t stride, size_t n, NodeId like) {
+    srcs_.clear();
+    size_slots();
+    // Per row: its source's slot (sources in order of first appearance),
+    // and whether each source's rows follow one another, and whether the
+    // sources come one after another.
+    bool ok = true, in_order = true;
+    uint32_t last = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const NodeStore::Place p = at[i * stride];
+      if (p.batch == kNone32 || p.row == kWholeRow) [[unlikely]] {
+        ok = false;
+        break;
+      }
+      if (src_stamp_[p.batch] != stamp_) {
+        src_stamp_[p.batch] = stamp_;
+        src_slot_[p.batch] = static_cast<uint32_t>(srcs_.size());
+        srcs_.push_back(Source{p.batch, p.row, p.row, 0, 0, true, false});
+      }
+      const uint32_t k = src_slot_[p.batch];
+      in_order = in_order && k >= last;
+      last = k;
+      Source& src = srcs_[k];
+      ++src.rows;
+      src.consecutive = src.consecutive && p.row == src.next;
+      src.next = p.row + 1;
+    }
+    next_stamp();  // (src_slot_ stays as it is: the pass below reads it)
+    if (!ok) return false;
+    BatchArg arg{BatchArg::kGather, static_cast<uint32_t>(p_.reads.size()), 0};
+    if (srcs_.size() == 1 && srcs_[0].consecutive) {  // one run: a view
+      arg.kind = BatchArg::kView;
+      read(Read{srcs_[0].batch, srcs_[0].first, srcs_[0].rows});
+    } else {
+      int64_t* pos = plan_sources(in_order, arg);
+      for (size_t i = 0; i < n; ++i) {
+        const NodeStore::Place p = at[i * stride];
+        Source& src = srcs_[src_slot_[p.batch]];
+        if (pos != nullptr) pos[i] = src.at++;
+        if (src.index != kNoIndex) p_.indices[static_cast<size_t>(src.index++)] = p.row;
+      }
+      ++p_.gathers;
+      p_.gathered_bytes += n * static_cast<uint64_t>(s_.shape_of(s_.resolve(like)).numel()) * sizeof(float);
+    }
+    arg.reads_end = static_cast<uint32_t>(p_.reads.size());
+    p_.args.push_back(arg);
+    return true;
+  }
+
   // One read per source batch, in the order sources first appear; rows of a
   // source keep their order. A counting sort of the runs by source: linear in
   // the runs, whatever the number of sources (a loss over every tree level
@@ -842,14 +931,7 @@ class Planner {
     srcs_.clear();
     const size_t runs = runs_.size();
     slot_.resize(runs);
-    // Rows are read from batches planned before this one (earlier rounds',
-    // or this round's, in order: every argument's batch comes first), so a
-    // slot for each batch up to the last planned covers every run. Sized
-    // once here: a check per run cost 8 instructions a node.
-    if (const size_t batches = base_ + rows_.size(); src_slot_.size() < batches) {
-      src_slot_.resize(batches, kNone32);
-      src_stamp_.resize(batches, 0);
-    }
+    size_slots();
     // Each run's source; per source its rows, and whether its runs follow
     // one another (then its read is a range). The rows are in order when
     // each source's runs come together (sources take slots as they first
@@ -874,29 +956,10 @@ class Planner {
       src.consecutive = src.consecutive && !run.repeat && run.row == src.next;
       src.next = run.row + run.len;
     }
-    if (++stamp_ == 0) {  // wrapped: forget every old stamp
-      std::fill(src_stamp_.begin(), src_stamp_.end(), 0);
-      stamp_ = 1;
-    }
-    // The reads; `at` becomes where each source's rows start, `index` where
-    // its row numbers go (kNoIndex: a range needs none).
-    uint32_t rows = 0;
-    for (Source& src : srcs_) {
-      src.at = rows;
-      rows += src.rows;
-      src.index = src.consecutive ? kNoIndex : static_cast<int64_t>(p_.indices.size());
-      Read r = src.consecutive ? Read{src.batch, src.first, src.rows} : Read{src.batch, 0, src.rows, src.index};
-      r.flatten = src.flatten;
-      read(r);
-      if (!src.consecutive) grow_indices(src.rows);
-    }
+    next_stamp();
+    int64_t* pos = plan_sources(in_order, arg);
     // Every run's place (into the permutation, out of order), and its row
     // numbers where its source needs them: one pass.
-    int64_t* pos = nullptr;
-    if (!in_order) {
-      arg.perm = static_cast<int64_t>(p_.indices.size());
-      pos = grow_indices(rows);
-    }
     for (size_t j = 0; j < runs; ++j) {
       const Run& run = runs_[j];
       Source& src = srcs_[slot_[j]];
@@ -913,6 +976,41 @@ class Planner {
       for (uint32_t t = 1; t < run.len; ++t) index[t] = run.row + (run.repeat ? 0 : t);
       src.index += run.len;
     }
+  }
+  // Rows are read from batches planned before this one (earlier rounds',
+  // or this round's, in order: every argument's batch comes first), so a
+  // slot for each batch up to the last planned covers every run. Sized
+  // once an input: a check per run cost 8 instructions a node.
+  void size_slots() {
+    if (const size_t batches = base_ + rows_.size(); src_slot_.size() < batches) {
+      src_slot_.resize(batches, kNone32);
+      src_stamp_.resize(batches, 0);
+    }
+  }
+  void next_stamp() {
+    if (++stamp_ == 0) {  // wrapped: forget every old stamp
+      std::fill(src_stamp_.begin(), src_stamp_.end(), 0);
+      stamp_ = 1;
+    }
+  }
+  // The reads of srcs_, one each: `at` becomes where each source's rows
+  // start, `index` where its row numbers go (kNoIndex: a range needs none).
+  // Where the sources interleave (not `in_order`), the permutation's
+  // entries follow, to be written: returned (else nullptr).
+  int64_t* plan_sources(bool in_order, BatchArg& arg) {
+    uint32_t rows = 0;
+    for (Source& src : srcs_) {
+      src.at = rows;
+      rows += src.rows;
+      src.index = src.consecutive ? kNoIndex : static_cast<int64_t>(p_.indices.size());
+      Read r = src.consecutive ? Read{src.batch, src.first, src.rows} : Read{src.batch, 0, src.rows, src.index};
+      r.flatten = src.flatten;
+      read(r);
+      if (!src.consecutive) grow_indices(src.rows);
+    }
+    if (in_order) return nullptr;
+    arg.perm = static_cast<int64_t>(p_.indices.size());
+    return grow_indices(rows);
   }
   // n more entries at the end of plan.indices, to be written in full.
   int64_t* grow_indices(size_t n) {

@@ -170,12 +170,21 @@ bool place_by_source(Column<RowKey>& v, SortScratch& x, uint32_t batch0, int bat
 // rows of one first half whose last half names each row of a few sources
 // once (place_by_source).
 // Otherwise, bytes of the 24-byte keys that differ between rows, then ties by id.
-void sort_rows(Column<RowKey>& v, SortScratch& x) {
+bool sort_rows(Column<RowKey>& v, SortScratch& x) {
   const size_t n = v.size();
+  // Whether sorted rows follow one another (the result: see row_sort.h).
+  auto consecutive = [&] {
+    bool follow = true;
+    for (size_t i = 1; i < n && follow; ++i) follow = v[i].first == v[0].first && v[i].then == v[i - 1].then + 1;
+    return follow;
+  };
   bool sorted = true;
   for (size_t i = 1; i < n && sorted; ++i) sorted = !(v[i] < v[i - 1]);
-  if (sorted) return;
-  if (n < 16) return std::sort(v.begin(), v.end());
+  if (sorted) return consecutive();
+  if (n < 16) {
+    std::sort(v.begin(), v.end());
+    return consecutive();
+  }
   // The four 32-bit halves of (first, then), most significant first: all at
   // once (choosing one half per call was most of the sort's own instructions).
   auto halves = [](const RowKey& k) {
@@ -216,13 +225,13 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
       lo = std::min(lo, static_cast<uint32_t>(k.then));
       hi = std::max(hi, static_cast<uint32_t>(k.then));
     }
-    if (hi - lo == n - 1 && permute(v, x.rows, lo)) return;
+    if (hi - lo == n - 1 && permute(v, x.rows, lo)) return true;  // (one first and source: then lo, lo + 1, ...)
   } else if (width[0] == 0 && width[1] == 0 && width[2] <= kMaxSourceBits && n >= 128 &&
              place_by_source(v, x, least[2], width[2])) {
     // (One `first`, rows of a few sources: placed where each reads once.
     // Fewer rows than 128 sort about as fast as the table of up to 1024
     // sources is cleared.)
-    return;
+    return false;
   }
   if (then_is_id) {
     total -= width[2] + width[3];
@@ -264,9 +273,12 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
     radix_words(w, x.words_tmp, 32, total);
     if (!ascending) sort_ties(w, [&](size_t i) { return (w[i] >> 32) == (w[i - 1] >> 32); }, std::less<>());
     for (size_t i = 0; i < n; ++i) v[i].id = static_cast<uint32_t>(w[i]);
-    return;
+    return false;
   }
-  if (n < 128) return std::sort(v.begin(), v.end());
+  if (n < 128) {
+    std::sort(v.begin(), v.end());
+    return false;
+  }
   const uint64_t differ_words[2] = {differ_then, differ_first};  // the bits that are not the same in every row
   Column<RowKey>& tmp = x.rows;
   tmp.resize(n);
@@ -278,6 +290,7 @@ void sort_rows(Column<RowKey>& v, SortScratch& x) {
                       [&](const RowKey& k) { return ((w == 0 ? k.then : k.first) >> shift) & 0xFF; });
   sort_ties(v, [&](size_t i) { return v[i].first == v[i - 1].first && v[i].then == v[i - 1].then; },
             [](const RowKey& a, const RowKey& b) { return a.id < b.id; });
+  return false;
 }
 
 void sort_positioned(Column<uint64_t>& w, Column<uint64_t>& tmp) {

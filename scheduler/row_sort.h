@@ -40,8 +40,12 @@ struct SortScratch {
 // Orders rows by (first, then, id), as std::sort with RowKey's < would: the
 // ids are the result. Afterwards v[i].id is the id of row i in that order;
 // v[i].first and .then may be left as they were (the planner reads only the
-// order of its nodes).
-void sort_rows(Column<RowKey>& v, SortScratch& x);
+// order of its nodes). True where the rows, in that order, have one `first`
+// and `then` values t, t + 1, ..., t + n - 1, with v[0].then t: said where
+// seeing it costs no pass of its own (rows in order already, few rows, rows
+// placed by permute); false does not say they are not. (The planner's rows
+// that each read the next row of one batch: their input is a view.)
+bool sort_rows(Column<RowKey>& v, SortScratch& x);
 
 // Sorts words as std::sort would. Made for words whose low 32 bits ascend in
 // the order they come (a position), which a radix sort by the high bits
