@@ -370,6 +370,7 @@ void Fuser::swap_in(RoundDag& dag) {
   dag.use_begin.swap(c.use_begin);
   dag.uses.swap(c.uses);
   std::swap(dag.max_depth, c.max_depth);
+  dag.sigs_known = false;
 }
 
 // The same by Kahn's algorithm, for any order of the members.

@@ -198,12 +198,15 @@ void take_recorded(const NodeStore& s, ReadyQueue& q, RoundDag& dag, uint64_t& v
   q.take_local(dag.recorded_local, dag.first, dag.listed);
   dag.recorded = true;
   dag.sig.resize(m);
-  uint32_t max_depth = 0;
+  uint32_t max_depth = 0, sigs_end = 0;
   for (uint32_t i = 0; i < m; ++i) {
     max_depth = std::max(max_depth, dag.depth[i]);
     dag.sig[i] = s.sig[dag.node[i]];
+    sigs_end = std::max(sigs_end, dag.sig[i] + 1);  // (num_sigs: kNoSig + 1 is 0)
   }
   dag.max_depth = max_depth;
+  dag.sigs_end = sigs_end;
+  dag.sigs_known = true;
   visits += m;
 }
 
@@ -247,6 +250,7 @@ void link_uses(RoundDag& dag) {
 // Depths from arguments, then the lists of uses.
 void link_dag(RoundDag& dag) {
   const size_t m = dag.size();
+  dag.sigs_known = false;
   dag.depth.assign(m, 0);
   dag.max_depth = 0;
   for (uint32_t i = 0; i < m; ++i) {
@@ -260,6 +264,7 @@ void link_dag(RoundDag& dag) {
 
 void build_round(const NodeStore& s, ReadyQueue& queue, std::vector<NodeId>& aliases, RoundDag& dag,
                  uint64_t& visits, const Awaited* awaited) {
+  dag.sigs_known = false;  // (take_recorded finds them)
   if (awaited == nullptr && queue.plain()) take_recorded(s, queue, dag, visits);
   else mark_runnable(s, queue, aliases, dag, visits, awaited);
   // (Rounds that follow one built for awaited values are most often built

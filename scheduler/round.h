@@ -53,13 +53,21 @@ struct RoundDag {
   std::vector<NodeId> stack;      // scratch: the walk from awaited nodes
   std::vector<uint64_t> bits;     // scratch: sorting the work list (a bit per node)
   size_t size() const { return node.size(); }
-  // Signatures are dense ids: a table indexed by signature needs this many entries.
+  // Signatures are dense ids: a table indexed by signature needs this many
+  // entries. Found once a round (a strategy and its merge each ask), or
+  // while the round is taken (build_round).
   uint32_t num_sigs() const {
     static_assert(kNoSig + 1 == 0, "kNoSig + 1 must wrap to 0: it counts for no signature");
-    uint32_t m = 0;
-    for (SigId s : sig) m = std::max(m, s + 1);  // (branch-free: the loop vectorizes)
-    return m;
+    if (!sigs_known) {
+      uint32_t m = 0;
+      for (SigId s : sig) m = std::max(m, s + 1);  // (branch-free: the loop vectorizes)
+      sigs_end = m;
+      sigs_known = true;
+    }
+    return sigs_end;
   }
+  mutable uint32_t sigs_end = 0;
+  mutable bool sigs_known = false;  // whoever rewrites `sig` clears it
   std::span<const uint32_t> args_of(uint32_t i) const { return {args.data() + arg_begin[i], args.data() + arg_begin[i + 1]}; }
   std::span<const uint32_t> uses_of(uint32_t i) const { return {uses.data() + use_begin[i], uses.data() + use_begin[i + 1]}; }
 };
