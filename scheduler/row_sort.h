@@ -41,10 +41,12 @@ struct SortScratch {
 // ids are the result. Afterwards v[i].id is the id of row i in that order;
 // v[i].first and .then may be left as they were (the planner reads only the
 // order of its nodes). True where the rows, in that order, have one `first`
-// and `then` values t, t + 1, ..., t + n - 1, with v[0].then t: said where
-// seeing it costs no pass of its own (rows in order already, few rows, rows
-// placed by permute); false does not say they are not. (The planner's rows
-// that each read the next row of one batch: their input is a view.)
+// and `then` values t, t + 1, ..., t + n - 1, and their keys are the sorted
+// ones (v[0].then is t): said where the sort keeps whole keys and seeing it
+// is cheap (rows in order already: one more look at each; few rows; rows
+// placed by permute: by construction); false does not say they are not.
+// (The planner's rows that each read the next row of one batch: their
+// input is a view.)
 bool sort_rows(Column<RowKey>& v, SortScratch& x);
 
 // Sorts words as std::sort would. Made for words whose low 32 bits ascend in

@@ -159,6 +159,15 @@ bool follow(const Column<RowKey>& sorted) {
   return true;
 }
 
+// Where sort_rows says the rows follow, the planner reads their keys (the
+// first row's `then`): they must be the sorted ones, not left as they were.
+bool same_keys(const Column<RowKey>& a, const Column<RowKey>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].first != b[i].first || a[i].then != b[i].then) return false;
+  return true;
+}
+
 // The order sort_rows gives: its ids (the keys may be left as they were).
 bool same_ids(const Column<RowKey>& a, const Column<RowKey>& b) {
   if (a.size() != b.size()) return false;
@@ -198,6 +207,7 @@ TEST_CASE("row sort: the same order as std::sort on every path", "[scheduler][pl
         const bool said = sort_rows(v, scratch);
         CHECK(same_ids(v, want));
         CHECK((!said || follows));
+        if (said) CHECK(same_keys(v, want));
         if (kind == Keys::kPermutation) CHECK(said);
         v = want;
         CHECK(sort_rows(v, scratch) == follows);  // sorted already: stays, and is seen
@@ -207,6 +217,7 @@ TEST_CASE("row sort: the same order as std::sort on every path", "[scheduler][pl
         const bool said_reversed = sort_rows(v, scratch);
         CHECK(same_ids(v, want));
         CHECK((!said_reversed || follows));
+        if (said_reversed) CHECK(same_keys(v, want));
         if (n < 16) CHECK(said_reversed == follows);
       }
 }
