@@ -120,6 +120,46 @@ TEST_CASE("planner: an input in another order is gathered with indices", "[sched
         std::vector<int64_t>{3, 2, 1, 0});
 }
 
+TEST_CASE("planner: rows of two batches, interleaved, are gathered per batch and permuted", "[scheduler][planner]") {
+  Fixture f(4);
+  const std::vector<NodeId> as = f.of_inputs(code_of<op::Tanh>, {0, 1, 2, 3});
+  const std::vector<NodeId> bs = f.of_inputs(code_of<op::Sigmoid>, {0, 1, 2, 3});
+  // (Every input read by a chain as long, so that rows keep the inputs' order.)
+  const std::vector<NodeId> zs = f.of_inputs(code_of<op::Neg>, {0, 1, 2, 3});
+  // Each row's second argument from A or B in turn, A's rows out of order.
+  const NodeId second[] = {as[3], bs[1], as[1], bs[3]};
+  std::vector<NodeId> ys;
+  for (size_t i = 0; i < 4; ++i) ys.push_back(f.binary(code_of<op::Add>, zs[i], second[i]));
+  const Plan p = f.plan({f.xs, as, bs, zs, ys});
+  INFO(p.str());
+  REQUIRE(p.batches.size() == 5);
+  const PlannedBatch& add = p.batches[4];
+  for (uint32_t i = 0; i < 4; ++i) REQUIRE(p.nodes[add.nodes_begin + i] == ys[i]);
+  CHECK(p.args[add.args_begin].kind == BatchArg::kView);  // (rows in their first argument's order)
+  const BatchArg& arg = p.args[add.args_begin + 1];
+  REQUIRE(arg.kind == BatchArg::kGather);
+  REQUIRE(arg.reads_end - arg.reads_begin == 2);  // one read per source
+  CHECK(arg.perm >= 0);                           // interleaved: permuted after
+  // The reads end to end, then the permutation: row i's value is where its node's second argument lives.
+  std::vector<NodeStore::Place> read_rows;
+  bool an_index = false;
+  for (uint32_t r = arg.reads_begin; r < arg.reads_end; ++r) {
+    const Read& read = p.reads[r];
+    an_index = an_index || read.index >= 0;
+    for (uint32_t k = 0; k < read.len; ++k)
+      read_rows.push_back({read.batch, read.index >= 0 ? static_cast<uint32_t>(p.indices[read.index + k]) : read.start + k});
+  }
+  CHECK(an_index);  // A's rows 3 and 1: not a range
+  REQUIRE(read_rows.size() == 4);
+  for (uint32_t i = 0; i < 4; ++i) {
+    const NodeId y = p.nodes[add.nodes_begin + i];
+    const NodeStore::Place want = f.t.store().value_at[f.t.store().args_of(y)[1]];
+    const NodeStore::Place got = read_rows[static_cast<size_t>(arg.perm >= 0 ? p.indices[arg.perm + i] : i)];
+    CHECK(got.batch == want.batch);
+    CHECK(got.row == want.row);
+  }
+}
+
 TEST_CASE("planner: disjoint slices of one batch become one split", "[scheduler][planner]") {
   Fixture f(3);
   std::vector<NodeId> lo, hi;
