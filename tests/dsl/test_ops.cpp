@@ -616,3 +616,28 @@ TEST_CASE("matmul: attention step by step reads the encoder rows in place, batch
   CHECK(hub_readers.count("sheaf::WeightedRowSumsBackward") == 1);
   CHECK(g.stats().in_place_inputs >= 3);
 }
+
+// A list of shared values (parameters) is one shared sum: its elements are
+// whole tensors, not rows of a batch, and its plan reads each whole (not a
+// gather of rows: scheduler/plan.cpp). Every example reads the one value.
+TEST_CASE("sum of a list of shared values: one value for every example, its gradient to each element",
+          "[dsl][ops][planner]") {
+  const at::Tensor a = at::randn({3}).requires_grad_(true), b = at::randn({3}).requires_grad_(true);
+  Graph g;
+  std::vector<Expr> ys;
+  std::vector<at::Tensor> xs;
+  for (int i = 0; i < 4; ++i) {
+    auto scope = g.example(i);
+    xs.push_back(at::randn({3}));
+    const Expr shared = dsl::sum(std::vector<Expr>{g.param(a), g.param(b), g.param(a)});  // a twice
+    ys.push_back(dsl::sum(g.input(xs.back()) * shared));
+  }
+  const Expr total = dsl::sum(ys);
+  g.forward(total);
+  const at::Tensor x_sum = xs[0] + xs[1] + xs[2] + xs[3];
+  const at::Tensor want = (x_sum * (2 * a.detach() + b.detach())).sum();
+  CHECK(at::allclose(total.value(), want, 1e-5, 1e-5));
+  const auto grads = torch::autograd::grad({total.value()}, {a, b});
+  CHECK(at::allclose(grads[0], 2 * x_sum, 1e-5, 1e-5));
+  CHECK(at::allclose(grads[1], x_sum, 1e-5, 1e-5));
+}

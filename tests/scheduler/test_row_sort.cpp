@@ -54,9 +54,12 @@ int differ_bits(const Column<RowKey>& v) {
   return total;
 }
 
-enum class Keys { kNarrow, kNarrowTies, kWide, kWideTies, kSpread32, kSpread33, kStraddle, kPermutation,
-                  kPermutationTie, kPermutationTwoSources, kSources, kSourcesGap, kSourcesTwice, kSourcesTwiceMarkId, kSourcesFar,
-                  kOwnNode, kOwnNodeButOne };
+enum class Keys {
+  kNarrow, kNarrowTies, kWide, kWideTies, kSpread32, kSpread33, kStraddle,
+  kPermutation, kPermutationTie, kPermutationTwoSources,
+  kSources, kSourcesGap, kSourcesTwice, kSourcesTwiceMarkId, kSourcesFar,
+  kOwnNode, kOwnNodeButOne
+};
 
 Column<RowKey> make_keys(size_t n, Keys kind, bool shuffled_ids, std::mt19937_64& rng) {
   Column<RowKey> v(n);
